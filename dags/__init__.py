@@ -1,0 +1,1 @@
+"""MedReCo-DB dags layer."""

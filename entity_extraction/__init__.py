@@ -1,0 +1,1 @@
+"""MedReCo-DB entity_extraction layer."""

@@ -1,0 +1,216 @@
+"""One small storage abstraction over a local folder and ``s3://bucket/prefix``.
+
+Built on :mod:`pyarrow.fs` (LocalFileSystem / S3FileSystem), so the same code reads and writes
+Parquet and raw bytes on a laptop and on object storage. Paths handed to :class:`Storage` methods are
+relative to the storage root and always use ``/``.
+
+Zones (DESIGN.md)::
+
+    sources/<institution>/...   raw input, read-only to the pipeline (restricted: may hold PHI)
+    quarantine/<run_id>/...     quarantine records (restricted: name source paths, never copy values)
+    ledger/                     one row per input file per run (restricted)
+    curated/<table>/            de-identified Parquet tables
+    snapshots/<version>/        immutable published releases
+    reports/                    dashboards, Data Docs, audit reports
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+ZONES = ("sources", "quarantine", "ledger", "curated", "snapshots", "reports")
+
+
+class StorageError(RuntimeError):
+    """Raised for a storage URI that cannot be opened or a missing object."""
+
+
+def _s3_filesystem(endpoint_url: str | None, region: str) -> pafs.S3FileSystem:
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
+    kwargs: dict = {"region": region, "allow_bucket_creation": True}
+    if endpoint:
+        parsed = urlparse(endpoint)
+        kwargs["endpoint_override"] = parsed.netloc or parsed.path
+        kwargs["scheme"] = parsed.scheme or "https"
+    return pafs.S3FileSystem(**kwargs)
+
+
+def open_filesystem(
+    uri: str, *, endpoint_url: str | None = None, region: str = "us-east-1", base_dir: str | Path = "."
+) -> tuple[pafs.FileSystem, str]:
+    """Return ``(filesystem, base_path)`` for a local path, ``file://`` or ``s3://`` URI.
+
+    Relative local paths are resolved from ``base_dir``. Credentials for S3 come from the standard
+    AWS environment (``AWS_ACCESS_KEY_ID`` ...); ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) points at an
+    S3-compatible store such as MinIO or moto.
+
+    Raises
+    ------
+    StorageError
+        for an unsupported URI scheme.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise StorageError(f"S3 URI without a bucket: {uri!r}")
+        path = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
+        return _s3_filesystem(endpoint_url, region), path
+    if parsed.scheme in ("", "file"):
+        local = Path(parsed.path if parsed.scheme == "file" else uri)
+        if not local.is_absolute():
+            local = Path(base_dir) / local
+        return pafs.LocalFileSystem(), str(local.resolve())
+    raise StorageError(f"unsupported storage URI scheme {parsed.scheme!r} in {uri!r} (use a path or s3://)")
+
+
+@dataclass
+class Storage:
+    """Files under one root on a pyarrow filesystem.
+
+    Parameters
+    ----------
+    fs : pyarrow.fs.FileSystem
+        the filesystem (local or S3).
+    root : str
+        base path on ``fs`` (for S3: ``bucket/prefix``).
+    uri : str
+        the URI the storage was opened from, for messages and manifests.
+    """
+
+    fs: pafs.FileSystem
+    root: str
+    uri: str
+
+    @classmethod
+    def open(
+        cls, uri: str, *, endpoint_url: str | None = None, region: str = "us-east-1", base_dir: str | Path = "."
+    ) -> Storage:
+        """Open a storage root from a path or ``s3://bucket/prefix`` URI (see :func:`open_filesystem`)."""
+        fs, root = open_filesystem(uri, endpoint_url=endpoint_url, region=region, base_dir=base_dir)
+        if isinstance(fs, pafs.LocalFileSystem):
+            fs.create_dir(root, recursive=True)
+            uri = root
+        return cls(fs=fs, root=root, uri=uri)
+
+    @property
+    def is_local(self) -> bool:
+        """True for a local folder."""
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    def path(self, rel: str) -> str:
+        """Absolute path on the filesystem for a root-relative path."""
+        rel = rel.strip("/")
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def full_uri(self, rel: str) -> str:
+        """Printable URI (local path or ``s3://...``) of a root-relative path."""
+        return self.path(rel) if self.is_local else "s3://" + self.path(rel)
+
+    def exists(self, rel: str) -> bool:
+        """True if a file or folder exists at ``rel``."""
+        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+
+    def is_file(self, rel: str) -> bool:
+        """True if a file exists at ``rel``."""
+        return self.fs.get_file_info(self.path(rel)).type == pafs.FileType.File
+
+    def read_bytes(self, rel: str) -> bytes:
+        """Whole content of a file.
+
+        Raises
+        ------
+        StorageError
+            if there is no such file.
+        """
+        try:
+            with self.fs.open_input_stream(self.path(rel)) as f:
+                return f.read()
+        except (FileNotFoundError, OSError) as err:
+            raise StorageError(f"cannot read {self.full_uri(rel)}: {err}") from None
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """Write a file atomically: readers see the old file or the whole new one, never a part.
+
+        Local: write a temporary sibling, then rename. S3: a single PUT is atomic.
+        """
+        target = self.path(rel)
+        parent = posixpath.dirname(target)
+        if self.is_local:
+            self.fs.create_dir(parent, recursive=True)
+            tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{posixpath.basename(target)}"
+            with self.fs.open_output_stream(tmp) as f:
+                f.write(data)
+            os.replace(tmp, target)
+        else:
+            with self.fs.open_output_stream(target) as f:
+                f.write(data)
+
+    def write_text(self, rel: str, text: str) -> None:
+        """Write UTF-8 text atomically."""
+        self.write_bytes(rel, text.encode("utf-8"))
+
+    def read_text(self, rel: str) -> str:
+        """Read a UTF-8 text file."""
+        return self.read_bytes(rel).decode("utf-8")
+
+    def list_files(self, rel: str = "", *, recursive: bool = True) -> list[str]:
+        """Sorted root-relative paths of the files under ``rel`` (empty if it does not exist).
+
+        Temporary files of interrupted atomic writes (``.tmp-*``) are not listed.
+        """
+        base = self.path(rel)
+        if self.fs.get_file_info(base).type == pafs.FileType.NotFound:
+            return []
+        sel = pafs.FileSelector(base, recursive=recursive, allow_not_found=True)
+        prefix = self.root.rstrip("/") + "/"
+        out = []
+        for info in self.fs.get_file_info(sel):
+            if info.type != pafs.FileType.File or posixpath.basename(info.path).startswith(".tmp-"):
+                continue
+            out.append(info.path[len(prefix):] if info.path.startswith(prefix) else info.path)
+        return sorted(out)
+
+    def delete(self, rel: str) -> None:
+        """Delete a file or a folder tree; no error if absent."""
+        p = self.path(rel)
+        info = self.fs.get_file_info(p)
+        if info.type == pafs.FileType.Directory:
+            self.fs.delete_dir(p)
+        elif info.type == pafs.FileType.File:
+            self.fs.delete_file(p)
+
+    def write_table(self, rel: str, table: pa.Table) -> None:
+        """Write one Parquet file atomically (zstd, no pandas metadata, deterministic bytes)."""
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd", write_statistics=True, store_schema=True)
+        self.write_bytes(rel, buf.getvalue())
+
+    def read_table(self, rel: str, schema: pa.Schema | None = None) -> pa.Table:
+        """Read one Parquet file, or every ``*.parquet`` under a folder, as one table.
+
+        A missing folder gives an empty table of ``schema`` (when given).
+
+        Raises
+        ------
+        StorageError
+            if nothing exists at ``rel`` and no schema is given.
+        """
+        if self.is_file(rel):
+            return pq.read_table(io.BytesIO(self.read_bytes(rel)), schema=schema)
+        files = [f for f in self.list_files(rel) if f.endswith(".parquet")]
+        if not files:
+            if schema is None:
+                raise StorageError(f"no Parquet files under {self.full_uri(rel)}")
+            return schema.empty_table()
+        tables = [pq.read_table(io.BytesIO(self.read_bytes(f)), schema=schema) for f in files]
+        return pa.concat_tables(tables, promote_options="default") if schema is None else pa.concat_tables(tables)

@@ -1,0 +1,1 @@
+"""MedReCo-DB schemas layer."""

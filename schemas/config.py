@@ -1,0 +1,248 @@
+"""Pipeline configuration: one YAML file validated by pydantic models.
+
+A bad configuration fails before any work starts with :class:`ConfigError`, whose message names
+the offending field (dotted path, e.g. ``institutions.2.timezone``) and what is wrong with it.
+
+The pseudonymisation secret is deliberately *not* part of this model: it comes from the
+environment or an Airflow connection (see :mod:`etl.keys`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+#: Airflow's default ``[core] max_map_length``: a mapped task may not fan out wider than this.
+AIRFLOW_MAX_MAP_LENGTH = 1024
+
+#: ISO 3166-1 alpha-2 country code.
+_COUNTRY_RE = re.compile(r"^[A-Z]{2}$")
+#: BCP 47 primary language subtag (ISO 639-1), e.g. ``en``, ``de``.
+_LANGUAGE_RE = re.compile(r"^[a-z]{2,3}$")
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{1,39}$")
+
+
+class ConfigError(ValueError):
+    """Raised when a configuration file cannot be read or does not validate."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Institution(_Strict):
+    """One hospital that delivers DICOM studies and reports."""
+
+    id: str = Field(description="short stable id, lowercase, e.g. 'us-bos-01'")
+    name: str = ""
+    country: str = Field(description="ISO 3166-1 alpha-2 code, e.g. 'US'")
+    language: str = Field(description="language of its reports, ISO 639-1, e.g. 'en'")
+    timezone: str = Field(description="IANA time zone of its DICOM timestamps, e.g. 'America/New_York'")
+    source_uri: str = Field(description="folder or s3:// prefix holding its deliveries; relative = under storage root/sources")
+    report_format: Literal["jsonl", "csv", "text", "hl7", "none"] = "jsonl"
+    report_uri: str | None = Field(default=None, description="where reports lie, if not under source_uri")
+    dicom: bool = Field(default=True, description="False for a report-only source")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not _ID_RE.match(v):
+            raise ValueError("must be 2-40 characters of a-z, 0-9, '-' or '_', starting with a letter or digit")
+        return v
+
+    @field_validator("country")
+    @classmethod
+    def _country(cls, v: str) -> str:
+        if not _COUNTRY_RE.match(v):
+            raise ValueError("must be an ISO 3166-1 alpha-2 code such as 'US' or 'DE'")
+        return v
+
+    @field_validator("language")
+    @classmethod
+    def _language(cls, v: str) -> str:
+        if not _LANGUAGE_RE.match(v):
+            raise ValueError("must be an ISO 639-1 code such as 'en' or 'de'")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown IANA time zone {v!r}") from None
+        return v
+
+
+class StorageConfig(_Strict):
+    """Where the zones live: a local folder or an ``s3://bucket/prefix``."""
+
+    root: str = Field(description="local path (relative to the config file) or s3://bucket/prefix")
+    s3_endpoint_url: str | None = Field(default=None, description="for S3-compatible stores; else AWS_ENDPOINT_URL")
+    s3_region: str = "us-east-1"
+
+
+class NormalisationConfig(_Strict):
+    """Pixel normalisation settings (deepened by the normalisation issue)."""
+
+    image_size: tuple[int, int] = Field(default=(480, 480), description="2D output rows x cols, pixels")
+    png_bit_depth: Literal[8, 16] = 8
+    keep_aspect: bool = True
+    ct_hu_window: tuple[float, float] = Field(default=(-1000.0, 1000.0), description="HU clip for CT volumes")
+    volume_max_voxels: int = Field(default=64_000_000, gt=0)
+
+    @field_validator("image_size")
+    @classmethod
+    def _size(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if min(v) < 16 or max(v) > 4096:
+            raise ValueError("each side must be between 16 and 4096 pixels")
+        return v
+
+
+class PairingConfig(_Strict):
+    """Longitudinal prior/current pairing."""
+
+    min_gap_days: int = Field(default=1, ge=0)
+    max_gap_days: int = Field(default=3 * 365, gt=0)
+    frontal_only_cxr: bool = True
+    all_priors: bool = False
+    max_priors: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _window(self) -> PairingConfig:
+        if self.max_gap_days < self.min_gap_days:
+            raise ValueError("max_gap_days must not be smaller than min_gap_days")
+        return self
+
+
+class VQAConfig(_Strict):
+    """Comparative VQA item generation."""
+
+    templates: str = Field(default="vqa_templates.yaml", description="template file name under config/")
+    max_items_per_pair: int = Field(default=8, ge=1)
+    n_options: int = Field(default=4, ge=2, le=6)
+
+
+class SplitConfig(_Strict):
+    """Patient-level split fractions and institution-held-out external test."""
+
+    train: float = Field(default=0.8, gt=0, lt=1)
+    val: float = Field(default=0.1, ge=0, lt=1)
+    test: float = Field(default=0.1, ge=0, lt=1)
+    external_test_institutions: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _sum(self) -> SplitConfig:
+        if abs(self.train + self.val + self.test - 1.0) > 1e-9:
+            raise ValueError(f"train + val + test must be 1.0, got {self.train + self.val + self.test:g}")
+        return self
+
+
+class TrainingConfig(_Strict):
+    """How training is launched on each published snapshot."""
+
+    launcher: Literal["local", "kubernetes", "sagemaker", "none"] = "local"
+    image: str | None = Field(default=None, description="container image for kubernetes/cloud launchers")
+    namespace: str = "medreco"
+    gpus: int = Field(default=0, ge=0)
+    encoder_config: str = "training/configs/encoder_small.yaml"
+    vlm_config: str = "training/configs/vlm_tiny.yaml"
+
+
+class PipelineConfig(_Strict):
+    """The whole MedReCo-DB build configuration (one YAML file)."""
+
+    name: str = "medreco-db"
+    storage: StorageConfig
+    institutions: list[Institution] = Field(min_length=1)
+    shard_count: int = Field(default=8, ge=1, le=65536, description="patient-hash shards")
+    max_map_length: int = Field(default=AIRFLOW_MAX_MAP_LENGTH, ge=1, description="cap on mapped task width")
+    normalisation: NormalisationConfig = NormalisationConfig()
+    pairing: PairingConfig = PairingConfig()
+    vqa: VQAConfig = VQAConfig()
+    splits: SplitConfig = SplitConfig()
+    training: TrainingConfig = TrainingConfig()
+    #: where relative paths in this file are resolved from; set by :func:`load_config`
+    base_dir: str = Field(default=".", exclude=True)
+
+    @model_validator(mode="after")
+    def _cross(self) -> PipelineConfig:
+        ids = [i.id for i in self.institutions]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"institution ids must be unique, repeated: {', '.join(dup)}")
+        unknown = sorted(set(self.splits.external_test_institutions) - set(ids))
+        if unknown:
+            raise ValueError(f"splits.external_test_institutions names unknown institutions: {', '.join(unknown)}")
+        return self
+
+    def institution(self, institution_id: str) -> Institution:
+        """Return the institution with this id; raises KeyError if there is none."""
+        for inst in self.institutions:
+            if inst.id == institution_id:
+                return inst
+        raise KeyError(institution_id)
+
+    def config_hash(self) -> str:
+        """sha256 (hex) of the canonical JSON of this configuration, without ``base_dir``."""
+        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check spelling)"
+        lines.append(f"{loc}: {msg}")
+    return f"invalid configuration {source}: " + "; ".join(lines)
+
+
+def parse_config(data: dict, *, base_dir: str | Path = ".", source: str = "<dict>") -> PipelineConfig:
+    """Validate a configuration mapping.
+
+    Raises
+    ------
+    ConfigError
+        naming each offending field as a dotted path and what is wrong.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid configuration {source}: top level must be a mapping, got {type(data).__name__}")
+    if "pseudonym_key" in data or "secret" in data:
+        raise ConfigError(
+            f"invalid configuration {source}: the pseudonymisation secret must not be in the config file; "
+            "set MEDRECO_PSEUDONYM_KEY or the Airflow connection 'medreco_pseudonym'"
+        )
+    try:
+        return PipelineConfig.model_validate({**data, "base_dir": str(base_dir)})
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a YAML configuration file.
+
+    Relative paths inside it (storage root, source URIs) are resolved from the file's folder.
+
+    Raises
+    ------
+    ConfigError
+        when the file is missing, is not YAML, or does not validate.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"configuration file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"configuration file {p} is not valid YAML: {err}") from None
+    return parse_config(data, base_dir=p.resolve().parent, source=str(p))

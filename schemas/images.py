@@ -1,0 +1,36 @@
+"""``images``: normalised pixel payloads.
+
+2D objects (CR, DX, MG, US, single frames): one row per image, ``payload`` = PNG bytes of
+``rows x cols`` (after resize/pad). 3D series (CT, MR): one row per series, ``payload`` = a compressed
+``.npz`` holding ``volume`` (float32, HU for CT) of shape (slices, rows, cols).
+"""
+
+import pyarrow as pa
+
+from schemas.base import versioned
+
+SCHEMA = versioned(
+    "images",
+    "1.0.0",
+    [
+        pa.field("image_key", pa.string(), nullable=False),
+        pa.field("series_key", pa.string(), nullable=False),
+        pa.field("study_key", pa.string(), nullable=False),
+        pa.field("patient_key", pa.string(), nullable=False),
+        pa.field("institution", pa.string(), nullable=False),
+        pa.field("modality", pa.string(), nullable=False),
+        pa.field("view", pa.string()),  # PA | AP | LATERAL | AXIAL ... | null
+        pa.field("kind", pa.string(), nullable=False),  # 2d | 3d
+        pa.field("rows", pa.int32(), nullable=False),
+        pa.field("cols", pa.int32(), nullable=False),
+        pa.field("n_slices", pa.int32(), nullable=False),
+        pa.field("spacing_mm", pa.list_(pa.float64())),  # original spacing [row, col(, slice)] mm
+        pa.field("payload_format", pa.string(), nullable=False),  # png | npz
+        pa.field("payload", pa.binary(), nullable=False),
+        pa.field("payload_sha256", pa.string(), nullable=False),
+        pa.field("recipe", pa.string(), nullable=False),  # JSON: the exact normalisation steps applied
+        pa.field("transfer_syntax", pa.string(), nullable=False),  # source TransferSyntaxUID
+        pa.field("shard", pa.int32(), nullable=False),
+    ],
+    key=["image_key"],
+)

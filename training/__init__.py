@@ -1,0 +1,1 @@
+"""MedReCo-DB training layer."""
