@@ -46,7 +46,7 @@ class PseudonymKey:
 
     def digest(self, kind: str, value: str) -> bytes:
         """32-byte HMAC-SHA256 of ``kind`` and ``value`` (domain separated by a NUL byte)."""
-        return hmac.new(self.secret, f"{kind}\x00{value}".encode("utf-8"), hashlib.sha256).digest()
+        return hmac.new(self.secret, f"{kind}\x00{value}".encode(), hashlib.sha256).digest()
 
     def pseudonym(self, kind: str, value: str, length: int = 16) -> str:
         """Opaque hex pseudonym of ``length`` hex characters (default 64 bits) for ``value``.
@@ -65,13 +65,16 @@ class PseudonymKey:
         n = int.from_bytes(self.digest("uid", original_uid.strip())[:16], "big")
         return f"2.25.{n}"
 
-    def date_shift_days(self, patient_value: str) -> int:
+    def date_shift_days(self, patient_key: str) -> int:
         """Per-patient date offset in days, in ``[-365, -1] U [1, 365]``, never 0.
+
+        Derived from the patient pseudonym (itself keyed), so every stage that knows a patient_key
+        (images, reports) applies the same offset without ever seeing the raw PatientID.
 
         Every date of one patient moves by the same offset, so intervals between a patient's studies
         are preserved exactly (PS3.15 E.3.6, Retain Longitudinal Temporal Information with Modified Dates).
         """
-        n = int.from_bytes(self.digest("date-shift", patient_value)[:8], "big")
+        n = int.from_bytes(self.digest("date-shift", patient_key)[:8], "big")
         magnitude = 1 + n % MAX_DATE_SHIFT_DAYS
         return -magnitude if (n >> 32) & 1 else magnitude
 
@@ -88,11 +91,11 @@ def _from_airflow() -> str | None:
     try:
         from airflow.sdk import Connection  # noqa: F401  (only where Airflow is installed)
         from airflow.sdk.bases.hook import BaseHook
-    except Exception:  # pragma: no cover - Airflow absent
+    except Exception:  # noqa: BLE001  Airflow absent or not configured
         return None
     try:
         return BaseHook.get_connection(AIRFLOW_CONN_ID).password or None
-    except Exception:
+    except Exception:  # noqa: BLE001  no such connection
         return None
 
 

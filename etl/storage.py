@@ -177,7 +177,7 @@ class Storage:
         for info in self.fs.get_file_info(sel):
             if info.type != pafs.FileType.File or posixpath.basename(info.path).startswith(".tmp-"):
                 continue
-            out.append(info.path[len(prefix):] if info.path.startswith(prefix) else info.path)
+            out.append(info.path.removeprefix(prefix))
         return sorted(out)
 
     def delete(self, rel: str) -> None:
@@ -214,3 +214,19 @@ class Storage:
             return schema.empty_table()
         tables = [pq.read_table(io.BytesIO(self.read_bytes(f)), schema=schema) for f in files]
         return pa.concat_tables(tables, promote_options="default") if schema is None else pa.concat_tables(tables)
+
+
+def read_uri(uri: str, *, endpoint_url: str | None = None, region: str = "us-east-1") -> bytes:
+    """Read a whole file given by a full local path or ``s3://`` URI.
+
+    Raises
+    ------
+    StorageError
+        if the file cannot be read.
+    """
+    fs, path = open_filesystem(uri, endpoint_url=endpoint_url, region=region)
+    try:
+        with fs.open_input_stream(path) as f:
+            return f.read()
+    except (FileNotFoundError, OSError) as err:
+        raise StorageError(f"cannot read {uri}: {err}") from None

@@ -47,8 +47,21 @@ class Institution(_Strict):
     timezone: str = Field(description="IANA time zone of its DICOM timestamps, e.g. 'America/New_York'")
     source_uri: str = Field(description="folder or s3:// prefix holding its deliveries; relative = under storage root/sources")
     report_format: Literal["jsonl", "csv", "text", "hl7", "none"] = "jsonl"
-    report_uri: str | None = Field(default=None, description="where reports lie, if not under source_uri")
+    report_glob: str | None = Field(
+        default=None, description="file-name pattern of report files (default from report_format, e.g. '*.jsonl')"
+    )
     dicom: bool = Field(default=True, description="False for a report-only source")
+    report_family: str | None = Field(
+        default=None, description="MedReCo family assumed for reports that link to no study (e.g. '2D-CXR')"
+    )
+
+    @field_validator("report_family")
+    @classmethod
+    def _family(cls, v: str | None) -> str | None:
+        families = ("2D-CXR", "3D-CT", "3D-Brain-MRI", "2D-Ultrasound")
+        if v is not None and v not in families:
+            raise ValueError(f"must be one of {', '.join(families)}")
+        return v
 
     @field_validator("id")
     @classmethod

@@ -1,6 +1,17 @@
 """Registry of the curated tables and their schemas, in build order."""
 
-from schemas import entity_mentions, images, ledger, pairs, reports, series, splits, studies, study_labels, vqa
+from schemas import (
+    entity_mentions,
+    images,
+    ledger,
+    pairs,
+    reports,
+    series,
+    splits,
+    studies,
+    study_labels,
+    vqa,
+)
 
 SCHEMAS = {
     "ledger": ledger.SCHEMA,

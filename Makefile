@@ -1,0 +1,38 @@
+# MedReCo-DB builder. Two commands do all set-up on a fresh machine:
+#   make demo   - install, generate the demo corpus, run the build DAG on the embedded default, print a summary
+#   make test   - install, then run the test suite
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+LOCK   := constraints/requirements.lock
+
+.PHONY: install demo test test-fast bench lint clean
+
+$(BIN)/.installed: pyproject.toml $(LOCK)
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade "pip<26"
+	# torch first, pinned: the CPU wheel on local disk (never let the resolver pick a CUDA build)
+	$(BIN)/pip install -q -c $(LOCK) "torch==2.13.0"
+	$(BIN)/pip install -q -c $(LOCK) -e ".[dev]"
+	@touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	$(BIN)/medreco demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: install
+	$(BIN)/python benchmarks/run_all.py
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf .demo .medreco .airflow

@@ -1,0 +1,125 @@
+"""The MedReCo-DB build DAG: sources -> ledger/quarantine -> curated tables -> quality -> snapshot.
+
+Wiring only: every task calls one function of ``etl.stages`` / ``etl.ledger`` / ``quality.gate`` /
+``etl.publish``. Per-shard stages are dynamically mapped over batches of patient-hash shards (never more
+than ``max_map_length`` mapped tasks). The last task emits the ``medreco://snapshot`` Asset whose extra
+carries the published version; the training DAG is scheduled on it.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import Asset, Param, dag, get_current_context, task
+
+from etl.runtime import default_config_path, task_context
+
+SNAPSHOT_ASSET = Asset("medreco://snapshot")
+DEFAULT_ARGS = {"retries": 2, "retry_delay": pendulum.duration(seconds=30)}
+
+
+@dag(
+    dag_id="medreco_build",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    params={"config": Param(default_config_path(), type="string", description="pipeline YAML config")},
+    tags=["medreco"],
+    doc_md=__doc__,
+)
+def medreco_build():
+    @task
+    def institutions() -> list[str]:
+        """Validate config and key before any work; list the institutions to discover."""
+        return [i.id for i in task_context().cfg.institutions]
+
+    @task(map_index_template="{{ task.op_kwargs['institution'] }}")
+    def discover(institution: str) -> dict:
+        from etl.stages import discover as run
+
+        return run(task_context(), institution)
+
+    @task
+    def plan() -> list[list[int]]:
+        from etl.stages import plan as run
+
+        return run(task_context())
+
+    @task
+    def deidentify(batch: list[int]) -> list[dict]:
+        from etl.stages import deidentify_shard
+
+        ctx = task_context()
+        return [deidentify_shard(ctx, s) for s in batch]
+
+    @task
+    def normalise(batch: list[int]) -> list[dict]:
+        from etl.stages import normalise_shard
+
+        ctx = task_context()
+        return [normalise_shard(ctx, s) for s in batch]
+
+    @task
+    def reports() -> dict:
+        from etl.stages import reports as run
+
+        return run(task_context())
+
+    @task
+    def entities(batch: list[int]) -> list[dict]:
+        from etl.stages import entities_shard
+
+        ctx = task_context()
+        return [entities_shard(ctx, s) for s in batch]
+
+    @task
+    def assemble(batch: list[int]) -> list[dict]:
+        """Studies, splits, longitudinal pairs and VQA items of each shard."""
+        from etl.stages import assemble_shard
+
+        ctx = task_context()
+        return [assemble_shard(ctx, s) for s in batch]
+
+    @task
+    def ledger() -> dict:
+        from etl.ledger import finalise
+
+        return finalise(task_context())
+
+    @task
+    def quality() -> dict:
+        from quality.gate import quality_stage
+
+        return quality_stage(task_context())
+
+    @task(outlets=[SNAPSHOT_ASSET])
+    def snapshot() -> dict:
+        from etl.publish import publish_stage
+
+        result = publish_stage(task_context())
+        get_current_context()["outlet_events"][SNAPSHOT_ASSET].extra = {
+            "version": result["version"], "content_hash": result["content_hash"], "uri": result["uri"],
+        }
+        return result
+
+    found = discover.expand(institution=institutions())
+    batches = plan()
+    found >> batches
+    deid = deidentify.expand(batch=batches)
+    norm = normalise.expand(batch=batches)
+    deid >> norm
+    reps = reports()
+    deid >> reps
+    ents = entities.expand(batch=batches)
+    reps >> ents
+    asm = assemble.expand(batch=batches)
+    [norm, ents] >> asm
+    led = ledger()
+    [norm, reps] >> led
+    q = quality()
+    [asm, led] >> q
+    q >> snapshot()
+
+
+build_dag = medreco_build()

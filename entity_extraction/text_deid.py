@@ -1,0 +1,375 @@
+"""Free-text report de-identification: known PHI, dates (shifted, format kept), phones, ids, names.
+
+Identifier classes follow HIPAA Safe Harbor (45 CFR 164.514(b)(2)): names, dates more specific than a
+year, telephone numbers, e-mail addresses, URLs, medical record / accession numbers and other ids,
+street addresses and postcodes; organisation names (hospitals) are removed too because they locate
+the patient. Patterns are data (``phi_patterns.json``).
+
+Dates are shifted by the patient's offset (PS3.15 E.3.6, Retain Longitudinal Temporal Information with
+Modified Dates; :meth:`etl.keys.PseudonymKey.date_shift_days`) and written back in their own format.
+The process is fail-closed: a date that cannot be parsed or shifted with certainty (no year, invalid
+day, no shift given) becomes ``[DATE]``; a name found in one spelling is removed in every spelling.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+PATTERNS_FILE = Path(__file__).with_name("phi_patterns.json")
+_ORDINALS = ("st", "nd", "rd", "th")
+
+
+class PhiPatternsError(ValueError):
+    """Raised when ``phi_patterns.json`` is malformed (reason code ``invalid_phi_patterns``)."""
+
+    reason = "invalid_phi_patterns"
+
+
+@dataclass(frozen=True)
+class _Hit:
+    start: int
+    end: int
+    kind: str
+    replacement: str
+
+
+@dataclass(frozen=True)
+class _Patterns:
+    tokens: dict[str, str]
+    month_num: dict[str, int]
+    month_full: tuple[str, ...]
+    month_abbr: dict[int, str]
+    regex: dict[str, re.Pattern[str] | list[re.Pattern[str]]]
+    stopwords: frozenset[str]
+
+
+def _compile(data: dict, key: str) -> re.Pattern[str] | list[re.Pattern[str]]:
+    flags = 0 if key in data.get("case_sensitive", []) else re.IGNORECASE
+    value = data[key]
+    if isinstance(value, list):
+        return [re.compile(v, flags) for v in value]
+    return re.compile(value, flags)
+
+
+@lru_cache(maxsize=4)
+def _load(path: str | None = None, language: str = "en") -> _Patterns:
+    data = json.loads(Path(path or PATTERNS_FILE).read_text(encoding="utf-8"))
+    try:
+        full = tuple(m.lower() for m in data["months"][language])
+        abbr = {k.lower(): int(v) for k, v in data["month_abbreviations"][language].items()}
+        keys = ("email", "url", "phone", "labelled_id", "long_number", "organization", "address", "postcode",
+                "title_before_name", "label_before_name", "degree_after_name", "name_word")
+        regex = {k: _compile(data, k) for k in keys}
+        tokens = dict(data["tokens"])
+        stop = frozenset(w.lower() for w in data["name_stopwords"])
+    except (KeyError, TypeError, re.error) as exc:
+        raise PhiPatternsError(f"phi patterns file is malformed: {exc!r}") from exc
+    if len(full) != 12:
+        raise PhiPatternsError(f"need 12 month names for language {language!r}")
+    month_num = {name: i + 1 for i, name in enumerate(full)} | abbr
+    month_abbr: dict[int, str] = {}
+    for name, num in sorted(abbr.items(), key=lambda kv: len(kv[0])):
+        month_abbr.setdefault(num, name)
+    for i, name in enumerate(full):
+        month_abbr.setdefault(i + 1, name)  # e.g. "may" has no shorter form
+    month_alt = "|".join(sorted(month_num, key=len, reverse=True))
+    regex["date_iso"] = re.compile(r"(?<![\d.])(\d{4})([-/.])(\d{1,2})\2(\d{1,2})(?![\d]|\.\d)")
+    regex["date_numeric"] = re.compile(r"(?<![\d/.-])(\d{1,2})([/.-])(\d{1,2})\2(\d{4}|\d{2})(?![\d/]|[.-]\d)")
+    regex["date_compact"] = re.compile(r"(?<![\w.])((?:19|20)\d{2})(\d{2})(\d{2})(?![\w]|\.\d)")
+    regex["date_dmy"] = re.compile(
+        rf"\b(\d{{1,2}})(st|nd|rd|th)?([ -]+|\s+of\s+)({month_alt})(\.?)(,?[ -]+)(\d{{4}})\b", re.IGNORECASE
+    )
+    regex["date_mdy"] = re.compile(
+        rf"\b({month_alt})(\.?)([ -]+)(\d{{1,2}})(st|nd|rd|th)?(,?[ -]+)(\d{{4}})\b", re.IGNORECASE
+    )
+    regex["date_my"] = re.compile(rf"\b({month_alt})(\.?)(,?[ -]+)(\d{{4}})\b", re.IGNORECASE)
+    # Day and month without a year cannot be shifted reliably: redacted. Case-sensitive month (not "may").
+    cased = "|".join(
+        alt for m in sorted(month_num, key=len, reverse=True) for alt in (m.capitalize(), m.upper())
+    )
+    regex["date_noyear"] = re.compile(
+        rf"\b(?:\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{cased})\b\.?|(?:{cased})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?\b)"
+    )
+    return _Patterns(tokens, month_num, full, month_abbr, regex, stop)
+
+
+# ---------------------------------------------------------------- dates
+def _pad(original: str, value: int) -> str:
+    return f"{value:0{len(original)}d}" if original.startswith("0") or len(original) == 2 and value >= 10 else str(value)
+
+
+def _same_case(original: str, word: str) -> str:
+    if original.isupper():
+        return word.upper()
+    if original[:1].isupper():
+        return word.capitalize()
+    return word.lower()
+
+
+def _month_word(p: _Patterns, original: str, month: int) -> str:
+    full = original.lower() in p.month_full
+    return _same_case(original, p.month_full[month - 1] if full else p.month_abbr[month])
+
+
+def _ordinal(day: int) -> str:
+    return "th" if 11 <= day % 100 <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
+
+
+def _year4(yy: str) -> int:
+    if len(yy) == 4:
+        return int(yy)
+    pivot = (dt.date.today().year + 1) % 100
+    return 2000 + int(yy) if int(yy) <= pivot else 1900 + int(yy)
+
+
+def _shift(year: int, month: int, day: int, days: int | None) -> dt.date | None:
+    """Shifted date or None when invalid / no shift (caller redacts)."""
+    if days is None or not 1800 <= year <= 2199:
+        return None
+    try:
+        return dt.date(year, month, day) + dt.timedelta(days=days)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> list[_Hit]:
+    red = p.tokens["DATE"]
+    hits: list[_Hit] = []
+
+    def add(m: re.Match[str], new: str | None) -> None:
+        hits.append(_Hit(m.start(), m.end(), "DATE", new if new is not None else red))
+
+    for m in p.regex["date_iso"].finditer(text):
+        y, sep, mo, d = m.groups()
+        s = _shift(int(y), int(mo), int(d), shift)
+        add(m, s and f"{s.year:04d}{sep}{_pad(mo, s.month)}{sep}{_pad(d, s.day)}")
+    for m in p.regex["date_compact"].finditer(text):
+        y, mo, d = m.groups()
+        s = _shift(int(y), int(mo), int(d), shift)
+        add(m, s and f"{s.year:04d}{s.month:02d}{s.day:02d}")
+    for m in p.regex["date_numeric"].finditer(text):
+        a, sep, b, y = m.groups()
+        first, second = int(a), int(b)
+        dmy = first > 12 or (second <= 12 and day_first)
+        day, month = (first, second) if dmy else (second, first)
+        s = _shift(_year4(y), month, day, shift)
+        if s is None:
+            add(m, None)
+            continue
+        yy = f"{s.year:04d}" if len(y) == 4 else f"{s.year % 100:02d}"
+        d_txt, m_txt = (a, b) if dmy else (b, a)
+        parts = (_pad(d_txt, s.day), _pad(m_txt, s.month)) if dmy else (_pad(m_txt, s.month), _pad(d_txt, s.day))
+        add(m, f"{parts[0]}{sep}{parts[1]}{sep}{yy}")
+    for m in p.regex["date_dmy"].finditer(text):
+        d, suf, sp1, mon, dot, sp2, y = m.groups()
+        s = _shift(int(y), p.month_num[mon.lower()], int(d), shift)
+        new = None
+        if s is not None:
+            suffix = _same_case(suf, _ordinal(s.day)) if suf else ""
+            new = f"{_pad(d, s.day)}{suffix}{sp1}{_month_word(p, mon, s.month)}{dot}{sp2}{s.year}"
+        add(m, new)
+    for m in p.regex["date_mdy"].finditer(text):
+        mon, dot, sp1, d, suf, sp2, y = m.groups()
+        s = _shift(int(y), p.month_num[mon.lower()], int(d), shift)
+        new = None
+        if s is not None:
+            suffix = _same_case(suf, _ordinal(s.day)) if suf else ""
+            new = f"{_month_word(p, mon, s.month)}{dot}{sp1}{_pad(d, s.day)}{suffix}{sp2}{s.year}"
+        add(m, new)
+    for m in p.regex["date_my"].finditer(text):
+        mon, dot, sp, y = m.groups()
+        if mon.lower() == "may" and not mon[:1].isupper():
+            continue  # "may 2023 ..." in lower case is the verb, not a month
+        s = _shift(int(y), p.month_num[mon.lower()], 15, shift)  # month precision: shift the mid-month day
+        add(m, s and f"{_month_word(p, mon, s.month)}{dot}{sp}{s.year}")
+    for m in p.regex["date_noyear"].finditer(text):
+        add(m, None)
+    return hits
+
+
+# ---------------------------------------------------------------- names
+def _name_components(value: str) -> list[str]:
+    return [c for c in re.split(r"[\^,\s]+", value) if len(c.rstrip(".")) >= 2]
+
+
+def _name_run_regex(components: set[str], case_insensitive: bool) -> re.Pattern[str] | None:
+    if not components:
+        return None
+    alt = "|".join(re.escape(c) for c in sorted(components, key=len, reverse=True))
+    word = rf"(?:{alt})"
+    sep = r"(?:[ \t]*[,^][ \t]*|[ \t]+)"
+    pattern = rf"(?<![\w])(?:[A-Z]\.[ \t]*)?{word}(?:{sep}(?:{word}|[A-Z]\.(?=[ \t])))*(?![\w])"
+    return re.compile(pattern, re.IGNORECASE if case_insensitive else 0)
+
+
+def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
+    """Names after titles / signature labels and before degrees; returns hits and learned words."""
+    word = p.regex["name_word"].pattern
+    run = rf"(?P<name>{word}(?:[ \t]+{word}){{0,2}})"
+    name_tok = p.tokens["NAME"]
+    hits: list[_Hit] = []
+    learned: set[str] = set()
+
+    def take(name: str, start: int) -> tuple[int, int] | None:
+        words = name.split()
+        keep: list[str] = []
+        for w in words:
+            if w.lower().rstrip(".") in p.stopwords:
+                break
+            keep.append(w)
+        if not keep or all(len(w.rstrip(".")) < 2 for w in keep):
+            return None
+        learned.update(w for w in keep if len(w.rstrip(".")) >= 3)
+        # the end on the original text (words may be separated by tabs or several spaces)
+        m = re.match(r"[ \t]*".join(re.escape(w) for w in keep), text[start:])
+        return (start, start + m.end()) if m else None
+
+    title = p.regex["title_before_name"]
+    title_re = re.compile(rf"(?P<title>{title.pattern})(?![\w])[ \t]*{run}")
+    for m in title_re.finditer(text):
+        span = take(m.group("name"), m.start("name"))
+        if span:
+            t = m.group("title")
+            is_doctor = t.lower().rstrip(".") in ("dr", "doctor")
+            repl = f"Dr. {name_tok}" if is_doctor else f"{t} {name_tok}"
+            hits.append(_Hit(m.start("title"), span[1], "NAME", repl))
+    # the label in any case, the name capitalised
+    label_re = re.compile(rf"(?i:{p.regex['label_before_name'].pattern})[ \t]*{run}")
+    for m in label_re.finditer(text):
+        span = take(m.group("name"), m.start("name"))
+        if span:
+            hits.append(_Hit(span[0], span[1], "NAME", name_tok))
+    degree_re = re.compile(rf"{run}(?:{p.regex['degree_after_name'].pattern})")
+    for m in degree_re.finditer(text):
+        words = m.group("name").split()
+        # keep the words closest to the degree that are not stopwords
+        tail: list[str] = []
+        for w in reversed(words):
+            if w.lower().rstrip(".") in p.stopwords:
+                break
+            tail.insert(0, w)
+        if tail and any(len(w.rstrip(".")) >= 2 for w in tail):
+            start = m.end("name") - len(" ".join(tail))
+            sub = re.search(r"[ \t]*".join(re.escape(w) for w in tail) + r"$", m.group("name"))
+            if sub:
+                start = m.start("name") + sub.start()
+            learned.update(w for w in tail if len(w.rstrip(".")) >= 3)
+            hits.append(_Hit(start, m.end("name"), "NAME", name_tok))
+    return hits, learned
+
+
+# ---------------------------------------------------------------- main
+def _regex_hits(text: str, pattern: re.Pattern[str] | list[re.Pattern[str]], kind: str, token: str) -> list[_Hit]:
+    """Hits of one pattern (or list); a named group ``value`` narrows the replaced span to that group."""
+    patterns = pattern if isinstance(pattern, list) else [pattern]
+    hits = []
+    for pat in patterns:
+        group = "value" if "value" in pat.groupindex else 0
+        hits.extend(_Hit(m.start(group), m.end(group), kind, token) for m in pat.finditer(text))
+    return hits
+
+
+def deidentify_text(
+    text: str,
+    *,
+    known_phi: list[str],
+    date_shift_days: int | None,
+    day_first: bool = False,
+    patterns_path: str | None = None,
+    language: str = "en",
+) -> tuple[str, dict[str, int]]:
+    """Remove PHI from report text.
+
+    Parameters
+    ----------
+    text : str
+        Report text (may hold PHI).
+    known_phi : list of str
+        PHI values known from the DICOM header / source record. Values with a digit are ids (PatientID,
+        AccessionNumber: replaced verbatim, case-insensitive, as ``[ID]``); others are person names in
+        DICOM PN form (``"DOE^JOHN"``) or free form (``"John Doe"``): every run of their components
+        (2+ characters) in any order and case (``"John Doe"``, ``"Doe, John"``, ``"JOHN DOE"``,
+        ``"Mr. Doe"``) becomes ``[NAME]``.
+    date_shift_days : int or None
+        Days to add to every date (the patient's offset, may be negative). Dates keep their format
+        (``03/14/2023``, ``14/03/2023``, ``2023-03-14``, ``20230314``, ``14 March 2023``,
+        ``March 14, 2023``, ``Mar 14 2023``, ``March 2023``). None: every date becomes ``[DATE]``.
+        Dates without a year, or that are not valid calendar dates, always become ``[DATE]``.
+    day_first : bool, default False
+        How to read an ambiguous numeric date (both numbers <= 12): ``True`` = DD/MM/YYYY (GB, IE, AU),
+        ``False`` = MM/DD/YYYY (US). Unambiguous dates (``14/03/2023``) are read either way.
+    patterns_path : str, optional
+        Alternative ``phi_patterns.json``.
+    language : str, default "en"
+        Language of month names.
+
+    Returns
+    -------
+    text : str
+        De-identified text. Replacement tokens: ``[NAME]`` (``Dr. [NAME]`` after Dr/Doctor), ``[ID]``
+        (labels such as ``MRN:`` are kept), ``[DATE]``, ``[PHONE]``, ``[EMAIL]``, ``[URL]``,
+        ``[ORGANIZATION]``, ``[ADDRESS]``; shifted dates in place of the originals.
+    counts : dict of str to int
+        Number of replacements per PHI type (``NAME``, ``ID``, ``DATE``, ``PHONE``, ``EMAIL``, ``URL``,
+        ``ORGANIZATION``, ``ADDRESS``); only types with at least one replacement appear. A shifted date
+        counts as a ``DATE`` replacement.
+
+    Raises
+    ------
+    PhiPatternsError
+        If the patterns file is malformed or lacks month names for ``language``.
+    """
+    p = _load(patterns_path, language)
+    tok = p.tokens
+    ids = [v.strip() for v in known_phi if v and v.strip() and any(ch.isdigit() for ch in v)]
+    names = [v for v in known_phi if v and v.strip() and not any(ch.isdigit() for ch in v)]
+
+    groups: list[list[_Hit]] = []
+    groups.append(_regex_hits(text, p.regex["email"], "EMAIL", tok["EMAIL"]))
+    groups.append(_regex_hits(text, p.regex["url"], "URL", tok["URL"]))
+    for v in sorted(ids, key=len, reverse=True):
+        known = re.compile(rf"(?<![A-Za-z0-9]){re.escape(v)}(?![A-Za-z0-9])", re.IGNORECASE)
+        groups.append(_regex_hits(text, known, "ID", tok["ID"]))
+    groups.append(_date_hits(text, p, date_shift_days, day_first))
+    groups.append(_regex_hits(text, p.regex["labelled_id"], "ID", tok["ID"]))
+    groups.append(_regex_hits(text, p.regex["phone"], "PHONE", tok["PHONE"]))
+    groups.append(_regex_hits(text, p.regex["long_number"], "ID", tok["ID"]))
+    groups.append(_regex_hits(text, p.regex["organization"], "ORGANIZATION", tok["ORGANIZATION"]))
+    groups.append(_regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"]))
+    groups.append(_regex_hits(text, p.regex["postcode"], "ADDRESS", tok["ADDRESS"]))
+    context_hits, learned = _contextual_names(text, p)
+    groups.append(context_hits)
+    known_components = {c for v in names for c in _name_components(v)}
+    known_re = _name_run_regex(known_components, case_insensitive=True)
+    if known_re is not None:
+        groups.append(_regex_hits(text, known_re, "NAME", tok["NAME"]))
+    learned -= {c for c in learned if c.lower() in {k.lower() for k in known_components}}
+    # learned words (from "Dr. X", "X, MD", "Signed by X") are matched in Title or UPPER case only
+    learned_forms = {f for w in learned for f in (w, w.upper(), w.capitalize())}
+    learned_re = _name_run_regex(learned_forms, case_insensitive=False)
+    if learned_re is not None:
+        groups.append(_regex_hits(text, learned_re, "NAME", tok["NAME"]))
+
+    accepted: list[_Hit] = []
+    taken = bytearray(len(text))
+    for group in groups:  # earlier groups win; within a group longer spans first
+        for h in sorted(group, key=lambda h: (h.start - h.end, h.start)):
+            if h.end > h.start and not any(taken[h.start:h.end]):
+                accepted.append(h)
+                taken[h.start:h.end] = b"\x01" * (h.end - h.start)
+    accepted.sort(key=lambda h: h.start)
+    out: list[str] = []
+    pos = 0
+    for h in accepted:
+        out.append(text[pos:h.start])
+        out.append(h.replacement)
+        pos = h.end
+    out.append(text[pos:])
+    counts = Counter(h.kind for h in accepted)
+    return "".join(out), dict(sorted(counts.items()))

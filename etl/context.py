@@ -1,0 +1,94 @@
+"""The build context every stage receives: configuration, storage root, key and run id, plus zone paths."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from etl.keys import PseudonymKey, load_key
+from etl.storage import Storage
+from schemas.config import PipelineConfig, load_config
+
+EVENT_SCHEMA = pa.schema(
+    [
+        pa.field("source_uri", pa.string(), nullable=False),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),  # ingested | quarantined
+        pa.field("reason", pa.string()),
+        pa.field("detail", pa.string()),
+        pa.field("sop_key", pa.string()),
+        pa.field("study_key", pa.string()),
+    ]
+)
+
+
+def safe_run_id(run_id: str) -> str:
+    """A run id usable as a path segment (Airflow run ids contain ':' and '+')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", run_id).strip("_") or "run"
+
+
+@dataclass
+class BuildContext:
+    """Everything a stage needs. Build with :meth:`from_config_file` inside each task (cheap)."""
+
+    cfg: PipelineConfig
+    storage: Storage
+    key: PseudonymKey
+    run_id: str
+
+    @classmethod
+    def from_config_file(cls, path: str | Path, run_id: str, key: PseudonymKey | None = None) -> BuildContext:
+        """Load and validate the config, open the storage root, load the key (refusing a missing one)."""
+        cfg = load_config(path)
+        return cls.from_config(cfg, run_id, key)
+
+    @classmethod
+    def from_config(cls, cfg: PipelineConfig, run_id: str, key: PseudonymKey | None = None) -> BuildContext:
+        """As :meth:`from_config_file` for an already validated config."""
+        storage = Storage.open(
+            cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region,
+            base_dir=cfg.base_dir,
+        )
+        return cls(cfg=cfg, storage=storage, key=key or load_key(), run_id=safe_run_id(run_id))
+
+    # ---- zone paths (root-relative) -------------------------------------------------------------
+    @property
+    def run_dir(self) -> str:
+        """Restricted per-run working folder under the ledger zone."""
+        return f"ledger/runs/{self.run_id}"
+
+    def plan_path(self, institution: str | None = None) -> str:
+        """The merged plan, or one institution's discovery output."""
+        return f"{self.run_dir}/plan/{institution}.parquet" if institution else f"{self.run_dir}/plan.parquet"
+
+    def events_path(self, stage: str, shard: int | None = None) -> str:
+        """Per-stage outcome events (restricted: names source files)."""
+        return f"{self.run_dir}/events/{stage}/" + (f"shard={shard:05d}.parquet" if shard is not None else "all.parquet")
+
+    def audit_path(self, stage: str, shard: int) -> str:
+        """Per-shard de-identification audit counts (JSON, PHI-free)."""
+        return f"{self.run_dir}/audit/{stage}/shard={shard:05d}.json"
+
+    @staticmethod
+    def table_path(table: str, shard: int) -> str:
+        """One shard partition of a curated table."""
+        return f"curated/{table}/shard={shard:05d}/part-0.parquet"
+
+    @staticmethod
+    def dicom_dir(shard: int) -> str:
+        """De-identified DICOM files of one shard."""
+        return f"curated/dicom/shard={shard:05d}"
+
+    @property
+    def ledger_path(self) -> str:
+        """This run's ledger."""
+        return f"ledger/run_id={self.run_id}/ledger.parquet"
+
+    @property
+    def quarantine_dir(self) -> str:
+        """This run's quarantine records."""
+        return f"quarantine/{self.run_id}"

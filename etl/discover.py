@@ -1,0 +1,152 @@
+"""Discovery: list an institution's delivery, hash every file, classify it and assign a patient shard.
+
+Output is the run *plan* (restricted zone: it names source paths): one row per input file with
+``kind`` (dicom | report | other), ``sha256``, ``shard`` (for DICOM: from the patient pseudonym) and a
+preliminary status (``pending`` | ``skipped`` | ``quarantined``). Duplicates are marked across the whole
+run by :func:`mark_duplicates`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import io
+import posixpath
+import warnings
+
+import pyarrow as pa
+import pydicom
+from pydicom.errors import InvalidDicomError
+
+from etl.deid import patient_value
+from etl.keys import PseudonymKey
+from etl.storage import Storage
+from schemas.config import Institution, PipelineConfig
+
+#: extensions that are never pipeline input in a delivery folder (documentation, manifests, previews)
+NON_INPUT_EXTENSIONS = (".md", ".txt", ".csv", ".json", ".yaml", ".yml", ".png", ".jpg", ".jpeg", ".pdf",
+                        ".xml", ".html", ".zip", ".py", ".log")
+REPORT_GLOBS = {"jsonl": "*.jsonl", "csv": "*.csv", "text": "*.txt", "hl7": "*.hl7", "none": ""}
+
+PLAN_SCHEMA = pa.schema(
+    [
+        pa.field("source_uri", pa.string(), nullable=False),
+        pa.field("institution", pa.string(), nullable=False),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("shard", pa.int32()),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("reason", pa.string()),
+        pa.field("detail", pa.string()),
+        pa.field("duplicate_of", pa.string()),
+    ]
+)
+
+
+def source_storage(cfg: PipelineConfig, inst: Institution, root: Storage) -> Storage:
+    """Storage for an institution's source: relative ``source_uri`` lies under ``<root>/sources``'s parent root."""
+    uri = inst.source_uri
+    if "://" in uri or uri.startswith("/"):
+        return Storage.open(uri, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region)
+    if root.is_local:
+        return Storage.open(root.path(uri))
+    return Storage(fs=root.fs, root=root.path(uri), uri=root.full_uri(uri))
+
+
+def report_glob(inst: Institution) -> str:
+    """File-name pattern of an institution's report files."""
+    return inst.report_glob or REPORT_GLOBS[inst.report_format]
+
+
+def classify_dicom(data: bytes) -> tuple[str | None, str | None, str | None]:
+    """Read a DICOM header and return ``(patient_id, reason, detail)``.
+
+    ``reason`` is None when the file is a DICOM instance with a PatientID; else a reason code:
+    ``not_dicom`` (no DICOM structure at all), ``unreadable_dicom`` (a parse error),
+    ``missing_patient_id``.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ds = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True, force=True)
+            elems = list(ds.keys())
+    except (InvalidDicomError, EOFError) as err:
+        return None, "unreadable_dicom", f"{type(err).__name__} while reading the header"
+    except Exception as err:  # noqa: BLE001  pydicom raises many types on corrupt headers
+        return None, "unreadable_dicom", f"{type(err).__name__} while reading the header"
+    if not elems or not any(k in ds for k in ("SOPInstanceUID", "SOPClassUID", "Modality")):
+        return None, "not_dicom", "no DICOM identifying elements (SOPInstanceUID, SOPClassUID, Modality)"
+    pid = str(ds.get("PatientID", "") or "").strip()
+    if not pid:
+        return None, "missing_patient_id", "PatientID is empty or absent"
+    return pid, None, None
+
+
+def discover_institution(
+    cfg: PipelineConfig, inst: Institution, root: Storage, key: PseudonymKey
+) -> pa.Table:
+    """Plan rows (:data:`PLAN_SCHEMA`) for every file in one institution's source, sorted by source_uri.
+
+    Reports are sharded later, per record; DICOM files get the shard of their patient pseudonym.
+    Files that cannot be read as DICOM are marked quarantined here (reason code, never a value).
+    """
+    src = source_storage(cfg, inst, root)
+    pattern = report_glob(inst)
+    rows = []
+    for rel in src.list_files():
+        data = src.read_bytes(rel)
+        row = {
+            "source_uri": src.full_uri(rel),
+            "institution": inst.id,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": len(data),
+            "kind": "other",
+            "shard": None,
+            "status": "pending",
+            "reason": None,
+            "detail": None,
+            "duplicate_of": None,
+        }
+        name = posixpath.basename(rel)
+        if pattern and fnmatch.fnmatch(name, pattern):
+            row["kind"] = "report"
+        elif not inst.dicom or name.lower().endswith(NON_INPUT_EXTENSIONS) or name.startswith("."):
+            row.update(status="skipped", reason="not_an_input", detail="not a DICOM or report file of this source")
+        else:
+            row["kind"] = "dicom"
+            pid, reason, detail = classify_dicom(data)
+            if reason:
+                row.update(status="quarantined", reason=reason, detail=detail)
+            else:
+                row["shard"] = key.shard(key.pseudonym("patient", patient_value(inst.id, pid)), cfg.shard_count)
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=PLAN_SCHEMA)
+
+
+def mark_duplicates(plan: pa.Table) -> pa.Table:
+    """Mark every file whose sha256 was already seen (in institution, source_uri order) as ``duplicate``.
+
+    The first copy keeps its status; later copies get ``status=duplicate`` and ``duplicate_of`` naming it.
+    """
+    rows = sorted(plan.to_pylist(), key=lambda r: (r["institution"], r["source_uri"]))
+    first: dict[str, str] = {}
+    for r in rows:
+        if r["status"] == "skipped":
+            continue
+        seen = first.get(r["sha256"])
+        if seen is None:
+            first[r["sha256"]] = r["source_uri"]
+        else:
+            r.update(status="duplicate", reason="same_content", duplicate_of=seen, detail="same sha256 as an earlier file")
+    return pa.Table.from_pylist(rows, schema=PLAN_SCHEMA)
+
+
+def shard_batches(shard_count: int, max_map_length: int) -> list[list[int]]:
+    """Split shard ids ``0..shard_count-1`` into at most ``max_map_length`` contiguous batches.
+
+    Each batch is one mapped Airflow task, so a run never exceeds ``[core] max_map_length``.
+    """
+    n_batches = min(shard_count, max_map_length)
+    size = -(-shard_count // n_batches)
+    return [list(range(i, min(i + size, shard_count))) for i in range(0, shard_count, size)]

@@ -1,0 +1,566 @@
+"""Pixel normalisation: decoded DICOM images -> the ``images`` table's payloads.
+
+* 2D objects (CR, DX, MG, US, XA, RF and other single images): VOI LUT / window, MONOCHROME1
+  inversion, scaling to 8 or 16 bits, resize with aspect-preserving zero padding, PNG.
+* 3D series (CT, MR slices): ordered along the slice normal, Modality LUT per slice, CT clipped
+  to a HU window, MR clipped to the 1st-99th percentile of non-zero voxels and scaled to 0..1,
+  stored as ``volume`` (float32, slices x rows x cols) in a deterministic compressed ``.npz``.
+
+Every payload comes with a ``recipe``: canonical JSON listing each step and its parameters, so
+that the ML user can tell exactly what was done to the pixels. Decoding itself lives in
+:mod:`etl.pixels`; its :class:`NormalisationError` and :func:`decode` are re-exported here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import zipfile
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from pydicom.dataset import Dataset
+from pydicom.pixels import apply_voi, apply_voi_lut
+
+from etl.pixels import (
+    NormalisationError,
+    check_decodable,
+    decode,
+    decode_image,
+    frame_attribute,
+    lut_view,
+    n_frames,
+    pixel_keyword,
+)
+from schemas.config import NormalisationConfig
+
+__all__ = [
+    "NormalisationError",
+    "decode",
+    "image_kind",
+    "load_payload",
+    "normalise_2d",
+    "normalise_volume",
+]
+
+#: recipe format version; bump when a step's meaning changes
+RECIPE_VERSION = 1
+#: percentile window used when a 2D image carries no VOI LUT / window (percent)
+PERCENTILE_WINDOW = (0.5, 99.5)
+#: MR intensity clip, percent of the non-zero voxels (MedReCo recipe)
+MR_PERCENTILES = (1.0, 99.0)
+#: a plane is named AXIAL/CORONAL/SAGITTAL when the slice normal is within 30 degrees of an axis
+_PLANE_COS = math.cos(math.radians(30.0))
+#: orientation cosines may differ by DS rounding; positions closer than this are duplicates (mm)
+_ORIENTATION_TOL = 1e-3
+_POSITION_TOL_MM = 1e-3
+_SPACING_TOL_MM = 1e-3
+#: fixed zip member timestamp (the zip format's epoch) so that .npz bytes are reproducible
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+
+_VOLUME_MODALITIES = {"CT", "MR"}
+#: objects that carry PixelData but are not images of the patient (segmentations, dose grids)
+_NON_IMAGE_MODALITIES = {"SEG", "RTDOSE", "RTSTRUCT", "RTPLAN", "RTRECORD", "SR", "PR", "KO", "DOC", "REG"}
+_SECONDARY_CAPTURE_PREFIX = "1.2.840.10008.5.1.4.1.1.7"
+_LATERAL = {"LL", "RL", "LAT", "LATERAL"}
+
+
+# --------------------------------------------------------------------------------------------- kinds
+
+
+def image_kind(ds: Dataset) -> str:
+    """Classify a DICOM object for normalisation.
+
+    Parameters
+    ----------
+    ds : pydicom.dataset.Dataset
+
+    Returns
+    -------
+    str
+        ``"none"``: no pixel element (SR, PR, KO, RTSTRUCT, encapsulated documents ...) or a
+        non-image object with pixels (SEG, RTDOSE); ``"3d_slice"``: a CT or MR image slice (or an
+        enhanced multi-frame CT/MR stack), to be grouped by SeriesInstanceUID and passed to
+        :func:`normalise_volume`; ``"2d"``: everything else with pixels (CR, DX, MG, US, XA, RF,
+        NM, PT, secondary captures, CT localizers/scouts).
+    """
+    modality = str(ds.get("Modality") or "").upper()
+    if pixel_keyword(ds) is None or modality in _NON_IMAGE_MODALITIES:
+        return "none"
+    if modality in _VOLUME_MODALITIES:
+        image_type = [str(v).upper() for v in (ds.get("ImageType") or [])]
+        sop = str(ds.get("SOPClassUID") or "")
+        if "LOCALIZER" not in image_type and not sop.startswith(_SECONDARY_CAPTURE_PREFIX):
+            return "3d_slice"
+    return "2d"
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _recipe(kind: str, steps: list[dict[str, Any]]) -> str:
+    return json.dumps(
+        {"kind": kind, "steps": steps, "version": RECIPE_VERSION}, sort_keys=True, separators=(",", ":")
+    )
+
+
+def _floats(value: Any) -> list[float] | None:
+    try:
+        out = [float(v) for v in value]
+    except (TypeError, ValueError):
+        return None
+    return out if out and all(math.isfinite(v) for v in out) else None
+
+
+def _pixel_spacing(ds: Dataset, frame: int | None = 0) -> list[float] | None:
+    """[row, col] spacing in mm: PixelSpacing (functional groups first), else ImagerPixelSpacing."""
+    for value in (
+        frame_attribute(ds, "PixelMeasuresSequence", "PixelSpacing", frame),
+        ds.get("ImagerPixelSpacing"),
+    ):
+        spacing = _floats(value) if value is not None else None
+        if spacing and len(spacing) == 2 and min(spacing) > 0:
+            return spacing
+    return None
+
+
+def _view(ds: Dataset) -> str | None:
+    """PA / AP / LATERAL from ViewPosition, else ViewCodeSequence CodeMeaning, else ViewPosition as is."""
+    raw = str(ds.get("ViewPosition") or "").strip().upper()
+    if raw in ("PA", "AP"):
+        return raw
+    if raw in _LATERAL:
+        return "LATERAL"
+    seq = ds.get("ViewCodeSequence")
+    if seq and str(seq[0].get("CodeMeaning") or "").strip():
+        return str(seq[0].CodeMeaning).strip()
+    return raw or None
+
+
+def _window_to_unit(arr: np.ndarray, ds: Dataset, frame: int | None) -> tuple[np.ndarray, dict[str, Any]]:
+    """VOI LUT or window (PS3.3 C.11.2) to 0..1; percentile window when the file has none."""
+    view = lut_view(ds, frame)
+    has_lut = bool(view.get("VOILUTSequence"))
+    has_window = "WindowCenter" in view and "WindowWidth" in view
+    problem = None
+    if has_lut or has_window:
+        try:
+            if has_lut:
+                item = view.VOILUTSequence[0]
+                entries = int(item.LUTDescriptor[0]) or 2**16
+                first = int(item.LUTDescriptor[1])
+                # the VOI LUT input is the integer Modality LUT output
+                out = apply_voi(np.rint(arr).astype(np.int64), view).astype(np.float64)
+                table = apply_voi(np.arange(first, first + entries, dtype=np.int64), view)
+                lo, hi = float(table.min()), float(table.max())
+                step: dict[str, Any] = {"step": "voi", "lut": "VOILUTSequence", "entries": entries, "first": first}
+            else:
+                out = apply_voi_lut(arr.astype(np.float64), view, prefer_lut=False)
+                ends = apply_voi_lut(np.array([-np.inf, np.inf]), view, prefer_lut=False)
+                lo, hi = float(ends[0]), float(ends[1])
+                center = view["WindowCenter"].value
+                width = view["WindowWidth"].value
+                step = {
+                    "step": "voi",
+                    "window_center": float(center[0] if view["WindowCenter"].VM > 1 else center),
+                    "window_width": float(width[0] if view["WindowWidth"].VM > 1 else width),
+                    "function": str(view.get("VOILUTFunction") or "LINEAR").upper(),
+                }
+            if hi > lo:
+                return np.clip((out - lo) / (hi - lo), 0.0, 1.0), step
+            problem = "VOI output range is empty"
+        except (ValueError, NotImplementedError, IndexError, AttributeError) as exc:
+            problem = f"{type(exc).__name__} while applying the file's VOI"
+    lo, hi = (float(v) for v in np.percentile(arr, PERCENTILE_WINDOW))
+    step = {"step": "voi", "percentile": list(PERCENTILE_WINDOW), "low": lo, "high": hi}
+    if problem:
+        step["file_voi_unusable"] = problem
+    if hi <= lo:
+        step["constant_image"] = True
+        return np.zeros(arr.shape, dtype=np.float64), step
+    return np.clip((arr.astype(np.float64) - lo) / (hi - lo), 0.0, 1.0), step
+
+
+def _resize(unit: np.ndarray, size: tuple[int, int], keep_aspect: bool) -> tuple[np.ndarray, dict[str, Any]]:
+    """Resize a 0..1 image (rows, cols[, 3]) to ``size``, zero-padding to keep the aspect ratio."""
+    rows, cols = unit.shape[:2]
+    out_r, out_c = size
+    if keep_aspect:
+        scale = min(out_r / rows, out_c / cols)
+        new_r = min(out_r, max(1, round(rows * scale)))
+        new_c = min(out_c, max(1, round(cols * scale)))
+    else:
+        new_r, new_c = out_r, out_c
+    channels = [unit] if unit.ndim == 2 else [unit[..., c] for c in range(unit.shape[2])]
+    resized = [
+        np.asarray(
+            Image.fromarray(np.ascontiguousarray(ch, dtype=np.float32)).resize((new_c, new_r), Image.Resampling.LANCZOS)
+        )
+        for ch in channels
+    ]
+    scaled = np.clip(resized[0] if unit.ndim == 2 else np.stack(resized, axis=-1), 0.0, 1.0)
+    top = (out_r - new_r) // 2
+    left = (out_c - new_c) // 2
+    canvas = np.zeros((out_r, out_c) + unit.shape[2:], dtype=np.float32)
+    canvas[top : top + new_r, left : left + new_c] = scaled
+    step = {
+        "step": "resize",
+        "from": [rows, cols],
+        "to": [new_r, new_c],
+        "filter": "LANCZOS",
+        "keep_aspect": keep_aspect,
+        "pad": {"top": top, "bottom": out_r - new_r - top, "left": left, "right": out_c - new_c - left, "value": 0},
+    }
+    return canvas, step
+
+
+def _png(unit: np.ndarray, bit_depth: int) -> tuple[bytes, dict[str, Any]]:
+    if unit.ndim == 3 and bit_depth == 16:
+        bit_depth = 8  # Pillow writes RGB PNGs with 8 bits per sample only
+        note: dict[str, Any] = {"rgb_written_as_8_bit": True}
+    else:
+        note = {}
+    max_value = 2**bit_depth - 1
+    data = np.rint(unit * max_value).astype(np.uint8 if bit_depth == 8 else np.uint16)
+    image = Image.fromarray(data)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", optimize=False, compress_level=6)
+    return buf.getvalue(), {"step": "encode", "format": "png", "mode": image.mode, "bit_depth": bit_depth, **note}
+
+
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
+    """``numpy.savez_compressed`` equivalent with fixed zip timestamps (reproducible bytes)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name in sorted(arrays):
+            member = io.BytesIO()
+            np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, member.getvalue())
+    return buf.getvalue()
+
+
+def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
+    """Decode an ``images.payload`` back to an array (the inverse of the normalisers, for ML users).
+
+    Parameters
+    ----------
+    payload : bytes
+        The ``payload`` column value.
+    payload_format : str
+        ``"png"`` or ``"npz"`` (the ``payload_format`` column).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``png``: uint8 or uint16, shape (rows, cols) for grayscale or (rows, cols, 3) for RGB.
+        ``npz``: the float32 ``volume`` of shape (slices, rows, cols) (HU for CT, 0..1 for MR).
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``payload_format`` or a payload that is not of that format.
+    """
+    if payload_format == "png":
+        try:
+            with Image.open(io.BytesIO(payload)) as image:
+                if image.format != "PNG":
+                    raise ValueError(f"payload is {image.format}, not PNG")
+                return np.array(image)
+        except OSError as exc:
+            raise ValueError(f"payload is not a readable PNG: {exc}") from None
+    if payload_format == "npz":
+        try:
+            with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
+                return npz["volume"]
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            raise ValueError(f"payload is not an npz holding 'volume': {exc}") from None
+    raise ValueError(f"unknown payload_format {payload_format!r}; expected 'png' or 'npz'")
+
+
+def _result(payload: bytes, fmt: str, kind: str, steps: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    return {
+        **fields,
+        "kind": kind,
+        "payload": payload,
+        "payload_format": fmt,
+        "payload_sha256": hashlib.sha256(payload).hexdigest(),
+        "recipe": _recipe(kind, steps),
+    }
+
+
+# ----------------------------------------------------------------------------------------------- 2D
+
+
+def normalise_2d(ds: Dataset, cfg: NormalisationConfig) -> dict[str, Any]:
+    """Normalise a 2D image (CR, DX, MG, US, XA, RF, other single images) to a PNG.
+
+    Steps (each recorded in ``recipe``): decode and Modality LUT (:func:`etl.pixels.decode_image`);
+    for a multi-frame object (US cine, XA run) the middle frame ``n_frames // 2`` only; grayscale:
+    the file's VOI LUT Sequence or first Window Center/Width (PS3.3 C.11.2), else a 0.5-99.5
+    percentile window; MONOCHROME1 inverted once, after windowing (PS3.3 C.7.6.3.1.2); colour:
+    RGB divided by its nominal maximum; resize (Lanczos) to ``cfg.image_size``, keeping the aspect
+    ratio with zero padding when ``cfg.keep_aspect``; scale to 0..255 or 0..65535
+    (``cfg.png_bit_depth``; RGB is always 8-bit); PNG ("L", "I;16" or "RGB").
+
+    Parameters
+    ----------
+    ds : pydicom.dataset.Dataset
+        A de-identified dataset with pixel data.
+    cfg : schemas.config.NormalisationConfig
+
+    Returns
+    -------
+    dict
+        ``rows``, ``cols`` (output size, pixels), ``n_slices`` (1), ``kind`` ("2d"), ``payload``
+        (PNG bytes), ``payload_format`` ("png"), ``payload_sha256`` (hex), ``spacing_mm`` (original
+        [row, col] spacing in mm from PixelSpacing, else ImagerPixelSpacing, else None), ``view``
+        (PA / AP / LATERAL, else ViewCodeSequence CodeMeaning, else ViewPosition, else None),
+        ``recipe`` (canonical JSON).
+
+    Raises
+    ------
+    NormalisationError
+        Any reason from :func:`etl.pixels.check_decodable` and ``decode_error``.
+    """
+    frames = n_frames(ds)
+    frame = frames // 2 if frames > 1 else None
+    decoded = decode_image(ds, frame)
+    steps = list(decoded.steps)
+    arr = decoded.array
+    if arr.ndim == (3 if decoded.photometric == "RGB" else 2) + 1:  # single-frame object given a frame axis
+        arr = arr[0]
+    if decoded.photometric == "RGB":
+        lo, hi = decoded.value_range
+        unit = np.clip((arr.astype(np.float64) - lo) / (hi - lo), 0.0, 1.0)
+        steps.append({"step": "scale", "low": lo, "high": hi})
+    else:
+        unit, voi = _window_to_unit(arr, ds, frame)
+        steps.append(voi)
+        if decoded.photometric == "MONOCHROME1":
+            unit = 1.0 - unit
+            steps.append({"step": "invert", "reason": "MONOCHROME1"})
+    resized, resize_step = _resize(unit, tuple(cfg.image_size), cfg.keep_aspect)
+    steps.append(resize_step)
+    payload, encode_step = _png(resized, cfg.png_bit_depth)
+    steps.append(encode_step)
+    return _result(
+        payload,
+        "png",
+        "2d",
+        steps,
+        rows=int(cfg.image_size[0]),
+        cols=int(cfg.image_size[1]),
+        n_slices=1,
+        spacing_mm=_pixel_spacing(ds, frame if frame is not None else 0),
+        view=_view(ds),
+    )
+
+
+# ----------------------------------------------------------------------------------------------- 3D
+
+
+def _plane(orientation: np.ndarray) -> str:
+    """AXIAL / CORONAL / SAGITTAL / OBLIQUE from ImageOrientationPatient (PS3.3 C.7.6.2.1.1)."""
+    normal = np.cross(orientation[:3], orientation[3:])
+    axis = int(np.argmax(np.abs(normal)))
+    if abs(normal[axis]) < _PLANE_COS * np.linalg.norm(normal):
+        return "OBLIQUE"
+    return ("SAGITTAL", "CORONAL", "AXIAL")[axis]
+
+
+def _slices(datasets: list[Dataset]) -> list[dict[str, Any]]:
+    """One record per 2D slice: dataset, frame index and geometry."""
+    out = []
+    for i, ds in enumerate(datasets):
+        check_decodable(ds)
+        frames = n_frames(ds)
+        for f in range(frames):
+            frame = f if frames > 1 else None
+            pos = frame_attribute(ds, "PlanePositionSequence", "ImagePositionPatient", f)
+            ori = frame_attribute(ds, "PlaneOrientationSequence", "ImageOrientationPatient", f)
+            number = ds.get("InstanceNumber")
+            out.append(
+                {
+                    "ds": ds,
+                    "index": i,
+                    "frame": frame,
+                    "position": np.array(_floats(pos)) if pos is not None and _floats(pos) else None,
+                    "orientation": np.array(_floats(ori)) if ori is not None and _floats(ori) else None,
+                    "instance": int(number) if number not in (None, "") else None,
+                    "rows": int(ds.Rows),
+                    "cols": int(ds.Columns),
+                    "spacing": _pixel_spacing(ds, f),
+                    "modality": str(ds.get("Modality") or "").upper(),
+                    "photometric": str(ds.get("PhotometricInterpretation") or ""),
+                    "thickness": frame_attribute(ds, "PixelMeasuresSequence", "SliceThickness", f),
+                }
+            )
+    return out
+
+
+def _check_consistent(slices: list[dict[str, Any]]) -> str:
+    first = slices[0]
+    modality = first["modality"]
+    if any(s["modality"] != modality for s in slices):
+        raise NormalisationError("inconsistent_series", "slices of more than one modality")
+    if modality not in _VOLUME_MODALITIES:
+        raise NormalisationError("unsupported_modality", f"volumes are built for CT and MR, not {modality or 'none'}")
+    if any(not s["photometric"].startswith("MONOCHROME") for s in slices):
+        raise NormalisationError("inconsistent_series", "a volume slice is not MONOCHROME1/MONOCHROME2")
+    if any((s["rows"], s["cols"]) != (first["rows"], first["cols"]) for s in slices):
+        raise NormalisationError("inconsistent_series", "slices differ in Rows/Columns")
+    oris = [s["orientation"] for s in slices]
+    if any(o is not None and len(o) != 6 for o in oris):
+        raise NormalisationError("inconsistent_series", "ImageOrientationPatient does not hold 6 values")
+    if any(o is None for o in oris) != all(o is None for o in oris):
+        raise NormalisationError("inconsistent_series", "ImageOrientationPatient present on some slices only")
+    if oris[0] is not None and any(np.max(np.abs(o - oris[0])) > _ORIENTATION_TOL for o in oris):
+        raise NormalisationError("inconsistent_series", "slices differ in ImageOrientationPatient")
+    spacings = [s["spacing"] for s in slices]
+    if any((sp is None) != (spacings[0] is None) for sp in spacings) or (
+        spacings[0] is not None and any(max(abs(a - b) for a, b in zip(sp, spacings[0])) > _SPACING_TOL_MM for sp in spacings)
+    ):
+        raise NormalisationError("inconsistent_series", "slices differ in PixelSpacing")
+    return modality
+
+
+def _order(slices: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any], np.ndarray | None]:
+    """Sort slices along the normal (PS3.3 C.7.6.2.1.1), else by InstanceNumber then frame."""
+    ori = slices[0]["orientation"]
+    if ori is not None and all(s["position"] is not None and len(s["position"]) == 3 for s in slices):
+        normal = np.cross(ori[:3], ori[3:])
+        for s in slices:
+            s["along"] = float(np.dot(s["position"], normal))
+        ordered = sorted(slices, key=lambda s: (s["along"], s["index"], s["frame"] or 0))
+        along = np.array([s["along"] for s in ordered])
+        gaps = np.diff(along)
+        if len(gaps) and gaps.min() < _POSITION_TOL_MM:
+            raise NormalisationError(
+                "inconsistent_series",
+                f"{int((gaps < _POSITION_TOL_MM).sum())} slices share a position (repeated acquisitions, 4D)",
+            )
+        return ordered, {"step": "sort", "by": "ImagePositionPatient.normal"}, along
+    if len(slices) == 1 or all(s["instance"] is not None for s in slices):
+        ordered = sorted(slices, key=lambda s: (s["instance"] or 0, s["index"], s["frame"] or 0))
+        keys = [(s["instance"], s["frame"]) for s in ordered]
+        if len(set(keys)) != len(keys):
+            raise NormalisationError("inconsistent_series", "slices share an InstanceNumber and have no position")
+        return ordered, {"step": "sort", "by": "InstanceNumber"}, None
+    raise NormalisationError(
+        "inconsistent_series", "cannot order slices: neither ImagePositionPatient nor InstanceNumber on all"
+    )
+
+
+def normalise_volume(datasets: list[Dataset], cfg: NormalisationConfig) -> dict[str, Any]:
+    """Normalise a CT or MR series to a float32 volume in a compressed ``.npz``.
+
+    Steps (each recorded in ``recipe``): every slice checked before any decoding (pixel data,
+    transfer syntax, length; equal Rows/Columns, ImageOrientationPatient, PixelSpacing; one
+    modality); size checked against ``cfg.volume_max_voxels``; slices sorted by position along
+    the slice normal n = row x col direction cosines (ImagePositionPatient . n, PS3.3 C.7.6.2.1.1),
+    else by InstanceNumber; each slice decoded with its own Modality LUT (RescaleSlope/Intercept as
+    float, per frame for enhanced objects); CT clipped to ``cfg.ct_hu_window`` (HU, values kept in
+    HU); MR clipped to the 1st-99th percentile of the non-zero voxels and scaled to 0..1.
+
+    Parameters
+    ----------
+    datasets : list of pydicom.dataset.Dataset
+        The instances of one series, in any order (single-frame slices and/or enhanced
+        multi-frame objects). One slice is accepted (its slice spacing is then SliceThickness).
+    cfg : schemas.config.NormalisationConfig
+
+    Returns
+    -------
+    dict
+        ``rows``, ``cols`` (pixels), ``n_slices``, ``kind`` ("3d"), ``payload`` (``.npz`` bytes with
+        ``volume`` float32 (slices, rows, cols) and ``spacing_mm`` float64 (3,), NaN where unknown),
+        ``payload_format`` ("npz"), ``payload_sha256``, ``spacing_mm`` ([row, col, slice] mm: slice =
+        median distance between consecutive positions, else SliceThickness; None when there is
+        no PixelSpacing; the slice entry None when unknown), ``orientation`` and ``view``
+        (AXIAL / CORONAL / SAGITTAL / OBLIQUE, or None without ImageOrientationPatient), ``recipe``.
+
+    Raises
+    ------
+    NormalisationError
+        ``inconsistent_series`` (slices do not stack, or cannot be ordered), ``volume_too_large``,
+        ``unsupported_modality`` (not CT/MR), ``no_pixel_data`` (empty list) and any reason of
+        :func:`etl.pixels.check_decodable` for a bad slice.
+    """
+    if not datasets:
+        raise NormalisationError("no_pixel_data", "empty series: no datasets given")
+    slices = _slices(datasets)
+    modality = _check_consistent(slices)
+    n, rows, cols = len(slices), slices[0]["rows"], slices[0]["cols"]
+    if n * rows * cols > cfg.volume_max_voxels:
+        raise NormalisationError(
+            "volume_too_large", f"{n} x {rows} x {cols} voxels exceed the limit of {cfg.volume_max_voxels}"
+        )
+    ordered, sort_step, along = _order(slices)
+    steps: list[dict[str, Any]] = [sort_step]
+
+    volume = np.empty((n, rows, cols), dtype=np.float32)
+    syntaxes: set[str] = set()
+    modality_luts: list[dict[str, Any]] = []
+    for k, s in enumerate(ordered):
+        decoded = decode_image(s["ds"], s["frame"])
+        volume[k] = decoded.array
+        for step in decoded.steps:
+            if step["step"] == "decode":
+                syntaxes.add(step["transfer_syntax"])
+            elif step["step"] == "modality_lut":
+                params = {key: v for key, v in step.items() if key != "step"}
+                if params not in modality_luts:
+                    modality_luts.append(params)
+    steps.append({"step": "decode", "transfer_syntax": sorted(syntaxes), "n_slices": n})
+    steps.append({"step": "modality_lut", "distinct": modality_luts})
+
+    if modality == "CT":
+        lo, hi = (float(v) for v in cfg.ct_hu_window)
+        np.clip(volume, lo, hi, out=volume)
+        steps.append({"step": "clip", "unit": "HU", "low": lo, "high": hi})
+    else:
+        nonzero = volume[volume != 0]
+        if nonzero.size:
+            lo, hi = (float(v) for v in np.percentile(nonzero, MR_PERCENTILES))
+        else:
+            lo = hi = 0.0
+        if hi > lo:
+            volume = ((np.clip(volume, lo, hi) - lo) / (hi - lo)).astype(np.float32)
+        else:
+            volume = np.zeros_like(volume)
+        steps.append(
+            {"step": "clip_scale", "percentile_nonzero": list(MR_PERCENTILES), "low": lo, "high": hi, "to": [0.0, 1.0]}
+        )
+
+    in_plane = slices[0]["spacing"]
+    slice_mm: float | None = None
+    if along is not None and n > 1:
+        slice_mm = float(np.median(np.diff(along)))
+    else:
+        thickness = _floats([ordered[0]["thickness"]]) if ordered[0]["thickness"] is not None else None
+        slice_mm = thickness[0] if thickness and thickness[0] > 0 else None
+    spacing = None if in_plane is None else [float(in_plane[0]), float(in_plane[1]), slice_mm]
+    steps.append({"step": "spacing", "slice_from": "positions" if along is not None and n > 1 else "SliceThickness"})
+
+    stored = np.array([np.nan if v is None else v for v in (spacing or [None, None, None])], dtype=np.float64)
+    payload = _npz({"volume": volume, "spacing_mm": stored})
+    steps.append({"step": "encode", "format": "npz", "array": "volume", "dtype": "float32", "axes": "slice,row,col"})
+    orientation = _plane(slices[0]["orientation"]) if slices[0]["orientation"] is not None else None
+    return _result(
+        payload,
+        "npz",
+        "3d",
+        steps,
+        rows=rows,
+        cols=cols,
+        n_slices=n,
+        spacing_mm=spacing,
+        orientation=orientation,
+        view=orientation,
+    )

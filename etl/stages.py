@@ -1,0 +1,484 @@
+"""The build stages: each a function of (context, input partition) -> output partition.
+
+Airflow tasks in ``dags/`` call these and nothing else. Every per-shard stage reads and writes only its
+own shard partitions (``curated/<table>/shard=NNNNN/part-0.parquet``), writes atomically, and writes an
+empty partition for an empty shard, so a re-run of the same inputs writes the same bytes and an
+interrupted run can simply be retried.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+import logging
+import warnings
+from collections import Counter
+
+import polars as pl
+import pyarrow as pa
+import pydicom
+
+from etl.context import EVENT_SCHEMA, BuildContext
+from etl.deid import DeidentificationError, deidentify_dataset, patient_value
+from etl.discover import PLAN_SCHEMA, discover_institution, mark_duplicates, shard_batches
+from etl.storage import read_uri
+from schemas import entity_mentions as entity_mentions_schema
+from schemas import images as images_schema
+from schemas import instances as instances_schema
+from schemas import reports as reports_schema
+from schemas import series as series_schema
+from schemas import studies as studies_schema
+from schemas import study_labels as study_labels_schema
+from schemas.base import table_from_rows
+from schemas.ontology import modality_family
+
+log = logging.getLogger(__name__)
+
+
+def _read_events(ctx: BuildContext, stage: str, shard: int | None = None) -> pa.Table:
+    path = ctx.events_path(stage, shard)
+    return ctx.storage.read_table(path, schema=EVENT_SCHEMA) if ctx.storage.is_file(path) else EVENT_SCHEMA.empty_table()
+
+
+def _shard_table(ctx: BuildContext, table: str, schema: pa.Schema, shard: int) -> pa.Table:
+    path = ctx.table_path(table, shard)
+    return ctx.storage.read_table(path, schema=schema) if ctx.storage.is_file(path) else schema.empty_table()
+
+
+def _all_shards(ctx: BuildContext, table: str, schema: pa.Schema) -> pa.Table:
+    return ctx.storage.read_table(f"curated/{table}", schema=schema)
+
+
+def _sorted(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    keys = schema.metadata[b"medreco.key"].decode().split(",")
+    return table.sort_by([(k, "ascending") for k in keys]) if table.num_rows else table
+
+
+def write_partition(ctx: BuildContext, table: str, schema: pa.Schema, shard: int, rows: list[dict] | pa.Table) -> int:
+    """Write one shard partition of a curated table, sorted by key; returns the row count."""
+    t = rows if isinstance(rows, pa.Table) else table_from_rows(rows, schema)
+    t = _sorted(t.cast(schema), schema)
+    ctx.storage.write_table(ctx.table_path(table, shard), t)
+    return t.num_rows
+
+
+# ---- discover / plan -----------------------------------------------------------------------------
+
+def discover(ctx: BuildContext, institution: str) -> dict:
+    """Hash and classify one institution's delivery into its plan file. Returns counts per kind/status."""
+    inst = ctx.cfg.institution(institution)
+    plan = discover_institution(ctx.cfg, inst, ctx.storage, ctx.key)
+    ctx.storage.write_table(ctx.plan_path(institution), plan)
+    return dict(Counter(f"{k}:{s}" for k, s in zip(plan["kind"].to_pylist(), plan["status"].to_pylist())))
+
+
+def plan(ctx: BuildContext) -> list[list[int]]:
+    """Merge the institutions' plans, mark duplicates, and return the shard batches to map over."""
+    parts = [ctx.storage.read_table(ctx.plan_path(i.id), schema=PLAN_SCHEMA) for i in ctx.cfg.institutions]
+    merged = mark_duplicates(pa.concat_tables(parts) if parts else PLAN_SCHEMA.empty_table())
+    ctx.storage.write_table(ctx.plan_path(), merged)
+    return shard_batches(ctx.cfg.shard_count, ctx.cfg.max_map_length)
+
+
+def _plan(ctx: BuildContext) -> pl.DataFrame:
+    return pl.from_arrow(ctx.storage.read_table(ctx.plan_path(), schema=PLAN_SCHEMA))
+
+
+# ---- de-identification ---------------------------------------------------------------------------
+
+def _study_datetime(ds: pydicom.Dataset) -> dt.datetime | None:
+    date = str(ds.get("StudyDate", "") or "").strip()
+    if len(date) != 8:
+        return None
+    time = str(ds.get("StudyTime", "") or "").strip().split(".")[0].ljust(6, "0")[:6]
+    try:
+        return dt.datetime.strptime(date + (time if time.isdigit() else "000000"), "%Y%m%d%H%M%S")
+    except ValueError:
+        return dt.datetime.strptime(date, "%Y%m%d")
+
+
+def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
+    """De-identify every pending DICOM file of one shard.
+
+    Writes the de-identified files to ``curated/dicom/shard=N/<sop_key>.dcm``, the ``instances``
+    partition, the stage's events (restricted) and audit counts. Files that cannot be de-identified
+    with certainty get a ``quarantined`` event with the reason code and are not written.
+    """
+    p = _plan(ctx).filter((pl.col("kind") == "dicom") & (pl.col("status") == "pending") & (pl.col("shard") == shard))
+    events, instances, audit = [], [], Counter()
+    written: set[str] = set()
+    for row in p.sort("source_uri").iter_rows(named=True):
+        inst = ctx.cfg.institution(row["institution"])
+        event = {"source_uri": row["source_uri"], "sha256": row["sha256"], "stage": "deidentify"}
+        try:
+            data = read_uri(row["source_uri"], endpoint_url=ctx.cfg.storage.s3_endpoint_url)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ds = pydicom.dcmread(io.BytesIO(data), force=True)
+                result = deidentify_dataset(ds, ctx.key, inst.id)
+                payload = result.to_bytes()
+        except DeidentificationError as err:
+            events.append({**event, "status": "quarantined", "reason": err.reason, "detail": str(err)})
+            audit[f"quarantined:{err.reason}"] += 1
+            continue
+        except Exception as err:  # noqa: BLE001  a file pydicom cannot fully parse or write: fail closed
+            events.append({**event, "status": "quarantined", "reason": "unreadable_dicom",
+                           "detail": f"{type(err).__name__} while de-identifying"})
+            audit["quarantined:unreadable_dicom"] += 1
+            continue
+        if result.sop_key in written:
+            events.append({**event, "status": "quarantined", "reason": "duplicate_sop_instance_uid",
+                           "detail": "another file of this run has the same SOPInstanceUID"})
+            audit["quarantined:duplicate_sop_instance_uid"] += 1
+            continue
+        written.add(result.sop_key)
+        out = result.dataset
+        path = f"{ctx.dicom_dir(shard)}/{result.sop_key}.dcm"
+        ctx.storage.write_bytes(path, payload)
+        audit.update(result.audit)
+        modality = str(out.get("Modality", "") or "OT").strip() or "OT"
+        body_part = str(out.get("BodyPartExamined", "") or "").strip() or None
+        instances.append({
+            "sop_key": result.sop_key, "series_key": result.series_key, "study_key": result.study_key,
+            "patient_key": result.patient_key, "accession_key": result.accession_key,
+            "institution": inst.id, "country": inst.country, "modality": modality, "body_part": body_part,
+            "family": modality_family(modality, body_part),
+            "view_position": str(out.get("ViewPosition", "") or "").strip().upper() or None,
+            "study_datetime": _study_datetime(out),
+            "instance_number": int(out.InstanceNumber) if str(out.get("InstanceNumber", "") or "").strip() else None,
+            "manufacturer": str(out.get("Manufacturer", "") or "") or None,
+            "model": str(out.get("ManufacturerModelName", "") or "") or None,
+            "transfer_syntax": str(out.file_meta.TransferSyntaxUID), "dicom_path": path, "shard": shard,
+        })
+        events.append({**event, "status": "ingested", "reason": None, "detail": None,
+                       "sop_key": result.sop_key, "study_key": result.study_key})
+    # remove de-identified files of this shard that this run did not write (re-runs with fewer inputs)
+    for stale in ctx.storage.list_files(ctx.dicom_dir(shard)):
+        if stale.rsplit("/", 1)[-1].removesuffix(".dcm") not in written:
+            ctx.storage.delete(stale)
+    n = write_partition(ctx, "instances", instances_schema.SCHEMA, shard, instances)
+    ctx.storage.write_table(ctx.events_path("deidentify", shard), table_from_rows(events, EVENT_SCHEMA))
+    ctx.storage.write_text(ctx.audit_path("deidentify", shard), json.dumps(dict(sorted(audit.items()))))
+    return {"shard": shard, "instances": n, "quarantined": sum(e["status"] == "quarantined" for e in events)}
+
+
+# ---- normalisation -------------------------------------------------------------------------------
+
+def normalise_shard(ctx: BuildContext, shard: int) -> dict:
+    """Decode and normalise one shard's de-identified instances into ``images`` and ``series`` partitions.
+
+    2D objects give one image row each; CT/MR slices of one series are stacked into one volume row.
+    Decode failures are quarantined (events name the source file through the de-identification events).
+    """
+    from etl.normalise import NormalisationError, image_kind, normalise_2d, normalise_volume
+
+    inst = pl.from_arrow(_shard_table(ctx, "instances", instances_schema.SCHEMA, shard))
+    src = pl.from_arrow(_read_events(ctx, "deidentify", shard)).filter(pl.col("status") == "ingested")
+    source_of = dict(zip(src["sop_key"].to_list(), zip(src["source_uri"].to_list(), src["sha256"].to_list())))
+    cfg = ctx.cfg.normalisation
+    images, events = [], []
+    by_series: dict[str, list[tuple[dict, pydicom.Dataset]]] = {}
+    series_meta: dict[str, dict] = {}
+
+    def quarantine(sop_keys: list[str], err: Exception, reason: str) -> None:
+        for k in sop_keys:
+            uri, sha = source_of[k]
+            events.append({"source_uri": uri, "sha256": sha, "stage": "normalise", "status": "quarantined",
+                           "reason": reason, "detail": str(err)[:300], "sop_key": k})
+
+    for row in inst.sort("sop_key").iter_rows(named=True):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ds = pydicom.dcmread(io.BytesIO(ctx.storage.read_bytes(row["dicom_path"])), force=True)
+        except Exception as err:  # noqa: BLE001  any parse failure of our own output is quarantined
+            quarantine([row["sop_key"]], err, "truncated_file")
+            continue
+        kind = image_kind(ds)
+        series_meta.setdefault(row["series_key"], {**row, "ds": ds, "n": 0})
+        series_meta[row["series_key"]]["n"] += 1
+        if kind == "3d_slice":
+            by_series.setdefault(row["series_key"], []).append((row, ds))
+        elif kind == "2d":
+            try:
+                res = normalise_2d(ds, cfg)
+            except NormalisationError as err:
+                quarantine([row["sop_key"]], err, err.reason)
+                continue
+            images.append(_image_row(row, res, row["sop_key"], "2d"))
+    for series_key, members in sorted(by_series.items()):
+        sops = [r["sop_key"] for r, _ in members]
+        try:
+            if len(members) == 1:
+                res, kind = normalise_2d(members[0][1], cfg), "2d"
+            else:
+                res, kind = normalise_volume([d for _, d in members], cfg), "3d"
+        except NormalisationError as err:
+            quarantine(sops, err, err.reason)
+            continue
+        image_key = hashlib.sha256(("volume|" + series_key).encode()).hexdigest()[:16] if kind == "3d" else sops[0]
+        images.append(_image_row(members[0][0], res, image_key, kind))
+    series_rows = []
+    for key, m in sorted(series_meta.items()):
+        ds = m["ds"]
+        spacing = next((img["spacing_mm"] for img in images if img["series_key"] == key), None)
+        series_rows.append({
+            "series_key": key, "study_key": m["study_key"], "patient_key": m["patient_key"],
+            "institution": m["institution"], "modality": m["modality"], "view_position": m["view_position"],
+            "orientation": next((img.get("_orientation") for img in images if img["series_key"] == key), None),
+            "spacing_mm": spacing, "n_instances": m["n"], "manufacturer": m["manufacturer"], "model": m["model"],
+            "shard": shard,
+        })
+        del ds
+    for img in images:
+        img.pop("_orientation", None)
+    n_img = write_partition(ctx, "images", images_schema.SCHEMA, shard, images)
+    write_partition(ctx, "series", series_schema.SCHEMA, shard, series_rows)
+    quarantined_keys = {e["sop_key"] for e in events}
+    for k, (uri, sha) in sorted(source_of.items()):
+        if k not in quarantined_keys:
+            events.append({"source_uri": uri, "sha256": sha, "stage": "normalise", "status": "ingested", "sop_key": k})
+    ctx.storage.write_table(ctx.events_path("normalise", shard), table_from_rows(events, EVENT_SCHEMA))
+    return {"shard": shard, "images": n_img, "quarantined": sum(e["status"] == "quarantined" for e in events)}
+
+
+def _image_row(row: dict, res: dict, image_key: str, kind: str) -> dict:
+    return {
+        "image_key": image_key, "series_key": row["series_key"], "study_key": row["study_key"],
+        "patient_key": row["patient_key"], "institution": row["institution"], "modality": row["modality"],
+        "view": res.get("view") or (res.get("orientation") if kind == "3d" else None), "kind": kind,
+        "rows": res["rows"], "cols": res["cols"], "n_slices": res.get("n_slices", 1),
+        "spacing_mm": res.get("spacing_mm"), "payload_format": res["payload_format"], "payload": res["payload"],
+        "payload_sha256": res.get("payload_sha256") or hashlib.sha256(res["payload"]).hexdigest(),
+        "recipe": res["recipe"], "transfer_syntax": row["transfer_syntax"], "shard": row["shard"],
+        "_orientation": res.get("orientation"),
+    }
+
+
+# ---- reports -------------------------------------------------------------------------------------
+
+#: header elements whose values are PHI to redact from the text of a report linked to that study
+REPORT_PHI_KEYWORDS = (
+    "PatientName", "OtherPatientNames", "PatientBirthName", "PatientMotherBirthName", "PatientID",
+    "OtherPatientIDs", "AccessionNumber", "ReferringPhysicianName", "PerformingPhysicianName", "OperatorsName",
+    "PatientAddress", "PatientTelephoneNumbers", "InstitutionName",
+)
+
+
+def _header_phi(uri: str, ctx: BuildContext) -> list[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = pydicom.dcmread(io.BytesIO(read_uri(uri, endpoint_url=ctx.cfg.storage.s3_endpoint_url)),
+                             stop_before_pixels=True, force=True)
+    out = []
+    for kw in REPORT_PHI_KEYWORDS:
+        v = ds.get(kw)
+        if v in (None, ""):
+            continue
+        for item in (v if isinstance(v, (list, pydicom.multival.MultiValue)) else [v]):
+            if str(item).strip():
+                out.append(str(item).strip())
+    return out
+
+
+def _parse_report_datetime(value: str | None) -> dt.date | None:
+    if not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(str(value).strip()).date()
+    except ValueError:
+        return None
+
+
+def reports(ctx: BuildContext) -> dict:
+    """Ingest every report file of the run: parse, link to studies, de-identify, split into sections.
+
+    Links by StudyInstanceUID or AccessionNumber through the same keyed pseudonyms as the images, so the
+    link survives de-identification. Writes the ``reports`` partition of every shard (empty ones too).
+    A report file that cannot be parsed is quarantined whole (reason ``malformed_report_record``).
+    """
+    from entity_extraction.sections import split_sections
+    from entity_extraction.text_deid import deidentify_text
+    from etl.report_sources import ReportSourceError, read_report_source
+
+    key, shard_count = ctx.key, ctx.cfg.shard_count
+    instances = pl.from_arrow(_all_shards(ctx, "instances", instances_schema.SCHEMA))
+    by_study = {r["study_key"]: r for r in instances.unique("study_key", keep="first").iter_rows(named=True)}
+    by_accession = {
+        (r["institution"], r["accession_key"]): r
+        for r in instances.filter(pl.col("accession_key").is_not_null()).sort("study_key")
+        .unique(["institution", "accession_key"], keep="first").iter_rows(named=True)
+    }
+    dev = pl.concat([pl.from_arrow(_read_events(ctx, "deidentify", s)) for s in range(shard_count)])
+    dev = dev.filter(pl.col("status") == "ingested").sort("source_uri")
+    study_source = dict(zip(dev["study_key"].to_list(), dev["source_uri"].to_list()))
+
+    files = _plan(ctx).filter((pl.col("kind") == "report") & (pl.col("status") == "pending")).sort("source_uri")
+    rows_by_shard: dict[int, list[dict]] = {s: [] for s in range(shard_count)}
+    events, seen_ids = [], set()
+    phi_cache: dict[str, list[str]] = {}
+    for f in files.iter_rows(named=True):
+        inst = ctx.cfg.institution(f["institution"])
+        event = {"source_uri": f["source_uri"], "sha256": f["sha256"], "stage": "reports"}
+        try:
+            data = read_uri(f["source_uri"], endpoint_url=ctx.cfg.storage.s3_endpoint_url)
+            records = read_report_source(data, inst.report_format, f["source_uri"].rsplit("/", 1)[-1])
+        except ReportSourceError as err:
+            events.append({**event, "status": "quarantined", "reason": err.reason, "detail": str(err)[:300]})
+            continue
+        for rec in records:
+            report_id = key.pseudonym("report", f"{inst.id}|{rec['report_id']}")
+            if report_id in seen_ids:
+                continue  # the same report delivered twice in one file: first wins (deterministic order)
+            seen_ids.add(report_id)
+            study = None
+            if rec.get("study_instance_uid"):
+                study = by_study.get(key.pseudonym("study", str(rec["study_instance_uid"]).strip()))
+            if study is None and rec.get("accession_number"):
+                acc = key.pseudonym("accession", f"{inst.id}|{str(rec['accession_number']).strip()}")
+                study = by_accession.get((inst.id, acc))
+            known_phi = [str(rec[k]) for k in ("patient_id", "accession_number") if rec.get(k)]
+            if study is not None:
+                patient_key, link = study["patient_key"], "linked"
+                uri = study_source.get(study["study_key"])
+                if uri and uri not in phi_cache:
+                    phi_cache[uri] = _header_phi(uri, ctx)
+                known_phi += phi_cache.get(uri, [])
+            elif rec.get("patient_id"):
+                patient_key, link = key.pseudonym("patient", patient_value(inst.id, str(rec["patient_id"]))), "no_study"
+            else:
+                patient_key, link = None, "report_only_source" if not inst.dicom else "no_study"
+            shift = key.date_shift_days(patient_key) if patient_key else None
+            text, counts = deidentify_text(rec["text"], known_phi=known_phi, date_shift_days=shift)
+            sections = split_sections(text)
+            rdate = _parse_report_datetime(rec.get("report_datetime"))
+            shard = key.shard(patient_key or report_id, shard_count)
+            rows_by_shard[shard].append({
+                "report_id": report_id, "study_key": study["study_key"] if study else None,
+                "patient_key": patient_key, "institution": inst.id, "language": rec.get("language") or inst.language,
+                "link_status": link, **{k: sections.get(k) or None for k in ("indication", "comparison", "findings", "impression")},
+                "text": text, "redactions": int(sum(counts.values())),
+                "redaction_counts": json.dumps(dict(sorted(counts.items()))),
+                "report_date_shifted": (rdate + dt.timedelta(days=shift)) if (rdate and shift is not None) else None,
+                "shard": shard,
+            })
+        events.append({**event, "status": "ingested"})
+    total = 0
+    for shard, rows in rows_by_shard.items():
+        total += write_partition(ctx, "reports", reports_schema.SCHEMA, shard, rows)
+    ctx.storage.write_table(ctx.events_path("reports"), table_from_rows(events, EVENT_SCHEMA))
+    links = Counter(r["link_status"] for rows in rows_by_shard.values() for r in rows)
+    return {"reports": total, **{f"link:{k}": v for k, v in sorted(links.items())}}
+
+
+# ---- entities ------------------------------------------------------------------------------------
+
+_EXTRACTORS: dict[str, object] = {}
+
+
+def _extractor(language: str):
+    from entity_extraction.extract import EntityExtractor
+
+    if language not in _EXTRACTORS:
+        _EXTRACTORS[language] = EntityExtractor(language=language)
+    return _EXTRACTORS[language]
+
+
+def entities_shard(ctx: BuildContext, shard: int) -> dict:
+    """Extract entity mentions (with assertion, temporality, change, laterality, severity) from one
+    shard's reports and derive per-study entity states (``study_labels``)."""
+    from entity_extraction.extract import study_labels
+
+    from schemas.ontology import load_ontology
+
+    ontology = load_ontology()
+    reps = pl.from_arrow(_shard_table(ctx, "reports", reports_schema.SCHEMA, shard))
+    inst = pl.from_arrow(_shard_table(ctx, "instances", instances_schema.SCHEMA, shard))
+    family_of = dict(zip(inst["study_key"].to_list(), inst["family"].to_list()))
+    mentions, labels = [], []
+    labelled: set[str] = set()
+    for r in reps.sort("report_id").iter_rows(named=True):
+        family = family_of.get(r["study_key"]) if r["study_key"] else ctx.cfg.institution(r["institution"]).report_family
+        if family is None:
+            continue
+        found = _extractor(r["language"]).extract(r["text"], family)
+        for m in found:
+            mid = hashlib.sha256(f"{r['report_id']}|{m['span_start']}|{m['span_end']}|{m['entity_id']}".encode()).hexdigest()[:16]
+            mentions.append({**m, "mention_id": mid, "report_id": r["report_id"], "study_key": r["study_key"],
+                             "patient_key": r["patient_key"], "shard": shard})
+        if r["study_key"] and r["study_key"] not in labelled:
+            labelled.add(r["study_key"])
+            for lab in study_labels(found, family, ontology):
+                labels.append({**lab, "study_key": r["study_key"], "patient_key": r["patient_key"],
+                               "family": family, "shard": shard})
+    n_m = write_partition(ctx, "entity_mentions", entity_mentions_schema.SCHEMA, shard,
+                          [{k: m.get(k) for k in entity_mentions_schema.SCHEMA.names} for m in mentions])
+    n_l = write_partition(ctx, "study_labels", study_labels_schema.SCHEMA, shard,
+                          [{k: m.get(k) for k in study_labels_schema.SCHEMA.names} for m in labels])
+    return {"shard": shard, "entity_mentions": n_m, "study_labels": n_l}
+
+
+# ---- studies, pairs, splits, VQA ----------------------------------------------------------------
+
+def _studies(inst: pl.DataFrame, images: pl.DataFrame, reps: pl.DataFrame, shard: int) -> list[dict]:
+    n_img = Counter(images["study_key"].to_list())
+    report_of: dict[str, str] = {}
+    for r in reps.filter(pl.col("study_key").is_not_null()).sort("report_id").iter_rows(named=True):
+        report_of.setdefault(r["study_key"], r["report_id"])
+    out = []
+    for study_key, g in sorted(inst.group_by("study_key"), key=lambda kv: kv[0][0]):
+        g = g.sort("sop_key")
+        first = g.row(0, named=True)
+        modalities = Counter(g["modality"].to_list()).most_common()
+        modality = min(modalities, key=lambda kv: (-kv[1], kv[0]))[0]
+        dts = [d for d in g["study_datetime"].to_list() if d is not None]
+        sdt = min(dts) if dts else None
+        out.append({
+            "study_key": study_key[0], "patient_key": first["patient_key"], "accession_key": first["accession_key"],
+            "institution": first["institution"], "country": first["country"], "modality": modality,
+            "body_part": first["body_part"], "family": modality_family(modality, first["body_part"]),
+            "study_datetime": sdt, "study_date_shifted": sdt.date() if sdt else None,
+            "n_series": g["series_key"].n_unique(), "n_images": n_img.get(study_key[0], 0),
+            "report_id": report_of.get(study_key[0]), "shard": shard,
+        })
+    return out
+
+
+def assemble_shard(ctx: BuildContext, shard: int) -> dict:
+    """Build one shard's ``studies``, ``splits``, longitudinal ``pairs`` and ``vqa`` partitions."""
+    from etl.pairs import build_pairs
+    from etl.splits import assign_splits
+    from etl.vqa import build_vqa, load_templates
+    from schemas import pairs as pairs_schema
+    from schemas import splits as splits_schema
+    from schemas import vqa as vqa_schema
+    from schemas.ontology import load_ontology
+
+    inst = pl.from_arrow(_shard_table(ctx, "instances", instances_schema.SCHEMA, shard))
+    images = pl.from_arrow(_shard_table(ctx, "images", images_schema.SCHEMA, shard).drop_columns(["payload"]))
+    reps = pl.from_arrow(_shard_table(ctx, "reports", reports_schema.SCHEMA, shard))
+    labels = pl.from_arrow(_shard_table(ctx, "study_labels", study_labels_schema.SCHEMA, shard))
+    studies_rows = _studies(inst, images, reps, shard)
+    write_partition(ctx, "studies", studies_schema.SCHEMA, shard, studies_rows)
+    studies = pl.from_arrow(table_from_rows(studies_rows, studies_schema.SCHEMA))
+    patients = studies.select("patient_key", "institution", "shard").unique().sort("patient_key", "institution")
+    splits = assign_splits(patients, ctx.cfg.splits)
+    write_partition(ctx, "splits", splits_schema.SCHEMA, shard, splits)
+    pairs = build_pairs(studies, labels, images, ctx.cfg.pairing)
+    write_partition(ctx, "pairs", pairs_schema.SCHEMA, shard, pairs)
+    templates = load_templates(_config_file(ctx, ctx.cfg.vqa.templates))
+    vqa = build_vqa(pl.from_arrow(pairs), labels, studies, pl.from_arrow(splits), ctx.cfg.vqa, templates, load_ontology())
+    write_partition(ctx, "vqa", vqa_schema.SCHEMA, shard, vqa)
+    return {"shard": shard, "studies": len(studies_rows), "pairs": pairs.num_rows, "vqa": vqa.num_rows}
+
+
+def _config_file(ctx: BuildContext, name: str) -> str:
+    """A data file named in the config: relative to the config's folder, else the project's config/."""
+    from pathlib import Path
+
+    for base in (Path(ctx.cfg.base_dir), Path(__file__).resolve().parents[1] / "config"):
+        if (base / name).is_file():
+            return str(base / name)
+    raise FileNotFoundError(f"data file {name!r} not found next to the config or in config/")
