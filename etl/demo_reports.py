@@ -91,6 +91,7 @@ def family_phrases(family: str) -> dict[str, tuple[str, ...]]:
         ``unknown_family`` for a family the ontology does not have.
     """
     onto = load_ontology()
+    book = load_phrases()
     if family not in onto.families:
         raise DemoReportError("unknown_family", f"{family!r} is not one of {sorted(onto.families)}")
     concepts = onto.family_concepts(family)
@@ -111,6 +112,7 @@ def family_phrases(family: str) -> dict[str, tuple[str, ...]]:
             and " or " not in s
             and len(s) <= 40
             and not _is_abbreviation(s)
+            and s.lower().split()[0] not in book["excluded_phrase_starts"]
         }
         cands = {s for s in cands if not (s.endswith("s") and s[:-1] in cands)}
         if cands:
@@ -389,6 +391,7 @@ class ReportContext:
     radiologist: str
     phone: str
     technique_key: str
+    exam_mentions: tuple[str, ...]
     prior_date: date | None
     prior_exam: str | None
     with_preamble: bool
@@ -463,6 +466,8 @@ def render_report(rng: random.Random, ctx: ReportContext, mentions: list[Planned
         if rng.random() < 0.6:
             pre.append(rng.choice(hdr["dob"]).format(dob=date_text(ctx.birth_date)))
         pre.append(rng.choice(hdr["exam"]).format(exam=ctx.exam_name.upper(), date=date_text(ctx.study_datetime)))
+        for a in ctx.exam_mentions:
+            truth[a] = ("present", "none")
         if ctx.accession and rng.random() < 0.7:
             pre.append(rng.choice(hdr["accession"]).format(accession=ctx.accession))
             phi.append(("id", ctx.accession))

@@ -384,7 +384,7 @@ def decode_image(ds: Dataset, frame: int | None = None) -> DecodedImage:
     except Exception as exc:  # noqa: BLE001 - codec plugins raise many exception types
         raise NormalisationError("decode_error", f"cannot decode {ts.name}: {_safe(exc)}") from None
 
-    photometric = str(meta.get("photometric_interpretation") or ds.get("PhotometricInterpretation") or "")
+    photometric = str(meta.get("photometric_interpretation") or ds.get("PhotometricInterpretation") or "").strip()
     steps: list[dict[str, Any]] = [
         {
             "step": "decode",
@@ -408,10 +408,10 @@ def decode_image(ds: Dataset, frame: int | None = None) -> DecodedImage:
 
     if photometric in _YBR_TO_RGB:
         arr = convert_color_space(arr, photometric, "RGB", per_frame=per_frame_axis)
-        steps.append({"step": "color_space", "from": photometric, "to": "RGB"})
+        steps.append({"step": "color_space", "from": photometric, "to": "RGB", "by": "convert_color_space"})
         photometric = "RGB"
     elif photometric != str(ds.get("PhotometricInterpretation") or photometric):
-        steps.append({"step": "color_space", "from": str(ds.PhotometricInterpretation), "to": photometric})
+        steps.append({"step": "color_space", "from": str(ds.PhotometricInterpretation), "to": photometric, "by": "decoder"})
 
     if photometric == "RGB":
         bits = int(meta.get("bits_stored") or ds.get("BitsStored") or 8)

@@ -1,0 +1,108 @@
+"""Foundation de-identification: allow-list, remapped UIDs, per-patient date shift, fail-closed."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import io
+
+import pydicom
+import pytest
+from pydicom.data import get_testdata_file
+from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence
+
+from etl.deid import DeidentificationError, deidentify_dataset, shift_date, shift_datetime
+
+
+@pytest.fixture()
+def ct():
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm", download=False))
+    ds.PatientName = "DOE^JOHN^A"
+    ds.PatientID = "MRN-778899"
+    ds.AccessionNumber = "ACC123456"
+    ds.PatientBirthDate = "19400102"
+    ds.PatientAge = "093Y"
+    ds.InstitutionName = "Springfield General Hospital"
+    ds.ImageComments = "patient John Doe, see prior"
+    ds.StudyDate = "20230314"
+    ds.AcquisitionDateTime = "20230314101502.123456+0100"
+    item = Dataset()
+    item.RequestedProcedureID = "RP-998877"
+    ds.RequestAttributesSequence = Sequence([item])
+    block = ds.private_block(0x0009, "MEDRECO DEMO", create=True)
+    block.add_new(0x01, "LO", "DOE^JOHN private copy")
+    return ds
+
+
+def _all_strings(ds: Dataset) -> str:
+    return " ".join(str(e.value) for e in ds.iterall() if e.VR not in ("OB", "OW", "SQ", "UN"))
+
+
+def test_phi_removed_and_identity_replaced(ct, key):
+    r = deidentify_dataset(ct, key, "us-a")
+    out = r.dataset
+    text = _all_strings(out) + " " + _all_strings(out.file_meta)
+    for value in ("DOE", "JOHN", "MRN-778899", "ACC123456", "19400102", "Springfield", "RP-998877"):
+        assert value not in text
+    assert str(out.PatientName) == r.patient_key == out.PatientID
+    assert out.AccessionNumber == r.accession_key == key.pseudonym("accession", "us-a|ACC123456")
+    assert "PatientBirthDate" not in out and "ImageComments" not in out and "RequestAttributesSequence" not in out
+    assert not any(e.tag.is_private for e in out.iterall())
+    assert out.PatientAge == "090Y"  # over 89 -> 90+ (Retain Patient Characteristics)
+    assert out.PatientIdentityRemoved == "YES" and out.LongitudinalTemporalInformationModified == "MODIFIED"
+    assert [c.CodeValue for c in out.DeidentificationMethodCodeSequence] == ["113100", "113107", "113108"]
+    assert out.Rows == ct.Rows and out.PixelData == ct.PixelData
+
+
+def test_uids_remapped_consistently(ct, key):
+    r = deidentify_dataset(ct, key, "us-a")
+    assert r.dataset.StudyInstanceUID == key.uid(ct.StudyInstanceUID) != ct.StudyInstanceUID
+    assert r.dataset.file_meta.MediaStorageSOPInstanceUID == r.dataset.SOPInstanceUID == key.uid(ct.SOPInstanceUID)
+    assert r.dataset.SOPClassUID == ct.SOPClassUID
+    again = deidentify_dataset(copy.deepcopy(ct), key, "us-a")
+    assert again.to_bytes() == r.to_bytes(), "same input and key -> byte-identical output"
+
+
+def test_dates_shift_by_one_offset_per_patient(ct, key):
+    r = deidentify_dataset(ct, key, "us-a")
+    shift = key.date_shift_days(r.patient_key)
+    assert r.date_shift_days == shift
+    expected = (dt.date(2023, 3, 14) + dt.timedelta(days=shift)).strftime("%Y%m%d")
+    assert r.dataset.StudyDate == expected
+    assert r.dataset.AcquisitionDateTime == expected + "101502.123456+0100"
+    later = copy.deepcopy(ct)
+    later.StudyDate = "20240101"
+    r2 = deidentify_dataset(later, key, "us-a")
+    gap = dt.datetime.strptime(r2.dataset.StudyDate, "%Y%m%d") - dt.datetime.strptime(r.dataset.StudyDate, "%Y%m%d")
+    assert gap.days == (dt.date(2024, 1, 1) - dt.date(2023, 3, 14)).days  # intervals preserved exactly
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda d: setattr(d, "BurnedInAnnotation", "YES"), "burned_in_annotation"),
+        (lambda d: setattr(d, "PatientID", ""), "missing_patient_id"),
+        (lambda d: setattr(d, "StudyDate", "2023-03-14"), "unparseable_date"),
+        (lambda d: setattr(d, "SeriesDate", "20231345"), "unparseable_date"),
+        (lambda d: setattr(d, "Manufacturer", "JOHN DOE imaging"), "phi_verification_failed"),
+    ],
+)
+def test_fail_closed(ct, key, mutate, reason):
+    mutate(ct)
+    with pytest.raises(DeidentificationError) as err:
+        deidentify_dataset(ct, key, "us-a")
+    assert err.value.reason == reason
+    assert "DOE" not in str(err.value) and "JOHN" not in str(err.value)
+
+
+def test_shift_helpers():
+    assert shift_date("20240228", 1) == "20240229"
+    assert shift_datetime("2024022823", 2) == "2024030123"
+    with pytest.raises(DeidentificationError):
+        shift_datetime("2024", 1)  # partial: cannot be shifted with certainty
+
+
+def test_output_reads_back(ct, key):
+    back = pydicom.dcmread(io.BytesIO(deidentify_dataset(ct, key, "us-a").to_bytes()))
+    assert back.pixel_array.shape == (128, 128)
