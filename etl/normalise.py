@@ -156,7 +156,12 @@ def _window_to_unit(arr: np.ndarray, ds: Dataset, frame: int | None) -> tuple[np
                 out = apply_voi(np.rint(arr).astype(np.int64), view).astype(np.float64)
                 table = apply_voi(np.arange(first, first + entries, dtype=np.int64), view)
                 lo, hi = float(table.min()), float(table.max())
-                step: dict[str, Any] = {"step": "voi", "lut": "VOILUTSequence", "entries": entries, "first": first}
+                step: dict[str, Any] = {
+                    "step": "voi",
+                    "lut": "VOILUTSequence",
+                    "entries": entries,
+                    "first": first,
+                }
             else:
                 out = apply_voi_lut(arr.astype(np.float64), view, prefer_lut=False)
                 ends = apply_voi_lut(np.array([-np.inf, np.inf]), view, prefer_lut=False)
@@ -197,7 +202,9 @@ def _resize(unit: np.ndarray, size: tuple[int, int], keep_aspect: bool) -> tuple
     channels = [unit] if unit.ndim == 2 else [unit[..., c] for c in range(unit.shape[2])]
     resized = [
         np.asarray(
-            Image.fromarray(np.ascontiguousarray(ch, dtype=np.float32)).resize((new_c, new_r), Image.Resampling.LANCZOS)
+            Image.fromarray(np.ascontiguousarray(ch, dtype=np.float32)).resize(
+                (new_c, new_r), Image.Resampling.LANCZOS
+            )
         )
         for ch in channels
     ]
@@ -212,7 +219,13 @@ def _resize(unit: np.ndarray, size: tuple[int, int], keep_aspect: bool) -> tuple
         "to": [new_r, new_c],
         "filter": "LANCZOS",
         "keep_aspect": keep_aspect,
-        "pad": {"top": top, "bottom": out_r - new_r - top, "left": left, "right": out_c - new_c - left, "value": 0},
+        "pad": {
+            "top": top,
+            "bottom": out_r - new_r - top,
+            "left": left,
+            "right": out_c - new_c - left,
+            "value": 0,
+        },
     }
     return canvas, step
 
@@ -228,7 +241,13 @@ def _png(unit: np.ndarray, bit_depth: int) -> tuple[bytes, dict[str, Any]]:
     image = Image.fromarray(data)
     buf = io.BytesIO()
     image.save(buf, format="PNG", optimize=False, compress_level=6)
-    return buf.getvalue(), {"step": "encode", "format": "png", "mode": image.mode, "bit_depth": bit_depth, **note}
+    return buf.getvalue(), {
+        "step": "encode",
+        "format": "png",
+        "mode": image.mode,
+        "bit_depth": bit_depth,
+        **note,
+    }
 
 
 def _npz(arrays: dict[str, np.ndarray]) -> bytes:
@@ -283,7 +302,9 @@ def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
     raise ValueError(f"unknown payload_format {payload_format!r}; expected 'png' or 'npz'")
 
 
-def _result(payload: bytes, fmt: str, kind: str, steps: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+def _result(
+    payload: bytes, fmt: str, kind: str, steps: list[dict[str, Any]], **fields: Any
+) -> dict[str, Any]:
     return {
         **fields,
         "kind": kind,
@@ -410,7 +431,9 @@ def _check_consistent(slices: list[dict[str, Any]]) -> str:
     if any(s["modality"] != modality for s in slices):
         raise NormalisationError("inconsistent_series", "slices of more than one modality")
     if modality not in _VOLUME_MODALITIES:
-        raise NormalisationError("unsupported_modality", f"volumes are built for CT and MR, not {modality or 'none'}")
+        raise NormalisationError(
+            "unsupported_modality", f"volumes are built for CT and MR, not {modality or 'none'}"
+        )
     if any(not s["photometric"].startswith("MONOCHROME") for s in slices):
         raise NormalisationError("inconsistent_series", "a volume slice is not MONOCHROME1/MONOCHROME2")
     if any((s["rows"], s["cols"]) != (first["rows"], first["cols"]) for s in slices):
@@ -424,7 +447,8 @@ def _check_consistent(slices: list[dict[str, Any]]) -> str:
         raise NormalisationError("inconsistent_series", "slices differ in ImageOrientationPatient")
     spacings = [s["spacing"] for s in slices]
     if any((sp is None) != (spacings[0] is None) for sp in spacings) or (
-        spacings[0] is not None and any(max(abs(a - b) for a, b in zip(sp, spacings[0])) > _SPACING_TOL_MM for sp in spacings)
+        spacings[0] is not None
+        and any(max(abs(a - b) for a, b in zip(sp, spacings[0])) > _SPACING_TOL_MM for sp in spacings)
     ):
         raise NormalisationError("inconsistent_series", "slices differ in PixelSpacing")
     return modality
@@ -450,7 +474,9 @@ def _order(slices: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str
         ordered = sorted(slices, key=lambda s: (s["instance"] or 0, s["index"], s["frame"] or 0))
         keys = [(s["instance"], s["frame"]) for s in ordered]
         if len(set(keys)) != len(keys):
-            raise NormalisationError("inconsistent_series", "slices share an InstanceNumber and have no position")
+            raise NormalisationError(
+                "inconsistent_series", "slices share an InstanceNumber and have no position"
+            )
         return ordered, {"step": "sort", "by": "InstanceNumber"}, None
     raise NormalisationError(
         "inconsistent_series", "cannot order slices: neither ImagePositionPatient nor InstanceNumber on all"
@@ -535,7 +561,13 @@ def normalise_volume(datasets: list[Dataset], cfg: NormalisationConfig) -> dict[
         else:
             volume = np.zeros_like(volume)
         steps.append(
-            {"step": "clip_scale", "percentile_nonzero": list(MR_PERCENTILES), "low": lo, "high": hi, "to": [0.0, 1.0]}
+            {
+                "step": "clip_scale",
+                "percentile_nonzero": list(MR_PERCENTILES),
+                "low": lo,
+                "high": hi,
+                "to": [0.0, 1.0],
+            }
         )
 
     in_plane = slices[0]["spacing"]
@@ -546,11 +578,15 @@ def normalise_volume(datasets: list[Dataset], cfg: NormalisationConfig) -> dict[
         thickness = _floats([ordered[0]["thickness"]]) if ordered[0]["thickness"] is not None else None
         slice_mm = thickness[0] if thickness and thickness[0] > 0 else None
     spacing = None if in_plane is None else [float(in_plane[0]), float(in_plane[1]), slice_mm]
-    steps.append({"step": "spacing", "slice_from": "positions" if along is not None and n > 1 else "SliceThickness"})
+    steps.append(
+        {"step": "spacing", "slice_from": "positions" if along is not None and n > 1 else "SliceThickness"}
+    )
 
     stored = np.array([np.nan if v is None else v for v in (spacing or [None, None, None])], dtype=np.float64)
     payload = _npz({"volume": volume, "spacing_mm": stored})
-    steps.append({"step": "encode", "format": "npz", "array": "volume", "dtype": "float32", "axes": "slice,row,col"})
+    steps.append(
+        {"step": "encode", "format": "npz", "array": "volume", "dtype": "float32", "axes": "slice,row,col"}
+    )
     orientation = _plane(slices[0]["orientation"]) if slices[0]["orientation"] is not None else None
     return _result(
         payload,

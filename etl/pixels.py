@@ -384,7 +384,9 @@ def decode_image(ds: Dataset, frame: int | None = None) -> DecodedImage:
     except Exception as exc:  # noqa: BLE001 - codec plugins raise many exception types
         raise NormalisationError("decode_error", f"cannot decode {ts.name}: {_safe(exc)}") from None
 
-    photometric = str(meta.get("photometric_interpretation") or ds.get("PhotometricInterpretation") or "").strip()
+    photometric = str(
+        meta.get("photometric_interpretation") or ds.get("PhotometricInterpretation") or ""
+    ).strip()
     steps: list[dict[str, Any]] = [
         {
             "step": "decode",
@@ -394,14 +396,20 @@ def decode_image(ds: Dataset, frame: int | None = None) -> DecodedImage:
             "n_frames": frames,
         }
     ]
-    per_frame_axis = arr.ndim == (3 if photometric.startswith("MONOCHROME") or photometric == "PALETTE COLOR" else 4)
+    per_frame_axis = arr.ndim == (
+        3 if photometric.startswith("MONOCHROME") or photometric == "PALETTE COLOR" else 4
+    )
 
     if photometric == "PALETTE COLOR":
         try:
             arr = apply_color_lut(arr, ds)
         except Exception as exc:  # noqa: BLE001
             raise NormalisationError("decode_error", f"cannot apply the palette: {_safe(exc)}") from None
-        bits = int(ds.RedPaletteColorLookupTableDescriptor[2]) if "RedPaletteColorLookupTableDescriptor" in ds else 8
+        bits = (
+            int(ds.RedPaletteColorLookupTableDescriptor[2])
+            if "RedPaletteColorLookupTableDescriptor" in ds
+            else 8
+        )
         bits = 8 if arr.dtype == np.uint8 else bits
         steps.append({"step": "palette_color_lut", "bits": bits})
         return DecodedImage(arr.astype(np.float32), "RGB", (0.0, float(2**bits - 1)), steps)
@@ -411,7 +419,14 @@ def decode_image(ds: Dataset, frame: int | None = None) -> DecodedImage:
         steps.append({"step": "color_space", "from": photometric, "to": "RGB", "by": "convert_color_space"})
         photometric = "RGB"
     elif photometric != str(ds.get("PhotometricInterpretation") or photometric):
-        steps.append({"step": "color_space", "from": str(ds.PhotometricInterpretation), "to": photometric, "by": "decoder"})
+        steps.append(
+            {
+                "step": "color_space",
+                "from": str(ds.PhotometricInterpretation),
+                "to": photometric,
+                "by": "decoder",
+            }
+        )
 
     if photometric == "RGB":
         bits = int(meta.get("bits_stored") or ds.get("BitsStored") or 8)
@@ -434,13 +449,20 @@ def decode_image(ds: Dataset, frame: int | None = None) -> DecodedImage:
         out = np.asarray(apply_modality_lut(arr, view), dtype=np.float32)
         steps.append({"step": "modality_lut", **_modality_params(view)})
     ends = np.asarray(apply_modality_lut(np.array([lo, hi], dtype=np.int64), view), dtype=np.float64)
-    return DecodedImage(out.astype(np.float32, copy=False), photometric, (float(ends.min()), float(ends.max())), steps)
+    return DecodedImage(
+        out.astype(np.float32, copy=False), photometric, (float(ends.min()), float(ends.max())), steps
+    )
 
 
 def _modality_params(view: Dataset) -> dict[str, Any]:
     if view.get("ModalityLUTSequence"):
         desc = view.ModalityLUTSequence[0].LUTDescriptor
-        return {"lut": "ModalityLUTSequence", "entries": int(desc[0]), "first": int(desc[1]), "bits": int(desc[2])}
+        return {
+            "lut": "ModalityLUTSequence",
+            "entries": int(desc[0]),
+            "first": int(desc[1]),
+            "bits": int(desc[2]),
+        }
     if "RescaleSlope" in view:
         return {"slope": float(view.RescaleSlope), "intercept": float(view.RescaleIntercept)}
     return {"identity": True}

@@ -1,0 +1,803 @@
+"""The curator dashboard: a static, self-contained HTML site (inline CSS, inline SVG, no scripts).
+
+Pages: run overview (ledger balance, statuses, quarantine reasons, institutions x modalities, trend over
+runs), de-identification audit, images, reports (entity prevalence heat map, negation/uncertainty),
+pairs and VQA, splits, quality checks, quarantine list (with curator decisions).
+
+PHI safety: the dashboard reads only codes and counts from the de-identified tables, never report text,
+and from the ledger never ``source_uri`` / ``duplicate_of`` (archives name folders after patients): a
+quarantined file is shown by its opaque id ``sha256[:12]``; ``detail`` is shown with any fragment of the
+row's source path removed. Every string is HTML-escaped. Pages are deterministic for the same inputs.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from string import Template
+
+import numpy as np
+import pyarrow as pa
+
+from quality.checks import QualityReport
+from schemas.ledger import STATUSES
+from schemas.ontology import load_ontology
+from schemas.splits import SPLITS
+from schemas.tables import SCHEMAS
+
+TEMPLATE_FILE = Path(__file__).with_name("templates") / "page.html"
+PAGES = (
+    ("index.html", "Run overview"),
+    ("deid.html", "De-identification audit"),
+    ("images.html", "Images"),
+    ("reports.html", "Reports"),
+    ("pairs.html", "Pairs & VQA"),
+    ("splits.html", "Splits"),
+    ("checks.html", "Quality checks"),
+    ("quarantine.html", "Quarantine"),
+)
+REVIEW_DECISIONS = ("release", "reject")
+STATUS_COLOURS = {"ingested": "#2e7d4f", "quarantined": "#b3261e", "duplicate": "#d08a00", "skipped": "#8a94a6"}
+PALETTE = ("#2156a5", "#2e7d4f", "#d08a00", "#b3261e", "#6a3d9a", "#1f9aa8", "#8a94a6", "#c2185b")
+#: run_info keys that may name locations (source roots, config paths) are never rendered
+_LOCATION_KEY = re.compile(r"(path|uri|root|dir|file|source|location|url)", re.IGNORECASE)
+_MAX_HEATMAP_ENTITIES = 30
+_NONE = "(none)"
+
+
+class DashboardInputError(ValueError):
+    """Bad input to :func:`build_dashboard`; ``reason`` is ``missing_run_id``, ``bad_history`` or ``bad_review``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+class _Html(str):
+    """A trusted HTML fragment (produced here); every other string is escaped on output."""
+
+
+def _e(value) -> str:
+    if isinstance(value, _Html):
+        return str(value)
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):,.3g}" if abs(v) < 1000 else f"{float(v):,.0f}"
+    return str(v)
+
+
+# ------------------------------------------------------------------------------------------ SVG charts
+
+
+def svg_bar_chart(items: Sequence[tuple[str, float]], *, title: str = "", unit: str = "", width: int = 520,
+                  colour: str = PALETTE[0], colours: Mapping[str, str] | None = None) -> str:
+    """Horizontal bar chart as an inline ``<svg>`` string.
+
+    Parameters
+    ----------
+    items : sequence of (label, value)
+        one bar per item, drawn in the given order; values >= 0 (negative values are drawn as 0).
+    title : str
+        caption above the bars (escaped).
+    unit : str
+        appended to the printed values (e.g. ``"%"``).
+    width : int
+        total width in px; bar height is 18 px.
+    colour, colours : str, mapping of label to str
+        bar fill, optionally per label.
+
+    Returns
+    -------
+    str
+        ``<svg ...>...</svg>`` (or a short "no data" paragraph when ``items`` is empty).
+    """
+    if not items:
+        return f'<p class="empty">{_e(title)}: no data</p>'
+    label_w, value_w, bar_h, gap, top = 170, 70, 18, 4, 22 if title else 4
+    plot_w = width - label_w - value_w
+    vmax = max(max(float(v) for _, v in items), 1e-12)
+    height = top + len(items) * (bar_h + gap) + 4
+    parts = [f'<svg role="img" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}">']
+    if title:
+        parts.append(f'<text x="0" y="14" font-size="13" font-weight="600">{_e(title)}</text>')
+    for i, (label, value) in enumerate(items):
+        y = top + i * (bar_h + gap)
+        w = max(0.0, float(value)) / vmax * plot_w
+        fill = (colours or {}).get(label, colour)
+        text = f"{_fmt(value)}{unit}"
+        parts.append(f'<text x="{label_w - 6}" y="{y + 13}" font-size="12" text-anchor="end">{_e(label)}</text>'
+                     f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{_e(fill)}">'
+                     f'<title>{_e(label)}: {_e(text)}</title></rect>'
+                     f'<text x="{label_w + w + 4:.1f}" y="{y + 13}" font-size="12">{_e(text)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def svg_histogram(values: Iterable[float], *, bins: int = 20, title: str = "", unit: str = "",
+                  width: int = 520, height: int = 180, integer: bool = False) -> str:
+    """Histogram of numeric values as an inline ``<svg>`` string.
+
+    Parameters
+    ----------
+    values : iterable of float
+        the sample; NaN / None values are dropped (and counted in the caption).
+    bins : int
+        number of equal-width bins over [min, max] (``numpy.histogram``); with ``integer=True`` one bin per
+        integer when the range is at most ``bins`` wide.
+    title, unit : str
+        caption and axis unit (``"mm"``, ``"days"``, ``"px"``).
+    width, height : int
+        size in px.
+
+    Returns
+    -------
+    str
+        ``<svg>`` with one rect per bin (tooltip: bin range and count) and min/max axis labels.
+    """
+    arr = np.array([np.nan if v is None else float(v) for v in values], dtype=float)
+    dropped = int(np.isnan(arr).sum())
+    arr = arr[~np.isnan(arr)]
+    if arr.size == 0:
+        return f'<p class="empty">{_e(title)}: no data</p>'
+    lo, hi = float(arr.min()), float(arr.max())
+    if integer and hi - lo + 1 <= bins:
+        edges = np.arange(lo - 0.5, hi + 1.5, 1.0)
+    else:
+        edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+    counts, edges = np.histogram(arr, bins=edges)
+    top, bottom, left = 22, 34, 40
+    plot_w, plot_h = width - left - 10, height - top - bottom
+    cmax = max(int(counts.max()), 1)
+    bw = plot_w / len(counts)
+    caption = f"{title} (n={arr.size:,}{f', {dropped:,} missing' if dropped else ''})"
+    parts = [f'<svg role="img" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}">',
+             f'<text x="0" y="14" font-size="13" font-weight="600">{_e(caption)}</text>',
+             f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#999"/>',
+             f'<text x="{left - 4}" y="{top + 10}" font-size="11" text-anchor="end">{cmax:,}</text>',
+             f'<text x="{left - 4}" y="{top + plot_h}" font-size="11" text-anchor="end">0</text>']
+    for i, c in enumerate(counts):
+        h = c / cmax * plot_h
+        a, b = edges[i], edges[i + 1]
+        rng = f"{_fmt(round((a + b) / 2))}" if integer and b - a == 1 else f"{_fmt(a)}–{_fmt(b)}"
+        parts.append(f'<rect x="{left + i * bw + 1:.1f}" y="{top + plot_h - h:.1f}" width="{max(bw - 2, 1):.1f}" '
+                     f'height="{h:.1f}" fill="{PALETTE[0]}"><title>{_e(rng)} {_e(unit)}: {int(c):,}</title></rect>')
+    parts.append(f'<text x="{left}" y="{top + plot_h + 14}" font-size="11">{_e(_fmt(edges[0]))}</text>'
+                 f'<text x="{left + plot_w}" y="{top + plot_h + 14}" font-size="11" text-anchor="end">'
+                 f'{_e(_fmt(edges[-1]))}</text>'
+                 f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 28}" font-size="11" text-anchor="middle">'
+                 f'{_e(unit)}</text></svg>')
+    return "".join(parts)
+
+
+def svg_heatmap(row_labels: Sequence[str], col_labels: Sequence[str], matrix: np.ndarray, *, title: str = "",
+                percent: bool = True, cell: int = 26) -> str:
+    """Heat map (white -> blue) as an inline ``<svg>`` string.
+
+    Parameters
+    ----------
+    row_labels, col_labels : sequence of str
+        labels of the ``(n_rows, n_cols)`` matrix.
+    matrix : numpy.ndarray, shape (n_rows, n_cols)
+        values; with ``percent=True`` fractions in [0, 1] printed as percentages, else counts scaled by
+        the matrix maximum. NaN cells are drawn grey ("no data").
+    title : str
+        caption.
+    cell : int
+        cell height in px (width is 2.4 x cell).
+
+    Raises
+    ------
+    ValueError
+        if the matrix shape does not match the labels.
+    """
+    m = np.asarray(matrix, dtype=float)
+    if m.shape != (len(row_labels), len(col_labels)):
+        raise ValueError(f"heatmap matrix shape {m.shape} != ({len(row_labels)}, {len(col_labels)})")
+    if m.size == 0:
+        return f'<p class="empty">{_e(title)}: no data</p>'
+    cw, label_w, top = int(cell * 2.4), 230, 22 + 70
+    width, height = label_w + cw * len(col_labels) + 10, top + cell * len(row_labels) + 6
+    scale = 1.0 if percent else max(np.nanmax(m) if np.isfinite(m).any() else 1.0, 1e-12)
+    parts = [f'<svg role="img" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}">',
+             f'<text x="0" y="14" font-size="13" font-weight="600">{_e(title)}</text>']
+    for j, c in enumerate(col_labels):
+        x = label_w + j * cw + cw / 2
+        parts.append(f'<text x="{x:.1f}" y="{top - 6}" font-size="11" transform="rotate(-40 {x:.1f} {top - 6})">'
+                     f'{_e(c)}</text>')
+    for i, r in enumerate(row_labels):
+        y = top + i * cell
+        parts.append(f'<text x="{label_w - 6}" y="{y + cell * 0.65:.1f}" font-size="11" text-anchor="end">'
+                     f'{_e(r)}</text>')
+        for j, c in enumerate(col_labels):
+            v = m[i, j]
+            if np.isnan(v):
+                fill, txt, ink = "#eeeeee", "–", "#777"
+            else:
+                t = min(max(v / scale, 0.0), 1.0)
+                fill = f"rgb({int(255 - 222 * t)},{int(255 - 169 * t)},{int(255 - 90 * t)})"
+                txt = f"{100 * v:.0f}%" if percent else _fmt(v)
+                ink = "#fff" if t > 0.55 else "#1d2430"
+            parts.append(f'<rect x="{label_w + j * cw}" y="{y}" width="{cw - 1}" height="{cell - 1}" fill="{fill}">'
+                         f'<title>{_e(r)} · {_e(c)}: {_e(txt)}</title></rect>'
+                         f'<text x="{label_w + j * cw + cw / 2:.1f}" y="{y + cell * 0.65:.1f}" font-size="10" '
+                         f'text-anchor="middle" fill="{ink}">{_e(txt)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def svg_stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[float]], *, title: str = "",
+                     colours: Mapping[str, str] | None = None, width: int = 640, height: int = 220) -> str:
+    """Vertical stacked bars (one column per category, one stack segment per series) with a legend.
+
+    Parameters
+    ----------
+    categories : sequence of str
+        x-axis labels (run ids, institutions).
+    series : mapping of str to sequence of float
+        segment name -> one value per category (same length as ``categories``).
+    colours : mapping of str to str, optional
+        segment colours (default: the palette in order).
+
+    Raises
+    ------
+    ValueError
+        if a series length differs from the number of categories.
+    """
+    for name, vals in series.items():
+        if len(vals) != len(categories):
+            raise ValueError(f"series {name!r} has {len(vals)} values for {len(categories)} categories")
+    if not categories:
+        return f'<p class="empty">{_e(title)}: no data</p>'
+    names = list(series)
+    col = {n: (colours or {}).get(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(names)}
+    totals = [sum(float(series[n][k]) for n in names) for k in range(len(categories))]
+    vmax = max(max(totals), 1e-12)
+    top, bottom, left, legend_w = 22, 60, 44, 130
+    plot_w, plot_h = width - left - legend_w, height - top - bottom
+    bw = plot_w / len(categories)
+    parts = [f'<svg role="img" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}">',
+             f'<text x="0" y="14" font-size="13" font-weight="600">{_e(title)}</text>',
+             f'<text x="{left - 4}" y="{top + 10}" font-size="11" text-anchor="end">{_fmt(vmax)}</text>',
+             f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#999"/>']
+    for k, cat in enumerate(categories):
+        y = top + plot_h
+        x = left + k * bw + bw * 0.15
+        for n in names:
+            h = float(series[n][k]) / vmax * plot_h
+            y -= h
+            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw * 0.7:.1f}" height="{h:.1f}" fill="{col[n]}">'
+                         f'<title>{_e(cat)} · {_e(n)}: {_fmt(series[n][k])}</title></rect>')
+        cx = left + k * bw + bw / 2
+        parts.append(f'<text x="{cx:.1f}" y="{top + plot_h + 12}" font-size="10" text-anchor="end" '
+                     f'transform="rotate(-30 {cx:.1f} {top + plot_h + 12})">{_e(cat)}</text>')
+    for i, n in enumerate(names):
+        y = top + i * 16
+        parts.append(f'<rect x="{width - legend_w + 8}" y="{y}" width="10" height="10" fill="{col[n]}"/>'
+                     f'<text x="{width - legend_w + 22}" y="{y + 9}" font-size="11">{_e(n)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------------ HTML bits
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence], numeric: Iterable[int] = ()) -> str:
+    num = set(numeric)
+    head = "".join(f'<th class="num">{_e(h)}</th>' if i in num else f"<th>{_e(h)}</th>"
+                   for i, h in enumerate(headers))
+    body = []
+    for row in rows:
+        cells = []
+        for i, v in enumerate(row):
+            txt = _e(v) if isinstance(v, _Html) else _e(_fmt(v) if i in num else v)
+            cells.append(f'<td class="num">{txt}</td>' if i in num else f"<td>{txt}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    if not body:
+        body.append(f'<tr><td colspan="{len(headers)}" class="empty">none</td></tr>')
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _cards(items: Sequence[tuple[str, object]]) -> str:
+    return '<div class="cards">' + "".join(
+        f'<div class="card"><div class="v">{_e(_fmt(v))}</div><div class="k">{_e(k)}</div></div>' for k, v in items
+    ) + "</div>"
+
+
+def _section(title: str, *content: str) -> str:
+    return f"<section><h2>{_e(title)}</h2>{''.join(content)}</section>"
+
+
+def _badge(passed: bool, severity: str = "critical") -> _Html:
+    if passed:
+        return _Html('<span class="badge pass">PASS</span>')
+    cls = "fail" if severity == "critical" else "warn"
+    return _Html(f'<span class="badge {cls}">FAIL</span>')
+
+
+def _row(*charts: str) -> str:
+    return '<div class="row">' + "".join(f"<div>{c}</div>" for c in charts) + "</div>"
+
+
+# ------------------------------------------------------------------------------------------ data access
+
+
+def _col(tables: Mapping[str, pa.Table], table: str, column: str) -> list:
+    t = tables.get(table)
+    if t is None or column not in t.column_names:
+        return []
+    return t.column(column).to_pylist()
+
+
+def _counts(values: Iterable) -> list[tuple[str, int]]:
+    c = Counter(_NONE if v is None else str(v) for v in values)
+    return sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _n(tables: Mapping[str, pa.Table], table: str) -> int:
+    t = tables.get(table)
+    return 0 if t is None else t.num_rows
+
+
+def _path_fragments(*uris: str | None) -> list[str]:
+    """Every piece of a source path (folders, file name, stem, PN components) of >= 3 characters."""
+    frags: set[str] = set()
+    for uri in uris:
+        if not uri:
+            continue
+        frags.add(uri)
+        for part in re.split(r"[\\/]", uri):
+            if not part:
+                continue
+            frags.add(part)
+            frags.add(part.rsplit(".", 1)[0])
+            frags.update(re.split(r"[\^\s_,]+", part.rsplit(".", 1)[0]))
+    return sorted((f for f in frags if len(f) >= 3), key=len, reverse=True)
+
+
+def _scrub(text: str | None, fragments: Sequence[str]) -> str:
+    if not text:
+        return ""
+    for f in fragments:
+        if f.lower() in text.lower():
+            text = re.sub(re.escape(f), "[source path]", text, flags=re.IGNORECASE)
+    return text
+
+
+SAFE_LEDGER_COLUMNS = ("opaque_id", "run_id", "institution", "kind", "status", "stage", "reason", "detail")
+
+
+def safe_ledger(ledger: pa.Table | None) -> pa.Table:
+    """The ledger as the dashboard may show it: no ``source_uri`` / ``duplicate_of``, an ``opaque_id``
+    (``sha256[:12]``) instead, and ``stage`` / ``reason`` / ``detail`` with every fragment of the row's
+    source path (folder and file names, PN components, >= 3 characters) replaced by ``[source path]``.
+
+    Parameters
+    ----------
+    ledger : pyarrow.Table or None
+        a table of ``schemas.ledger.SCHEMA`` (None gives an empty table).
+
+    Returns
+    -------
+    pyarrow.Table
+        string columns :data:`SAFE_LEDGER_COLUMNS`, one row per ledger row, same order.
+    """
+    out: dict[str, list] = {c: [] for c in SAFE_LEDGER_COLUMNS}
+    if ledger is not None:
+        cols = {c: ledger.column(c).to_pylist() for c in
+                ("sha256", "run_id", "institution", "kind", "status", "stage", "reason", "detail", "source_uri",
+                 "duplicate_of")}
+        for k in range(ledger.num_rows):
+            keep = {cols["institution"][k], cols["run_id"][k]}
+            frags = [f for f in _path_fragments(cols["source_uri"][k], cols["duplicate_of"][k]) if f not in keep]
+            out["opaque_id"].append((cols["sha256"][k] or "").lower()[:12])
+            for c in ("run_id", "institution", "kind", "status"):
+                out[c].append(cols[c][k])
+            for c in ("stage", "reason", "detail"):
+                out[c].append(_scrub(cols[c][k], frags) if cols[c][k] is not None else None)
+    return pa.table({c: pa.array(v, type=pa.string()) for c, v in out.items()})
+
+
+# ------------------------------------------------------------------------------------------ pages
+
+
+def _overview(tables, quality: QualityReport, run_info: dict, history: list[dict]) -> str:
+    run_id = run_info["run_id"]
+    ledger = tables.get("ledger")
+    statuses = _col(tables, "ledger", "status")
+    status_counts = Counter(statuses)
+    info_rows = [(k, v) for k, v in sorted(run_info.items())
+                 if k != "deid_audit" and not _LOCATION_KEY.search(k)
+                 and isinstance(v, (str, int, float, bool)) and v is not None]
+    cards = _cards([("files in ledger", len(statuses)), *[(s, status_counts.get(s, 0)) for s in STATUSES],
+                    ("studies", _n(tables, "studies")), ("images", _n(tables, "images")),
+                    ("reports", _n(tables, "reports")), ("pairs", _n(tables, "pairs")),
+                    ("VQA items", _n(tables, "vqa")), ("critical failures", len(quality.critical_failures)),
+                    ("warnings", len(quality.warnings))])
+    # ledger balance per run
+    per_run: dict[str, Counter] = defaultdict(Counter)
+    for r, s in zip(_col(tables, "ledger", "run_id"), statuses, strict=True):
+        per_run[r][s] += 1
+    bal_rows = []
+    for r in sorted(per_run):
+        c = per_run[r]
+        rows_n, valid = sum(c.values()), sum(c[s] for s in STATUSES)
+        bal_rows.append((r, rows_n, *[c[s] for s in STATUSES], valid, _badge(rows_n == valid)))
+    balance = _table(["run_id", "rows", *STATUSES, "sum of statuses", "balanced"], bal_rows,
+                     numeric=range(1, 2 + len(STATUSES) + 1))
+    reasons = [r for r, s in zip(_col(tables, "ledger", "reason"), statuses, strict=True) if s == "quarantined"]
+    status_chart = svg_bar_chart([(s, status_counts.get(s, 0)) for s in STATUSES]
+                                 + [(s, n) for s, n in _counts(statuses) if s not in STATUSES],
+                                 title="Files per status", colours=STATUS_COLOURS)
+    reason_chart = svg_bar_chart(_counts(reasons), title="Quarantined files per reason",
+                                 colour=STATUS_COLOURS["quarantined"])
+    # per institution x status
+    insts = sorted(set(_col(tables, "ledger", "institution")))
+    by_inst = Counter(zip(_col(tables, "ledger", "institution"), statuses, strict=True))
+    inst_chart = svg_stacked_bars(insts, {s: [by_inst[(i, s)] for i in insts] for s in STATUSES},
+                                  title="Files per institution and status", colours=STATUS_COLOURS)
+    # studies per institution x modality
+    sm = Counter(zip(_col(tables, "studies", "institution"), _col(tables, "studies", "modality"), strict=True))
+    s_insts = sorted({i for i, _ in sm})
+    s_mods = sorted({m for _, m in sm})
+    mat = np.array([[sm[(i, m)] for m in s_mods] for i in s_insts], dtype=float).reshape(len(s_insts), len(s_mods))
+    inst_mod = svg_heatmap(s_insts, s_mods, mat, title="Studies per institution and modality", percent=False)
+    # trend
+    trend = _trend(history, per_run, run_id)
+    return "".join([
+        _section("Run", _table(["key", "value"], info_rows), cards),
+        _section("Ledger balance (every discovered file has exactly one status)", balance,
+                 _row(status_chart, reason_chart)),
+        _section("Institutions and modalities", _row(inst_chart, inst_mod)),
+        _section("Trend across runs", trend),
+    ])
+
+
+def _trend(history: list[dict], per_run: Mapping[str, Counter], run_id: str) -> str:
+    runs = [dict(h) for h in history]
+    if run_id not in {h["run_id"] for h in runs} and run_id in per_run:
+        runs.append({"run_id": run_id, **{s: per_run[run_id][s] for s in STATUSES}})
+    if not runs:
+        return '<p class="empty">no run history</p>'
+    cats = [str(h["run_id"]) for h in runs]
+    chart = svg_stacked_bars(cats, {s: [float(h.get(s, 0) or 0) for h in runs] for s in STATUSES},
+                             title="Files per status per run", colours=STATUS_COLOURS)
+    keys = sorted({k for h in runs for k, v in h.items()
+                   if k != "run_id" and isinstance(v, (int, float)) and not isinstance(v, bool)})
+    table = _table(["run_id", *keys], [(h["run_id"], *[h.get(k, "") for k in keys]) for h in runs],
+                   numeric=range(1, len(keys) + 1))
+    return chart + table
+
+
+def _flatten_counts(d: Mapping, prefix: str = "") -> list[tuple[str, object]]:
+    out = []
+    for k in sorted(d, key=str):
+        v = d[k]
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out += _flatten_counts(v, name + " / ")
+        elif isinstance(v, (list, tuple)):
+            out.append((name, len(v)))
+        else:
+            out.append((name, v))
+    return out
+
+
+def _deid(tables, quality: QualityReport, run_info: dict) -> str:
+    audit = run_info.get("deid_audit") or {}
+    parts = []
+    if not audit:
+        parts.append(_section("De-identification counts", '<p class="empty">no de-identification audit '
+                                                           "counts were supplied for this run</p>"))
+    else:
+        flat = _flatten_counts(audit)
+        groups: dict[str, list[tuple[str, float]]] = defaultdict(list)
+        for name, v in flat:
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                head, _, tail = name.rpartition(" / ")
+                groups[head or "totals"].append((tail, v))
+        charts = [svg_bar_chart(items, title=g) for g, items in sorted(groups.items())]
+        parts.append(_section("De-identification counts",
+                              _table(["count", "value"], flat, numeric=[1]), _row(*charts)))
+    stage = _col(tables, "ledger", "stage")
+    reasons = [r for r, s, st in zip(_col(tables, "ledger", "reason"), _col(tables, "ledger", "status"), stage,
+                                     strict=True) if s == "quarantined" and st == "deidentify"]
+    parts.append(_section("Quarantined at de-identification (fail-closed)",
+                          svg_bar_chart(_counts(reasons), title="Files per reason",
+                                        colour=STATUS_COLOURS["quarantined"])))
+    phi = [r for r in quality.results if r.check.startswith("phi_patterns:")]
+    rows = [(_badge(r.passed, r.severity), r.severity, f"{r.table}.{r.check.split(':', 1)[1]}",
+             r.observed.get("rows", 0), r.observed.get("rows_flagged", 0),
+             ", ".join(f"{k}={v}" for k, v in sorted(r.observed.get("by_pattern", {}).items()) if v))
+            for r in sorted(phi, key=lambda r: (r.passed, r.severity != "critical", r.table, r.check))]
+    parts.append(_section("Residual PHI scan of the de-identified tables",
+                          _table(["status", "severity", "column", "rows", "rows flagged", "patterns"], rows,
+                                 numeric=[3, 4])))
+    return "".join(parts)
+
+
+def _images(tables) -> str:
+    spacing = _col(tables, "images", "spacing_mm")
+    kinds = _col(tables, "images", "kind")
+    row_sp = [s[0] if s else None for s in spacing]
+    slice_sp = [s[2] if s and len(s) > 2 else None for s, k in zip(spacing, kinds, strict=True) if k == "3d"]
+    slices = [n for n, k in zip(_col(tables, "images", "n_slices"), kinds, strict=True) if k == "3d"]
+    im = Counter(zip(_col(tables, "images", "institution"), _col(tables, "images", "modality"), strict=True))
+    insts, mods = sorted({i for i, _ in im}), sorted({m for _, m in im})
+    mat = np.array([[im[(i, m)] for m in mods] for i in insts], dtype=float).reshape(len(insts), len(mods))
+    return "".join([
+        _section("Mix", _cards([("images", _n(tables, "images")), ("series", _n(tables, "series"))]),
+                 _row(svg_bar_chart(_counts(_col(tables, "images", "modality")), title="Images per modality"),
+                      svg_bar_chart(_counts(_col(tables, "images", "view")), title="Images per view"),
+                      svg_bar_chart(_counts(kinds), title="2D images / 3D volumes"),
+                      svg_heatmap(insts, mods, mat, title="Images per institution and modality", percent=False))),
+        _section("Spacing (original, before resampling)",
+                 _row(svg_histogram(row_sp, title="Row pixel spacing", unit="mm"),
+                      svg_histogram(slice_sp, title="Slice spacing (3D)", unit="mm"))),
+        _section("Size (after normalisation)",
+                 _row(svg_histogram(_col(tables, "images", "rows"), title="Rows", unit="px"),
+                      svg_histogram(_col(tables, "images", "cols"), title="Columns", unit="px"),
+                      svg_histogram(slices, title="Slices per volume (3D)", unit="slices", integer=True))),
+    ])
+
+
+def _reports(tables, ontology) -> str:
+    rep_ids = _col(tables, "reports", "report_id")
+    rep_inst = dict(zip(rep_ids, _col(tables, "reports", "institution"), strict=True))
+    reports_per_inst = Counter(rep_inst.values())
+    insts = sorted(reports_per_inst)
+    sections = [_col(tables, "reports", c) for c in ("indication", "comparison", "findings", "impression")]
+    no_sections = Counter(i for i, *secs in zip(_col(tables, "reports", "institution"), *sections, strict=True)
+                          if not any(s and s.strip() for s in secs))
+    no_link = Counter(i for i, sk in zip(_col(tables, "reports", "institution"), _col(tables, "reports", "study_key"),
+                                         strict=True) if sk is None)
+    gaps = _table(["institution", "reports", "without sections", "without a study link"],
+                  [(i, reports_per_inst[i], no_sections[i], no_link[i]) for i in insts], numeric=[1, 2, 3])
+    # entity prevalence: share of an institution's reports with >= 1 present mention of the entity
+    m_rep = _col(tables, "entity_mentions", "report_id")
+    m_ent = _col(tables, "entity_mentions", "entity_id")
+    m_ass = _col(tables, "entity_mentions", "assertion")
+    present: dict[str, set] = defaultdict(set)
+    for r, e, a in zip(m_rep, m_ent, m_ass, strict=True):
+        if a == "present" and r in rep_inst:
+            present[e].add(r)
+    top = sorted(present, key=lambda e: (-len(present[e]), e))[:_MAX_HEATMAP_ENTITIES]
+    concepts = getattr(ontology, "concepts", {})
+    labels = [f"{e} {concepts[e].preferred_name}" if e in concepts else e for e in top]
+    mat = np.array([[sum(1 for r in present[e] if rep_inst[r] == i) / reports_per_inst[i] for i in insts]
+                    for e in top], dtype=float).reshape(len(top), len(insts))
+    heat = svg_heatmap(labels, insts, mat, title="Share of reports with the entity present, per institution")
+    # negation and uncertainty
+    per_inst: dict[str, Counter] = defaultdict(Counter)
+    for r, a in zip(m_rep, m_ass, strict=True):
+        per_inst[rep_inst.get(r, "(unlinked report)")][a] += 1
+    rate_rows = []
+    for i in sorted(per_inst):
+        c = per_inst[i]
+        total = sum(c.values())
+        rate_rows.append((i, total, 100.0 * c["absent"] / total, 100.0 * c["uncertain"] / total))
+    rates = _table(["institution", "mentions", "negated %", "uncertain %"], rate_rows, numeric=[1, 2, 3])
+    neg_chart = svg_bar_chart([(r[0], round(r[2], 1)) for r in rate_rows], title="Negated mentions", unit="%")
+    unc_chart = svg_bar_chart([(r[0], round(r[3], 1)) for r in rate_rows], title="Uncertain mentions", unit="%",
+                              colour=PALETTE[2])
+    return "".join([
+        _section("Reports", _cards([("reports", len(rep_ids)), ("entity mentions", len(m_rep)),
+                                    ("reports without sections", sum(no_sections.values())),
+                                    ("reports without a study link", sum(no_link.values()))]),
+                 _row(svg_bar_chart(_counts(_col(tables, "reports", "institution")), title="Reports per institution"),
+                      svg_bar_chart(_counts(_col(tables, "reports", "language")), title="Reports per language"),
+                      svg_bar_chart(_counts(_col(tables, "reports", "link_status")), title="Study link status")),
+                 gaps),
+        _section("Entity prevalence (present assertions)", heat,
+                 svg_bar_chart(_counts(_col(tables, "entity_mentions", "category")), title="Mentions per category")),
+        _section("Negation and uncertainty", _row(neg_chart, unc_chart), rates),
+    ])
+
+
+def _pairs_vqa(tables) -> str:
+    per_patient = Counter(_col(tables, "pairs", "patient_key"))
+    changes = [lab["change"] for labels in _col(tables, "pairs", "change_labels") for lab in (labels or [])]
+    letters = _col(tables, "vqa", "answer")
+    n_opts = [len(o or []) for o in _col(tables, "vqa", "options")]
+    expected: Counter = Counter()
+    for k in n_opts:
+        for j in range(min(k, 26)):
+            expected[chr(65 + j)] += 1.0 / k
+    n = len(letters)
+    got = Counter(letters)
+    balance = [(f"{L} (expected {100 * expected[L] / n:.0f}%)", round(100.0 * got[L] / n, 1))
+               for L in sorted(expected)] if n else []
+    return "".join([
+        _section("Pairs", _cards([("pairs", _n(tables, "pairs")), ("patients with pairs", len(per_patient))]),
+                 _row(svg_histogram(_col(tables, "pairs", "gap_days"), title="Gap between prior and current",
+                                    unit="days"),
+                      svg_histogram(list(per_patient.values()), title="Pairs per patient", unit="pairs",
+                                    integer=True),
+                      svg_bar_chart(_counts(_col(tables, "pairs", "family")), title="Pairs per modality family"),
+                      svg_bar_chart(_counts(changes), title="Change labels"))),
+        _section("VQA", _cards([("items", n)]),
+                 _row(svg_bar_chart(_counts(_col(tables, "vqa", "question_type")), title="Items per question type"),
+                      svg_bar_chart(balance, title="Answer letter share", unit="%"),
+                      svg_bar_chart(_counts(_col(tables, "vqa", "split")), title="Items per split"))),
+    ])
+
+
+def _splits(tables) -> str:
+    split_of = dict(zip(_col(tables, "splits", "patient_key"), _col(tables, "splits", "split"), strict=True))
+    order = {s: i for i, s in enumerate(SPLITS)}
+
+    def per_split(table: str) -> list[tuple[str, int]]:
+        c = Counter(split_of.get(p, "(no split)") for p in _col(tables, table, "patient_key"))
+        return sorted(c.items(), key=lambda kv: (order.get(kv[0], 99), kv[0]))
+
+    patients = per_split("splits")
+    inst_split = Counter(zip(_col(tables, "splits", "institution"), _col(tables, "splits", "split"), strict=True))
+    insts = sorted({i for i, _ in inst_split})
+    splits_present = [s for s in SPLITS if any(inst_split[(i, s)] for i in insts)]
+    table = _table(["institution", *splits_present],
+                   [(i, *[inst_split[(i, s)] for s in splits_present]) for i in insts],
+                   numeric=range(1, len(splits_present) + 1))
+    return "".join([
+        _section("Patient-level splits",
+                 _row(svg_bar_chart(patients, title="Patients per split"),
+                      svg_bar_chart(per_split("studies"), title="Studies per split"),
+                      svg_bar_chart(per_split("images"), title="Images per split"),
+                      svg_bar_chart(per_split("vqa"), title="VQA items per split")),
+                 "<h3>Patients per institution and split</h3>", table),
+    ])
+
+
+def _checks(quality: QualityReport) -> str:
+    res = sorted(quality.results, key=lambda r: (r.passed, r.severity != "critical", r.table, r.check))
+    rows = []
+    for r in res:
+        obs = json.dumps(r.observed, sort_keys=True)
+        rows.append((_badge(r.passed, r.severity), r.severity, r.table, r.check, r.message,
+                     _Html(f'<span class="mono">{_e(obs if len(obs) <= 400 else obs[:400] + " …")}</span>')))
+    return _section("Quality checks",
+                    _cards([("checks", len(quality.results)), ("critical failures", len(quality.critical_failures)),
+                            ("warnings", len(quality.warnings)),
+                            ("passed", sum(r.passed for r in quality.results))]),
+                    _table(["status", "severity", "table", "check", "message", "observed"], rows))
+
+
+def _review_index(review: list[dict]) -> dict[str, dict]:
+    out = {}
+    for i, item in enumerate(review):
+        sha = item.get("sha256")
+        if not isinstance(sha, str) or len(sha) < 12 or not re.fullmatch(r"[0-9a-fA-F]+", sha):
+            raise DashboardInputError("bad_review", f"review item {i} needs a hex sha256 of >= 12 characters")
+        if item.get("decision") not in REVIEW_DECISIONS:
+            raise DashboardInputError("bad_review", f"review item {i}: decision must be one of {REVIEW_DECISIONS}")
+        out[sha.lower()[:12]] = item
+    return out
+
+
+def _quarantine(tables, review: list[dict]) -> str:
+    decisions = _review_index(review)
+    led = tables["ledger"]  # the safe ledger: no source paths
+    cols = {c: led.column(c).to_pylist() for c in SAFE_LEDGER_COLUMNS}
+    rows, matched = [], set()
+    for k in range(led.num_rows):
+        if cols["status"][k] != "quarantined":
+            continue
+        oid = cols["opaque_id"][k]
+        d = decisions.get(oid)
+        if d:
+            matched.add(oid)
+            decision = _Html(f'<span class="badge {"pass" if d["decision"] == "release" else "fail"}">'
+                             f'{_e(d["decision"])}</span>')
+        else:
+            decision = _Html('<span class="muted">pending</span>')
+        rows.append((_Html(f'<span class="mono">{_e(oid)}</span>'), cols["institution"][k], cols["run_id"][k],
+                     cols["kind"][k], cols["stage"][k], cols["reason"][k], cols["detail"][k], decision,
+                     d.get("note", "") if d else ""))
+    rows.sort(key=lambda r: (str(r[1]), str(r[5]), str(r[0])))
+    unmatched = sorted(set(decisions) - matched)
+    decided = Counter(decisions[o]["decision"] for o in matched)
+    return _section(
+        "Quarantine list",
+        _cards([("quarantined files", len(rows)), ("released", decided["release"]), ("rejected", decided["reject"]),
+                ("pending review", len(rows) - len(matched)), ("review entries matching no file", len(unmatched))]),
+        '<p class="muted">Files are shown by opaque id (first 12 hex digits of the file\'s SHA-256); the '
+        "source location is only in the restricted ledger.</p>",
+        _table(["id", "institution", "run", "kind", "stage", "reason", "detail", "decision", "note"], rows),
+    )
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def build_dashboard(
+    tables: Mapping[str, pa.Table],
+    quality: QualityReport,
+    run_info: dict,
+    out_dir: Path,
+    history: list[dict] | None = None,
+    review: list[dict] | None = None,
+    *,
+    ontology=None,
+) -> Path:
+    """Write the curator dashboard (static HTML, inline CSS and SVG, no scripts) for one run.
+
+    Parameters
+    ----------
+    tables : mapping of str to pyarrow.Table
+        curated tables and the ledger by name (``schemas.tables.SCHEMAS``); absent tables show as empty.
+    quality : QualityReport
+        from :func:`quality.checks.run_checks`.
+    run_info : dict
+        ``run_id`` (required) and scalar facts about the run (shown, except keys naming locations such as
+        ``*path*``, ``*uri*``, ``*root*``); ``deid_audit``: a (nested) dict of de-identification counts
+        (per action, verification failures, burned-in quarantines, ...), rendered as given.
+    out_dir : pathlib.Path
+        folder to write (created); existing dashboard pages are overwritten.
+    history : list of dict, optional
+        earlier runs, oldest first: ``{"run_id", "ingested", "quarantined", "duplicate", "skipped", ...}``
+        (any other numeric keys are tabulated). The current run is appended from the ledger if absent.
+    review : list of dict, optional
+        curator decisions ``{"sha256", "decision": "release" | "reject", "note"}``; ``sha256`` may be the
+        full digest or its first >= 12 hex digits.
+    ontology : schemas.ontology.Ontology, optional
+        for entity names in the heat map (default: the packaged ontology).
+
+    Returns
+    -------
+    pathlib.Path
+        ``out_dir / "index.html"``; the other pages are siblings (see :data:`PAGES`).
+
+    Raises
+    ------
+    DashboardInputError
+        ``missing_run_id`` without ``run_info["run_id"]``; ``bad_history`` for a history entry without
+        ``run_id``; ``bad_review`` for a review entry without a hex sha256 or with an unknown decision.
+    KeyError
+        for a table name outside ``schemas.tables.SCHEMAS``.
+    """
+    if not run_info.get("run_id"):
+        raise DashboardInputError("missing_run_id", "run_info must contain a non-empty run_id")
+    for i, h in enumerate(history or []):
+        if not isinstance(h, Mapping) or not h.get("run_id"):
+            raise DashboardInputError("bad_history", f"history entry {i} has no run_id")
+    unknown = sorted(set(tables) - set(SCHEMAS))
+    if unknown:
+        raise KeyError(f"unknown_table: {unknown} are not in schemas.tables.SCHEMAS")
+    ontology = ontology or load_ontology()
+    _review_index(review or [])  # validate before writing anything
+    tables = {**tables, "ledger": safe_ledger(tables.get("ledger"))}
+    run_id = str(run_info["run_id"])
+    subtitle = (f"{len(quality.critical_failures)} critical failure(s), {len(quality.warnings)} warning(s)"
+                if quality.results else "no quality checks recorded")
+    bodies = {
+        "index.html": _overview(tables, quality, run_info, list(history or [])),
+        "deid.html": _deid(tables, quality, run_info),
+        "images.html": _images(tables),
+        "reports.html": _reports(tables, ontology),
+        "pairs.html": _pairs_vqa(tables),
+        "splits.html": _splits(tables),
+        "checks.html": _checks(quality),
+        "quarantine.html": _quarantine(tables, list(review or [])),
+    }
+    template = Template(TEMPLATE_FILE.read_text(encoding="utf-8"))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for page, title in PAGES:
+        nav = "".join(f'<a href="{p}"{" class=\"here\"" if p == page else ""}>{_e(t)}</a>' for p, t in PAGES)
+        doc = template.substitute(title=_e(title), run_id=_e(run_id), subtitle=_e(subtitle), nav=nav,
+                                  body=bodies[page])
+        (out_dir / page).write_text(doc, encoding="utf-8")
+    return out_dir / "index.html"

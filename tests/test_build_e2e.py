@@ -1,0 +1,125 @@
+"""End to end: the build DAG through Airflow's dag.test() on SQLite, on the demo corpus and on real data.
+
+One demo build per session (session-scoped fixtures), then every assertion reads its outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from etl.storage import Storage
+
+pytestmark = pytest.mark.slow
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config_for(root: Path, base: str = "demo.yaml", **overrides) -> Path:
+    data = yaml.safe_load((PROJECT_ROOT / "config" / base).read_text())
+    data["storage"]["root"] = str(root)
+    data.update(overrides)
+    path = root.parent / f"{root.name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="session")
+def demo_build(tmp_path_factory, airflow_home):
+    from etl.airflow_runner import run_build
+    from etl.demo_corpus import generate_corpus
+
+    root = tmp_path_factory.mktemp("demo") / "root"
+    generate_corpus(root, seed=7, n_patients=16)
+    cfg = _config_for(root)
+    first = run_build(cfg)
+    second = run_build(cfg)
+    return {"root": root, "config": cfg, "first": first, "second": second, "storage": Storage.open(str(root))}
+
+
+def test_ledger_balances_and_every_file_has_one_row(demo_build):
+    led = demo_build["first"]["ledger"]
+    assert led["balanced"] is True
+    assert led["files_seen"] == led["ingested"] + led["quarantined"] + led["duplicate"] + led["skipped"]
+    sources = [p for p in (demo_build["root"] / "sources").rglob("*") if p.is_file()]
+    assert led["files_seen"] == len(sources)
+    st = demo_build["storage"]
+    ledger = st.read_table(f"ledger/run_id={demo_build['first']['run_id']}/ledger.parquet")
+    assert ledger.num_rows == len(sources) == len(set(ledger["source_uri"].to_pylist()))
+
+
+def test_burned_in_annotation_is_quarantined(demo_build):
+    answer = [json.loads(x) for x in (demo_build["root"] / "answer_key" / "phi.jsonl").read_text().splitlines()]
+    burned = {a["file"] for a in answer if a["location"] == "burned_in"}
+    assert burned, "the demo corpus plants burned-in annotations"
+    st = demo_build["storage"]
+    ledger = st.read_table(f"ledger/run_id={demo_build['first']['run_id']}/ledger.parquet").to_pylist()
+    by_uri = {r["source_uri"]: r for r in ledger}
+    for f in burned:
+        row = by_uri[str(demo_build["root"] / f)]
+        assert (row["status"], row["reason"]) == ("quarantined", "burned_in_annotation")
+    records = list((demo_build["root"] / "quarantine" / demo_build["first"]["run_id"]).glob("*.json"))
+    assert len(records) == demo_build["first"]["ledger"]["quarantined"]
+
+
+def test_every_table_is_built(demo_build):
+    tables = demo_build["first"]["tables"]
+    for t in ("studies", "series", "images", "reports", "entity_mentions", "study_labels", "pairs", "vqa", "splits"):
+        assert tables[t] > 0, t
+
+
+def test_no_planted_phi_in_deidentified_zones(demo_build):
+    root = demo_build["root"]
+    answer = [json.loads(x) for x in (root / "answer_key" / "phi.jsonl").read_text().splitlines()]
+    values = {a["value"] for a in answer if a["location"] != "burned_in" and len(str(a["value"])) >= 5}
+    assert values
+    haystack = []
+    for zone in ("curated", "snapshots"):
+        for p in (root / zone).rglob("*.parquet"):
+            t = pq.read_table(p)
+            for name in t.column_names:
+                if str(t.schema.field(name).type) in ("string", "large_string"):
+                    haystack.extend(v for v in t[name].to_pylist() if v)
+    blob = "\n".join(haystack)
+    leaked = sorted(v for v in values if v in blob)
+    assert not leaked, f"{len(leaked)} planted PHI values found in de-identified tables"
+
+
+def test_rerun_gives_same_snapshot(demo_build):
+    first, second = demo_build["first"], demo_build["second"]
+    assert first["created"] is True and second["created"] is False
+    assert first["content_hash"] == second["content_hash"] and first["version"] == second["version"] == "0.1.0"
+    from etl.snapshots import verify
+
+    assert verify(demo_build["storage"], "0.1.0") == []
+    assert Path(first["dashboard"]).is_file()
+
+
+def test_real_shared_data_build(shared_data, tmp_path_factory, airflow_home):
+    """The real public data: images without reports and reports without images flow on; edge cases are
+    quarantined with reasons and the ledger balances."""
+    from etl.airflow_runner import run_build
+
+    root = tmp_path_factory.mktemp("real") / "root"
+    data = yaml.safe_load((PROJECT_ROOT / "config" / "shared-real.yaml").read_text())
+    data["storage"]["root"] = str(root)
+    for inst in data["institutions"]:
+        inst["source_uri"] = str(shared_data / Path(inst["source_uri"]).name)
+    cfg = root.parent / "real.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    summary = run_build(cfg)
+    led = summary["ledger"]
+    assert led["balanced"] is True
+    expected = sum(1 for d in ("dicom", "dicom-edge", "openi") for p in (shared_data / d).rglob("*") if p.is_file())
+    assert led["files_seen"] == expected
+    assert led["quarantined"] > 0 and led["skipped"] > 0 and led["ingested"] > 100
+    assert summary["tables"]["reports"] > 3000  # Open-i, report-only source
+    assert summary["tables"]["entity_mentions"] > 1000
+    reasons = summary["quarantined_by_reason"]
+    assert "no_outcome_recorded" not in reasons
+    st = Storage.open(str(root))
+    reports = st.read_table("curated/reports", schema=None)
+    assert set(reports["link_status"].to_pylist()) >= {"report_only_source"}

@@ -1,0 +1,263 @@
+"""Curator dashboard: self-contained HTML with the run's counts, SVG charts, and no source paths or names."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from quality.checks import run_checks
+from quality.dashboard import (
+    PAGES,
+    DashboardInputError,
+    build_dashboard,
+    safe_ledger,
+    svg_bar_chart,
+    svg_heatmap,
+    svg_histogram,
+    svg_stacked_bars,
+)
+from schemas.base import table_from_rows
+from schemas.ontology import load_ontology
+from schemas.tables import SCHEMAS
+
+RUN_ID = "run-20250601T0200Z-demo"
+PLANTED = ("SMITH", "JANE", "BLOGGS", "FRED", "IM0001", "sources/")
+QUARANTINED_URI = "sources/us-bos/SMITH^JANE_1961/CT_CHEST/IM0001.dcm"
+DEID_AUDIT = {
+    "actions": {"removed": 1234, "replaced": 321, "shifted": 77, "remapped": 456},
+    "verification_failures": 3,
+    "burned_in_quarantined": 2,
+}
+HISTORY = [
+    {"run_id": "run-20250525T0200Z-demo", "ingested": 40, "quarantined": 2, "duplicate": 0, "skipped": 1,
+     "critical_failures": 0},
+    {"run_id": "run-20250530T0200Z-demo", "ingested": 52, "quarantined": 5, "duplicate": 3, "skipped": 0,
+     "critical_failures": 1},
+]
+
+
+def _sha(i: int) -> str:
+    return hashlib.sha256(b"file %d" % i).hexdigest()
+
+
+def make_tables() -> dict:
+    insts = ["us-bos", "gb-lon"]
+    studies, series, images, reports, mentions, splits, pairs, vqa = [], [], [], [], [], [], [], []
+    for p in range(4):
+        inst = insts[p % 2]
+        splits.append(dict(patient_key=f"p{p}", institution=inst, split=["train", "train", "val", "test"][p], shard=0))
+        for s in range(2):
+            sk = f"s{p}{s}"
+            studies.append(dict(study_key=sk, patient_key=f"p{p}", institution=inst, country="US", modality="CR",
+                                body_part="CHEST", family="2D-CXR", study_datetime=dt.datetime(2020, 1 + 3 * s, 1),
+                                study_date_shifted=dt.date(2020, 1 + 3 * s, 1), n_series=1, n_images=1,
+                                report_id=f"r{p}{s}", shard=0))
+            series.append(dict(series_key=f"se{p}{s}", study_key=sk, patient_key=f"p{p}", institution=inst,
+                               modality="CR", view_position="PA" if s == 0 else "AP", spacing_mm=[0.14 + 0.01 * p] * 2,
+                               n_instances=1, shard=0))
+            payload = b"png %d %d" % (p, s)
+            images.append(dict(image_key=f"im{p}{s}", series_key=f"se{p}{s}", study_key=sk, patient_key=f"p{p}",
+                               institution=inst, modality="CR", view="PA" if s == 0 else "AP", kind="2d", rows=256,
+                               cols=256, n_slices=1, spacing_mm=[0.14 + 0.01 * p] * 2, payload_format="png",
+                               payload=payload, payload_sha256=hashlib.sha256(payload).hexdigest(), recipe="{}",
+                               transfer_syntax="1.2.840.10008.1.2.1", shard=0))
+            reports.append(dict(report_id=f"r{p}{s}", study_key=sk, patient_key=f"p{p}", institution=inst,
+                                language="en", link_status="linked", findings="Left pleural effusion.",
+                                text="FINDINGS: Left pleural effusion.", redactions=0, redaction_counts="{}",
+                                shard=0))
+            # effusion present in all us-bos reports and in half of gb-lon's; cardiomegaly negated everywhere
+            present = inst == "us-bos" or s == 1
+            mentions.append(dict(mention_id=f"m{p}{s}a", report_id=f"r{p}{s}", entity_id="F029", category="finding",
+                                 span_start=10, span_end=26, text="pleural effusion",
+                                 assertion="present" if present else "uncertain", temporality="current",
+                                 change="none", shard=0))
+            mentions.append(dict(mention_id=f"m{p}{s}b", report_id=f"r{p}{s}", entity_id="A009", category="anatomy",
+                                 span_start=15, span_end=22, text="pleura", assertion="absent",
+                                 temporality="current", change="none", shard=0))
+        pairs.append(dict(pair_id=f"pa{p}", patient_key=f"p{p}", prior_study_key=f"s{p}0", current_study_key=f"s{p}1",
+                          family="2D-CXR", modality="CR", view="PA", gap_days=91,
+                          change_labels=[{"entity_id": "F029", "change": "increased", "source": "stated"}],
+                          n_conflicts=0, shard=0))
+        opts = ["Increased", "Decreased", "Unchanged", "New"]
+        vqa.append(dict(item_id=f"q{p}", pair_id=f"pa{p}", patient_key=f"p{p}", question_type="change",
+                        question="How has the effusion changed?", options=opts, answer="ABCD"[p],
+                        answer_text=opts[p], entity_ids=["F029"], split=splits[-1]["split"], shard=0))
+    statuses = ["ingested"] * 5 + ["quarantined", "quarantined", "duplicate", "skipped"]
+    ledger = []
+    for i, st in enumerate(statuses):
+        uri = f"sources/us-bos/DOE^JOHN/IM{i:04d}.dcm"
+        row = dict(run_id=RUN_ID, source_uri=uri, sha256=_sha(i), bytes=1000, institution="us-bos", kind="dicom",
+                   shard=0, status=st, stage="normalise")
+        if st == "quarantined":
+            row.update(stage="deidentify", reason="burned_in_annotation" if i == 5 else "unverifiable_phi",
+                       detail="pixel text detected in the annotation band")
+        if i == 6:  # a leaky detail: the pipeline must not be trusted to keep paths out of it
+            row.update(source_uri=QUARANTINED_URI, detail=f"OCR hit in {QUARANTINED_URI} (SMITH^JANE)")
+        if st == "duplicate":
+            row.update(stage="discover", reason="same_sha256", duplicate_of="sources/gb-lon/BLOGGS^FRED/x.dcm")
+        ledger.append(row)
+    rows = dict(studies=studies, series=series, images=images, reports=reports, entity_mentions=mentions,
+                pairs=pairs, vqa=vqa, splits=splits, ledger=ledger, study_labels=[])
+    return {name: table_from_rows(r, SCHEMAS[name]) for name, r in rows.items()}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    tables = make_tables()
+    quality = run_checks(tables, load_ontology(), today=dt.date(2025, 6, 1))
+    run_info = {"run_id": RUN_ID, "config": "medreco-demo", "operator_note": "<script>alert(1)</script>",
+                "source_root": "/mnt/pacs/sources", "deid_audit": DEID_AUDIT}
+    review = [{"sha256": _sha(5), "decision": "reject", "note": "text in the pixel data confirmed"}]
+    out = tmp_path_factory.mktemp("dash")
+    index = build_dashboard(tables, quality, run_info, out, history=HISTORY, review=review)
+    pages = {p: (out / p).read_text(encoding="utf-8") for p, _ in PAGES}
+    return index, pages
+
+
+def test_pages_written_and_index_returned(site):
+    index, pages = site
+    assert index.name == "index.html" and index.is_file()
+    assert set(pages) == {p for p, _ in PAGES}
+    for name, html in pages.items():
+        assert RUN_ID in html, name
+        assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
+        for p, _ in PAGES:  # every page links every page (relative links only)
+            assert f'href="{p}"' in html
+
+
+def test_self_contained_no_scripts_no_external_resources(site):
+    _, pages = site
+    for name, html in pages.items():
+        low = html.lower()
+        assert "http://" not in low and "https://" not in low and "//cdn" not in low, name
+        assert "<script" not in low and "<link" not in low and " src=" not in low, name
+        assert "<style>" in low
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages["index.html"]  # run_info text is escaped
+    assert "/mnt/pacs" not in pages["index.html"]  # location keys of run_info are not rendered
+
+
+def test_never_shows_source_paths_or_planted_names(site):
+    _, pages = site
+    for name, html in pages.items():
+        for planted in PLANTED + ("DOE^JOHN", "DOE", "JOHN"):
+            assert planted.lower() not in html.lower(), (name, planted)
+
+
+def test_overview_counts_svg_and_trend(site):
+    _, pages = site
+    html = pages["index.html"]
+    assert "<svg" in html
+    for k, v in [("files in ledger", 9), ("ingested", 5), ("quarantined", 2), ("duplicate", 1), ("skipped", 1),
+                 ("studies", 8), ("images", 8), ("pairs", 4), ("VQA items", 4)]:
+        assert f'<div class="v">{v}</div><div class="k">{k}</div>' in html, k
+    # ledger balance row of this run: rows, four statuses, sum, PASS
+    assert re.search(rf"<td>{RUN_ID}</td>" + r'<td class="num">9</td><td class="num">5</td><td class="num">2</td>'
+                     r'<td class="num">1</td><td class="num">1</td><td class="num">9</td><td><span class="badge pass">',
+                     html)
+    for h in HISTORY:  # trend: both earlier runs and the current one
+        assert h["run_id"] in html
+    assert "burned_in_annotation" in html and "unverifiable_phi" in html
+    assert "Studies per institution and modality" in html
+
+
+def test_deid_audit_renders_every_count(site):
+    _, pages = site
+    html = pages["deid.html"]
+    for key, value in [("actions / removed", "1,234"), ("actions / replaced", "321"), ("actions / shifted", "77"),
+                       ("actions / remapped", "456"), ("verification_failures", "3"), ("burned_in_quarantined", "2")]:
+        assert f'<td>{key}</td><td class="num">{value}</td>' in html, key
+    assert "<svg" in html and "phi_patterns" not in html or "reports.text" in html
+    assert "reports.text" in html  # residual PHI scan lists the report text column
+
+
+def test_reports_heatmap_and_rates(site):
+    _, pages = site
+    html = pages["reports.html"]
+    assert "F029 Pleural effusion" in html
+    # effusion present in 4/4 us-bos reports and 2/4 gb-lon reports
+    assert "F029 Pleural effusion · us-bos: 100%" in html and "F029 Pleural effusion · gb-lon: 50%" in html
+    # gb-lon: 8 mentions, 4 absent (50 %), 2 uncertain (25 %)
+    assert '<td>gb-lon</td><td class="num">8</td><td class="num">50</td><td class="num">25</td>' in html
+
+
+def test_images_pairs_splits_pages(site):
+    _, pages = site
+    assert "Row pixel spacing (n=8)" in pages["images.html"]
+    assert "Gap between prior and current (n=4)" in pages["pairs.html"]
+    assert "A (expected 25%)" in pages["pairs.html"]
+    assert '<td>us-bos</td><td class="num">2</td><td class="num">0</td><td class="num">0</td>' in pages["splits.html"]
+    for p in ("images.html", "pairs.html", "splits.html", "reports.html"):
+        assert "<svg" in pages[p]
+
+
+def test_checks_and_quarantine_pages(site):
+    _, pages = site
+    checks = pages["checks.html"]
+    assert "key_unique_non_null" in checks and "ledger_balance" in checks
+    assert 'class="badge fail"' in checks  # study_labels is empty while studies exist: no failures? see below
+    q = pages["quarantine.html"]
+    assert _sha(5)[:12] in q and _sha(6)[:12] in q and _sha(0)[:12] not in q  # only quarantined rows
+    assert _sha(5) not in q  # the full digest is not needed
+    assert '<span class="badge fail">reject</span>' in q and "text in the pixel data confirmed" in q
+    assert "OCR hit in [source path]" in q  # leaky detail scrubbed, the rest kept
+
+
+def test_deterministic_output(site, tmp_path):
+    index, pages = site
+    tables = make_tables()
+    quality = run_checks(tables, load_ontology(), today=dt.date(2025, 6, 1))
+    run_info = {"run_id": RUN_ID, "config": "medreco-demo", "operator_note": "<script>alert(1)</script>",
+                "source_root": "/mnt/pacs/sources", "deid_audit": DEID_AUDIT}
+    review = [{"sha256": _sha(5), "decision": "reject", "note": "text in the pixel data confirmed"}]
+    build_dashboard(tables, quality, run_info, tmp_path, history=HISTORY, review=review)
+    for p, _ in PAGES:
+        assert (tmp_path / p).read_text(encoding="utf-8") == pages[p], p
+
+
+def test_bad_inputs(tmp_path):
+    tables = make_tables()
+    quality = run_checks(tables, load_ontology(), today=dt.date(2025, 6, 1))
+    with pytest.raises(DashboardInputError) as e:
+        build_dashboard(tables, quality, {}, tmp_path)
+    assert e.value.reason == "missing_run_id"
+    with pytest.raises(DashboardInputError) as e:
+        build_dashboard(tables, quality, {"run_id": RUN_ID}, tmp_path, review=[{"sha256": _sha(5), "decision": "ok"}])
+    assert e.value.reason == "bad_review"
+    with pytest.raises(DashboardInputError) as e:
+        build_dashboard(tables, quality, {"run_id": RUN_ID}, tmp_path, history=[{"ingested": 3}])
+    assert e.value.reason == "bad_history"
+    assert not (tmp_path / "index.html").exists()  # nothing written on bad input
+
+
+def test_empty_run_renders(tmp_path):
+    quality = run_checks({}, load_ontology(), today=dt.date(2025, 6, 1))
+    index = build_dashboard({}, quality, {"run_id": "empty-run"}, tmp_path)
+    html = index.read_text()
+    assert "empty-run" in html and '<div class="v">0</div><div class="k">files in ledger</div>' in html
+    assert "no de-identification audit" in (tmp_path / "deid.html").read_text()
+
+
+def test_safe_ledger_drops_paths():
+    led = safe_ledger(make_tables()["ledger"])
+    assert "source_uri" not in led.column_names and "duplicate_of" not in led.column_names
+    assert led.column("opaque_id").to_pylist()[0] == _sha(0)[:12]
+    assert "SMITH" not in json.dumps(led.to_pylist()) and "us-bos" in led.column("institution").to_pylist()
+
+
+def test_svg_helpers():
+    h = svg_histogram([1, 1, 2, 3, None], integer=True, title="t", unit="x")
+    assert h.count("<rect") == 3 and "t (n=4, 1 missing)" in h and "<title>1 x: 2</title>" in h
+    b = svg_bar_chart([("<a>", 3), ("b", 1)], title="T&")
+    assert "&lt;a&gt;" in b and "<a>" not in b and "T&amp;" in b and b.count("<rect") == 2
+    m = svg_heatmap(["r1", "r2"], ["c1"], [[0.25], [float("nan")]], title="hm")
+    assert "r1 · c1: 25%" in m and "#eeeeee" in m
+    with pytest.raises(ValueError):
+        svg_heatmap(["r1"], ["c1", "c2"], [[1.0]])
+    with pytest.raises(ValueError):
+        svg_stacked_bars(["a", "b"], {"s": [1]})
+    assert "no data" in svg_histogram([], title="empty")
