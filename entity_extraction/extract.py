@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from spacy.language import Language
 from spacy.tokens import Doc, Span
 from spacy.util import compile_prefix_regex
 
-from entity_extraction.sections import section_at, section_spans
+from entity_extraction.sections import section_at, section_body_spans, section_spans
 from schemas.ontology import FAMILIES, Ontology, load_ontology
 
 logger.disable("PyRuSH")  # PyRuSH logs every token at DEBUG when medspaCy imports it
@@ -66,9 +67,7 @@ if not Language.has_factory(_SECTION_SENTS):
                 continue
             if tok.idx in starts or "\n\n" in prev_ws or (_LIST_ITEM.match(tok.text) and "\n" in prev_ws):
                 tok.is_sent_start = True
-            elif tok.is_space and "\n" in tok.text:
-                # newline tokens: a blank line or a line break before a list item / header
-                pass
+            # whitespace before the next token: a newline token's text, else this token's trailing space
             prev_ws = tok.text if tok.is_space else tok.whitespace_
         return doc
 
@@ -226,7 +225,8 @@ class EntityExtractor:
 
         return min(mods, key=distance)
 
-    def _mention(self, ent: Span, spans: list[tuple[str, int, int]]) -> dict:
+    def _mention(self, ent: Span, spans: list[tuple[str, int, int]], bodies: list[tuple[str, int, int]]) -> dict:
+        """One mention dict; ``spans``/``bodies``: section spans with/without their headers."""
         rule = ent._.target_rule
         candidates = tuple((rule.metadata or {}).get("candidates", (ent.label_,))) if rule else (ent.label_,)
         entity_id = self._resolve_id(ent, candidates)
@@ -267,7 +267,7 @@ class EntityExtractor:
             "span_end": ent.end_char,
             "text": ent.text,
             "section": section_at(spans, ent.start_char),
-            "sentence": ent.sent.text.strip(),
+            "sentence": self._sentence_text(ent, bodies),
             "assertion": assertion,
             "temporality": temporality,
             "change": change,
@@ -276,12 +276,25 @@ class EntityExtractor:
             "anatomy_id": anatomy_id,
         }
 
+    @staticmethod
+    def _sentence_text(ent: Span, spans: list[tuple[str, int, int]]) -> str:
+        """The sentence of ``ent`` without a section header that starts it (``"IMPRESSION: ..."``)."""
+        sent = ent.sent
+        start = sent.start_char
+        for _, body_start, _ in spans:
+            if start < body_start <= ent.start_char:
+                start = body_start
+        return ent.doc.text[start:sent.end_char].strip()
+
     def _run(self, doc: Doc, family: str) -> list[dict]:
         index = self._family(family)
-        doc = index.matcher(doc)
-        doc = self._context(doc)
-        spans = section_spans(doc.text)
-        return [self._mention(ent, spans) for ent in doc.ents]
+        with warnings.catch_warnings():
+            # medspaCy matchers built from phrase rules only hold an empty token Matcher: spaCy W036 each call
+            warnings.filterwarnings("ignore", message=r"\[W036\]")
+            doc = index.matcher(doc)
+            doc = self._context(doc)
+        spans, bodies = section_spans(doc.text), section_body_spans(doc.text)
+        return [self._mention(ent, spans, bodies) for ent in doc.ents]
 
     def extract(self, text: str, family: str) -> list[dict]:
         """Mentions of the family's ontology concepts in one report.

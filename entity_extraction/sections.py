@@ -125,6 +125,16 @@ def section_spans(text: str, rules_path: str | None = None) -> list[tuple[str, i
     return spans
 
 
+def section_body_spans(text: str, rules_path: str | None = None) -> list[tuple[str, int, int]]:
+    """Like :func:`section_spans` but each span starts after its header (and colon): ``(name, body_start, end)``.
+
+    The ``unsectioned`` preamble is included as is; a span may be empty (``body_start == end``).
+    """
+    spans = section_spans(text, rules_path)
+    bodies = {start: body for start, body, _ in _headers(text, _load_rules(rules_path))}
+    return [(name, bodies.get(start, start), end) for name, start, end in spans]
+
+
 def section_at(spans: list[tuple[str, int, int]], offset: int) -> str | None:
     """Section name containing character ``offset`` (from :func:`section_spans`), or None if outside."""
     starts = [s for _, s, _ in spans]

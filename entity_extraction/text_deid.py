@@ -100,8 +100,11 @@ def _load(path: str | None = None, language: str = "en") -> _Patterns:
 
 
 # ---------------------------------------------------------------- dates
-def _pad(original: str, value: int) -> str:
-    return f"{value:0{len(original)}d}" if original.startswith("0") or len(original) == 2 and value >= 10 else str(value)
+def _pad(original: str, value: int, numeric: bool = True) -> str:
+    """``value`` in the style of ``original``: numeric dates keep their width (``"03"``, ``"10"`` -> 2 digits);
+    dates with a month name are zero-padded only when the original was (``"03 March"``)."""
+    width = len(original) >= 2 and (numeric or original.startswith("0"))
+    return f"{value:0{len(original)}d}" if width else str(value)
 
 
 def _same_case(original: str, word: str) -> str:
@@ -172,7 +175,7 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
         new = None
         if s is not None:
             suffix = _same_case(suf, _ordinal(s.day)) if suf else ""
-            new = f"{_pad(d, s.day)}{suffix}{sp1}{_month_word(p, mon, s.month)}{dot}{sp2}{s.year}"
+            new = f"{_pad(d, s.day, False)}{suffix}{sp1}{_month_word(p, mon, s.month)}{dot}{sp2}{s.year}"
         add(m, new)
     for m in p.regex["date_mdy"].finditer(text):
         mon, dot, sp1, d, suf, sp2, y = m.groups()
@@ -180,7 +183,7 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
         new = None
         if s is not None:
             suffix = _same_case(suf, _ordinal(s.day)) if suf else ""
-            new = f"{_month_word(p, mon, s.month)}{dot}{sp1}{_pad(d, s.day)}{suffix}{sp2}{s.year}"
+            new = f"{_month_word(p, mon, s.month)}{dot}{sp1}{_pad(d, s.day, False)}{suffix}{sp2}{s.year}"
         add(m, new)
     for m in p.regex["date_my"].finditer(text):
         mon, dot, sp, y = m.groups()

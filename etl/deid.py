@@ -186,6 +186,13 @@ def _phi_values(ds: Dataset, policy: Policy) -> set[tuple[str, str]]:
     return values
 
 
+def _contains(haystack: str, value: str, whole_word: bool) -> bool:
+    """Case-insensitive containment; name components must match a whole word ('MARY' is not in 'PRIMARY')."""
+    if not whole_word:
+        return value.lower() in haystack.lower()
+    return re.search(rf"(?<![A-Za-z]){re.escape(value)}(?![A-Za-z])", haystack, re.IGNORECASE) is not None
+
+
 def _copy_allowed(src: Dataset, policy: Policy, audit: Counter) -> Dataset:
     out = Dataset()
     for elem in src:
@@ -312,7 +319,9 @@ def deidentify_dataset(ds: Dataset, key: PseudonymKey, institution: str, policy:
         all_strings = _strings(out)
         non_device = _strings(out, skip=_DEVICE_KWS)
         survivors = [
-            v for kw, v in phi if any(v in s for s in (non_device if kw in _INSTITUTION_KWS else all_strings))
+            v for kw, v in phi
+            if any(_contains(s, v, whole_word=kw.endswith("Name"))
+                   for s in (non_device if kw in _INSTITUTION_KWS else all_strings))
         ]
         if survivors:
             raise DeidentificationError(

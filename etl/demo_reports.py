@@ -58,7 +58,16 @@ def load_phrases(path: str | None = None) -> dict[str, Any]:
         ``bad_phrase_file`` when a required top-level key is missing.
     """
     data = yaml.safe_load(Path(path or PHRASES_FILE).read_text(encoding="utf-8"))
-    required = ("sections", "header", "footer", "date_formats", "indication", "technique", "normal", "templates")
+    required = (
+        "sections",
+        "header",
+        "footer",
+        "date_formats",
+        "indication",
+        "technique",
+        "normal",
+        "templates",
+    )
     missing = [k for k in required if k not in (data or {})]
     if missing:
         raise DemoReportError("bad_phrase_file", f"{path or PHRASES_FILE} lacks keys {missing}")
@@ -170,7 +179,9 @@ def _candidates(family: str, us_subtype: str | None) -> list[str]:
     if family == "2D-Ultrasound":
         sub = book["us_subtypes"].get(us_subtype or "")
         if sub is None:
-            raise DemoReportError("unknown_us_subtype", f"{us_subtype!r} is not one of {sorted(book['us_subtypes'])}")
+            raise DemoReportError(
+                "unknown_us_subtype", f"{us_subtype!r} is not one of {sorted(book['us_subtypes'])}"
+            )
         ids = [
             i
             for i in ids
@@ -465,7 +476,9 @@ def render_report(rng: random.Random, ctx: ReportContext, mentions: list[Planned
         phi.append(("id", ctx.mrn))
         if rng.random() < 0.6:
             pre.append(rng.choice(hdr["dob"]).format(dob=date_text(ctx.birth_date)))
-        pre.append(rng.choice(hdr["exam"]).format(exam=ctx.exam_name.upper(), date=date_text(ctx.study_datetime)))
+        pre.append(
+            rng.choice(hdr["exam"]).format(exam=ctx.exam_name.upper(), date=date_text(ctx.study_datetime))
+        )
         for a in ctx.exam_mentions:
             truth[a] = ("present", "none")
         if ctx.accession and rng.random() < 0.7:
@@ -499,7 +512,9 @@ def render_report(rng: random.Random, ctx: ReportContext, mentions: list[Planned
 
     # COMPARISON
     if ctx.prior_date is not None and ctx.prior_exam is not None:
-        comp = rng.choice(book["comparison"]["prior"]).format(exam=ctx.prior_exam, date=date_text(ctx.prior_date))
+        comp = rng.choice(book["comparison"]["prior"]).format(
+            exam=ctx.prior_exam, date=date_text(ctx.prior_date)
+        )
         comp = _cap(comp)
     else:
         comp = rng.choice(book["comparison"]["none"])
@@ -508,7 +523,9 @@ def render_report(rng: random.Random, ctx: ReportContext, mentions: list[Planned
     # FINDINGS
     onto = load_ontology()
     busy_anatomy = {
-        onto.concepts[m.entity_id].anatomy_id for m in mentions if m.assertion != "absent" or m.change == "resolved"
+        onto.concepts[m.entity_id].anatomy_id
+        for m in mentions
+        if m.assertion != "absent" or m.change == "resolved"
     }
     sentences: list[str] = []
     absent_plain = [m for m in mentions if m.assertion == "absent" and m.change == "none"]
@@ -555,7 +572,11 @@ def render_report(rng: random.Random, ctx: ReportContext, mentions: list[Planned
     sign_time = ctx.report_datetime.strftime("%H:%M")
     footer = rng.choice(book["footer"])
     footer_text = footer.format(
-        radiologist=ctx.radiologist, referrer=ctx.referrer, sign_date=sign_date, sign_time=sign_time, phone=ctx.phone
+        radiologist=ctx.radiologist,
+        referrer=ctx.referrer,
+        sign_date=sign_date,
+        sign_time=sign_time,
+        phone=ctx.phone,
     )
     phi.append(("name", ctx.radiologist) if "{radiologist}" in footer else ("name", ctx.referrer))
     phi.append(("date", sign_date))

@@ -92,7 +92,12 @@ def finalise(ctx: BuildContext) -> dict:
     for r in ledger.filter(pa.compute.equal(ledger["status"], "quarantined")).to_pylist():
         record = {k: r[k] for k in ("run_id", "source_uri", "sha256", "institution", "kind", "stage", "reason", "detail")}
         ctx.storage.write_text(f"{ctx.quarantine_dir}/{r['sha256']}.json", json.dumps(record, indent=1, sort_keys=True))
+    withheld_path = f"{ctx.run_dir}/withheld_reports.json"
+    withheld = json.loads(ctx.storage.read_text(withheld_path)) if ctx.storage.is_file(withheld_path) else []
+    for i, w in enumerate(withheld):
+        ctx.storage.write_text(f"{ctx.quarantine_dir}/reports/{i:06d}.json", json.dumps(w, indent=1, sort_keys=True))
     result = balance(ledger)
+    result["withheld_report_records"] = len(withheld)
     reasons = Counter(r for r, s in zip(ledger["reason"].to_pylist(), ledger["status"].to_pylist()) if s == "quarantined")
     result["quarantine_reasons"] = dict(sorted(reasons.items()))
     ctx.storage.write_text(f"{ctx.run_dir}/ledger_balance.json", json.dumps(result, indent=1, sort_keys=True))

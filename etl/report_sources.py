@@ -181,11 +181,11 @@ def iter_report_source(data: bytes, fmt: str, source_name: str) -> Iterator[dict
     text = _decode(data, source_name)
     if fmt == "text":
         stem = PurePosixPath(source_name.replace("\\", "/")).stem
-        items: Iterator[dict | ReportSourceError] = iter([])
         try:
-            items = iter([_record({"report_id": stem, "text": text}, f"{source_name} line 1")])
+            single: dict | ReportSourceError = _record({"report_id": stem, "text": text}, f"{source_name} line 1")
         except ReportSourceError as exc:
-            items = iter([exc])
+            single = exc
+        items: Iterator[dict | ReportSourceError] = iter([single])
     elif fmt == "jsonl":
         items = _iter_jsonl(text, source_name)
     else:

@@ -283,6 +283,27 @@ def _header_phi(uri: str, ctx: BuildContext) -> list[str]:
     return out
 
 
+_SOURCE_DATE_PATTERNS: list | None = None
+
+
+def surviving_source_dates(source: str, deidentified: str) -> int:
+    """Number of date strings of the source text still present verbatim in the de-identified text.
+
+    Uses the quality gate's date patterns (``quality/rules.yaml``), an implementation independent of the
+    text de-identifier's, so a date the de-identifier missed is caught here (fail-closed).
+    """
+    import re
+
+    global _SOURCE_DATE_PATTERNS
+    if _SOURCE_DATE_PATTERNS is None:
+        from quality.checks import load_rules
+
+        _SOURCE_DATE_PATTERNS = [re.compile(p["regex"], re.IGNORECASE) for p in load_rules()["phi"]["patterns"]
+                                 if p["name"].startswith("date_")]
+    found = {m.group(0).strip(" ,.;:()") for rx in _SOURCE_DATE_PATTERNS for m in rx.finditer(source)}
+    return sum(1 for d in found if len(d) >= 6 and d in deidentified)
+
+
 def _parse_report_datetime(value: str | None) -> dt.date | None:
     if not value:
         return None
@@ -301,7 +322,7 @@ def reports(ctx: BuildContext) -> dict:
     """
     from entity_extraction.sections import split_sections
     from entity_extraction.text_deid import deidentify_text
-    from etl.report_sources import ReportSourceError, read_report_source
+    from etl.report_sources import ReportSourceError, iter_report_source
 
     key, shard_count = ctx.key, ctx.cfg.shard_count
     instances = pl.from_arrow(_all_shards(ctx, "instances", instances_schema.SCHEMA))
@@ -317,16 +338,24 @@ def reports(ctx: BuildContext) -> dict:
 
     files = _plan(ctx).filter((pl.col("kind") == "report") & (pl.col("status") == "pending")).sort("source_uri")
     rows_by_shard: dict[int, list[dict]] = {s: [] for s in range(shard_count)}
-    events, seen_ids = [], set()
+    events, seen_ids, withheld = [], set(), []
     phi_cache: dict[str, list[str]] = {}
     for f in files.iter_rows(named=True):
         inst = ctx.cfg.institution(f["institution"])
         event = {"source_uri": f["source_uri"], "sha256": f["sha256"], "stage": "reports"}
         try:
             data = read_uri(f["source_uri"], endpoint_url=ctx.cfg.storage.s3_endpoint_url)
-            records = read_report_source(data, inst.report_format, f["source_uri"].rsplit("/", 1)[-1])
+            items = list(iter_report_source(data, inst.report_format, f["source_uri"].rsplit("/", 1)[-1]))
         except ReportSourceError as err:
             events.append({**event, "status": "quarantined", "reason": err.reason, "detail": str(err)[:300]})
+            continue
+        records = [r for r in items if not isinstance(r, ReportSourceError)]
+        for bad in (r for r in items if isinstance(r, ReportSourceError)):
+            withheld.append({"run_id": ctx.run_id, "source_uri": f["source_uri"], "record": None,
+                             "reason": bad.reason, "detail": str(bad)[:300]})
+        if items and not records:
+            events.append({**event, "status": "quarantined", "reason": "malformed_report_record",
+                           "detail": "no record of the file could be read"})
             continue
         for rec in records:
             report_id = key.pseudonym("report", f"{inst.id}|{rec['report_id']}")
@@ -351,7 +380,14 @@ def reports(ctx: BuildContext) -> dict:
             else:
                 patient_key, link = None, "report_only_source" if not inst.dicom else "no_study"
             shift = key.date_shift_days(patient_key) if patient_key else None
-            text, counts = deidentify_text(rec["text"], known_phi=known_phi, date_shift_days=shift)
+            text, counts = deidentify_text(rec["text"], known_phi=known_phi, date_shift_days=shift,
+                                           day_first=inst.reads_day_first)
+            if surviving_source_dates(rec["text"], text):
+                # fail closed: the report is withheld and a PHI-free quarantine record names it
+                withheld.append({"run_id": ctx.run_id, "source_uri": f["source_uri"], "record": rec["report_id"],
+                                 "reason": "phi_verification_failed",
+                                 "detail": "a date of the source text survived text de-identification"})
+                continue
             sections = split_sections(text)
             rdate = _parse_report_datetime(rec.get("report_datetime"))
             shard = key.shard(patient_key or report_id, shard_count)
@@ -369,8 +405,9 @@ def reports(ctx: BuildContext) -> dict:
     for shard, rows in rows_by_shard.items():
         total += write_partition(ctx, "reports", reports_schema.SCHEMA, shard, rows)
     ctx.storage.write_table(ctx.events_path("reports"), table_from_rows(events, EVENT_SCHEMA))
+    ctx.storage.write_text(f"{ctx.run_dir}/withheld_reports.json", json.dumps(withheld, indent=1))
     links = Counter(r["link_status"] for rows in rows_by_shard.values() for r in rows)
-    return {"reports": total, **{f"link:{k}": v for k, v in sorted(links.items())}}
+    return {"reports": total, "withheld": len(withheld), **{f"link:{k}": v for k, v in sorted(links.items())}}
 
 
 # ---- entities ------------------------------------------------------------------------------------

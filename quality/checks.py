@@ -15,6 +15,7 @@ refers to them.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import hashlib
 import importlib
@@ -161,7 +162,20 @@ def load_rules(path: str | Path | None = None) -> dict:
     QualityInputError
         ``bad_rules`` when a section is missing, a severity is unknown or ``values_from`` cannot be resolved.
     """
-    rules = yaml.safe_load(Path(path or RULES_FILE).read_text(encoding="utf-8"))
+    return validate_rules(yaml.safe_load(Path(path or RULES_FILE).read_text(encoding="utf-8")))
+
+
+def validate_rules(rules: dict) -> dict:
+    """Validate a rules mapping (the parsed YAML) and return a resolved deep copy.
+
+    Raises
+    ------
+    QualityInputError
+        ``bad_rules``, as for :func:`load_rules`.
+    """
+    if not isinstance(rules, dict):
+        raise QualityInputError("bad_rules", "rules must be a mapping")
+    rules = copy.deepcopy(rules)
     required = ("allowed_values", "ranges", "date_ranges", "foreign_keys", "entity_refs", "payload_sha256",
                 "pairs", "vqa_balance", "phi")
     missing = [k for k in required if k not in (rules or {})]
@@ -184,6 +198,10 @@ def load_rules(path: str | Path | None = None) -> dict:
     for p in rules["phi"]["patterns"]:
         if not {"name", "regex"} <= set(p):
             raise QualityInputError("bad_rules", f"phi pattern {p} needs name and regex")
+        try:
+            pc.match_substring_regex(pa.array([""]), "(?i)" + p["regex"])
+        except pa.ArrowInvalid as exc:
+            raise QualityInputError("bad_rules", f"phi pattern {p['name']} is not valid RE2: {exc}") from exc
     return rules
 
 
@@ -224,9 +242,9 @@ def _prepare_tables(tables: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
 
 def _flatten(table: pa.Table, spec: str) -> tuple[pa.Array, np.ndarray]:
     """Values of a column spec (``col``, ``col[]``, ``col[].field``) and the row index of each value."""
-    base, _, rest = spec.partition("[]")
+    base, is_list, rest = spec.partition("[]")
     col = table.column(base).combine_chunks()
-    if not _:
+    if not is_list:
         return col, np.arange(len(col))
     values = pc.list_flatten(col)
     parents = pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
@@ -576,20 +594,22 @@ def check_phi(tables: dict[str, pa.Table], phi_rules: dict) -> list[CheckResult]
     ``phi.critical_columns`` (report text and sections), warning elsewhere. ``observed`` counts flagged
     rows per pattern name; matched text is never reported.
     """
-    patterns = [(p["name"], "(?i)" + p["regex"]) for p in phi_rules["patterns"]]
+    patterns = [(p["name"], "(?i)" + p["regex"], frozenset(p.get("skip_tables", []))) for p in phi_rules["patterns"]]
     critical = phi_rules.get("critical_columns", {})
     out = []
     for name, table in tables.items():
         if name in phi_rules.get("skip_tables", []):
             continue
         for f in table.schema:
-            if f.name not in SCHEMAS[name].names or not _is_stringish(f.type):
+            if not _is_stringish(f.type):  # extra, non-schema columns are scanned too
                 continue
             is_list = pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
             values, parents = _flatten(table, f.name + ("[]" if is_list else ""))
             by_pattern = {}
             flagged = np.zeros(table.num_rows, dtype=bool)
-            for pname, regex in patterns:
+            for pname, regex, skip in patterns:
+                if name in skip:
+                    continue
                 hit = np.asarray(pc.fill_null(pc.match_substring_regex(values, regex), False)
                                  .to_numpy(zero_copy_only=False), dtype=bool)
                 rows = np.unique(parents[hit])
@@ -625,7 +645,8 @@ def run_checks(
     ontology : schemas.ontology.Ontology
         anything with a ``concepts`` mapping keyed by concept id (``"F029"``).
     rules : dict or path, optional
-        rules (as from :func:`load_rules`) or a rules YAML path; default ``quality/rules.yaml``.
+        a rules mapping (the parsed YAML, validated by :func:`validate_rules`) or a rules YAML path;
+        default ``quality/rules.yaml``.
     today : datetime.date, optional
         reference date for the date plausibility upper bound (default: today, local).
     expected_files : mapping of str to int, optional
@@ -642,8 +663,7 @@ def run_checks(
         ``unknown_table`` for a table name outside the registry, ``schema_mismatch`` for a missing
         column or a column of another type, ``bad_rules`` for an invalid rules file.
     """
-    if not isinstance(rules, dict):
-        rules = load_rules(rules)
+    rules = validate_rules(rules) if isinstance(rules, dict) else load_rules(rules)
     t = _prepare_tables(tables)
     today = today or dt.date.today()
     concept_ids = pa.array(sorted(ontology.concepts), type=pa.string())

@@ -29,7 +29,7 @@ from schemas.ontology import load_ontology
 from schemas.splits import SPLITS
 from schemas.tables import SCHEMAS
 
-TEMPLATE_FILE = Path(__file__).with_name("templates") / "page.html"
+TEMPLATE_FILE = Path(__file__).with_name("dashboard_template.html")
 PAGES = (
     ("index.html", "Run overview"),
     ("deid.html", "De-identification audit"),
@@ -47,6 +47,7 @@ PALETTE = ("#2156a5", "#2e7d4f", "#d08a00", "#b3261e", "#6a3d9a", "#1f9aa8", "#8
 _LOCATION_KEY = re.compile(r"(path|uri|root|dir|file|source|location|url)", re.IGNORECASE)
 _MAX_HEATMAP_ENTITIES = 30
 _NONE = "(none)"
+_HERE = ' class="here"'
 
 
 class DashboardInputError(ValueError):
@@ -65,6 +66,12 @@ def _e(value) -> str:
     if isinstance(value, _Html):
         return str(value)
     return html.escape("" if value is None else str(value), quote=True)
+
+
+def _clip(label: str, n: int) -> str:
+    """Shorten a chart label to ``n`` characters (the full label stays in the SVG ``<title>`` tooltip)."""
+    label = str(label)
+    return label if len(label) <= n else label[: n - 1] + "…"
 
 
 def _fmt(v) -> str:
@@ -117,7 +124,8 @@ def svg_bar_chart(items: Sequence[tuple[str, float]], *, title: str = "", unit: 
         w = max(0.0, float(value)) / vmax * plot_w
         fill = (colours or {}).get(label, colour)
         text = f"{_fmt(value)}{unit}"
-        parts.append(f'<text x="{label_w - 6}" y="{y + 13}" font-size="12" text-anchor="end">{_e(label)}</text>'
+        parts.append(f'<text x="{label_w - 6}" y="{y + 13}" font-size="12" text-anchor="end">{_e(_clip(label, 26))}'
+                     f'<title>{_e(label)}</title></text>'
                      f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{_e(fill)}">'
                      f'<title>{_e(label)}: {_e(text)}</title></rect>'
                      f'<text x="{label_w + w + 4:.1f}" y="{y + 13}" font-size="12">{_e(text)}</text>')
@@ -217,11 +225,11 @@ def svg_heatmap(row_labels: Sequence[str], col_labels: Sequence[str], matrix: np
     for j, c in enumerate(col_labels):
         x = label_w + j * cw + cw / 2
         parts.append(f'<text x="{x:.1f}" y="{top - 6}" font-size="11" transform="rotate(-40 {x:.1f} {top - 6})">'
-                     f'{_e(c)}</text>')
+                     f'{_e(_clip(c, 14))}<title>{_e(c)}</title></text>')
     for i, r in enumerate(row_labels):
         y = top + i * cell
         parts.append(f'<text x="{label_w - 6}" y="{y + cell * 0.65:.1f}" font-size="11" text-anchor="end">'
-                     f'{_e(r)}</text>')
+                     f'{_e(_clip(r, 36))}<title>{_e(r)}</title></text>')
         for j, c in enumerate(col_labels):
             v = m[i, j]
             if np.isnan(v):
@@ -240,7 +248,7 @@ def svg_heatmap(row_labels: Sequence[str], col_labels: Sequence[str], matrix: np
 
 
 def svg_stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[float]], *, title: str = "",
-                     colours: Mapping[str, str] | None = None, width: int = 640, height: int = 220) -> str:
+                     colours: Mapping[str, str] | None = None, width: int = 640, height: int = 240) -> str:
     """Vertical stacked bars (one column per category, one stack segment per series) with a legend.
 
     Parameters
@@ -266,7 +274,7 @@ def svg_stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[fl
     col = {n: (colours or {}).get(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(names)}
     totals = [sum(float(series[n][k]) for n in names) for k in range(len(categories))]
     vmax = max(max(totals), 1e-12)
-    top, bottom, left, legend_w = 22, 60, 44, 130
+    top, bottom, left, legend_w = 22, 80, 44, 130
     plot_w, plot_h = width - left - legend_w, height - top - bottom
     bw = plot_w / len(categories)
     parts = [f'<svg role="img" width="{width}" height="{height}" '
@@ -284,7 +292,8 @@ def svg_stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[fl
                          f'<title>{_e(cat)} · {_e(n)}: {_fmt(series[n][k])}</title></rect>')
         cx = left + k * bw + bw / 2
         parts.append(f'<text x="{cx:.1f}" y="{top + plot_h + 12}" font-size="10" text-anchor="end" '
-                     f'transform="rotate(-30 {cx:.1f} {top + plot_h + 12})">{_e(cat)}</text>')
+                     f'transform="rotate(-30 {cx:.1f} {top + plot_h + 12})">{_e(_clip(cat, 24))}'
+                     f'<title>{_e(cat)}</title></text>')
     for i, n in enumerate(names):
         y = top + i * 16
         parts.append(f'<rect x="{width - legend_w + 8}" y="{y}" width="10" height="10" fill="{col[n]}"/>'
@@ -417,7 +426,6 @@ def safe_ledger(ledger: pa.Table | None) -> pa.Table:
 
 def _overview(tables, quality: QualityReport, run_info: dict, history: list[dict]) -> str:
     run_id = run_info["run_id"]
-    ledger = tables.get("ledger")
     statuses = _col(tables, "ledger", "status")
     status_counts = Counter(statuses)
     info_rows = [(k, v) for k, v in sorted(run_info.items())
@@ -571,15 +579,14 @@ def _reports(tables, ontology) -> str:
     m_rep = _col(tables, "entity_mentions", "report_id")
     m_ent = _col(tables, "entity_mentions", "entity_id")
     m_ass = _col(tables, "entity_mentions", "assertion")
-    present: dict[str, set] = defaultdict(set)
-    for r, e, a in zip(m_rep, m_ent, m_ass, strict=True):
-        if a == "present" and r in rep_inst:
-            present[e].add(r)
-    top = sorted(present, key=lambda e: (-len(present[e]), e))[:_MAX_HEATMAP_ENTITIES]
+    present = {(r, e) for r, e, a in zip(m_rep, m_ent, m_ass, strict=True) if a == "present" and r in rep_inst}
+    by_entity = Counter(e for _, e in present)
+    by_entity_inst = Counter((e, rep_inst[r]) for r, e in present)
+    top = sorted(by_entity, key=lambda e: (-by_entity[e], e))[:_MAX_HEATMAP_ENTITIES]
     concepts = getattr(ontology, "concepts", {})
     labels = [f"{e} {concepts[e].preferred_name}" if e in concepts else e for e in top]
-    mat = np.array([[sum(1 for r in present[e] if rep_inst[r] == i) / reports_per_inst[i] for i in insts]
-                    for e in top], dtype=float).reshape(len(top), len(insts))
+    mat = np.array([[by_entity_inst[(e, i)] / reports_per_inst[i] for i in insts] for e in top],
+                   dtype=float).reshape(len(top), len(insts))
     heat = svg_heatmap(labels, insts, mat, title="Share of reports with the entity present, per institution")
     # negation and uncertainty
     per_inst: dict[str, Counter] = defaultdict(Counter)
@@ -796,7 +803,7 @@ def build_dashboard(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for page, title in PAGES:
-        nav = "".join(f'<a href="{p}"{" class=\"here\"" if p == page else ""}>{_e(t)}</a>' for p, t in PAGES)
+        nav = "".join(f'<a href="{p}"{_HERE if p == page else ""}>{_e(t)}</a>' for p, t in PAGES)
         doc = template.substitute(title=_e(title), run_id=_e(run_id), subtitle=_e(subtitle), nav=nav,
                                   body=bodies[page])
         (out_dir / page).write_text(doc, encoding="utf-8")

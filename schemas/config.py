@@ -51,9 +51,17 @@ class Institution(_Strict):
         default=None, description="file-name pattern of report files (default from report_format, e.g. '*.jsonl')"
     )
     dicom: bool = Field(default=True, description="False for a report-only source")
+    day_first_dates: bool | None = Field(
+        default=None, description="read 04/03/2023 in reports as 4 March; default: True outside the US"
+    )
     report_family: str | None = Field(
         default=None, description="MedReCo family assumed for reports that link to no study (e.g. '2D-CXR')"
     )
+
+    @property
+    def reads_day_first(self) -> bool:
+        """Whether numeric dates in this institution's reports are day-first."""
+        return self.day_first_dates if self.day_first_dates is not None else self.country != "US"
 
     @field_validator("report_family")
     @classmethod

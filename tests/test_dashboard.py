@@ -26,7 +26,7 @@ from schemas.ontology import load_ontology
 from schemas.tables import SCHEMAS
 
 RUN_ID = "run-20250601T0200Z-demo"
-PLANTED = ("SMITH", "JANE", "BLOGGS", "FRED", "IM0001", "sources/")
+PLANTED = ("SMITH", "JANE", "BLOGGS", "FRED", "IM0001", "sources/", "03/14/2023", "pleural effusion.")
 QUARANTINED_URI = "sources/us-bos/SMITH^JANE_1961/CT_CHEST/IM0001.dcm"
 DEID_AUDIT = {
     "actions": {"removed": 1234, "replaced": 321, "shifted": 77, "remapped": 456},
@@ -68,7 +68,8 @@ def make_tables() -> dict:
                                transfer_syntax="1.2.840.10008.1.2.1", shard=0))
             reports.append(dict(report_id=f"r{p}{s}", study_key=sk, patient_key=f"p{p}", institution=inst,
                                 language="en", link_status="linked", findings="Left pleural effusion.",
-                                text="FINDINGS: Left pleural effusion.", redactions=0, redaction_counts="{}",
+                                text="FINDINGS: Left pleural effusion." + (" Seen 03/14/2023." if sk == "s31" else ""),
+                                redactions=0, redaction_counts="{}",
                                 shard=0))
             # effusion present in all us-bos reports and in half of gb-lon's; cardiomegaly negated everywhere
             present = inst == "us-bos" or s == 1
@@ -171,8 +172,8 @@ def test_deid_audit_renders_every_count(site):
     for key, value in [("actions / removed", "1,234"), ("actions / replaced", "321"), ("actions / shifted", "77"),
                        ("actions / remapped", "456"), ("verification_failures", "3"), ("burned_in_quarantined", "2")]:
         assert f'<td>{key}</td><td class="num">{value}</td>' in html, key
-    assert "<svg" in html and "phi_patterns" not in html or "reports.text" in html
-    assert "reports.text" in html  # residual PHI scan lists the report text column
+    assert "<svg" in html
+    assert "<td>reports.text</td>" in html and "date_numeric=1" in html  # residual PHI scan, counts only
 
 
 def test_reports_heatmap_and_rates(site):
@@ -190,7 +191,7 @@ def test_images_pairs_splits_pages(site):
     assert "Row pixel spacing (n=8)" in pages["images.html"]
     assert "Gap between prior and current (n=4)" in pages["pairs.html"]
     assert "A (expected 25%)" in pages["pairs.html"]
-    assert '<td>us-bos</td><td class="num">2</td><td class="num">0</td><td class="num">0</td>' in pages["splits.html"]
+    assert '<td>us-bos</td><td class="num">1</td><td class="num">1</td><td class="num">0</td>' in pages["splits.html"]
     for p in ("images.html", "pairs.html", "splits.html", "reports.html"):
         assert "<svg" in pages[p]
 
@@ -199,7 +200,9 @@ def test_checks_and_quarantine_pages(site):
     _, pages = site
     checks = pages["checks.html"]
     assert "key_unique_non_null" in checks and "ledger_balance" in checks
-    assert 'class="badge fail"' in checks  # study_labels is empty while studies exist: no failures? see below
+    assert re.search(r'<span class="badge fail">FAIL</span></td><td>critical</td><td>reports</td>'
+                     r'<td>phi_patterns:text</td>', checks)  # the planted date, listed first
+    assert checks.count('class="badge fail"') == 1
     q = pages["quarantine.html"]
     assert _sha(5)[:12] in q and _sha(6)[:12] in q and _sha(0)[:12] not in q  # only quarantined rows
     assert _sha(5) not in q  # the full digest is not needed
@@ -261,3 +264,16 @@ def test_svg_helpers():
     with pytest.raises(ValueError):
         svg_stacked_bars(["a", "b"], {"s": [1]})
     assert "no data" in svg_histogram([], title="empty")
+
+
+def test_every_inline_svg_is_well_formed(site):
+    import xml.etree.ElementTree as ET
+
+    _, pages = site
+    n = 0
+    for name, html in pages.items():
+        for svg in re.findall(r"<svg\b.*?</svg>", html, flags=re.DOTALL):
+            root = ET.fromstring(svg)  # raises on malformed markup
+            assert root.tag == "svg" and int(root.get("width")) > 0 and int(root.get("height")) > 0, name
+            n += 1
+    assert n >= 15
