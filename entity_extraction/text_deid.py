@@ -223,8 +223,8 @@ def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
         words = name.split()
         keep: list[str] = []
         for w in words:
-            if w.lower().rstrip(".") in p.stopwords:
-                break
+            if w.lower().rstrip(".") in p.stopwords and not re.fullmatch(r"[A-Z]\.", w):
+                break  # an initial such as "A." is part of the name, not the stopword "a"
             keep.append(w)
         if not keep or all(len(w.rstrip(".")) < 2 for w in keep):
             return None

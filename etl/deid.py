@@ -31,7 +31,8 @@ from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, ExplicitVRLittleEndian
 from etl.keys import PseudonymKey
 
 POLICY_FILE = Path(__file__).resolve().parents[1] / "schemas" / "deid" / "foundation_policy.yaml"
-DEID_METHOD = "MedReCo-DB foundation allow-list (PS3.15 Basic Profile subset; options 113107, 113108)"
+#: DeidentificationMethod (LO: at most 64 characters)
+DEID_METHOD = "MedReCo-DB allow-list: PS3.15 Basic Profile, 113107, 113108"
 METHOD_CODES = (
     ("113100", "Basic Application Confidentiality Profile"),
     ("113107", "Retain Longitudinal Temporal Information Modified Dates Option"),

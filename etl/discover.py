@@ -40,6 +40,11 @@ PLAN_SCHEMA = pa.schema(
         pa.field("reason", pa.string()),
         pa.field("detail", pa.string()),
         pa.field("duplicate_of", pa.string()),
+        # keyed pseudonyms of the header identifiers, for collision checks across the whole run
+        pa.field("patient_key", pa.string()),
+        pa.field("study_uid_key", pa.string()),
+        pa.field("series_uid_key", pa.string()),
+        pa.field("sop_uid_key", pa.string()),
     ]
 )
 
@@ -59,12 +64,13 @@ def report_glob(inst: Institution) -> str:
     return inst.report_glob or REPORT_GLOBS[inst.report_format]
 
 
-def classify_dicom(data: bytes) -> tuple[str | None, str | None, str | None]:
+def classify_dicom(data: bytes, uids: dict | None = None) -> tuple[str | None, str | None, str | None]:
     """Read a DICOM header and return ``(patient_id, reason, detail)``.
 
     ``reason`` is None when the file is a DICOM instance with a PatientID; else a reason code:
     ``not_dicom`` (no DICOM structure at all), ``unreadable_dicom`` (a parse error),
-    ``missing_patient_id``.
+    ``missing_patient_id``. When ``uids`` is given it receives StudyInstanceUID, SeriesInstanceUID and
+    SOPInstanceUID (raw values: callers pseudonymise them at once).
     """
     try:
         with warnings.catch_warnings():
@@ -77,6 +83,9 @@ def classify_dicom(data: bytes) -> tuple[str | None, str | None, str | None]:
         return None, "unreadable_dicom", f"{type(err).__name__} while reading the header"
     if not elems or not any(k in ds for k in ("SOPInstanceUID", "SOPClassUID", "Modality")):
         return None, "not_dicom", "no DICOM identifying elements (SOPInstanceUID, SOPClassUID, Modality)"
+    if uids is not None:
+        for kw in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID"):
+            uids[kw] = str(ds.get(kw, "") or "").strip()
     pid = str(ds.get("PatientID", "") or "").strip()
     if not pid:
         return None, "missing_patient_id", "PatientID is empty or absent"
@@ -107,6 +116,10 @@ def discover_institution(
             "reason": None,
             "detail": None,
             "duplicate_of": None,
+            "patient_key": None,
+            "study_uid_key": None,
+            "series_uid_key": None,
+            "sop_uid_key": None,
         }
         name = posixpath.basename(rel)
         if pattern and fnmatch.fnmatch(name, pattern):
@@ -115,19 +128,32 @@ def discover_institution(
             row.update(status="skipped", reason="not_an_input", detail="not a DICOM or report file of this source")
         else:
             row["kind"] = "dicom"
-            pid, reason, detail = classify_dicom(data)
+            uids: dict = {}
+            pid, reason, detail = classify_dicom(data, uids)
             if reason:
                 row.update(status="quarantined", reason=reason, detail=detail)
             else:
-                row["shard"] = key.shard(key.pseudonym("patient", patient_value(inst.id, pid)), cfg.shard_count)
+                patient_key = key.pseudonym("patient", patient_value(inst.id, pid))
+                row.update(
+                    shard=key.shard(patient_key, cfg.shard_count),
+                    patient_key=patient_key,
+                    study_uid_key=key.pseudonym("study", uids["StudyInstanceUID"]) if uids["StudyInstanceUID"] else None,
+                    series_uid_key=key.pseudonym("series", uids["SeriesInstanceUID"]) if uids["SeriesInstanceUID"] else None,
+                    sop_uid_key=key.pseudonym("sop", uids["SOPInstanceUID"]) if uids["SOPInstanceUID"] else None,
+                )
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=PLAN_SCHEMA)
 
 
 def mark_duplicates(plan: pa.Table) -> pa.Table:
-    """Mark every file whose sha256 was already seen (in institution, source_uri order) as ``duplicate``.
+    """Mark duplicates and identifier collisions across the whole run (in institution, source_uri order).
 
-    The first copy keeps its status; later copies get ``status=duplicate`` and ``duplicate_of`` naming it.
+    - a file whose sha256 was already seen: ``duplicate`` (``duplicate_of`` names the first copy);
+    - a DICOM file whose SOPInstanceUID another pending file already has (different bytes):
+      ``quarantined`` / ``duplicate_sop_instance_uid``;
+    - a StudyInstanceUID (or SeriesInstanceUID) used for two patients (or two studies): every file of the
+      later claimant is ``quarantined`` / ``study_uid_collision`` (``series_uid_collision``), since the
+      keys of the curated tables would otherwise collide. PS3.5 9.1 requires these UIDs to be unique.
     """
     rows = sorted(plan.to_pylist(), key=lambda r: (r["institution"], r["source_uri"]))
     first: dict[str, str] = {}
@@ -139,7 +165,28 @@ def mark_duplicates(plan: pa.Table) -> pa.Table:
             first[r["sha256"]] = r["source_uri"]
         else:
             r.update(status="duplicate", reason="same_content", duplicate_of=seen, detail="same sha256 as an earlier file")
+    _mark_uid_collisions(rows)
     return pa.Table.from_pylist(rows, schema=PLAN_SCHEMA)
+
+
+def _mark_uid_collisions(rows: list[dict]) -> None:
+    pending = [r for r in rows if r["kind"] == "dicom" and r["status"] == "pending"]
+    sop_owner: dict[str, str] = {}
+    for r in pending:
+        if r["sop_uid_key"] in sop_owner:
+            r.update(status="quarantined", reason="duplicate_sop_instance_uid",
+                     detail="another file of this run has the same SOPInstanceUID and different content")
+        elif r["sop_uid_key"]:
+            sop_owner[r["sop_uid_key"]] = r["source_uri"]
+    for uid_col, owner_col, reason, what in (
+        ("study_uid_key", "patient_key", "study_uid_collision", "StudyInstanceUID is used for another patient"),
+        ("series_uid_key", "study_uid_key", "series_uid_collision", "SeriesInstanceUID is used for another study"),
+    ):
+        owner: dict[str, str] = {}
+        for r in (r for r in pending if r["status"] == "pending" and r[uid_col]):
+            first = owner.setdefault(r[uid_col], r[owner_col])
+            if first != r[owner_col]:
+                r.update(status="quarantined", reason=reason, detail=what)
 
 
 def shard_batches(shard_count: int, max_map_length: int) -> list[list[int]]:

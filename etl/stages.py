@@ -216,7 +216,15 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
             else:
                 res, kind = normalise_volume([d for _, d in members], cfg), "3d"
         except NormalisationError as err:
-            quarantine(sops, err, err.reason)
+            if err.reason != "inconsistent_series":
+                quarantine(sops, err, err.reason)
+                continue
+            # slices that do not stack (repeated positions, re-encoded copies): keep each as a 2D image
+            for r, d in members:
+                try:
+                    images.append(_image_row(r, normalise_2d(d, cfg), r["sop_key"], "2d"))
+                except NormalisationError as err2:
+                    quarantine([r["sop_key"]], err2, err2.reason)
             continue
         image_key = hashlib.sha256(("volume|" + series_key).encode()).hexdigest()[:16] if kind == "3d" else sops[0]
         images.append(_image_row(members[0][0], res, image_key, kind))
@@ -427,7 +435,6 @@ def entities_shard(ctx: BuildContext, shard: int) -> dict:
     """Extract entity mentions (with assertion, temporality, change, laterality, severity) from one
     shard's reports and derive per-study entity states (``study_labels``)."""
     from entity_extraction.extract import study_labels
-
     from schemas.ontology import load_ontology
 
     ontology = load_ontology()

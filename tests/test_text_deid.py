@@ -147,3 +147,15 @@ def test_property_every_date_is_shifted_exactly(date, shift, fmt):
         expected.add(f"Prior study {new.strftime('%B')} {new.day} {new.year}: stable.")
     assert out in expected
     assert counts == {"DATE": 1}
+
+
+def test_non_ascii_and_mc_names_are_redacted_whole():
+    """Irish/accented names and internal capitals (found by the end-to-end PHI answer-key test)."""
+    from entity_extraction.text_deid import deidentify_text
+
+    text = ("Name: Gráinne A. Walsh\nElectronically signed by Dr. Cián McCarthy on 25 June 2017.\n"
+            "PATIENT: Seán Ó Briain")
+    out, counts = deidentify_text(text, known_phi=[], date_shift_days=1)
+    for part in ("Gráinne", "Walsh", "Cián", "McCarthy", "Seán", "Briain"):
+        assert part not in out
+    assert "26 June 2017" in out and counts["NAME"] == 3
