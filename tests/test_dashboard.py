@@ -26,7 +26,7 @@ from schemas.ontology import load_ontology
 from schemas.tables import SCHEMAS
 
 RUN_ID = "run-20250601T0200Z-demo"
-PLANTED = ("SMITH", "JANE", "BLOGGS", "FRED", "IM0001", "sources/", "03/14/2023", "pleural effusion.")
+PLANTED = ("SMITH", "JANE", "BLOGGS", "FRED", "IM0001", "sources/", "617-555-0123", "pleural effusion.")
 QUARANTINED_URI = "sources/us-bos/SMITH^JANE_1961/CT_CHEST/IM0001.dcm"
 DEID_AUDIT = {
     "actions": {"removed": 1234, "replaced": 321, "shifted": 77, "remapped": 456},
@@ -68,7 +68,7 @@ def make_tables() -> dict:
                                transfer_syntax="1.2.840.10008.1.2.1", shard=0))
             reports.append(dict(report_id=f"r{p}{s}", study_key=sk, patient_key=f"p{p}", institution=inst,
                                 language="en", link_status="linked", findings="Left pleural effusion.",
-                                text="FINDINGS: Left pleural effusion." + (" Seen 03/14/2023." if sk == "s31" else ""),
+                                text="FINDINGS: Left pleural effusion." + (" Call 617-555-0123." if sk == "s31" else ""),
                                 redactions=0, redaction_counts="{}",
                                 shard=0))
             # effusion present in all us-bos reports and in half of gb-lon's; cardiomegaly negated everywhere
@@ -173,7 +173,7 @@ def test_deid_audit_renders_every_count(site):
                        ("actions / remapped", "456"), ("verification_failures", "3"), ("burned_in_quarantined", "2")]:
         assert f'<td>{key}</td><td class="num">{value}</td>' in html, key
     assert "<svg" in html
-    assert "<td>reports.text</td>" in html and "date_numeric=1" in html  # residual PHI scan, counts only
+    assert "<td>reports.text</td>" in html and "phone=1" in html  # residual PHI scan, counts only
 
 
 def test_reports_heatmap_and_rates(site):
