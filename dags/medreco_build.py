@@ -9,17 +9,17 @@ carries the published version; the training DAG is scheduled on it.
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Asset, Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task
 
+from dags.assets import SNAPSHOT_ASSET, any_delivery
 from etl.runtime import default_config_path, task_context
 
-SNAPSHOT_ASSET = Asset("medreco://snapshot")
 DEFAULT_ARGS = {"retries": 2, "retry_delay": pendulum.duration(seconds=30)}
 
 
 @dag(
     dag_id="medreco_build",
-    schedule=None,
+    schedule=any_delivery(),  # runs when any institution's ingestion DAG reports a new delivery
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,

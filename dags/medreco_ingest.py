@@ -10,18 +10,13 @@ from __future__ import annotations
 import os
 
 import pendulum
-from airflow.sdk import Asset, Param, dag, task
+from airflow.sdk import Param, dag, task
 from airflow.sdk.exceptions import AirflowSkipException
 
+from dags.assets import configured_institutions, source_asset
 from etl.runtime import default_config_path, task_context
-from schemas.config import ConfigError, load_config
 
 SCHEDULE = os.environ.get("MEDRECO_INGEST_SCHEDULE", "@daily")
-
-
-def source_asset(institution: str) -> Asset:
-    """The Asset that stands for one institution's delivery."""
-    return Asset(f"medreco://sources/{institution}")
 
 
 def make_ingest_dag(institution: str):
@@ -52,10 +47,5 @@ def make_ingest_dag(institution: str):
     return ingest()
 
 
-try:
-    _institutions = [i.id for i in load_config(default_config_path()).institutions]
-except ConfigError:
-    _institutions = []  # the build DAG reports the config error when it runs
-
-for _inst in _institutions:
+for _inst in configured_institutions():
     globals()[f"ingest_{_inst.replace('-', '_')}"] = make_ingest_dag(_inst)

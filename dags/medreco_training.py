@@ -10,7 +10,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
-from dags.medreco_build import SNAPSHOT_ASSET
+from dags.assets import SNAPSHOT_ASSET
 from etl.runtime import default_config_path, task_context
 
 

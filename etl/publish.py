@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import pyarrow.compute as pc
-
 from etl.context import BuildContext
 from etl.snapshots import publish
 from schemas.ontology import load_ontology
@@ -50,8 +48,6 @@ def publish_stage(ctx: BuildContext) -> dict:
         "ledger": balance,
         "dashboard": st.full_uri("reports/dashboard/index.html"),
         "quarantined_by_reason": balance.get("quarantine_reasons", {}),
-        "images_2d": int(pc.sum(pc.equal(st.read_table("curated/images", schema=SCHEMAS["images"])
-                                          .select(["kind"])["kind"], "2d")).as_py() or 0),
     }
     st.write_text(run_summary_path(ctx.run_id), json.dumps(summary, indent=1, sort_keys=True))
     return summary

@@ -35,10 +35,14 @@ def deid_audit(ctx: BuildContext) -> dict[str, int]:
 
 
 def _history(ctx: BuildContext) -> list[dict]:
+    """Earlier runs' ledger counts and table sizes, flat, oldest first (from ``reports/history/``)."""
     out = []
     for p in ctx.storage.list_files("reports/history"):
         if p.endswith(".json"):
-            out.append(json.loads(ctx.storage.read_text(p)))
+            h = json.loads(ctx.storage.read_text(p))
+            statuses = {k: h["ledger"].get(k, 0) for k in ("ingested", "quarantined", "duplicate", "skipped")}
+            out.append({"run_id": h["run_id"], **statuses, "studies": h["tables"].get("studies", 0),
+                        "pairs": h["tables"].get("pairs", 0)})
     return sorted(out, key=lambda h: h["run_id"])
 
 
