@@ -78,7 +78,8 @@ def run(
 
     try:
         load_config(config)
-        load_key(allow_airflow=False) if not os.environ.get("AIRFLOW_CONN_MEDRECO_PSEUDONYM") else None
+        if not os.environ.get("AIRFLOW_CONN_MEDRECO_PSEUDONYM"):
+            load_key(allow_airflow=False)  # refuse before any work; tasks may also read the Airflow connection
         summary = run_build(config)
     except (ConfigError, MissingKeyError, BuildFailedError) as err:
         _fail(str(err))

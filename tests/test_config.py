@@ -95,3 +95,15 @@ def test_cli_run_fails_before_work_on_bad_config(tmp_path):
     assert result.exit_code == 1
     assert "institutions.0.timezone: unknown IANA time zone 'Nowhere/City'" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_cli_run_refuses_a_missing_key(monkeypatch):
+    from typer.testing import CliRunner
+
+    from etl.cli import app
+
+    monkeypatch.delenv("MEDRECO_PSEUDONYM_KEY", raising=False)
+    monkeypatch.delenv("AIRFLOW_CONN_MEDRECO_PSEUDONYM", raising=False)
+    result = CliRunner().invoke(app, ["run", "--config", str(PROJECT_ROOT / "config" / "demo.yaml")])
+    assert result.exit_code == 1
+    assert "no pseudonymisation secret" in result.output and "refusing to run" in result.output

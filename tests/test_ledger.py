@@ -1,0 +1,66 @@
+"""The ledger: one row per input file per run, status precedence, balance; run-wide duplicates and UID
+collisions marked at planning time."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from etl.context import EVENT_SCHEMA
+from etl.discover import PLAN_SCHEMA, mark_duplicates, shard_batches
+from etl.ledger import balance, build_ledger
+
+
+def _plan(rows: list[dict]) -> pa.Table:
+    base = {k: None for k in PLAN_SCHEMA.names}
+    return pa.Table.from_pylist([{**base, "bytes": 1, "institution": "a", "kind": "dicom", "status": "pending",
+                                  **r} for r in rows], schema=PLAN_SCHEMA)
+
+
+def test_duplicates_and_uid_collisions():
+    plan = mark_duplicates(_plan([
+        {"source_uri": "/s/1", "sha256": "h1", "patient_key": "p1", "study_uid_key": "st1", "series_uid_key": "se1", "sop_uid_key": "i1"},
+        {"source_uri": "/s/2", "sha256": "h1", "patient_key": "p1", "study_uid_key": "st1", "series_uid_key": "se1", "sop_uid_key": "i1"},
+        {"source_uri": "/s/3", "sha256": "h3", "patient_key": "p1", "study_uid_key": "st1", "series_uid_key": "se1", "sop_uid_key": "i1"},
+        {"source_uri": "/s/4", "sha256": "h4", "patient_key": "p2", "study_uid_key": "st1", "series_uid_key": "se9", "sop_uid_key": "i4"},
+        {"source_uri": "/s/5", "sha256": "h5", "patient_key": "p1", "study_uid_key": "st2", "series_uid_key": "se1", "sop_uid_key": "i5"},
+        {"source_uri": "/s/6", "sha256": "h6", "kind": "other", "status": "skipped", "reason": "not_an_input"},
+    ])).to_pylist()
+    got = {r["source_uri"]: (r["status"], r["reason"]) for r in plan}
+    assert got == {
+        "/s/1": ("pending", None),
+        "/s/2": ("duplicate", "same_content"),
+        "/s/3": ("quarantined", "duplicate_sop_instance_uid"),
+        "/s/4": ("quarantined", "study_uid_collision"),
+        "/s/5": ("quarantined", "series_uid_collision"),
+        "/s/6": ("skipped", "not_an_input"),
+    }
+    assert plan[1]["duplicate_of"] == "/s/1"
+
+
+def test_status_precedence_and_balance():
+    plan = _plan([
+        {"source_uri": "/s/a", "sha256": "a"}, {"source_uri": "/s/b", "sha256": "b"},
+        {"source_uri": "/s/c", "sha256": "c"}, {"source_uri": "/s/d", "sha256": "d", "status": "skipped"},
+    ])
+    events = pa.Table.from_pylist([
+        {"source_uri": "/s/a", "sha256": "a", "stage": "deidentify", "status": "ingested"},
+        {"source_uri": "/s/a", "sha256": "a", "stage": "normalise", "status": "quarantined", "reason": "decode_error"},
+        {"source_uri": "/s/b", "sha256": "b", "stage": "deidentify", "status": "ingested"},
+        {"source_uri": "/s/b", "sha256": "b", "stage": "normalise", "status": "ingested"},
+    ], schema=EVENT_SCHEMA)
+    ledger = build_ledger("r1", plan, events)
+    rows = {r["source_uri"]: r for r in ledger.to_pylist()}
+    assert (rows["/s/a"]["status"], rows["/s/a"]["stage"], rows["/s/a"]["reason"]) == ("quarantined", "normalise", "decode_error")
+    assert rows["/s/b"]["status"] == "ingested"
+    # a pending file no stage reported on is never lost: it is visible as a pipeline fault
+    assert (rows["/s/c"]["status"], rows["/s/c"]["reason"]) == ("quarantined", "no_outcome_recorded")
+    b = balance(ledger)
+    assert b == {"files_seen": 4, "ingested": 1, "quarantined": 2, "duplicate": 0, "skipped": 1, "balanced": True}
+    doubled = pa.concat_tables([ledger, ledger.slice(0, 1)])
+    assert balance(doubled)["balanced"] is False
+
+
+def test_shard_batches_respect_max_map_length():
+    assert shard_batches(8, 1024) == [[i] for i in range(8)]
+    batches = shard_batches(5000, 1024)
+    assert len(batches) <= 1024 and sorted(s for b in batches for s in b) == list(range(5000))
