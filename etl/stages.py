@@ -197,7 +197,7 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
             quarantine([row["sop_key"]], err, "truncated_file")
             continue
         kind = image_kind(ds)
-        series_meta.setdefault(row["series_key"], {**row, "ds": ds, "n": 0})
+        series_meta.setdefault(row["series_key"], {**row, "n": 0})
         series_meta[row["series_key"]]["n"] += 1
         if kind == "3d_slice":
             by_series.setdefault(row["series_key"], []).append((row, ds))
@@ -230,7 +230,6 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
         images.append(_image_row(members[0][0], res, image_key, kind))
     series_rows = []
     for key, m in sorted(series_meta.items()):
-        ds = m["ds"]
         spacing = next((img["spacing_mm"] for img in images if img["series_key"] == key), None)
         series_rows.append({
             "series_key": key, "study_key": m["study_key"], "patient_key": m["patient_key"],
@@ -239,7 +238,6 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
             "spacing_mm": spacing, "n_instances": m["n"], "manufacturer": m["manufacturer"], "model": m["model"],
             "shard": shard,
         })
-        del ds
     for img in images:
         img.pop("_orientation", None)
     n_img = write_partition(ctx, "images", images_schema.SCHEMA, shard, images)
