@@ -31,8 +31,10 @@ DEFAULT_ARGS = {"retries": 2, "retry_delay": pendulum.duration(seconds=30)}
 def medreco_build():
     @task
     def institutions() -> list[str]:
-        """Validate config and key before any work; list the institutions to discover."""
-        return [i.id for i in task_context().cfg.institutions]
+        """Validate config and key (and that it is this root's key) before any work; list the institutions."""
+        ctx = task_context()
+        ctx.check_key()
+        return [i.id for i in ctx.cfg.institutions]
 
     @task(map_index_template="{{ task.op_kwargs['institution'] }}")
     def discover(institution: str) -> dict:

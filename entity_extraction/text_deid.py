@@ -64,7 +64,8 @@ def _load(path: str | None = None, language: str = "en") -> _Patterns:
         full = tuple(m.lower() for m in data["months"][language])
         abbr = {k.lower(): int(v) for k, v in data["month_abbreviations"][language].items()}
         keys = ("email", "url", "phone", "labelled_id", "long_number", "organization", "address", "postcode",
-                "title_before_name", "label_before_name", "degree_after_name", "name_word")
+                "title_before_name", "label_before_name", "degree_after_name", "name_word", "date_of_birth",
+                "age_over_89")
         regex = {k: _compile(data, k) for k in keys}
         tokens = dict(data["tokens"])
         stop = frozenset(w.lower() for w in data["name_stopwords"])
@@ -214,23 +215,24 @@ def _name_run_regex(components: set[str], case_insensitive: bool) -> re.Pattern[
 def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
     """Names after titles / signature labels and before degrees; returns hits and learned words."""
     word = p.regex["name_word"].pattern
-    run = rf"(?P<name>{word}(?:[ \t]+{word}){{0,2}})"
+    run = rf"(?P<name>{word}(?:(?:,[ \t]*|[ \t]+){word}){{0,3}})"
     name_tok = p.tokens["NAME"]
     hits: list[_Hit] = []
     learned: set[str] = set()
 
     def take(name: str, start: int) -> tuple[int, int] | None:
-        words = name.split()
+        words = name.replace(",", " ").split()
         keep: list[str] = []
         for w in words:
-            if w.lower().rstrip(".") in p.stopwords and not re.fullmatch(r"[A-Z]\.", w):
-                break  # an initial such as "A." is part of the name, not the stopword "a"
+            low = w.lower().rstrip(".")
+            if (low in p.stopwords or low in p.month_num) and not re.fullmatch(r"[A-Z]\.", w):
+                break  # a name ends at a stopword or a month ("Dr. X Y, Sep 30"); "A." is an initial
             keep.append(w)
         if not keep or all(len(w.rstrip(".")) < 2 for w in keep):
             return None
         learned.update(w for w in keep if len(w.rstrip(".")) >= 3)
         # the end on the original text (words may be separated by tabs or several spaces)
-        m = re.match(r"[ \t]*".join(re.escape(w) for w in keep), text[start:])
+        m = re.match(r"(?:,[ \t]*|[ \t]*)".join(re.escape(w) for w in keep), text[start:])
         return (start, start + m.end()) if m else None
 
     title = p.regex["title_before_name"]
@@ -339,6 +341,9 @@ def deidentify_text(
     for v in sorted(ids, key=len, reverse=True):
         known = re.compile(rf"(?<![A-Za-z0-9]){re.escape(v)}(?![A-Za-z0-9])", re.IGNORECASE)
         groups.append(_regex_hits(text, known, "ID", tok["ID"]))
+    # a birth date is removed, not shifted; ages over 89 become "90+" (HIPAA Safe Harbor)
+    groups.append(_regex_hits(text, p.regex["date_of_birth"], "DATE", tok["DATE"]))
+    groups.append(_regex_hits(text, p.regex["age_over_89"], "AGE", tok["AGE"]))
     groups.append(_date_hits(text, p, date_shift_days, day_first))
     groups.append(_regex_hits(text, p.regex["labelled_id"], "ID", tok["ID"]))
     groups.append(_regex_hits(text, p.regex["phone"], "PHONE", tok["PHONE"]))
@@ -346,18 +351,21 @@ def deidentify_text(
     groups.append(_regex_hits(text, p.regex["organization"], "ORGANIZATION", tok["ORGANIZATION"]))
     groups.append(_regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"]))
     groups.append(_regex_hits(text, p.regex["postcode"], "ADDRESS", tok["ADDRESS"]))
+    # every name finding competes in one group, longest span first, so "Walker, Matilda R." (known from
+    # the header) wins over the shorter "Walker" found after a "PATIENT:" label
     context_hits, learned = _contextual_names(text, p)
-    groups.append(context_hits)
+    name_hits = list(context_hits)
     known_components = {c for v in names for c in _name_components(v)}
     known_re = _name_run_regex(known_components, case_insensitive=True)
     if known_re is not None:
-        groups.append(_regex_hits(text, known_re, "NAME", tok["NAME"]))
+        name_hits += _regex_hits(text, known_re, "NAME", tok["NAME"])
     learned -= {c for c in learned if c.lower() in {k.lower() for k in known_components}}
     # learned words (from "Dr. X", "X, MD", "Signed by X") are matched in Title or UPPER case only
     learned_forms = {f for w in learned for f in (w, w.upper(), w.capitalize())}
     learned_re = _name_run_regex(learned_forms, case_insensitive=False)
     if learned_re is not None:
-        groups.append(_regex_hits(text, learned_re, "NAME", tok["NAME"]))
+        name_hits += _regex_hits(text, learned_re, "NAME", tok["NAME"])
+    groups.append(name_hits)
 
     accepted: list[_Hit] = []
     taken = bytearray(len(text))

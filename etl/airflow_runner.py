@@ -48,15 +48,21 @@ def run_build(config_path: str | Path) -> dict:
     ------
     BuildFailedError
         naming the failed tasks when the run does not succeed.
+    ConfigError, MissingKeyError, KeyMismatchError
+        before any work.
     """
     prepare_airflow_env()
+    from etl.runtime import quiet_library_logs
+
+    quiet_library_logs()
     from dags.medreco_build import build_dag
     from etl.context import BuildContext
     from etl.publish import run_summary_path
     from schemas.config import load_config
 
     cfg_path = str(Path(config_path).resolve())
-    load_config(cfg_path)  # fail before any work on a bad config
+    # fail before any work on a bad config, a missing key or a key other than the root's
+    BuildContext.from_config(load_config(cfg_path), run_id="precheck").check_key()
     dagrun = build_dag.test(run_conf={"config": cfg_path})
     state = str(getattr(dagrun, "state", ""))
     if not state.endswith("success"):

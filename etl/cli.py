@@ -29,9 +29,12 @@ def _fail(message: str, code: int = 1) -> None:
 
 def _storage(config: Path):
     from etl.storage import Storage
-    from schemas.config import load_config
+    from schemas.config import ConfigError, load_config
 
-    cfg = load_config(config)
+    try:
+        cfg = load_config(config)
+    except ConfigError as err:
+        _fail(str(err))
     return cfg, Storage.open(cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url,
                              region=cfg.storage.s3_region, base_dir=cfg.base_dir)
 
@@ -60,19 +63,23 @@ def demo_corpus(
     patients: int = typer.Option(48, help="number of patients"),
 ) -> None:
     """Generate the demo multi-institution corpus and its PHI answer key."""
-    from etl.demo_corpus import generate_corpus
+    from etl.demo_corpus import DemoCorpusError, generate_corpus
 
-    summary = generate_corpus(out, seed=seed, n_patients=patients)
+    try:
+        summary = generate_corpus(out, seed=seed, n_patients=patients)
+    except DemoCorpusError as err:
+        _fail(str(err))
     typer.echo(json.dumps(summary, sort_keys=True))
 
 
 @app.command()
 def run(
     config: Path = typer.Option(DEMO_CONFIG, "--config", "-c", help="pipeline YAML config"),
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the snapshot and dashboard lines"),
 ) -> None:
     """Run the build DAG on the embedded default (Airflow dag.test on SQLite)."""
     from etl.airflow_runner import BuildFailedError, run_build
+    from etl.context import KeyMismatchError
     from etl.keys import MissingKeyError, load_key
     from schemas.config import ConfigError, load_config
 
@@ -81,7 +88,7 @@ def run(
         if not os.environ.get("AIRFLOW_CONN_MEDRECO_PSEUDONYM"):
             load_key(allow_airflow=False)  # refuse before any work; tasks may also read the Airflow connection
         summary = run_build(config)
-    except (ConfigError, MissingKeyError, BuildFailedError) as err:
+    except (ConfigError, MissingKeyError, KeyMismatchError, BuildFailedError) as err:
         _fail(str(err))
     _print_summary(summary, quiet)
 
@@ -90,10 +97,11 @@ def run(
 def demo(
     seed: int = typer.Option(0, help="demo corpus seed"),
     patients: int = typer.Option(48, help="demo corpus patients"),
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the snapshot and dashboard lines"),
 ) -> None:
     """Generate the demo corpus (once), create a local demo key (demo only) and run the build."""
     from etl.airflow_runner import BuildFailedError, run_build
+    from etl.context import KeyMismatchError
     from etl.demo_corpus import generate_corpus
     from etl.keys import ENV_VAR, demo_key
 
@@ -102,10 +110,13 @@ def demo(
         summary = generate_corpus(root, seed=seed, n_patients=patients)
         if not quiet:
             typer.echo(f"demo corpus: {json.dumps(summary, sort_keys=True)}")
+    elif not quiet:
+        typer.echo(f"demo corpus: reusing {root / 'sources'} (--seed/--patients apply to a new corpus; "
+                   "`make clean` removes it)")
     os.environ[ENV_VAR] = demo_key(DEMO_DIR / "demo.key")
     try:
         summary = run_build(DEMO_CONFIG)
-    except BuildFailedError as err:
+    except (BuildFailedError, KeyMismatchError) as err:
         _fail(str(err))
     _print_summary(summary, quiet)
 
@@ -117,14 +128,17 @@ def deid(
     institution: str = typer.Option("local", help="institution id the PatientIDs belong to"),
 ) -> None:
     """De-identify a folder of DICOM files (ledger + quarantine under OUT)."""
-    from etl.deid_folder import deidentify_folder
+    from etl.deid_folder import DeidFolderError, deidentify_folder
     from etl.keys import MissingKeyError, load_key
 
     try:
         key = load_key(allow_airflow=False)
     except MissingKeyError as err:
         _fail(str(err))
-    result = deidentify_folder(src, out, key, institution)
+    try:
+        result = deidentify_folder(src, out, key, institution)
+    except DeidFolderError as err:
+        _fail(str(err))
     typer.echo(json.dumps(result, sort_keys=True))
     if not result["balanced"]:
         _fail("ledger does not balance")
@@ -171,13 +185,16 @@ def snapshot_verify(version: str, config: Path = typer.Option(DEMO_CONFIG, "--co
 @snapshot_app.command("publish")
 def snapshot_publish(config: Path = typer.Option(DEMO_CONFIG, "--config", "-c")) -> None:
     """Publish the current curated tables as a release (no new version if the content is unchanged)."""
-    from etl.keys import load_key
-    from etl.snapshots import publish
+    from etl.keys import MissingKeyError, load_key
+    from etl.snapshots import SnapshotError, publish
     from schemas.ontology import load_ontology
 
     cfg, st = _storage(config)
-    rel = publish(st, config_hash=cfg.config_hash(), ontology_version=load_ontology().version,
-                  run_id="cli", key_fingerprint=load_key(allow_airflow=False).fingerprint())
+    try:
+        rel = publish(st, config_hash=cfg.config_hash(), ontology_version=load_ontology().version,
+                      run_id="cli", key_fingerprint=load_key(allow_airflow=False).fingerprint())
+    except (MissingKeyError, SnapshotError) as err:
+        _fail(str(err))
     typer.echo(f"{rel.version}\t{'created' if rel.created else 'unchanged'}\t{rel.path}")
 
 

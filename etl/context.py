@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,13 @@ EVENT_SCHEMA = pa.schema(
         pa.field("study_key", pa.string()),
     ]
 )
+
+
+KEY_FINGERPRINT_FILE = "ledger/key_fingerprint.json"
+
+
+class KeyMismatchError(RuntimeError):
+    """Raised when a storage root built with one pseudonymisation key is run with another."""
 
 
 def safe_run_id(run_id: str) -> str:
@@ -54,6 +62,28 @@ class BuildContext:
             base_dir=cfg.base_dir,
         )
         return cls(cfg=cfg, storage=storage, key=key or load_key(), run_id=safe_run_id(run_id))
+
+    def check_key(self) -> None:
+        """Bind the storage root to the key's (non-secret) fingerprint on first use; refuse another key later.
+
+        Pseudonyms, UIDs and date shifts all derive from the key: mixing keys in one root would split
+        every patient in two.
+
+        Raises
+        ------
+        KeyMismatchError
+            when the root was built with a different key.
+        """
+        fp = self.key.fingerprint()
+        if self.storage.is_file(KEY_FINGERPRINT_FILE):
+            known = json.loads(self.storage.read_text(KEY_FINGERPRINT_FILE))["fingerprint"]
+            if known != fp:
+                raise KeyMismatchError(
+                    f"this storage root ({self.storage.uri}) was built with pseudonymisation key fingerprint {known}, "
+                    f"but the key given has fingerprint {fp}: set the original key, or use a new storage root"
+                )
+        else:
+            self.storage.write_text(KEY_FINGERPRINT_FILE, json.dumps({"fingerprint": fp}))
 
     # ---- zone paths (root-relative) -------------------------------------------------------------
     @property

@@ -22,13 +22,25 @@ from schemas import ledger as ledger_schema
 from schemas.base import table_from_rows
 
 
+class DeidFolderError(ValueError):
+    """Raised for an unusable pair of source and output folders."""
+
+
 def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str = "local") -> dict:
-    """De-identify every file under ``src`` into ``out``; returns the ledger balance dict."""
+    """De-identify every file under ``src`` into ``out``; returns the ledger balance dict.
+
+    Raises
+    ------
+    DeidFolderError
+        when ``out`` lies inside ``src`` (a second run would re-read its own output).
+    """
     import pyarrow.parquet as pq
 
-    out = Path(out)
+    out, src = Path(out).resolve(), Path(src).resolve()
+    if out == src or src in out.parents:
+        raise DeidFolderError(f"output folder {out} lies inside the source folder {src}: choose another")
     (out / "files").mkdir(parents=True, exist_ok=True)
-    rows, seen = [], {}
+    rows, seen, written = [], {}, {}
     for path in sorted(p for p in Path(src).rglob("*") if p.is_file()):
         data = path.read_bytes()
         sha = hashlib.sha256(data).hexdigest()
@@ -48,7 +60,12 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
                         result = deidentify_dataset(pydicom.dcmread(io.BytesIO(data), force=True), key, institution)
+                        if result.sop_key in written:
+                            raise DeidentificationError(
+                                "duplicate_sop_instance_uid",
+                                "another file of this folder has the same SOPInstanceUID and different content")
                         (out / "files" / f"{result.sop_key}.dcm").write_bytes(result.to_bytes())
+                        written[result.sop_key] = str(path)
                 except DeidentificationError as err:
                     row.update(status="quarantined", reason=err.reason, detail=str(err))
                 except Exception as err:  # noqa: BLE001  fail closed on anything pydicom cannot handle

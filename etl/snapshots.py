@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import io
 import json
+import os
 from dataclasses import dataclass
 from importlib import metadata
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from etl.storage import Storage
 from schemas.base import key_columns, schema_version
 from schemas.tables import SCHEMAS, SNAPSHOT_TABLES
+
+MANIFEST = "manifest.json"
+MANIFEST_SHA = "manifest.sha256"
+CARD = "DATASET_CARD.md"
 
 
 class SnapshotError(RuntimeError):
@@ -66,10 +73,6 @@ def _table_bytes(storage: Storage, table: str) -> tuple[bytes, int]:
     t = storage.read_table(f"curated/{table}", schema=schema)
     if t.num_rows:
         t = t.sort_by([(k, "ascending") for k in key_columns(schema)])
-    import io
-
-    import pyarrow.parquet as pq
-
     buf = io.BytesIO()
     pq.write_table(t, buf, compression="zstd", row_group_size=8192)
     return buf.getvalue(), t.num_rows
@@ -90,13 +93,14 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
             "schema_version": schema_version(SCHEMAS[t])}
         for t, (b, n) in blobs.items()
     }
-    content_hash = hashlib.sha256(
-        json.dumps({"tables": {t: v["sha256"] for t, v in tables.items()}, "config_hash": config_hash,
-                    "ontology_version": ontology_version}, sort_keys=True).encode()
-    ).hexdigest()
+    content_hash = _content_hash(tables, config_hash, ontology_version)
     versions = list_versions(storage)
     parent = versions[-1] if versions else None
     if parent:
+        problems = verify(storage, parent)
+        if problems:
+            raise SnapshotError(f"latest snapshot {parent} failed verification, refusing to publish on top of it: "
+                                + "; ".join(problems))
         latest = read_manifest(storage, parent)
         if latest["content_hash"] == content_hash:
             return Release(parent, storage.full_uri(f"snapshots/{parent}"), latest, created=False)
@@ -113,9 +117,23 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
         "key_fingerprint": key_fingerprint, "lineage": {"run_id": run_id}, "content_hash": content_hash,
         "tables": tables,
     }
-    storage.write_text(f"{base}/DATASET_CARD.md", dataset_card(manifest, card_facts or {}))
-    storage.write_text(f"{base}/manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+    card = dataset_card(manifest, card_facts or {}).encode()
+    manifest["card_sha256"] = hashlib.sha256(card).hexdigest()
+    storage.write_bytes(f"{base}/{CARD}", card)
+    text = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    storage.write_bytes(f"{base}/{MANIFEST}", text)
+    storage.write_text(f"{base}/{MANIFEST_SHA}", hashlib.sha256(text).hexdigest() + "\n")
+    if storage.is_local:  # immutable on disk too: read-only files
+        for f in storage.list_files(base):
+            os.chmod(storage.path(f), 0o444)
     return Release(version, storage.full_uri(base), manifest, created=True)
+
+
+def _content_hash(tables: dict, config_hash: str, ontology_version: str) -> str:
+    return hashlib.sha256(
+        json.dumps({"tables": {t: v["sha256"] for t, v in tables.items()}, "config_hash": config_hash,
+                    "ontology_version": ontology_version}, sort_keys=True).encode()
+    ).hexdigest()
 
 
 def dataset_card(manifest: dict, facts: dict) -> str:
@@ -144,15 +162,42 @@ def dataset_card(manifest: dict, facts: dict) -> str:
 
 
 def verify(storage: Storage, version: str) -> list[str]:
-    """Re-hash every file of a release; return the problems found (empty when intact)."""
+    """Check a release against its manifest; return the problems found (empty when intact).
+
+    Checks: the manifest's own sha256 (``manifest.sha256``); every table file's presence, sha256 and row
+    count (from the Parquet footer); the dataset card's sha256; the content hash recomputed from the table
+    hashes; and that the version folder holds no file the manifest does not list.
+    """
+    base = f"snapshots/{version}"
     manifest = read_manifest(storage, version)
     problems = []
+    text = storage.read_bytes(f"{base}/{MANIFEST}")
+    if not storage.is_file(f"{base}/{MANIFEST_SHA}"):
+        problems.append(f"missing file {MANIFEST_SHA}")
+    elif storage.read_text(f"{base}/{MANIFEST_SHA}").strip() != hashlib.sha256(text).hexdigest():
+        problems.append(f"{MANIFEST} does not match {MANIFEST_SHA} (manifest edited)")
     for t, v in manifest["tables"].items():
-        path = f"snapshots/{version}/{v['file']}"
+        path = f"{base}/{v['file']}"
         if not storage.is_file(path):
             problems.append(f"{t}: missing file {v['file']}")
-        elif hashlib.sha256(storage.read_bytes(path)).hexdigest() != v["sha256"]:
+            continue
+        data = storage.read_bytes(path)
+        if hashlib.sha256(data).hexdigest() != v["sha256"]:
             problems.append(f"{t}: sha256 mismatch in {v['file']}")
+        else:
+            rows = pq.ParquetFile(io.BytesIO(data)).metadata.num_rows
+            if rows != v["rows"]:
+                problems.append(f"{t}: {rows} rows in {v['file']}, manifest says {v['rows']}")
+    card = f"{base}/{CARD}"
+    if not storage.is_file(card):
+        problems.append(f"missing file {CARD}")
+    elif hashlib.sha256(storage.read_bytes(card)).hexdigest() != manifest.get("card_sha256"):
+        problems.append(f"{CARD}: sha256 mismatch")
+    if _content_hash(manifest["tables"], manifest["config_hash"], manifest["ontology_version"]) != manifest["content_hash"]:
+        problems.append("content_hash does not match the table hashes")
+    listed = {f"{base}/{v['file']}" for v in manifest["tables"].values()} | {
+        f"{base}/{n}" for n in (MANIFEST, MANIFEST_SHA, CARD)}
+    problems += [f"unlisted file {f[len(base) + 1:]}" for f in storage.list_files(base) if f not in listed]
     return problems
 
 

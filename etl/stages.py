@@ -32,7 +32,7 @@ from schemas import series as series_schema
 from schemas import studies as studies_schema
 from schemas import study_labels as study_labels_schema
 from schemas.base import table_from_rows
-from schemas.ontology import modality_family
+from schemas.ontology import infer_body_part, modality_family
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,10 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
         ctx.storage.write_bytes(path, payload)
         audit.update(result.audit)
         modality = str(out.get("Modality", "") or "OT").strip() or "OT"
-        body_part = str(out.get("BodyPartExamined", "") or "").strip() or None
+        body_part = infer_body_part(
+            str(ds.get("BodyPartExamined", "") or ""),
+            [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")],
+        )
         instances.append({
             "sop_key": result.sop_key, "series_key": result.series_key, "study_key": result.study_key,
             "patient_key": result.patient_key, "accession_key": result.accession_key,

@@ -383,7 +383,9 @@ def _scrub(text: str | None, fragments: Sequence[str]) -> str:
         return ""
     for f in fragments:
         if f.lower() in text.lower():
-            text = re.sub(re.escape(f), "[source path]", text, flags=re.IGNORECASE)
+            # whole tokens only: the folder "data" must not mangle "pixel_data_length_mismatch" or "PixelData"
+            text = re.sub(rf"(?<![A-Za-z0-9_]){re.escape(f)}(?![A-Za-z0-9_])", "[source path]", text,
+                          flags=re.IGNORECASE)
     return text
 
 

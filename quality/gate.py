@@ -66,7 +66,10 @@ def quality_stage(ctx: BuildContext) -> dict:
     run_info = {"run_id": ctx.run_id, "deid_audit": deid_audit(ctx), "ledger": balance,
                 "config": ctx.cfg.name}
     with tempfile.TemporaryDirectory() as tmp:
-        index = build_dashboard(tables, report, run_info, Path(tmp), history=_history(ctx), review=review)
+        history = [h for h in _history(ctx) if h["run_id"] != ctx.run_id]
+        history.append({"run_id": ctx.run_id, **{k: balance.get(k, 0) for k in ("ingested", "quarantined", "duplicate", "skipped")},
+                        "studies": tables["studies"].num_rows, "pairs": tables["pairs"].num_rows})
+        index = build_dashboard(tables, report, run_info, Path(tmp), history=history, review=review)
         base = Path(tmp)
         for f in sorted(base.rglob("*")):
             if f.is_file():

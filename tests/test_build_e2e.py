@@ -94,6 +94,9 @@ def test_no_planted_phi_in_deidentified_zones(demo_build):
     values = {a["value"] for a in answer
               if a["location"] != "burned_in" and a["location"] not in titles
               and a["phi_type"] not in shifted and len(str(a["value"])) >= 5}
+    # and every part of a person's name on its own ("Matilda" of "WALKER^MATILDA^R")
+    values |= {part for a in answer if a["phi_type"] == "name"
+               for part in re.split(r"[\^,.\s]+", str(a["value"])) if len(part) >= 4}
     assert values
     haystack = []
     for zone in ("curated", "snapshots"):
@@ -145,6 +148,8 @@ def test_real_shared_data_build(shared_data, tmp_path_factory, airflow_home):
     assert summary["tables"]["reports"] == len(with_text)
     assert led["withheld_report_records"] == len(rows) - len(with_text)
     assert summary["tables"]["entity_mentions"] > 1000
+    # the longitudinal chest CT patients (no BodyPartExamined: inferred from descriptors) pair up
+    assert summary["tables"]["pairs"] >= 6
     reasons = summary["quarantined_by_reason"]
     assert "no_outcome_recorded" not in reasons
     st = Storage.open(str(root))

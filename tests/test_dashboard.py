@@ -277,3 +277,13 @@ def test_every_inline_svg_is_well_formed(site):
             assert root.tag == "svg" and int(root.get("width")) > 0 and int(root.get("height")) > 0, name
             n += 1
     assert n >= 15
+
+
+def test_path_scrubber_replaces_whole_tokens_only():
+    """Found by a new-user trial: the folder 'data' mangled 'pixel_data_length_mismatch'."""
+    from quality.dashboard import _path_fragments, _scrub
+
+    fr = _path_fragments("/work/shared/data/edge/DOE_JOHN_1.dcm")
+    assert _scrub("pixel_data_length_mismatch", fr) == "pixel_data_length_mismatch"
+    assert _scrub("PixelData holds 0 bytes", fr) == "PixelData holds 0 bytes"
+    assert _scrub("file DOE_JOHN_1.dcm; patient DOE", fr) == "file [source path]; patient [source path]"

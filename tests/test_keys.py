@@ -43,3 +43,20 @@ def test_shards_spread(key):
     shards = [key.shard(key.pseudonym("patient", str(i)), 8) for i in range(800)]
     assert set(shards) == set(range(8))
     assert max(shards.count(s) for s in range(8)) < 140
+
+
+def test_storage_root_refuses_a_second_key(tmp_path, key):
+    import yaml
+
+    from etl.context import BuildContext, KeyMismatchError
+    from schemas.config import parse_config
+
+    cfg = parse_config(yaml.safe_load(f"""
+storage: {{root: {tmp_path / 'root'}}}
+institutions: [{{id: us-a, country: US, language: en, timezone: America/New_York, source_uri: sources/us-a}}]
+"""))
+    BuildContext.from_config(cfg, "r1", key).check_key()
+    BuildContext.from_config(cfg, "r2", key).check_key()  # same key: fine
+    other = PseudonymKey(b"a-different-secret-0123456789abcdef")
+    with pytest.raises(KeyMismatchError, match="was built with pseudonymisation key fingerprint"):
+        BuildContext.from_config(cfg, "r3", other).check_key()

@@ -159,3 +159,32 @@ def test_non_ascii_and_mc_names_are_redacted_whole():
     for part in ("Gráinne", "Walsh", "Cián", "McCarthy", "Seán", "Briain"):
         assert part not in out
     assert "26 June 2017" in out and counts["NAME"] == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "known", "gone"),
+    [
+        ("PATIENT: Walker, Matilda R.\nEXAM: XR CHEST", ["WALKER^MATILDA^R"], ["Walker", "Matilda"]),
+        ("Patient name: Byrne, AOIFE\n", [], ["Byrne", "AOIFE"]),
+        ("Name: Sandra L. Wilson\nHospital no: SJ2658267", [], ["Sandra", "Wilson", "SJ2658267"]),
+        ("Electronically signed by Dr. Seán O'Brien on 25 June 2017.", [], ["Seán", "O'Brien"]),
+        ("Reported by Dr. Niamh O'Sullivan", [], ["Niamh", "Sullivan"]),
+    ],
+)
+def test_name_runs_with_commas_initials_and_apostrophes(text, known, gone):
+    """Found by a new-user trial of the demo (names left after a comma, O' surnames)."""
+    out, _ = deid(text, known=known)
+    for g in gone:
+        assert g not in out
+
+
+def test_birth_date_removed_and_ages_over_89_capped():
+    out, counts = deid("DOB: 06.08.1926\nDate of birth: 6 August 1926\nA 95-year-old woman; 93 yo; 45-year-old man.",
+                       known=[])
+    assert out == "DOB: [DATE]\nDate of birth: [DATE]\nA 90+-year-old woman; 90+ yo; 45-year-old man."
+    assert counts["DATE"] == 2 and counts["AGE"] == 2
+
+
+def test_name_run_stops_before_a_date():
+    out, _ = deid("Reported by Dr. George Roberts, Sep 30, 2019. Dr. Cián McCarthy, November 27, 2020.", known=[])
+    assert out == "Reported by Dr. [NAME], Oct 10, 2019. Dr. [NAME], December 7, 2020."

@@ -66,6 +66,45 @@ def load_ontology(path: str | None = None) -> Ontology:
     return Ontology(version=data["version"], concepts=concepts, families=families)
 
 
+BODY_PART_KEYWORDS_FILE = Path(__file__).with_name("body_part_keywords.yaml")
+
+
+@lru_cache(maxsize=1)
+def _body_part_rules() -> list[tuple[str, "re.Pattern[str]"]]:
+    import re
+
+    import yaml
+
+    rules = yaml.safe_load(BODY_PART_KEYWORDS_FILE.read_text())
+    return [(code, re.compile(r"(?<![a-z])(?:" + "|".join(map(re.escape, words)) + r")(?![a-z])", re.IGNORECASE))
+            for code, words in rules.items()]
+
+
+def infer_body_part(body_part_examined: str | None, descriptions: list[str | None]) -> str | None:
+    """BodyPartExamined, or when it is empty a code inferred from free-text descriptors.
+
+    Parameters
+    ----------
+    body_part_examined : str or None
+        the element's value (returned upper-cased when present).
+    descriptions : list of str
+        StudyDescription, SeriesDescription, ProtocolName (PHI-bearing: only the inferred code is returned).
+
+    Returns
+    -------
+    str or None
+        e.g. ``"CHEST"`` for "CT ABD AND PELVIS ... / CHEST 2.5 MM"; the first rule of
+        ``body_part_keywords.yaml`` that matches any descriptor wins.
+    """
+    if body_part_examined and body_part_examined.strip():
+        return body_part_examined.strip().upper()
+    text = " ".join(d for d in descriptions if d)
+    for code, rx in _body_part_rules():
+        if rx.search(text):
+            return code
+    return None
+
+
 def modality_family(modality: str | None, body_part: str | None) -> str | None:
     """MedReCo modality family of a study, or None when it has no family labels.
 
