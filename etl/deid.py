@@ -1,15 +1,25 @@
-"""DICOM de-identification (foundation version): allow-list, keyed pseudonyms, per-patient date shifts.
+"""DICOM de-identification: PS3.15 Annex E Basic Application Level Confidentiality Profile, every element at
+every depth, with keyed pseudonyms, per-patient date shifts, and verification after.
 
-Fail-closed: anything that cannot be de-identified with certainty raises :class:`DeidentificationError`
-with a reason code, and the caller quarantines the input. The policy is data
-(``schemas/deid/foundation_policy.yaml``): every element not on the allow-list is removed at every depth,
-including all private elements; UIDs are remapped to ``2.25.<keyed hash>``; dates are shifted by one
-offset per patient (PS3.15 E.3.6, option 113107); patient characteristics are retained (113108) with
-ages over 89 reported as ``090Y``.
+The policy (Table E.1-1 resolved with the deployment's options) is :mod:`etl.deid_policy`; this module
+walks a dataset and applies it:
 
-Applied options are recorded in DeidentificationMethodCodeSequence (PS3.16 CID 7050):
-113100 Basic Application Confidentiality Profile, 113107 Retain Longitudinal Temporal Information
-with Modified Dates, 113108 Retain Patient Characteristics Option.
+- public attributes get their table action (X remove, Z empty, D dummy, K keep, U remap UIDs, C clean)
+  at every depth, in sequences and in the file meta; attributes the table does not list are kept, except
+  person names (emptied), UIDs (remapped unless registered, e.g. SOP classes) and dates (shifted);
+- private attributes are removed with everything nested in them (also VR UN values that are really
+  sequences), unless Retain Safe Private (113111) allow-lists them;
+- curves (50xx) and overlays (60xx) are removed whole;
+- dates (DA, DT) move by one offset per patient (113107), keeping precision, fractional seconds and UTC
+  offsets; partial values stay partial; a value that cannot be parsed quarantines the file;
+- files at risk of burned-in text (BurnedInAnnotation YES, ultrasound, secondary capture, ...) are
+  quarantined unless a configured pixel-cleaning rule blanks the device's text regions;
+- after writing, a verifier looks for every identifying value of the input (name parts, IDs, original
+  UIDs, addresses, phone numbers, digit-bearing free-text tokens) in the output bytes outside the pixel
+  data; any hit quarantines the file (``verification_failed``).
+
+Fail closed: every problem raises :class:`DeidentificationError` with a reason code and a message that
+never quotes a value from the file.
 """
 
 from __future__ import annotations
@@ -19,26 +29,33 @@ import io
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 
 import pydicom
-import yaml
+from pydicom import config as pydicom_config
+from pydicom.charset import convert_encodings, decode_bytes
+from pydicom.datadict import dictionary_VR
+from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.multival import MultiValue
 from pydicom.sequence import Sequence
-from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, ExplicitVRLittleEndian
+from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, ExplicitVRLittleEndian, UID_dictionary
 
+from etl.deid_policy import Policy, build_policy
 from etl.keys import PseudonymKey
+from schemas.config import PixelCleaningRule
 
-POLICY_FILE = Path(__file__).resolve().parents[1] / "schemas" / "deid" / "foundation_policy.yaml"
-#: DeidentificationMethod (LO: at most 64 characters)
-DEID_METHOD = "MedReCo-DB allow-list: PS3.15 Basic Profile, 113107, 113108"
-METHOD_CODES = (
-    ("113100", "Basic Application Confidentiality Profile"),
-    ("113107", "Retain Longitudinal Temporal Information Modified Dates Option"),
-    ("113108", "Retain Patient Characteristics Option"),
-)
+#: values of already de-identified input that are not identifying (and equal our own dummies)
+PLACEHOLDERS = frozenset({"ANONYMIZED", "ANONYMOUS", "ANON", "UNKNOWN", "NONE", "NULL", "REMOVED", "DEIDENTIFIED"})
+TEXT_VRS = frozenset({"AE", "CS", "LO", "LT", "PN", "SH", "ST", "UC", "UT", "UR"})
+_DA_RE = re.compile(r"^\d{4}(\d{2}(\d{2})?)?$")
 _DT_RE = re.compile(r"^(\d{4})(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\.\d{1,6})?([+-]\d{4})?$")
+_TM_RE = re.compile(r"^\d{2}(\d{2}(\d{2}(\.\d{1,6})?)?)?$|^\d{2}(:\d{2}(:\d{2}(\.\d{1,6})?)?)?$")
+_PIXEL_DATA = 0x7FE00010
+#: InstitutionName, InstitutionAddress, InstitutionalDepartmentName: whole values are verified absent
+INSTITUTION_TAGS = frozenset({0x00080080, 0x00080081, 0x00081040})
+#: device elements kept by the profile that test data often fill with the institution's name
+DEVICE_TAGS = (0x00080070, 0x00081090)
+_SPECIFIC_CHARSET = 0x00080005
 
 
 class DeidentificationError(Exception):
@@ -50,44 +67,13 @@ class DeidentificationError(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class Policy:
-    """The allow-list policy loaded from YAML."""
-
-    edition: str
-    keep: frozenset[str]
-    keep_sequences: dict[str, frozenset[str]]
-    remap_uids: tuple[str, ...]
-    shift_dates: tuple[str, ...]
-    shift_datetimes: tuple[str, ...]
-    keep_times: tuple[str, ...]
-    empty: tuple[str, ...]
-    verify_absent: tuple[str, ...]
-
-
-@lru_cache(maxsize=2)
-def load_policy(path: str | None = None) -> Policy:
-    """Load the de-identification policy (default: ``schemas/deid/foundation_policy.yaml``)."""
-    d = yaml.safe_load(Path(path or POLICY_FILE).read_text())
-    return Policy(
-        edition=d["edition"],
-        keep=frozenset(d["keep"]),
-        keep_sequences={k: frozenset(v) for k, v in d["keep_sequences"].items()},
-        remap_uids=tuple(d["remap_uids"]),
-        shift_dates=tuple(d["shift_dates"]),
-        shift_datetimes=tuple(d["shift_datetimes"]),
-        keep_times=tuple(d["keep_times"]),
-        empty=tuple(d["empty"]),
-        verify_absent=tuple(d["verify_absent"]),
-    )
-
-
 @dataclass
 class DeidResult:
     """A de-identified instance and the pseudonyms that identify it.
 
     ``date_shift_days`` is the per-patient offset applied (days); ``audit`` counts elements per action
-    (removed, remapped, shifted, replaced, kept).
+    (removed, emptied, replaced, shifted, remapped, cleaned, kept). ``payload`` is the verified Part-10
+    file.
     """
 
     dataset: Dataset
@@ -98,145 +84,480 @@ class DeidResult:
     accession_key: str | None
     date_shift_days: int
     audit: Counter = field(default_factory=Counter)
+    payload: bytes = b""
 
     def to_bytes(self) -> bytes:
-        """The de-identified file (Part 10, with preamble and file meta)."""
-        buf = io.BytesIO()
-        self.dataset.save_as(buf, enforce_file_format=True)
-        return buf.getvalue()
+        """The de-identified, verified file (Part 10, with preamble and file meta)."""
+        return self.payload
 
 
-def patient_value(institution: str, patient_id: str) -> str:
-    """The string pseudonymised for a patient: PatientID is unique only within its institution."""
-    return f"{institution}|{patient_id.strip()}"
+# ---- identifiers ---------------------------------------------------------------------------------
+
+def normalise_patient_id(value: str) -> str:
+    """PatientID (or issuer) as compared across deliveries: trailing ``^`` and padding removed, inner
+    whitespace collapsed, upper case. ``" ab 12^ "`` and ``"AB 12"`` are one patient."""
+    return re.sub(r"\s+", " ", str(value).strip().rstrip("^").strip()).upper()
+
+
+def patient_value(institution: str, patient_id: str, issuer: str | None = None) -> str:
+    """The string pseudonymised for a patient: institution, issuer of the ID, normalised PatientID.
+
+    PatientID is unique only within its issuer, and issuers only within an institution's namespace.
+    """
+    return f"{institution}|{normalise_patient_id(issuer or '')}|{normalise_patient_id(patient_id)}"
+
+
+def patient_key_for(key: PseudonymKey, institution: str, patient_id: str, issuer: str | None = None) -> str:
+    """The patient pseudonym (HMAC-SHA256, 64 bits hex) used everywhere: tables, shards, date shifts."""
+    return key.pseudonym("patient", patient_value(institution, patient_id, issuer))
+
+
+# ---- dates ---------------------------------------------------------------------------------------
+
+def _shift_ymd(y: int, m: int, d: int, days: int) -> dt.date:
+    return dt.date(y, m, d) + dt.timedelta(days=days)
 
 
 def shift_date(value: str, days: int) -> str:
-    """Shift a DA value (``YYYYMMDD``) by ``days``; partial dates (``YYYY``/``YYYYMM``) are refused.
+    """Shift a DA value by ``days``. ``YYYYMMDD`` moves exactly; a partial ``YYYYMM`` or ``YYYY`` (seen in
+    the field though not valid DA) moves its first day and keeps its precision. The legacy ACR-NEMA form
+    ``YYYY.MM.DD`` is read and written as DA.
 
     Raises
     ------
     DeidentificationError
-        ``unparseable_date`` when the value is not a full valid date.
+        ``unparseable_date`` when the value is not a date.
     """
     v = value.strip()
+    if re.fullmatch(r"\d{4}\.\d{2}\.\d{2}", v):
+        v = v.replace(".", "")
+    if not _DA_RE.match(v):
+        raise DeidentificationError("unparseable_date", "a DA value is not a YYYYMMDD date")
     try:
-        if not re.fullmatch(r"\d{8}", v):
-            raise ValueError
-        d = dt.date(int(v[:4]), int(v[4:6]), int(v[6:8]))
+        new = _shift_ymd(int(v[:4]), int(v[4:6] or 1), int(v[6:8] or 1), days)
     except ValueError:
-        raise DeidentificationError("unparseable_date", "a DA value is not a valid YYYYMMDD date") from None
-    return (d + dt.timedelta(days=days)).strftime("%Y%m%d")
+        raise DeidentificationError("unparseable_date", "a DA value is not a valid calendar date") from None
+    return new.strftime("%Y%m%d")[: len(v)]
 
 
 def shift_datetime(value: str, days: int) -> str:
-    """Shift a DT value by ``days`` keeping its precision, fractional seconds and UTC offset.
+    """Shift a DT value (PS3.5 Table 6.2-1) by ``days`` keeping its precision, fraction and UTC offset.
 
     Raises
     ------
     DeidentificationError
-        ``unparseable_date`` when the value is not a valid DT (PS3.5 Table 6.2-1).
+        ``unparseable_date`` when the value is not a valid DT.
     """
-    m = _DT_RE.match(value.strip())
-    if not m or not m.group(3):
-        raise DeidentificationError("unparseable_date", "a DT value is not a valid date-time with a full date")
-    head = value.strip()[:8]
-    return shift_date(head, days) + value.strip()[8:]
-
-
-def _age_capped(age: str) -> str:
-    m = re.fullmatch(r"(\d{3})([DWMY])", age.strip())
+    v = value.strip()
+    m = _DT_RE.match(v)
     if not m:
-        raise DeidentificationError("unparseable_age", "PatientAge is not an AS value (nnnD/W/M/Y)")
-    n, unit = int(m.group(1)), m.group(2)
-    years = {"D": n / 365.25, "W": n / 52.18, "M": n / 12, "Y": n}[unit]
-    return "090Y" if years > 89 else age.strip()
+        raise DeidentificationError("unparseable_date", "a DT value is not a valid date-time")
+    n_date = 4 + (2 if m.group(2) else 0) + (2 if m.group(3) else 0)
+    return shift_date(v[:n_date], days) + v[n_date:]
 
 
-#: identity values of these kinds may legitimately equal a device vendor name (test data often sets
-#: InstitutionName to the manufacturer); they are not checked against the device elements.
-_INSTITUTION_KWS = frozenset({"InstitutionName", "InstitutionAddress"})
-_DEVICE_KWS = frozenset({"Manufacturer", "ManufacturerModelName"})
+def check_time(value: str) -> str:
+    """A TM value is unchanged by a whole-day shift; it must still be a time (else ``unparseable_date``)."""
+    if not _TM_RE.match(value.strip()):
+        raise DeidentificationError("unparseable_date", "a TM value is not a valid time")
+    return value
 
 
-def _strings(ds: Dataset, skip: frozenset[str] = frozenset()) -> list[str]:
-    out = []
-    for elem in ds.iterall():
-        if elem.keyword in skip:
-            continue
-        if elem.VR in ("PN", "LO", "SH", "ST", "LT", "UT", "CS", "DA", "DT", "TM", "AE", "UC", "AS", "IS", "DS"):
-            vals = elem.value if isinstance(elem.value, (list, pydicom.multival.MultiValue)) else [elem.value]
-            out.extend(str(v) for v in vals if v is not None and str(v) != "")
-    return out
+# ---- the walk ------------------------------------------------------------------------------------
+
+def _text(elem: DataElement | pydicom.dataelem.RawDataElement) -> list[str]:
+    v = elem.value
+    if v is None or v == b"" or v == "":
+        return []
+    if isinstance(v, bytes):
+        v = v.decode("latin-1")
+    if isinstance(v, (list, tuple, MultiValue)):
+        return [str(x) for x in v]
+    return str(v).split("\\")  # str, PersonName, IS/DS and other single values
 
 
-def _phi_values(ds: Dataset, policy: Policy) -> set[tuple[str, str]]:
-    values: set[tuple[str, str]] = set()
-    for kw in policy.verify_absent:
-        elem = ds.get(kw)
-        if elem in (None, ""):
-            continue
-        vals = elem if isinstance(elem, (list, pydicom.multival.MultiValue)) else [elem]
-        for v in vals:
-            s = str(v).strip()
-            if kw.endswith("Name"):
-                # each name component of 3+ characters on its own
-                values.update((kw, p.strip()) for p in re.split(r"[\^=, ]+", s) if len(p.strip()) >= 3)
-            elif len(s) >= 4:
-                values.add((kw, s))
-    return values
+class _Walker:
+    def __init__(self, policy: Policy, key: PseudonymKey, shift: int, patient_key: str, institution_key: str,
+                 scrub_known: list[str]):
+        self.p = policy
+        self.key = key
+        self.shift = shift
+        self.patient_key = patient_key
+        self.institution_key = institution_key
+        self.scrub_known = scrub_known
+        self.audit: Counter = Counter()
+        self.phi: set[tuple[str, str]] = set()  # (kind, value) identifying values of the input
 
+    # remember identifying values of an element before it is changed or removed
+    def _collect(self, vr: str, values: list[str], kind: str | None = None) -> None:
+        """Remember identifying values: person-name parts, original UIDs, digit-bearing IDs and tokens.
 
-def _contains(haystack: str, value: str, whole_word: bool) -> bool:
-    """Case-insensitive containment; name components must match a whole word ('MARY' is not in 'PRIMARY')."""
-    if not whole_word:
-        return value.lower() in haystack.lower()
-    return re.search(rf"(?<![A-Za-z]){re.escape(value)}(?![A-Za-z])", haystack, re.IGNORECASE) is not None
-
-
-def _copy_allowed(src: Dataset, policy: Policy, audit: Counter) -> Dataset:
-    out = Dataset()
-    for elem in src:
-        kw = elem.keyword
-        if elem.tag.is_private or not kw:
-            audit["removed"] += 1
-            continue
-        if elem.VR == "SQ":
-            allowed = policy.keep_sequences.get(kw)
-            if allowed is None:
-                audit["removed"] += 1
+        Words without digits from descriptions are not collected: they legitimately recur in kept,
+        scrubbed descriptors ("CT CHEST"); placeholders of already de-identified input are skipped.
+        """
+        for v in values:
+            v = v.strip()
+            if not v:
                 continue
-            items = []
-            for item in elem.value:
-                new = Dataset()
-                for sub in item:
-                    if sub.keyword in allowed and sub.VR != "SQ":
-                        new.add(sub)
-                        audit["kept"] += 1
-                    else:
-                        audit["removed"] += 1
-                items.append(new)
-            setattr(out, kw, Sequence(items))
+            if kind == "institution" and len(v) >= 4:
+                self.phi.add(("institution", v))
+            elif vr == "PN":
+                for part in re.split(r"[\^=,\s]+", v):
+                    if len(part.rstrip(".")) >= 3 and part.upper().strip(".") not in PLACEHOLDERS:
+                        self.phi.add(("name", part))
+            elif vr == "UI":
+                if v.count(".") >= 2 and len(v) >= 8:
+                    self.phi.add(("uid", v))
+            elif vr in ("LO", "SH", "AE", "UC") and len(v) >= 4 and any(ch.isdigit() for ch in v):
+                self.phi.add(("value", v))
+            elif vr in ("ST", "LT", "UT", "LO", "SH", "UC"):
+                self.phi.update(("value", t) for t in re.findall(r"[\w-]*\d[\w-]*", v)
+                                if len(t) >= 5 and not t.isdigit() or len(t) >= 6)
+
+    def _uid(self, value: str, tag: int) -> str:
+        v = value.strip().rstrip("\x00")
+        if not v or v in UID_dictionary or tag in self.p.keep_uid_tags:
+            return v
+        self._collect("UI", [v])
+        return self.key.uid(v)
+
+    def walk(self, ds: Dataset, depth: int = 0) -> None:
+        for tag in list(ds.keys()):
+            elem = ds.get_item(tag)
+            group = tag >> 16
+            if tag.is_private:
+                self._private(ds, tag, elem, depth)
+                continue
+            if tag.element == 0 or self.p.removes_group(group):
+                self._remove(ds, tag, elem)
+                continue
+            vr = elem.VR or dictionary_VR_or_none(tag)
+            if vr is None or vr == "UN":
+                # a public attribute this reader cannot type: cannot be vetted, so removed (fail closed)
+                self._remove(ds, tag, elem)
+                continue
+            action = self.p.action_for(tag)
+            if action is None:
+                action = self._unlisted(vr)
+            self._apply(ds, tag, vr, action, depth)
+
+    def _unlisted(self, vr: str) -> str:
+        if vr == "PN":
+            return self.p.unlisted_pn_action
+        if vr == "UI":
+            return "U"
+        if vr in ("DA", "DT", "TM"):
+            return "SHIFT" if self.p.modified_dates else "Z"
+        if vr == "SQ":
+            return "U*"
+        return "K"
+
+    def _remove(self, ds: Dataset, tag, elem) -> None:
+        vr = elem.VR or dictionary_VR_or_none(tag)
+        if vr and vr != "SQ" and vr in TEXT_VRS | {"UI"}:
+            try:
+                values = _text(ds[tag])  # decoded with the dataset's character set
+            except Exception:  # noqa: BLE001  undecodable: the raw bytes still identify
+                values = _text(elem)
+            self._collect(vr, values, "institution" if tag in INSTITUTION_TAGS else None)
+        elif vr == "SQ":
+            self._collect_sequence(ds[tag])
+        del ds[tag]
+        self.audit["removed"] += 1
+
+    def _collect_sequence(self, elem: DataElement) -> None:
+        for item in elem.value or []:
+            for sub in item.iterall():
+                if sub.VR in TEXT_VRS or sub.VR == "UI":
+                    self._collect(sub.VR, _text(sub))
+
+    def _private(self, ds: Dataset, tag, elem, depth: int) -> None:
+        if self.p.safe_private and tag.element >= 0x1000:
+            creator_tag = (tag.group << 16) | (tag.element >> 8)
+            creator = ds.get(creator_tag)
+            vr = elem.VR
+            if (creator is not None and vr not in ("SQ", "UN", None)
+                    and (str(creator.value).strip().upper(), tag.element & 0xFF) in self.p.safe_private):
+                self.audit["kept"] += 1
+                return
+        if self.p.safe_private and 0x0010 <= tag.element <= 0x00FF:
+            return  # private creators stay while an allow-listed element of theirs may; pruned after the walk
+        vr = elem.VR
+        if vr in TEXT_VRS:
+            self._collect(vr, _text(elem))
+        del ds[tag]
+        self.audit["removed"] += 1
+
+    def _apply(self, ds: Dataset, tag, vr: str, action: str, depth: int) -> None:
+        if action == "K":
+            self.audit["kept"] += 1
+            return
+        if action == "X":
+            self._remove(ds, tag, ds.get_item(tag))
+            return
+        elem = ds[tag]
+        if vr == "SQ":
+            if action in ("U*", "U", "D", "SHIFT", "CLEAN"):
+                for item in elem.value or []:
+                    self.walk(item, depth + 1)
+                self.audit["walked"] += 1
+            else:  # Z: an empty sequence
+                self._collect_sequence(elem)
+                elem.value = Sequence([])
+                self.audit["emptied"] += 1
+            return
+        values = _text(elem) if vr in TEXT_VRS | {"UI", "DA", "DT", "TM", "AS", "IS", "DS"} else []
+        if action == "Z":
+            self._collect(vr, values)
+            elem.value = ""
+            self.audit["emptied"] += 1
+        elif action == "D":
+            self._collect(vr, values)
+            if vr == "UI":
+                elem.value = "\\".join(self._uid(v, tag) for v in values) if values else ""
+                self.audit["remapped"] += 1
+            elif vr in self.p.dummy:
+                elem.value = self.p.dummy[vr]
+                self.audit["replaced"] += 1
+            else:  # binary VRs have no meaningful dummy: an empty value carries no information
+                elem.value = b"" if vr in ("OB", "OW", "OF", "OD", "OL", "OV", "UN") else ""
+                self.audit["emptied"] += 1
+        elif action in ("U", "U*"):
+            if vr != "UI":
+                self._collect(vr, values)
+                elem.value = ""
+                self.audit["emptied"] += 1
+                return
+            new = [self._uid(v, tag) for v in values]
+            elem.value = new[0] if len(new) == 1 else new
+            self.audit["remapped"] += 1
+        elif action == "SHIFT":
+            self._shift(elem, vr, values)
+        elif action == "CLEAN":
+            self._clean(elem, vr, values)
+        elif action == "AGE":
+            elem.value = self._age(values[0]) if values else ""
+            self.audit["replaced" if values else "emptied"] += 1
+        elif action == "PATIENT":
+            self._collect("PN" if vr == "PN" else "LO", values)
+            elem.value = self.patient_key
+            self.audit["replaced"] += 1
+        elif action == "INSTITUTION":
+            self._collect("LO", values, "institution")
+            elem.value = f"INSTITUTION-{self.institution_key}" if values else ""
+            self.audit["replaced"] += 1
+        else:  # pragma: no cover - build_policy validates action codes
+            raise DeidentificationError("policy_error", f"unknown action {action}")
+
+    def _shift(self, elem: DataElement, vr: str, values: list[str]) -> None:
+        if not values or not any(v.strip() for v in values):
+            return
+        if vr == "DA":
+            new = [shift_date(v, self.shift) if v.strip() else v for v in values]
+        elif vr == "DT":
+            new = [shift_datetime(v, self.shift) if v.strip() else v for v in values]
+        elif vr == "TM":
+            new = [check_time(v) for v in values]
+        else:  # a C (modified dates) on a non-date VR: the table means a date-bearing text; clean it
+            self._clean(elem, vr, values)
+            return
+        elem.value = new[0] if len(new) == 1 else new
+        self.audit["shifted"] += 1
+
+    def _clean(self, elem: DataElement, vr: str, values: list[str]) -> None:
+        from entity_extraction.text_deid import deidentify_text
+
+        if vr not in TEXT_VRS or vr == "PN":
+            self._collect(vr, values)
+            elem.value = ""
+            self.audit["emptied"] += 1
+            return
+        cleaned = []
+        for v in values:
+            out, _ = deidentify_text(v, known_phi=self.scrub_known, date_shift_days=self.shift)
+            cleaned.append(out)
+        elem.value = cleaned[0] if len(cleaned) == 1 else cleaned
+        self.audit["cleaned"] += 1
+
+    def _age(self, value: str) -> str:
+        m = re.fullmatch(r"(\d{3})([DWMY])", value.strip())
+        if not m:
+            raise DeidentificationError("unparseable_age", "PatientAge is not an AS value (nnnD/W/M/Y)")
+        n, unit = int(m.group(1)), m.group(2)
+        years = {"D": n / 365.25, "W": n * 7 / 365.25, "M": n / 12, "Y": n}[unit]
+        return f"{self.p.max_age_years + 1:03d}Y" if years > self.p.max_age_years else value.strip()
+
+
+def dictionary_VR_or_none(tag) -> str | None:
+    """The data dictionary VR of a public tag, or None when the tag is unknown."""
+    try:
+        return dictionary_VR(tag)
+    except KeyError:
+        return None
+
+
+# ---- charset, burned-in text, pixel cleaning ------------------------------------------------------
+
+def _drop_undecodable_text(ds: Dataset, encodings: list[str], audit: Counter) -> None:
+    """Remove kept text values whose bytes do not decode under the declared character set (fail closed),
+    so the output's SpecificCharacterSet matches its bytes."""
+    for tag in list(ds.keys()):
+        elem = ds.get_item(tag)
+        vr = elem.VR
+        if vr == "SQ":
+            for item in ds[tag].value or []:
+                _drop_undecodable_text(item, encodings, audit)
             continue
-        if kw in policy.keep or kw in policy.keep_times:
-            out.add(elem)
-            audit["kept"] += 1
+        if vr in TEXT_VRS and isinstance(elem.value, bytes) and elem.value:
+            try:
+                with _strict_charset():
+                    decode_bytes(elem.value, encodings, {0x5C} if vr != "PN" else {0x5C, 0x5E, 0x3D})
+            except (UnicodeDecodeError, LookupError, ValueError):
+                del ds[tag]
+                audit["removed_undecodable"] += 1
+
+
+class _strict_charset:
+    def __enter__(self):
+        self.old = pydicom_config.settings.reading_validation_mode
+        pydicom_config.settings.reading_validation_mode = pydicom_config.RAISE
+
+    def __exit__(self, *exc):
+        pydicom_config.settings.reading_validation_mode = self.old
+        return False
+
+
+def burned_in_risk(ds: Dataset, policy: Policy) -> str | None:
+    """Why an instance may carry burned-in text, or None (PS3.15 E.1.1 asks to remove it from pixels)."""
+    if str(ds.get("BurnedInAnnotation", "") or "").strip().upper() == "YES":
+        return "BurnedInAnnotation is YES"
+    if str(ds.get("Modality", "") or "").strip().upper() in policy.burned_in_modalities:
+        return "modality at risk of burned-in text"
+    sop_class = str(ds.get("SOPClassUID", "") or "")
+    if any(sop_class.startswith(p) for p in policy.burned_in_sop_prefixes):
+        return "SOP class at risk of burned-in text"
+    return None
+
+
+def matching_cleaning_rule(ds: Dataset, rules: list[PixelCleaningRule]) -> PixelCleaningRule | None:
+    """The first pixel-cleaning rule whose device (and image size, when given) matches ``ds``."""
+    manufacturer = str(ds.get("Manufacturer", "") or "")
+    model = str(ds.get("ManufacturerModelName", "") or "")
+    for rule in rules:
+        if (re.fullmatch(rule.manufacturer, manufacturer, re.IGNORECASE)
+                and re.fullmatch(rule.model, model, re.IGNORECASE)
+                and (rule.rows is None or rule.rows == ds.get("Rows"))
+                and (rule.columns is None or rule.columns == ds.get("Columns"))):
+            return rule
+    return None
+
+
+def clean_pixels(ds: Dataset, rule: PixelCleaningRule) -> int:
+    """Blank the rule's regions (value 0) in every frame; re-encode the pixel data uncompressed.
+
+    Returns the number of pixels blanked per frame. Raises DeidentificationError ``pixel_cleaning_failed``
+    when the pixel data cannot be decoded.
+    """
+    try:
+        arr = ds.pixel_array.copy()
+    except Exception as err:  # noqa: BLE001  any decoder failure: the text cannot be removed
+        raise DeidentificationError("pixel_cleaning_failed", f"cannot decode pixels to clean them: {type(err).__name__}") from None
+    frames = int(ds.get("NumberOfFrames", 1) or 1)
+    rows, cols = int(ds.Rows), int(ds.Columns)
+    blanked = 0
+    for x0, y0, x1, y1 in rule.regions:
+        if frames > 1:
+            arr[:, y0:y1, x0:x1, ...] = 0
         else:
-            audit["removed"] += 1
-    return out
+            arr[y0:y1, x0:x1, ...] = 0
+        blanked += max(0, min(y1, rows) - y0) * max(0, min(x1, cols) - x0)
+    photometric = str(ds.PhotometricInterpretation)
+    if photometric.startswith("YBR"):
+        photometric = "RGB"  # pydicom's decoder already converted YBR to RGB
+    ds.set_pixel_data(arr, photometric, int(ds.BitsStored), generate_instance_uid=False)
+    return blanked
 
 
-def deidentify_dataset(ds: Dataset, key: PseudonymKey, institution: str, policy: Policy | None = None) -> DeidResult:
-    """De-identify one DICOM instance.
+# ---- entry point ---------------------------------------------------------------------------------
+
+def _identity(ds: Dataset) -> tuple[str, str]:
+    patient_id = str(ds.get("PatientID", "") or "").strip()
+    issuer = str(ds.get("IssuerOfPatientID", "") or "").strip()
+    return patient_id, issuer
+
+
+def _output_header(payload: bytes, ds: Dataset) -> bytes:
+    """The output bytes without the pixel data value (searched by the verifier)."""
+    raw = ds.get_item(_PIXEL_DATA)
+    value = getattr(raw, "value", None)
+    if isinstance(value, (bytes, bytearray)) and len(value) >= 256:
+        i = payload.find(bytes(value[:256]))
+        if i >= 0:
+            return payload[:i] + payload[i + len(value):]
+    return payload
+
+
+def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str],
+                  device_values: tuple[bytes, ...] = ()) -> list[str]:
+    """Identifying values of the input found in the output header bytes (their kinds only).
+
+    Name parts match as whole words, case-insensitively; IDs, UIDs and other values as byte strings in
+    the file's character set and in UTF-8. Institution names are not looked for inside the kept device
+    values (``device_values``: Manufacturer and model), which test data often set to the same text.
+    """
+    found = []
+    lowered = header.lower()
+    without_device = header
+    for d in device_values:
+        if d:
+            without_device = without_device.replace(d, b"")
+    for kind, value in phi:
+        if kind == "institution":
+            hay = without_device
+        else:
+            hay = header
+        forms = set()
+        for enc in [*encodings, "utf-8"]:
+            try:
+                forms.add(value.encode(enc))
+            except (UnicodeEncodeError, LookupError):
+                continue
+        for b in forms:
+            if kind == "name":
+                if b.lower() in lowered and re.search(rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])", header, re.IGNORECASE):
+                    found.append(kind)
+                    break
+            elif b in hay:
+                found.append(kind)
+                break
+    return found
+
+
+def deidentify_dataset(
+    ds: Dataset,
+    key: PseudonymKey,
+    institution: str,
+    policy: Policy | None = None,
+    *,
+    pixel_cleaning: list[PixelCleaningRule] | None = None,
+    default_issuer: str | None = None,
+) -> DeidResult:
+    """De-identify one DICOM instance **in place** and return it with its verified Part-10 bytes.
 
     Parameters
     ----------
     ds : pydicom.Dataset
-        the source instance (read with pixel data; it is not modified).
+        the source instance, read with its pixel data; it is modified.
     key : PseudonymKey
         the deployment's pseudonymisation key.
     institution : str
-        institution id; PatientID and AccessionNumber are pseudonymised within it.
+        institution id; PatientID, AccessionNumber and the institution pseudonym are derived within it.
+    policy : Policy, optional
+        the resolved profile (default: :func:`etl.deid_policy.build_policy` with default options).
+    pixel_cleaning : list of PixelCleaningRule, optional
+        rules that make files at risk of burned-in text acceptable by blanking their text regions.
+    default_issuer : str, optional
+        IssuerOfPatientID assumed when the file has none (the institution's own MRNs).
 
     Returns
     -------
@@ -245,97 +566,109 @@ def deidentify_dataset(ds: Dataset, key: PseudonymKey, institution: str, policy:
     Raises
     ------
     DeidentificationError
-        reason codes: ``missing_patient_id``, ``missing_uid``, ``burned_in_annotation``,
-        ``unparseable_date``, ``unparseable_age``, ``phi_verification_failed``.
+        reason codes: ``missing_patient_id``, ``missing_uid``, ``truncated_file``, ``burned_in_annotation_risk``,
+        ``pixel_cleaning_failed``, ``unparseable_date``, ``unparseable_age``, ``verification_failed``,
+        ``deidentification_error`` (anything unexpected while walking or writing the file).
     """
-    policy = policy or load_policy()
-    audit: Counter = Counter()
-    patient_id = str(ds.get("PatientID", "") or "").strip()
+    policy = policy or build_policy()
+    patient_id, issuer = _identity(ds)
     if not patient_id:
         raise DeidentificationError("missing_patient_id", "PatientID is empty or absent")
+    uids = {}
     for kw in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID"):
-        if not str(ds.get(kw, "") or "").strip():
+        uids[kw] = str(ds.get(kw, "") or "").strip()
+        if not uids[kw]:
             raise DeidentificationError("missing_uid", f"{kw} is empty or absent")
-    if str(ds.get("BurnedInAnnotation", "") or "").upper() == "YES":
-        raise DeidentificationError("burned_in_annotation", "BurnedInAnnotation is YES: pixel data may show PHI")
+    raw_pixels = ds.get_item(_PIXEL_DATA)
+    if (raw_pixels is not None and isinstance(raw_pixels.value, (bytes, bytearray))
+            and getattr(raw_pixels, "length", 0) not in (0, 0xFFFFFFFF) and len(raw_pixels.value) < raw_pixels.length):
+        # the file ends inside the pixel data: rewriting it would hide the truncation from normalisation
+        raise DeidentificationError("truncated_file", "the file ends before the end of its Pixel Data")
+    audit: Counter = Counter()
+    risk = burned_in_risk(ds, policy)
+    if risk:
+        rule = matching_cleaning_rule(ds, pixel_cleaning or [])
+        if rule is None:
+            raise DeidentificationError("burned_in_annotation_risk", f"{risk} and no pixel-cleaning rule applies")
+        clean_pixels(ds, rule)
+        ds.BurnedInAnnotation = "NO"
+        audit["pixel_regions_cleaned"] += len(rule.regions)
 
-    patient_key = key.pseudonym("patient", patient_value(institution, patient_id))
+    patient_key = patient_key_for(key, institution, patient_id, issuer or default_issuer)
     shift = key.date_shift_days(patient_key)
-    out = _copy_allowed(ds, policy, audit)
-
-    out.PatientName = patient_key
-    out.PatientID = patient_key
-    audit["replaced"] += 2
-    for kw in policy.empty:
-        setattr(out, kw, "")
-        audit["replaced"] += 1
     accession = str(ds.get("AccessionNumber", "") or "").strip()
     accession_key = key.pseudonym("accession", f"{institution}|{accession}") if accession else None
-    out.AccessionNumber = accession_key or ""
-    for kw in policy.remap_uids:
-        if kw in ds and str(ds[kw].value).strip():
-            setattr(out, kw, key.uid(str(ds[kw].value)))
-            audit["remapped"] += 1
-    for kw in policy.shift_dates:
-        if str(ds.get(kw, "") or "").strip():
-            setattr(out, kw, shift_date(str(ds[kw].value), shift))
-            audit["shifted"] += 1
-    for kw in policy.shift_datetimes:
-        if str(ds.get(kw, "") or "").strip():
-            setattr(out, kw, shift_datetime(str(ds[kw].value), shift))
-            audit["shifted"] += 1
-    if "PatientAge" in out and str(out.PatientAge).strip():
-        try:
-            out.PatientAge = _age_capped(str(out.PatientAge))
-        except DeidentificationError:
-            del out.PatientAge  # not an AS value: removing it is always safe
-            audit["removed"] += 1
+    known = [str(ds.get(k, "") or "") for k in ("PatientName", "PatientID", "OtherPatientIDs", "AccessionNumber",
+                                                 "ReferringPhysicianName", "PatientAddress")]
+    charset = ds.get("SpecificCharacterSet", "ISO_IR 6") or "ISO_IR 6"
+    try:
+        encodings = convert_encodings(charset)
+    except (LookupError, ValueError):
+        encodings = ["latin-1"]
+    walker = _Walker(policy, key, shift, patient_key, key.pseudonym("institution", institution, 12),
+                     [k for k in known if k.strip()])
+    try:
+        walker.walk(ds)
+        meta = getattr(ds, "file_meta", None)
+        ts = meta.get("TransferSyntaxUID") if meta is not None else None
+        _drop_undecodable_text(ds, encodings, walker.audit)
+        _finish(ds, policy, ts, walker)
+        buf = io.BytesIO()
+        ds.save_as(buf, enforce_file_format=True)
+        payload = buf.getvalue()
+    except DeidentificationError:
+        raise
+    except Exception as err:  # noqa: BLE001  any failure while de-identifying quarantines the file
+        raise DeidentificationError("deidentification_error", f"{type(err).__name__} while de-identifying") from None
+    device = tuple(bytes(ds.get_item(t).value or b"") if isinstance(ds.get_item(t).value, (bytes, bytearray))
+                   else str(ds[t].value).encode("utf-8", "ignore") for t in DEVICE_TAGS if t in ds)
+    hits = verify_output(_output_header(payload, ds), walker.phi, encodings, device)
+    if hits:
+        raise DeidentificationError(
+            "verification_failed", f"{len(hits)} identifying value(s) of the input remain in the output "
+            f"({', '.join(sorted(set(hits)))})")
+    walker.audit.update(audit)
+    walker.audit["verified"] += 1
+    return DeidResult(
+        dataset=ds,
+        patient_key=patient_key,
+        study_key=key.pseudonym("study", uids["StudyInstanceUID"]),
+        series_key=key.pseudonym("series", uids["SeriesInstanceUID"]),
+        sop_key=key.pseudonym("sop", uids["SOPInstanceUID"]),
+        accession_key=accession_key,
+        date_shift_days=shift,
+        audit=walker.audit,
+        payload=payload,
+    )
 
-    out.PatientIdentityRemoved = "YES"
-    out.LongitudinalTemporalInformationModified = "MODIFIED"
-    out.DeidentificationMethod = DEID_METHOD
-    codes = []
-    for value, meaning in METHOD_CODES:
+
+def _finish(ds: Dataset, policy: Policy, transfer_syntax: str | None, walker: _Walker) -> None:
+    if policy.safe_private:
+        _prune_private_creators(ds)
+    ds.PatientIdentityRemoved = "YES"
+    ds.DeidentificationMethod = policy.method_text
+    items = []
+    for value, meaning in policy.method_codes:
         item = Dataset()
         item.CodeValue = value
         item.CodingSchemeDesignator = "DCM"
         item.CodeMeaning = meaning
-        codes.append(item)
-    out.DeidentificationMethodCodeSequence = Sequence(codes)
-
-    src_meta = getattr(ds, "file_meta", None)
+        items.append(item)
+    ds.DeidentificationMethodCodeSequence = Sequence(items)
+    ds.LongitudinalTemporalInformationModified = "MODIFIED" if policy.modified_dates else "REMOVED"
     meta = FileMetaDataset()
     meta.MediaStorageSOPClassUID = ds.SOPClassUID if "SOPClassUID" in ds else "1.2.840.10008.5.1.4.1.1.7"
-    meta.MediaStorageSOPInstanceUID = out.SOPInstanceUID
-    ts = src_meta.get("TransferSyntaxUID") if src_meta is not None else None
-    meta.TransferSyntaxUID = ts or ExplicitVRLittleEndian
+    meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+    meta.TransferSyntaxUID = transfer_syntax or ExplicitVRLittleEndian
     meta.ImplementationClassUID = PYDICOM_IMPLEMENTATION_UID
-    meta.ImplementationVersionName = "MEDRECO_0_1"
-    out.file_meta = meta
-    out.preamble = b"\x00" * 128
+    meta.ImplementationVersionName = "MEDRECO_0_2"
+    ds.file_meta = meta
+    ds.preamble = b"\x00" * 128
 
-    # Fail closed: no identifying header value may survive anywhere in the output.
-    phi = _phi_values(ds, policy)
-    if phi:
-        all_strings = _strings(out)
-        non_device = _strings(out, skip=_DEVICE_KWS)
-        survivors = [
-            v for kw, v in phi
-            if any(_contains(s, v, whole_word=kw.endswith("Name"))
-                   for s in (non_device if kw in _INSTITUTION_KWS else all_strings))
-        ]
-        if survivors:
-            raise DeidentificationError(
-                "phi_verification_failed", f"{len(survivors)} element(s) still hold an identifying value"
-            )
-    audit["verified"] += 1
-    return DeidResult(
-        dataset=out,
-        patient_key=patient_key,
-        study_key=key.pseudonym("study", str(ds.StudyInstanceUID).strip()),
-        series_key=key.pseudonym("series", str(ds.SeriesInstanceUID).strip()),
-        sop_key=key.pseudonym("sop", str(ds.SOPInstanceUID).strip()),
-        accession_key=accession_key,
-        date_shift_days=shift,
-        audit=audit,
-    )
+
+def _prune_private_creators(ds: Dataset) -> None:
+    """Remove private creator elements (gggg,0010-00FF) that no kept private element uses."""
+    used = {(t.group, t.element >> 8) for t in ds.keys() if t.is_private and t.element >= 0x1000}
+    for t in list(ds.keys()):
+        if t.is_private and 0x0010 <= t.element <= 0x00FF and (t.group, t.element) not in used:
+            del ds[t]

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pydicom
 from pydicom.errors import InvalidDicomError
 
-from etl.deid import patient_value
+from etl.deid import patient_key_for
 from etl.keys import PseudonymKey
 from etl.storage import Storage
 from schemas.config import Institution, PipelineConfig
@@ -84,7 +84,7 @@ def classify_dicom(data: bytes, uids: dict | None = None) -> tuple[str | None, s
     if not elems or not any(k in ds for k in ("SOPInstanceUID", "SOPClassUID", "Modality")):
         return None, "not_dicom", "no DICOM identifying elements (SOPInstanceUID, SOPClassUID, Modality)"
     if uids is not None:
-        for kw in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID"):
+        for kw in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "IssuerOfPatientID"):
             uids[kw] = str(ds.get(kw, "") or "").strip()
     pid = str(ds.get("PatientID", "") or "").strip()
     if not pid:
@@ -133,7 +133,7 @@ def discover_institution(
             if reason:
                 row.update(status="quarantined", reason=reason, detail=detail)
             else:
-                patient_key = key.pseudonym("patient", patient_value(inst.id, pid))
+                patient_key = patient_key_for(key, inst.id, pid, uids["IssuerOfPatientID"] or inst.patient_id_issuer)
                 row.update(
                     shard=key.shard(patient_key, cfg.shard_count),
                     patient_key=patient_key,

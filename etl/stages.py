@@ -21,9 +21,11 @@ import pyarrow as pa
 import pydicom
 
 from etl.context import EVENT_SCHEMA, BuildContext
-from etl.deid import DeidentificationError, deidentify_dataset, patient_value
+from etl.deid import DeidentificationError, deidentify_dataset, patient_key_for
+from etl.deid_policy import build_policy
 from etl.discover import PLAN_SCHEMA, discover_institution, mark_duplicates, shard_batches
 from etl.storage import read_uri
+from schemas import deid_audit as deid_audit_schema
 from schemas import entity_mentions as entity_mentions_schema
 from schemas import images as images_schema
 from schemas import instances as instances_schema
@@ -35,6 +37,7 @@ from schemas.base import table_from_rows
 from schemas.ontology import infer_body_part, modality_family
 
 log = logging.getLogger(__name__)
+DEID_AUDIT_COUNTS = deid_audit_schema.COUNTS
 
 
 def _read_events(ctx: BuildContext, stage: str, shard: int | None = None) -> pa.Table:
@@ -107,7 +110,8 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     with certainty get a ``quarantined`` event with the reason code and are not written.
     """
     p = _plan(ctx).filter((pl.col("kind") == "dicom") & (pl.col("status") == "pending") & (pl.col("shard") == shard))
-    events, instances, audit = [], [], Counter()
+    policy = build_policy(ctx.cfg.deid)
+    events, instances, audit, audit_rows = [], [], Counter(), []
     written: set[str] = set()
     for row in p.sort("source_uri").iter_rows(named=True):
         inst = ctx.cfg.institution(row["institution"])
@@ -117,7 +121,12 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 ds = pydicom.dcmread(io.BytesIO(data), force=True)
-                result = deidentify_dataset(ds, ctx.key, inst.id)
+                body_part = infer_body_part(  # from the source descriptors, before they are cleaned
+                    str(ds.get("BodyPartExamined", "") or ""),
+                    [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")],
+                )
+                result = deidentify_dataset(ds, ctx.key, inst.id, policy, pixel_cleaning=ctx.cfg.deid.pixel_cleaning,
+                                            default_issuer=inst.patient_id_issuer)
                 payload = result.to_bytes()
         except DeidentificationError as err:
             events.append({**event, "status": "quarantined", "reason": err.reason, "detail": str(err)})
@@ -135,14 +144,12 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
             continue
         written.add(result.sop_key)
         out = result.dataset
+        audit_rows.append({"sop_key": result.sop_key, "study_key": result.study_key, "institution": inst.id,
+                           **{k: int(result.audit.get(k, 0)) for k in DEID_AUDIT_COUNTS}, "shard": shard})
         path = f"{ctx.dicom_dir(shard)}/{result.sop_key}.dcm"
         ctx.storage.write_bytes(path, payload)
         audit.update(result.audit)
         modality = str(out.get("Modality", "") or "OT").strip() or "OT"
-        body_part = infer_body_part(
-            str(ds.get("BodyPartExamined", "") or ""),
-            [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")],
-        )
         instances.append({
             "sop_key": result.sop_key, "series_key": result.series_key, "study_key": result.study_key,
             "patient_key": result.patient_key, "accession_key": result.accession_key,
@@ -162,6 +169,7 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
         if stale.rsplit("/", 1)[-1].removesuffix(".dcm") not in written:
             ctx.storage.delete(stale)
     n = write_partition(ctx, "instances", instances_schema.SCHEMA, shard, instances)
+    write_partition(ctx, "deid_audit", deid_audit_schema.SCHEMA, shard, audit_rows)
     ctx.storage.write_table(ctx.events_path("deidentify", shard), table_from_rows(events, EVENT_SCHEMA))
     ctx.storage.write_text(ctx.audit_path("deidentify", shard), json.dumps(dict(sorted(audit.items()))))
     return {"shard": shard, "instances": n, "quarantined": sum(e["status"] == "quarantined" for e in events)}
@@ -385,7 +393,8 @@ def reports(ctx: BuildContext) -> dict:
                     phi_cache[uri] = _header_phi(uri, ctx)
                 known_phi += phi_cache.get(uri, [])
             elif rec.get("patient_id"):
-                patient_key, link = key.pseudonym("patient", patient_value(inst.id, str(rec["patient_id"]))), "no_study"
+                patient_key = patient_key_for(key, inst.id, str(rec["patient_id"]), inst.patient_id_issuer)
+                link = "no_study"
             else:
                 patient_key, link = None, "report_only_source" if not inst.dicom else "no_study"
             shift = key.date_shift_days(patient_key) if patient_key else None

@@ -47,6 +47,9 @@ class Institution(_Strict):
     timezone: str = Field(description="IANA time zone of its DICOM timestamps, e.g. 'America/New_York'")
     source_uri: str = Field(description="folder or s3:// prefix holding its deliveries; relative = under storage root/sources")
     report_format: Literal["jsonl", "csv", "text", "hl7", "none"] = "jsonl"
+    patient_id_issuer: str | None = Field(
+        default=None, description="IssuerOfPatientID of the institution's own MRNs (assumed where a file or report has none)"
+    )
     report_glob: str | None = Field(
         default=None, description="file-name pattern of report files (default from report_format, e.g. '*.jsonl')"
     )
@@ -166,6 +169,59 @@ class SplitConfig(_Strict):
         return self
 
 
+class PixelCleaningRule(_Strict):
+    """Blank known burned-in text regions of one device's images (CTP DicomPixelAnonymizer style).
+
+    A rule applies when Manufacturer and ManufacturerModelName match (case-insensitive regular
+    expressions, whole value) and, when given, Rows and Columns equal the image's.
+    """
+
+    manufacturer: str
+    model: str = ".*"
+    rows: int | None = None
+    columns: int | None = None
+    regions: list[tuple[int, int, int, int]] = Field(
+        min_length=1, description="[x0, y0, x1, y1] pixel boxes (columns x, rows y; x1/y1 exclusive) to blank"
+    )
+
+    @field_validator("manufacturer", "model")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as err:
+            raise ValueError(f"not a valid regular expression: {err}") from None
+        return v
+
+    @field_validator("regions")
+    @classmethod
+    def _boxes(cls, v: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+        for x0, y0, x1, y1 in v:
+            if min(x0, y0) < 0 or x1 <= x0 or y1 <= y0:
+                raise ValueError(f"region {[x0, y0, x1, y1]} must have 0 <= x0 < x1 and 0 <= y0 < y1")
+        return v
+
+
+class DeidConfig(_Strict):
+    """PS3.15 options (recorded in DeidentificationMethodCodeSequence, CID 7050) and burned-in text rules."""
+
+    retain_longitudinal_modified_dates: bool = Field(default=True, description="113107: shift dates per patient")
+    retain_patient_characteristics: bool = Field(default=True, description="113108: sex, size, weight, age<=89")
+    clean_descriptors: bool = Field(default=True, description="113105: keep Study/Series description, protocol, scrubbed")
+    retain_device_identity: bool = Field(default=False, description="113109: keep station name, serial numbers")
+    retain_safe_private: bool = Field(default=False, description="113111: keep allow-listed private attributes")
+    safe_private_allowlist: str | None = Field(
+        default=None, description="CSV of private attributes (private creator, element, VR) kept under 113111"
+    )
+    pixel_cleaning: list[PixelCleaningRule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _allowlist(self) -> DeidConfig:
+        if self.retain_safe_private and not self.safe_private_allowlist:
+            raise ValueError("retain_safe_private needs safe_private_allowlist")
+        return self
+
+
 class TrainingConfig(_Strict):
     """How training is launched on each published snapshot."""
 
@@ -189,6 +245,7 @@ class PipelineConfig(_Strict):
     pairing: PairingConfig = PairingConfig()
     vqa: VQAConfig = VQAConfig()
     splits: SplitConfig = SplitConfig()
+    deid: DeidConfig = DeidConfig()
     training: TrainingConfig = TrainingConfig()
     #: where relative paths in this file are resolved from; set by :func:`load_config`
     base_dir: str = Field(default=".", exclude=True)

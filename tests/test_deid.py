@@ -1,4 +1,5 @@
-"""Foundation de-identification: allow-list, remapped UIDs, per-patient date shift, fail-closed."""
+"""DICOM de-identification (PS3.15 Basic Profile, table driven): remapped UIDs, per-patient date shift,
+options recorded, fail-closed with verification after."""
 
 from __future__ import annotations
 
@@ -40,38 +41,44 @@ def _all_strings(ds: Dataset) -> str:
 
 
 def test_phi_removed_and_identity_replaced(ct, key):
+    pixels = ct.PixelData
     r = deidentify_dataset(ct, key, "us-a")
-    out = r.dataset
+    out = pydicom.dcmread(io.BytesIO(r.to_bytes()))
     text = _all_strings(out) + " " + _all_strings(out.file_meta)
     for value in ("DOE", "JOHN", "MRN-778899", "ACC123456", "19400102", "Springfield", "RP-998877"):
         assert value not in text
     assert str(out.PatientName) == r.patient_key == out.PatientID
-    assert out.AccessionNumber == r.accession_key == key.pseudonym("accession", "us-a|ACC123456")
-    assert "PatientBirthDate" not in out and "ImageComments" not in out and "RequestAttributesSequence" not in out
+    assert out.AccessionNumber == "" and r.accession_key == key.pseudonym("accession", "us-a|ACC123456")  # Z
+    assert out.PatientBirthDate == ""  # Z
+    assert "ImageComments" not in out and "RequestAttributesSequence" not in out  # X
+    assert out.InstitutionName == f"INSTITUTION-{key.pseudonym('institution', 'us-a', 12)}"
     assert not any(e.tag.is_private for e in out.iterall())
     assert out.PatientAge == "090Y"  # over 89 -> 90+ (Retain Patient Characteristics)
     assert out.PatientIdentityRemoved == "YES" and out.LongitudinalTemporalInformationModified == "MODIFIED"
-    assert [c.CodeValue for c in out.DeidentificationMethodCodeSequence] == ["113100", "113107", "113108"]
-    assert out.Rows == ct.Rows and out.PixelData == ct.PixelData
+    assert [c.CodeValue for c in out.DeidentificationMethodCodeSequence] == ["113100", "113105", "113107", "113108"]
+    assert out.Rows == 128 and out.PixelData == pixels
+    assert r.audit["verified"] == 1 and r.audit["removed"] > 0 and r.audit["remapped"] >= 4
 
 
 def test_uids_remapped_consistently(ct, key):
+    study, sop, sop_class = ct.StudyInstanceUID, ct.SOPInstanceUID, ct.SOPClassUID
+    twin = copy.deepcopy(ct)
     r = deidentify_dataset(ct, key, "us-a")
-    assert r.dataset.StudyInstanceUID == key.uid(ct.StudyInstanceUID) != ct.StudyInstanceUID
-    assert r.dataset.file_meta.MediaStorageSOPInstanceUID == r.dataset.SOPInstanceUID == key.uid(ct.SOPInstanceUID)
-    assert r.dataset.SOPClassUID == ct.SOPClassUID
-    again = deidentify_dataset(copy.deepcopy(ct), key, "us-a")
+    assert r.dataset.StudyInstanceUID == key.uid(study) != study
+    assert r.dataset.file_meta.MediaStorageSOPInstanceUID == r.dataset.SOPInstanceUID == key.uid(sop)
+    assert r.dataset.SOPClassUID == sop_class
+    again = deidentify_dataset(twin, key, "us-a")
     assert again.to_bytes() == r.to_bytes(), "same input and key -> byte-identical output"
 
 
 def test_dates_shift_by_one_offset_per_patient(ct, key):
+    later = copy.deepcopy(ct)
     r = deidentify_dataset(ct, key, "us-a")
     shift = key.date_shift_days(r.patient_key)
     assert r.date_shift_days == shift
     expected = (dt.date(2023, 3, 14) + dt.timedelta(days=shift)).strftime("%Y%m%d")
     assert r.dataset.StudyDate == expected
     assert r.dataset.AcquisitionDateTime == expected + "101502.123456+0100"
-    later = copy.deepcopy(ct)
     later.StudyDate = "20240101"
     r2 = deidentify_dataset(later, key, "us-a")
     gap = dt.datetime.strptime(r2.dataset.StudyDate, "%Y%m%d") - dt.datetime.strptime(r.dataset.StudyDate, "%Y%m%d")
@@ -81,11 +88,14 @@ def test_dates_shift_by_one_offset_per_patient(ct, key):
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
-        (lambda d: setattr(d, "BurnedInAnnotation", "YES"), "burned_in_annotation"),
+        (lambda d: setattr(d, "BurnedInAnnotation", "YES"), "burned_in_annotation_risk"),
+        (lambda d: setattr(d, "Modality", "US"), "burned_in_annotation_risk"),
+        (lambda d: setattr(d, "SOPClassUID", "1.2.840.10008.5.1.4.1.1.7"), "burned_in_annotation_risk"),
         (lambda d: setattr(d, "PatientID", ""), "missing_patient_id"),
         (lambda d: setattr(d, "StudyDate", "2023-03-14"), "unparseable_date"),
         (lambda d: setattr(d, "SeriesDate", "20231345"), "unparseable_date"),
-        (lambda d: setattr(d, "Manufacturer", "JOHN DOE imaging"), "phi_verification_failed"),
+        (lambda d: setattr(d, "Manufacturer", "JOHN DOE imaging"), "verification_failed"),
+        (lambda d: setattr(d, "ManufacturerModelName", "MRN-778899"), "verification_failed"),
     ],
 )
 def test_fail_closed(ct, key, mutate, reason):
@@ -96,11 +106,16 @@ def test_fail_closed(ct, key, mutate, reason):
     assert "DOE" not in str(err.value) and "JOHN" not in str(err.value)
 
 
-def test_shift_helpers():
+def test_shift_helpers_keep_precision():
     assert shift_date("20240228", 1) == "20240229"
+    assert shift_date("1999.12.31", 1) == "20000101"  # ACR-NEMA form read, written as DA
     assert shift_datetime("2024022823", 2) == "2024030123"
-    with pytest.raises(DeidentificationError):
-        shift_datetime("2024", 1)  # partial: cannot be shifted with certainty
+    assert shift_datetime("20230314101502.123456+0100", -3) == "20230311101502.123456+0100"
+    assert shift_datetime("202403", 40) == "202404"  # partial stays partial (moves its first day)
+    assert shift_datetime("2024", 400) == "2025"
+    for bad in ("2024-03-14", "20241301", "yesterday"):
+        with pytest.raises(DeidentificationError):
+            shift_datetime(bad, 1)
 
 
 def test_output_reads_back(ct, key):
