@@ -199,7 +199,10 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
 
 # ---------------------------------------------------------------- names
 def _name_components(value: str) -> list[str]:
-    return [c for c in re.split(r"[\^,\s]+", value) if len(c.rstrip(".")) >= 2]
+    """Name parts of 2+ characters; a single character counts in scripts without Latin initials
+    (the Chinese surname "王"). Alphabetic and ideographic groups of DICOM PN (``=``) are split too."""
+    parts = re.split(r"[\^,=\s]+", value)
+    return [c for c in parts if len(c.rstrip(".")) >= 2 or (len(c) == 1 and ord(c) > 0x2E7F)]
 
 
 def _name_run_regex(components: set[str], case_insensitive: bool) -> re.Pattern[str] | None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import pydicom
 from pydicom import config as pydicom_config
 from pydicom.charset import convert_encodings, decode_bytes
-from pydicom.datadict import dictionary_VR
+from pydicom.datadict import dictionary_VR, keyword_for_tag
 from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.multival import MultiValue
@@ -45,7 +45,19 @@ from etl.keys import PseudonymKey
 from schemas.config import PixelCleaningRule
 
 #: values of already de-identified input that are not identifying (and equal our own dummies)
-PLACEHOLDERS = frozenset({"ANONYMIZED", "ANONYMOUS", "ANON", "UNKNOWN", "NONE", "NULL", "REMOVED", "DEIDENTIFIED"})
+PLACEHOLDERS = frozenset({"ANONYMIZED", "ANONYMOUS", "ANON", "UNKNOWN", "NONE", "NULL", "REMOVED", "DEIDENTIFIED",
+                          "PATIENT", "TEST", "PHANTOM", "THE", "AND", "FOR", "DOCTOR", "PHYSICIAN", "OPERATOR"})
+#: LO/SH/AE/UC attributes whose whole value identifies (others are descriptors or codes that legitimately
+#: recur in kept, cleaned text: only person names, UIDs and these are verified absent)
+IDENTIFYING_KEYWORDS = frozenset({
+    "PatientID", "OtherPatientIDs", "IssuerOfPatientID", "AccessionNumber", "StudyID", "RequestedProcedureID",
+    "ScheduledProcedureStepID", "PerformedProcedureStepID", "AdmissionID", "ServiceEpisodeID", "PatientAddress",
+    "PatientTelephoneNumbers", "MilitaryRank", "BranchOfService", "MedicalRecordLocator", "InsurancePlanIdentification",
+    "InstitutionName", "InstitutionAddress", "InstitutionalDepartmentName", "DeviceSerialNumber", "StationName",
+    "DetectorID", "PlateID", "CassetteID", "GantryID", "DeviceUID", "PersonTelephoneNumbers", "PersonAddress",
+    "ResponsibleOrganization", "FillerOrderNumberImagingServiceRequest", "PlacerOrderNumberImagingServiceRequest",
+    "OrderEnteredBy", "OrderCallbackPhoneNumber", "RegionOfResidence", "CountryOfResidence",
+})
 TEXT_VRS = frozenset({"AE", "CS", "LO", "LT", "PN", "SH", "ST", "UC", "UT", "UR"})
 _DA_RE = re.compile(r"^\d{4}(\d{2}(\d{2})?)?$")
 _DT_RE = re.compile(r"^(\d{4})(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\.\d{1,6})?([+-]\d{4})?$")
@@ -53,8 +65,10 @@ _TM_RE = re.compile(r"^\d{2}(\d{2}(\d{2}(\.\d{1,6})?)?)?$|^\d{2}(:\d{2}(:\d{2}(\
 _PIXEL_DATA = 0x7FE00010
 #: InstitutionName, InstitutionAddress, InstitutionalDepartmentName: whole values are verified absent
 INSTITUTION_TAGS = frozenset({0x00080080, 0x00080081, 0x00081040})
-#: device elements kept by the profile that test data often fill with the institution's name
-DEVICE_TAGS = (0x00080070, 0x00081090)
+#: device elements kept by the profile (Manufacturer, ManufacturerModelName, SoftwareVersions); test data
+#: often repeats them in identifying attributes (InstitutionName, StationName), so their text is not
+#: searched for those values
+DEVICE_TAGS = (0x00080070, 0x00081090, 0x00181020)
 _SPECIFIC_CHARSET = 0x00080005
 
 
@@ -165,6 +179,15 @@ def check_time(value: str) -> str:
 
 # ---- the walk ------------------------------------------------------------------------------------
 
+def _id_like(v: str) -> bool:
+    """An identifier worth verifying: has a digit, and is long enough not to occur in numbers by chance
+    (pure digits: 6 or more; mixed: 4 or more)."""
+    if not any(ch.isdigit() for ch in v) or v.strip().upper() in PLACEHOLDERS:
+        return False
+    digits_only = re.fullmatch(r"[\d.\-+ ]+", v) is not None
+    return len(v) >= (6 if digits_only else 4)
+
+
 def _text(elem: DataElement | pydicom.dataelem.RawDataElement) -> list[str]:
     v = elem.value
     if v is None or v == b"" or v == "":
@@ -189,7 +212,7 @@ class _Walker:
         self.phi: set[tuple[str, str]] = set()  # (kind, value) identifying values of the input
 
     # remember identifying values of an element before it is changed or removed
-    def _collect(self, vr: str, values: list[str], kind: str | None = None) -> None:
+    def _collect(self, vr: str, values: list[str], kind: str | None = None, keyword: str = "") -> None:
         """Remember identifying values: person-name parts, original UIDs, digit-bearing IDs and tokens.
 
         Words without digits from descriptions are not collected: they legitimately recur in kept,
@@ -203,16 +226,17 @@ class _Walker:
                 self.phi.add(("institution", v))
             elif vr == "PN":
                 for part in re.split(r"[\^=,\s]+", v):
-                    if len(part.rstrip(".")) >= 3 and part.upper().strip(".") not in PLACEHOLDERS:
+                    if (len(part.rstrip(".")) >= 3 and sum(ch.isalpha() for ch in part) >= 2
+                            and part.upper().strip(".") not in PLACEHOLDERS):
                         self.phi.add(("name", part))
             elif vr == "UI":
                 if v.count(".") >= 2 and len(v) >= 8:
                     self.phi.add(("uid", v))
-            elif vr in ("LO", "SH", "AE", "UC") and len(v) >= 4 and any(ch.isdigit() for ch in v):
-                self.phi.add(("value", v))
-            elif vr in ("ST", "LT", "UT", "LO", "SH", "UC"):
-                self.phi.update(("value", t) for t in re.findall(r"[\w-]*\d[\w-]*", v)
-                                if len(t) >= 5 and not t.isdigit() or len(t) >= 6)
+            elif vr in ("LO", "SH", "AE", "UC"):
+                if keyword in IDENTIFYING_KEYWORDS and _id_like(v):
+                    self.phi.add(("value", v))
+            elif vr in ("ST", "LT", "UT"):  # comments: their digit-bearing tokens (IDs, numbers, dates)
+                self.phi.update(("value", t) for t in re.findall(r"[\w-]*\d[\w-]*", v) if _id_like(t))
 
     def _uid(self, value: str, tag: int) -> str:
         v = value.strip().rstrip("\x00")
@@ -259,7 +283,7 @@ class _Walker:
                 values = _text(ds[tag])  # decoded with the dataset's character set
             except Exception:  # noqa: BLE001  undecodable: the raw bytes still identify
                 values = _text(elem)
-            self._collect(vr, values, "institution" if tag in INSTITUTION_TAGS else None)
+            self._collect(vr, values, "institution" if tag in INSTITUTION_TAGS else None, keyword_for(tag))
         elif vr == "SQ":
             self._collect_sequence(ds[tag])
         del ds[tag]
@@ -269,7 +293,8 @@ class _Walker:
         for item in elem.value or []:
             for sub in item.iterall():
                 if sub.VR in TEXT_VRS or sub.VR == "UI":
-                    self._collect(sub.VR, _text(sub))
+                    self._collect(sub.VR, _text(sub), "institution" if sub.tag in INSTITUTION_TAGS else None,
+                                  sub.keyword)
 
     def _private(self, ds: Dataset, tag, elem, depth: int) -> None:
         if self.p.safe_private and tag.element >= 0x1000:
@@ -282,9 +307,8 @@ class _Walker:
                 return
         if self.p.safe_private and 0x0010 <= tag.element <= 0x00FF:
             return  # private creators stay while an allow-listed element of theirs may; pruned after the walk
-        vr = elem.VR
-        if vr in TEXT_VRS:
-            self._collect(vr, _text(elem))
+        if elem.VR == "PN":  # private values are removed; person names among them are also verified absent
+            self._collect("PN", _text(elem))
         del ds[tag]
         self.audit["removed"] += 1
 
@@ -307,12 +331,13 @@ class _Walker:
                 self.audit["emptied"] += 1
             return
         values = _text(elem) if vr in TEXT_VRS | {"UI", "DA", "DT", "TM", "AS", "IS", "DS"} else []
+        kw = keyword_for(tag)
         if action == "Z":
-            self._collect(vr, values)
+            self._collect(vr, values, None, kw)
             elem.value = ""
             self.audit["emptied"] += 1
         elif action == "D":
-            self._collect(vr, values)
+            self._collect(vr, values, None, kw)
             if vr == "UI":
                 elem.value = "\\".join(self._uid(v, tag) for v in values) if values else ""
                 self.audit["remapped"] += 1
@@ -324,7 +349,7 @@ class _Walker:
                 self.audit["emptied"] += 1
         elif action in ("U", "U*"):
             if vr != "UI":
-                self._collect(vr, values)
+                self._collect(vr, values, None, kw)
                 elem.value = ""
                 self.audit["emptied"] += 1
                 return
@@ -336,10 +361,15 @@ class _Walker:
         elif action == "CLEAN":
             self._clean(elem, vr, values)
         elif action == "AGE":
-            elem.value = self._age(values[0]) if values else ""
-            self.audit["replaced" if values else "emptied"] += 1
+            age = self._age(values[0]) if values else ""
+            if age is None:  # not an AS value: removing it is always safe
+                del ds[tag]
+                self.audit["removed"] += 1
+            else:
+                elem.value = age
+                self.audit["replaced" if values else "emptied"] += 1
         elif action == "PATIENT":
-            self._collect("PN" if vr == "PN" else "LO", values)
+            self._collect("PN" if vr == "PN" else "LO", values, None, kw)
             elem.value = self.patient_key
             self.audit["replaced"] += 1
         elif action == "INSTITUTION":
@@ -379,13 +409,19 @@ class _Walker:
         elem.value = cleaned[0] if len(cleaned) == 1 else cleaned
         self.audit["cleaned"] += 1
 
-    def _age(self, value: str) -> str:
+    def _age(self, value: str) -> str | None:
+        """``nnnY`` capped at ``090Y`` above the policy's maximum age; None for a value that is not AS."""
         m = re.fullmatch(r"(\d{3})([DWMY])", value.strip())
         if not m:
-            raise DeidentificationError("unparseable_age", "PatientAge is not an AS value (nnnD/W/M/Y)")
+            return None
         n, unit = int(m.group(1)), m.group(2)
         years = {"D": n / 365.25, "W": n * 7 / 365.25, "M": n / 12, "Y": n}[unit]
         return f"{self.p.max_age_years + 1:03d}Y" if years > self.p.max_age_years else value.strip()
+
+
+def keyword_for(tag) -> str:
+    """The DICOM keyword of a public tag, or "" when unknown."""
+    return keyword_for_tag(tag) or ""
 
 
 def dictionary_VR_or_none(tag) -> str | None:
@@ -512,7 +548,7 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
         if d:
             without_device = without_device.replace(d, b"")
     for kind, value in phi:
-        if kind == "institution":
+        if kind != "uid":
             hay = without_device
         else:
             hay = header
@@ -524,11 +560,15 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
                 continue
         for b in forms:
             if kind == "name":
-                if b.lower() in lowered and re.search(rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])", header, re.IGNORECASE):
+                if b.lower() in lowered and re.search(rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])", hay, re.IGNORECASE):
                     found.append(kind)
                     break
-            elif b in hay:
-                found.append(kind)
+            elif kind == "uid":
+                if b in hay:
+                    found.append(kind)
+                    break
+            elif b in hay and re.search(rb"(?<![A-Za-z0-9])" + re.escape(b) + rb"(?![A-Za-z0-9])", hay):
+                found.append(kind)  # whole tokens: "12345" is not found inside "112345.5"
                 break
     return found
 
@@ -567,7 +607,7 @@ def deidentify_dataset(
     ------
     DeidentificationError
         reason codes: ``missing_patient_id``, ``missing_uid``, ``truncated_file``, ``burned_in_annotation_risk``,
-        ``pixel_cleaning_failed``, ``unparseable_date``, ``unparseable_age``, ``verification_failed``,
+        ``pixel_cleaning_failed``, ``unparseable_date``, ``verification_failed``,
         ``deidentification_error`` (anything unexpected while walking or writing the file).
     """
     policy = policy or build_policy()

@@ -403,7 +403,7 @@ def reports(ctx: BuildContext) -> dict:
             if surviving_source_dates(rec["text"], text):
                 # fail closed: the report is withheld and a PHI-free quarantine record names it
                 withheld.append({"run_id": ctx.run_id, "source_uri": f["source_uri"], "record": rec["report_id"],
-                                 "reason": "phi_verification_failed",
+                                 "reason": "verification_failed",
                                  "detail": "a date of the source text survived text de-identification"})
                 continue
             sections = split_sections(text)

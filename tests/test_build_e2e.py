@@ -62,7 +62,7 @@ def test_burned_in_annotation_is_quarantined(demo_build):
     by_uri = {r["source_uri"]: r for r in ledger}
     for f in burned:
         row = by_uri[str(demo_build["root"] / f)]
-        assert (row["status"], row["reason"]) == ("quarantined", "burned_in_annotation")
+        assert (row["status"], row["reason"]) == ("quarantined", "burned_in_annotation_risk")
     records = list((demo_build["root"] / "quarantine" / demo_build["first"]["run_id"]).glob("*.json"))
     assert len(records) == demo_build["first"]["ledger"]["quarantined"]
 
