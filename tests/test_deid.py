@@ -94,8 +94,8 @@ def test_dates_shift_by_one_offset_per_patient(ct, key):
         (lambda d: setattr(d, "PatientID", ""), "missing_patient_id"),
         (lambda d: setattr(d, "StudyDate", "2023-03-14"), "unparseable_date"),
         (lambda d: setattr(d, "SeriesDate", "20231345"), "unparseable_date"),
-        (lambda d: setattr(d, "Manufacturer", "JOHN DOE imaging"), "verification_failed"),
-        (lambda d: setattr(d, "ManufacturerModelName", "MRN-778899"), "verification_failed"),
+        (lambda d: setattr(d, "ConvolutionKernel", "DOE JOHN"), "verification_failed"),
+        (lambda d: setattr(d, "FilterType", "MRN-778899"), "verification_failed"),
     ],
 )
 def test_fail_closed(ct, key, mutate, reason):
