@@ -29,6 +29,7 @@ import io
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import pydicom
 from pydicom import config as pydicom_config
@@ -58,11 +59,16 @@ IDENTIFYING_KEYWORDS = frozenset({
     "ResponsibleOrganization", "FillerOrderNumberImagingServiceRequest", "PlacerOrderNumberImagingServiceRequest",
     "OrderEnteredBy", "OrderCallbackPhoneNumber", "RegionOfResidence", "CountryOfResidence",
 })
+ASCII_VRS = frozenset({"UI", "DA", "DT", "TM", "AS", "IS", "DS"})
 TEXT_VRS = frozenset({"AE", "CS", "LO", "LT", "PN", "SH", "ST", "UC", "UT", "UR"})
 _DA_RE = re.compile(r"^\d{4}(\d{2}(\d{2})?)?$")
 _DT_RE = re.compile(r"^(\d{4})(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\.\d{1,6})?([+-]\d{4})?$")
 _TM_RE = re.compile(r"^\d{2}(\d{2}(\d{2}(\.\d{1,6})?)?)?$|^\d{2}(:\d{2}(:\d{2}(\.\d{1,6})?)?)?$")
 _PIXEL_DATA = 0x7FE00010
+#: words after which the report scrubber looks for names or organisations (see entity_extraction/phi_patterns.json)
+_SCRUB_TRIGGER = re.compile(
+    r"\b(?:dr|doctor|prof|mr|mrs|ms|miss|patient|name|signed|by|md|hospital|clinic|infirmary|cent(?:er|re)|"
+    r"health|imaging|radiology|@|www|http)\b|@", re.IGNORECASE)
 #: InstitutionName, InstitutionAddress, InstitutionalDepartmentName: whole values are verified absent
 INSTITUTION_TAGS = frozenset({0x00080080, 0x00080081, 0x00081040})
 #: device elements kept by the profile (Manufacturer, ManufacturerModelName, SoftwareVersions); test data
@@ -210,6 +216,7 @@ class _Walker:
         self.scrub_known = scrub_known
         self.audit: Counter = Counter()
         self.phi: set[tuple[str, str]] = set()  # (kind, value) identifying values of the input
+        self._known_parts: set[str] | None = None
 
     # remember identifying values of an element before it is changed or removed
     def _collect(self, vr: str, values: list[str], kind: str | None = None, keyword: str = "") -> None:
@@ -246,13 +253,13 @@ class _Walker:
         return self.key.uid(v)
 
     def walk(self, ds: Dataset, depth: int = 0) -> None:
-        for tag in list(ds.keys()):
-            elem = ds.get_item(tag)
+        removed_groups = self.p.removed_group_prefixes
+        for tag, elem in list(ds.items()):  # raw elements: values are converted only where needed
             group = tag >> 16
-            if tag.is_private:
+            if group & 1:  # private (odd group)
                 self._private(ds, tag, elem, depth)
                 continue
-            if tag.element == 0 or self.p.removes_group(group):
+            if tag & 0xFFFF == 0 or (group & 0xFF00) in removed_groups:
                 self._remove(ds, tag, elem)
                 continue
             vr = elem.VR or dictionary_VR_or_none(tag)
@@ -278,7 +285,7 @@ class _Walker:
 
     def _remove(self, ds: Dataset, tag, elem) -> None:
         vr = elem.VR or dictionary_VR_or_none(tag)
-        if vr and vr != "SQ" and vr in TEXT_VRS | {"UI"}:
+        if vr and vr != "SQ" and self._collects(vr, tag):
             try:
                 values = _text(ds[tag])  # decoded with the dataset's character set
             except Exception:  # noqa: BLE001  undecodable: the raw bytes still identify
@@ -288,6 +295,12 @@ class _Walker:
             self._collect_sequence(ds[tag])
         del ds[tag]
         self.audit["removed"] += 1
+
+    @staticmethod
+    def _collects(vr: str, tag) -> bool:
+        """Whether :meth:`_collect` would keep anything of such an element (saves decoding the rest)."""
+        return (vr in ("PN", "UI", "ST", "LT", "UT") or tag in INSTITUTION_TAGS
+                or (vr in ("LO", "SH", "AE", "UC") and keyword_for(tag) in IDENTIFYING_KEYWORDS))
 
     def _collect_sequence(self, elem: DataElement) -> None:
         for item in elem.value or []:
@@ -318,6 +331,15 @@ class _Walker:
             return
         if action == "X":
             self._remove(ds, tag, ds.get_item(tag))
+            return
+        if vr in ASCII_VRS and action in ("U", "U*", "SHIFT", "Z", "D"):
+            self._apply_ascii(ds, tag, vr, action, ds.get_item(tag))
+            return
+        if action in ("Z", "D") and vr in TEXT_VRS and not self._collects(vr, tag):
+            # nothing to remember from it: replace without decoding the old value
+            value = "" if action == "Z" else self.p.dummy.get(vr, "")
+            ds[tag] = DataElement(tag, vr, value, validation_mode=pydicom_config.IGNORE)
+            self.audit["emptied" if action == "Z" else "replaced"] += 1
             return
         elem = ds[tag]
         if vr == "SQ":
@@ -379,6 +401,34 @@ class _Walker:
         else:  # pragma: no cover - build_policy validates action codes
             raise DeidentificationError("policy_error", f"unknown action {action}")
 
+    def _apply_ascii(self, ds: Dataset, tag, vr: str, action: str, elem) -> None:
+        """UI/DA/DT/TM/AS/IS/DS: read the raw ASCII value, write a new element without re-validating it."""
+        raw = elem.value
+        if isinstance(raw, (bytes, bytearray)):
+            text = bytes(raw).decode("ascii", "replace").rstrip("\x00 ")
+            values = text.split("\\") if text else []
+        else:
+            values = _text(elem)
+        if action == "Z" or (action == "D" and vr != "UI" and vr not in self.p.dummy):
+            if vr == "UI":
+                self._collect("UI", values)
+            new, counter = "", "emptied"
+        elif action == "D" and vr != "UI":
+            new, counter = self.p.dummy[vr], "replaced"
+        elif vr == "UI":
+            mapped = [self._uid(v, tag) for v in values]
+            new, counter = "\\".join(mapped), "remapped"
+        elif action == "SHIFT" and vr in ("DA", "DT", "TM"):
+            if not any(v.strip() for v in values):
+                return
+            fn = shift_date if vr == "DA" else shift_datetime if vr == "DT" else None
+            mapped = [(fn(v, self.shift) if fn else check_time(v)) if v.strip() else v for v in values]
+            new, counter = "\\".join(mapped), "shifted"
+        else:  # U on a non-UID ASCII value, or SHIFT on AS/IS/DS: no identifying content is kept
+            new, counter = "", "emptied"
+        ds[tag] = DataElement(tag, vr, new, validation_mode=pydicom_config.IGNORE)
+        self.audit[counter] += 1
+
     def _shift(self, elem: DataElement, vr: str, values: list[str]) -> None:
         if not values or not any(v.strip() for v in values):
             return
@@ -404,10 +454,20 @@ class _Walker:
             return
         cleaned = []
         for v in values:
-            out, _ = deidentify_text(v, known_phi=self.scrub_known, date_shift_days=self.shift)
-            cleaned.append(out)
+            if self._needs_scrub(v):
+                v, _ = deidentify_text(v, known_phi=self.scrub_known, date_shift_days=self.shift)
+            cleaned.append(v)
         elem.value = cleaned[0] if len(cleaned) == 1 else cleaned
         self.audit["cleaned"] += 1
+
+    def _needs_scrub(self, value: str) -> bool:
+        """Whether the text scrubber could change ``value``: it has a digit, a known name part, or a word
+        that introduces a name or an organisation. Saves running it on plain descriptors ("CT CHEST")."""
+        if any(ch.isdigit() for ch in value) or _SCRUB_TRIGGER.search(value):
+            return True
+        if self._known_parts is None:
+            self._known_parts = {p.lower() for k in self.scrub_known for p in re.split(r"[\^=,\s]+", k) if p}
+        return any(w.lower() in self._known_parts for w in re.findall(r"\w+", value))
 
     def _age(self, value: str) -> str | None:
         """``nnnY`` capped at ``090Y`` above the policy's maximum age; None for a value that is not AS."""
@@ -419,7 +479,8 @@ class _Walker:
         return f"{self.p.max_age_years + 1:03d}Y" if years > self.p.max_age_years else value.strip()
 
 
-def keyword_for(tag) -> str:
+@lru_cache(maxsize=4096)
+def keyword_for(tag: int) -> str:
     """The DICOM keyword of a public tag, or "" when unknown."""
     return keyword_for_tag(tag) or ""
 
@@ -463,13 +524,22 @@ class _strict_charset:
         return False
 
 
+def _ascii(ds: Dataset, tag: int) -> str:
+    """A CS/UI/AS value read from the raw element without converting it ("" when absent)."""
+    elem = ds.get_item(tag)
+    if elem is None or elem.value is None:
+        return ""
+    v = elem.value
+    return (bytes(v).decode("ascii", "replace") if isinstance(v, (bytes, bytearray)) else str(v)).strip("\x00 ")
+
+
 def burned_in_risk(ds: Dataset, policy: Policy) -> str | None:
     """Why an instance may carry burned-in text, or None (PS3.15 E.1.1 asks to remove it from pixels)."""
-    if str(ds.get("BurnedInAnnotation", "") or "").strip().upper() == "YES":
+    if _ascii(ds, 0x00280301).upper() == "YES":  # BurnedInAnnotation
         return "BurnedInAnnotation is YES"
-    if str(ds.get("Modality", "") or "").strip().upper() in policy.burned_in_modalities:
+    if _ascii(ds, 0x00080060).upper() in policy.burned_in_modalities:  # Modality
         return "modality at risk of burned-in text"
-    sop_class = str(ds.get("SOPClassUID", "") or "")
+    sop_class = _ascii(ds, 0x00080016)  # SOPClassUID
     if any(sop_class.startswith(p) for p in policy.burned_in_sop_prefixes):
         return "SOP class at risk of burned-in text"
     return None
@@ -638,8 +708,8 @@ def deidentify_dataset(
     shift = key.date_shift_days(patient_key)
     accession = str(ds.get("AccessionNumber", "") or "").strip()
     accession_key = key.pseudonym("accession", f"{institution}|{accession}") if accession else None
-    known = [str(ds.get(k, "") or "") for k in ("PatientName", "PatientID", "OtherPatientIDs", "AccessionNumber",
-                                                 "ReferringPhysicianName", "PatientAddress")]
+    known = [str(ds.get(k, "") or "") for k in ("PatientName", "OtherPatientIDs", "ReferringPhysicianName",
+                                                 "PatientAddress") if k in ds] + [patient_id, accession]
     charset = ds.get("SpecificCharacterSet", "ISO_IR 6") or "ISO_IR 6"
     try:
         encodings = convert_encodings(charset)
@@ -651,7 +721,8 @@ def deidentify_dataset(
         walker.walk(ds)
         meta = getattr(ds, "file_meta", None)
         ts = meta.get("TransferSyntaxUID") if meta is not None else None
-        _drop_undecodable_text(ds, encodings, walker.audit)
+        if encodings != ["latin_1"]:  # every byte string decodes as ISO 8859-1: nothing to check there
+            _drop_undecodable_text(ds, encodings, walker.audit)
         _finish(ds, policy, ts, walker)
         buf = io.BytesIO()
         ds.save_as(buf, enforce_file_format=True)
@@ -685,23 +756,29 @@ def deidentify_dataset(
 def _finish(ds: Dataset, policy: Policy, transfer_syntax: str | None, walker: _Walker) -> None:
     if policy.safe_private:
         _prune_private_creators(ds)
-    ds.PatientIdentityRemoved = "YES"
-    ds.DeidentificationMethod = policy.method_text
+    ignore = pydicom_config.IGNORE
+    ds[0x00120062] = DataElement(0x00120062, "CS", "YES", validation_mode=ignore)  # PatientIdentityRemoved
+    ds[0x00120063] = DataElement(0x00120063, "LO", policy.method_text, validation_mode=ignore)
     items = []
     for value, meaning in policy.method_codes:
         item = Dataset()
-        item.CodeValue = value
-        item.CodingSchemeDesignator = "DCM"
-        item.CodeMeaning = meaning
+        item.add(DataElement(0x00080100, "SH", value, validation_mode=ignore))  # CodeValue
+        item.add(DataElement(0x00080102, "SH", "DCM", validation_mode=ignore))  # CodingSchemeDesignator
+        item.add(DataElement(0x00080104, "LO", meaning, validation_mode=ignore))  # CodeMeaning
         items.append(item)
-    ds.DeidentificationMethodCodeSequence = Sequence(items)
-    ds.LongitudinalTemporalInformationModified = "MODIFIED" if policy.modified_dates else "REMOVED"
+    ds[0x00120064] = DataElement(0x00120064, "SQ", Sequence(items))  # DeidentificationMethodCodeSequence
+    ds[0x00280303] = DataElement(0x00280303, "CS", "MODIFIED" if policy.modified_dates else "REMOVED",
+                                 validation_mode=ignore)  # LongitudinalTemporalInformationModified
+    sop_class = ds.get_item(0x00080016)
+    sop_class = (bytes(sop_class.value).decode("ascii", "replace").rstrip("\x00 ")
+                 if sop_class is not None and isinstance(sop_class.value, bytes)
+                 else str(ds.get("SOPClassUID", "1.2.840.10008.5.1.4.1.1.7")))
     meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = ds.SOPClassUID if "SOPClassUID" in ds else "1.2.840.10008.5.1.4.1.1.7"
-    meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
-    meta.TransferSyntaxUID = transfer_syntax or ExplicitVRLittleEndian
-    meta.ImplementationClassUID = PYDICOM_IMPLEMENTATION_UID
-    meta.ImplementationVersionName = "MEDRECO_0_2"
+    meta.add(DataElement(0x00020002, "UI", sop_class, validation_mode=ignore))
+    meta.add(DataElement(0x00020003, "UI", str(ds[0x00080018].value), validation_mode=ignore))
+    meta.add(DataElement(0x00020010, "UI", transfer_syntax or ExplicitVRLittleEndian, validation_mode=ignore))
+    meta.add(DataElement(0x00020012, "UI", PYDICOM_IMPLEMENTATION_UID, validation_mode=ignore))
+    meta.add(DataElement(0x00020013, "SH", "MEDRECO_0_2", validation_mode=ignore))
     ds.file_meta = meta
     ds.preamble = b"\x00" * 128
 

@@ -70,6 +70,9 @@ class Policy:
     method_text: str = ""
     modified_dates: bool = True
 
+    #: group numbers & 0xFF00 of the repeating groups removed whole (0x5000 curves, 0x6000 overlays)
+    removed_group_prefixes: frozenset[int] = frozenset()
+
     def action_for(self, tag: int) -> str | None:
         """The resolved action of a public attribute, or None when Table E.1-1 does not list it."""
         a = self.actions.get(tag)
@@ -165,6 +168,8 @@ def _build_policy_cached(cfg_json: str) -> Policy:
             masks.append((mask, value, action))
     remove_groups = tuple(_tag_mask(f"({g},0000)")[0:2] for g in profile["remove_groups"])
     remove_groups = tuple((m >> 16, v >> 16) for m, v in remove_groups)
+    if any(m != 0xFF00 for m, _ in remove_groups):
+        raise PolicyError("profile remove_groups must be repeating groups of the form 50xx / 60xx")
     keep_uid = frozenset(t for t in (tag_for_keyword(k) for k in profile["keep_uid_keywords"]) if t is not None)
     codes = [CODE_BASIC]
     if cfg.clean_descriptors:
@@ -184,6 +189,7 @@ def _build_policy_cached(cfg_json: str) -> Policy:
         actions=actions,
         masks=tuple(masks),
         remove_groups=remove_groups,
+        removed_group_prefixes=frozenset(v for _, v in remove_groups),
         dummy=dict(profile["dummy"]),
         max_age_years=int(profile["max_age_years"]),
         keep_uid_tags=keep_uid,
