@@ -126,6 +126,7 @@ def deid(
     src: Path = typer.Argument(..., exists=True, file_okay=False, help="folder of DICOM files"),
     out: Path = typer.Argument(..., help="output folder: de-identified files, ledger.parquet, quarantine/"),
     institution: str = typer.Option("local", help="institution id the PatientIDs belong to"),
+    config: Path | None = typer.Option(None, "--config", "-c", help="take the deid: options from this config"),
 ) -> None:
     """De-identify a folder of DICOM files (ledger + quarantine under OUT)."""
     from etl.deid_folder import DeidFolderError, deidentify_folder
@@ -135,8 +136,9 @@ def deid(
         key = load_key(allow_airflow=False)
     except MissingKeyError as err:
         _fail(str(err))
+    deid_cfg = _storage(config)[0].deid if config else None
     try:
-        result = deidentify_folder(src, out, key, institution)
+        result = deidentify_folder(src, out, key, institution, deid_cfg)
     except DeidFolderError as err:
         _fail(str(err))
     typer.echo(json.dumps(result, sort_keys=True))

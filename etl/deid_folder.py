@@ -15,18 +15,21 @@ from pathlib import Path
 import pydicom
 
 from etl.deid import DeidentificationError, deidentify_dataset
+from etl.deid_policy import build_policy
 from etl.discover import NON_INPUT_EXTENSIONS, classify_dicom
 from etl.keys import PseudonymKey
 from etl.ledger import balance
 from schemas import ledger as ledger_schema
 from schemas.base import table_from_rows
+from schemas.config import DeidConfig
 
 
 class DeidFolderError(ValueError):
     """Raised for an unusable pair of source and output folders."""
 
 
-def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str = "local") -> dict:
+def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str = "local",
+                      deid_cfg: DeidConfig | None = None) -> dict:
     """De-identify every file under ``src`` into ``out``; returns the ledger balance dict.
 
     Raises
@@ -40,6 +43,8 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
     if out == src or src in out.parents:
         raise DeidFolderError(f"output folder {out} lies inside the source folder {src}: choose another")
     (out / "files").mkdir(parents=True, exist_ok=True)
+    cfg = deid_cfg or DeidConfig()
+    policy = build_policy(cfg)
     rows, seen, written = [], {}, {}
     for path in sorted(p for p in Path(src).rglob("*") if p.is_file()):
         data = path.read_bytes()
@@ -59,7 +64,8 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        result = deidentify_dataset(pydicom.dcmread(io.BytesIO(data), force=True), key, institution)
+                        result = deidentify_dataset(pydicom.dcmread(io.BytesIO(data), force=True), key, institution,
+                                                    policy, pixel_cleaning=cfg.pixel_cleaning)
                         if result.sop_key in written:
                             raise DeidentificationError(
                                 "duplicate_sop_instance_uid",
