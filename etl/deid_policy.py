@@ -119,9 +119,11 @@ def _resolve(row: dict, cfg: DeidConfig, profile: dict) -> str:
     return "X" if basic == "C" else basic  # C without an enabled option: the attribute is removed
 
 
+SAFE_PRIVATE_FILE = DEID_DIR / "safe_private_tcia.csv"
+
+
 def _load_safe_private(path: str | None) -> frozenset[tuple[str, int]]:
-    if not path:
-        return frozenset()
+    path = path or str(SAFE_PRIVATE_FILE)
     out = set()
     with open(path, newline="", encoding="utf-8") as f:
         for r in csv.DictReader(f):

@@ -211,15 +211,10 @@ class DeidConfig(_Strict):
     retain_device_identity: bool = Field(default=False, description="113109: keep station name, serial numbers")
     retain_safe_private: bool = Field(default=False, description="113111: keep allow-listed private attributes")
     safe_private_allowlist: str | None = Field(
-        default=None, description="CSV of private attributes (private creator, element, VR) kept under 113111"
+        default=None,
+        description="CSV (private_creator, element) kept under 113111; default: the TCIA-derived schemas/deid list",
     )
     pixel_cleaning: list[PixelCleaningRule] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _allowlist(self) -> DeidConfig:
-        if self.retain_safe_private and not self.safe_private_allowlist:
-            raise ValueError("retain_safe_private needs safe_private_allowlist")
-        return self
 
 
 class TrainingConfig(_Strict):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
 from schemas.config import ConfigError, load_config, parse_config
-
-from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

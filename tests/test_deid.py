@@ -121,3 +121,50 @@ def test_shift_helpers_keep_precision():
 def test_output_reads_back(ct, key):
     back = pydicom.dcmread(io.BytesIO(deidentify_dataset(ct, key, "us-a").to_bytes()))
     assert back.pixel_array.shape == (128, 128)
+
+
+def test_retain_safe_private_keeps_only_allow_listed(ct, key):
+    from etl.deid_policy import build_policy
+    from schemas.config import DeidConfig
+
+    block = ct.private_block(0x0019, "Agfa ADC NX", create=True)
+    block.add_new(0xF6, "DS", "1.5")  # Plate Sensitivity: TCIA disposition keep
+    block.add_new(0x10, "LO", "DOE JOHN operator")  # not allow-listed
+    n_private_in = sum(1 for e in ct if e.tag.is_private)
+    policy = build_policy(DeidConfig(retain_safe_private=True))
+    r = deidentify_dataset(ct, key, "us-a", policy)
+    out = pydicom.dcmread(io.BytesIO(r.to_bytes()))
+    private_out = [e for e in out if e.tag.is_private]
+    agfa = out.private_block(0x0019, "Agfa ADC NX")  # its private creator stays
+    assert out[agfa.get_tag(0xF6)].value == "1.5"
+    assert b"DOE JOHN operator" not in r.to_bytes()
+    assert 0 < len(private_out) < n_private_in, "only allow-listed private attributes (and their creators) stay"
+    assert "113111" in [c.CodeValue for c in out.DeidentificationMethodCodeSequence]
+
+
+def test_device_identity_is_an_option(ct, key):
+    from etl.deid_policy import build_policy
+    from schemas.config import DeidConfig
+
+    ct.StationName = "CTSCANNER7"
+    ct.DeviceSerialNumber = "SN-424242"
+    twin = copy.deepcopy(ct)
+    out = pydicom.dcmread(io.BytesIO(deidentify_dataset(ct, key, "us-a").to_bytes()))
+    assert "StationName" not in out or not out.StationName
+    assert "SN-424242" not in str(out.get("DeviceSerialNumber", ""))
+    kept = deidentify_dataset(twin, key, "us-a", build_policy(DeidConfig(retain_device_identity=True)))
+    out2 = pydicom.dcmread(io.BytesIO(kept.to_bytes()))
+    assert out2.DeviceSerialNumber == "SN-424242" and out2.StationName == "CTSCANNER7"
+    assert "113109" in [c.CodeValue for c in out2.DeidentificationMethodCodeSequence]
+
+
+def test_text_not_matching_its_declared_charset_is_removed(ct, key):
+    from pydicom.dataelem import RawDataElement
+
+    ct.SpecificCharacterSet = "ISO_IR 192"  # UTF-8 declared ...
+    # ... but the kept ConvolutionKernel holds ISO 8859-1 bytes: invalid UTF-8, cannot be vetted
+    ct._dict[pydicom.tag.Tag(0x00181210)] = RawDataElement(pydicom.tag.Tag(0x00181210), "SH", 6, b"M\xfcller", 0, False, True)
+    r = deidentify_dataset(ct, key, "us-a")
+    out = pydicom.dcmread(io.BytesIO(r.to_bytes()))
+    assert "ConvolutionKernel" not in out and r.audit["removed_undecodable"] == 1
+    out.decode()  # everything left decodes under the declared character set

@@ -8,6 +8,7 @@ the entry counts are 2D-CXR 14/30/9, 3D-CT 19/22/10, 3D-Brain-MRI 2/9/7, 2D-Ultr
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -70,9 +71,7 @@ BODY_PART_KEYWORDS_FILE = Path(__file__).with_name("body_part_keywords.yaml")
 
 
 @lru_cache(maxsize=1)
-def _body_part_rules() -> list[tuple[str, "re.Pattern[str]"]]:
-    import re
-
+def _body_part_rules() -> list[tuple[str, re.Pattern[str]]]:
     import yaml
 
     rules = yaml.safe_load(BODY_PART_KEYWORDS_FILE.read_text())
