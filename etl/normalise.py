@@ -35,6 +35,16 @@ from etl.pixels import (
     n_frames,
     pixel_keyword,
 )
+from etl.volumes import (
+    Geometry,
+    assess,
+    dedupe,
+    direction_matrix,
+    exclude_outliers,
+    regularise,
+    resample,
+    slice_geometry,
+)
 from schemas.config import NormalisationConfig
 
 __all__ = [
@@ -48,6 +58,8 @@ __all__ = [
 
 #: recipe format version; bump when a step's meaning changes
 RECIPE_VERSION = 1
+#: default CT resampling target [row, col, slice] in mm (MedReCo recipe; pass as ``target_spacing_mm``)
+DEFAULT_CT_SPACING_MM = (0.75, 0.75, 1.5)
 #: percentile window used when a 2D image carries no VOI LUT / window (percent)
 PERCENTILE_WINDOW = (0.5, 99.5)
 #: MR intensity clip, percent of the non-zero voxels (MedReCo recipe)
@@ -58,6 +70,9 @@ _PLANE_COS = math.cos(math.radians(30.0))
 _ORIENTATION_TOL = 1e-3
 _POSITION_TOL_MM = 1e-3
 _SPACING_TOL_MM = 1e-3
+#: .npz payloads are stored uncompressed (ZIP_STORED): the images table's payload column is zstd-compressed
+#: by Parquet, which is several times faster than zip deflate on float32 volumes and compresses as well
+_NPZ_COMPRESSION = zipfile.ZIP_STORED
 #: fixed zip member timestamp (the zip format's epoch) so that .npz bytes are reproducible
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
@@ -240,7 +255,7 @@ def _png(unit: np.ndarray, bit_depth: int) -> tuple[bytes, dict[str, Any]]:
     data = np.rint(unit * max_value).astype(np.uint8 if bit_depth == 8 else np.uint16)
     image = Image.fromarray(data)
     buf = io.BytesIO()
-    image.save(buf, format="PNG", optimize=False, compress_level=6)
+    image.save(buf, format="PNG", optimize=False, compress_level=1)  # lossless either way; level 1 is faster
     return buf.getvalue(), {
         "step": "encode",
         "format": "png",
@@ -251,14 +266,15 @@ def _png(unit: np.ndarray, bit_depth: int) -> tuple[bytes, dict[str, Any]]:
 
 
 def _npz(arrays: dict[str, np.ndarray]) -> bytes:
-    """``numpy.savez_compressed`` equivalent with fixed zip timestamps (reproducible bytes)."""
+    """``numpy.savez`` equivalent with fixed zip timestamps (reproducible bytes); compression is left to the
+    Parquet column (zstd)."""
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    with zipfile.ZipFile(buf, "w", compression=_NPZ_COMPRESSION) as zf:
         for name in sorted(arrays):
             member = io.BytesIO()
             np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
             info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
-            info.compress_type = zipfile.ZIP_DEFLATED
+            info.compress_type = _NPZ_COMPRESSION
             info.external_attr = 0o644 << 16
             zf.writestr(info, member.getvalue())
     return buf.getvalue()
@@ -420,14 +436,15 @@ def _slices(datasets: list[Dataset]) -> list[dict[str, Any]]:
                     "modality": str(ds.get("Modality") or "").upper(),
                     "photometric": str(ds.get("PhotometricInterpretation") or ""),
                     "thickness": frame_attribute(ds, "PixelMeasuresSequence", "SliceThickness", f),
+                    "image_type": [str(v).upper() for v in (ds.get("ImageType") or [])],
                 }
             )
     return out
 
 
 def _check_consistent(slices: list[dict[str, Any]]) -> str:
-    first = slices[0]
-    modality = first["modality"]
+    """One modality (CT or MR), MONOCHROME slices; raises ``inconsistent_series`` / ``unsupported_modality``."""
+    modality = slices[0]["modality"]
     if any(s["modality"] != modality for s in slices):
         raise NormalisationError("inconsistent_series", "slices of more than one modality")
     if modality not in _VOLUME_MODALITIES:
@@ -436,13 +453,15 @@ def _check_consistent(slices: list[dict[str, Any]]) -> str:
         )
     if any(not s["photometric"].startswith("MONOCHROME") for s in slices):
         raise NormalisationError("inconsistent_series", "a volume slice is not MONOCHROME1/MONOCHROME2")
-    if any((s["rows"], s["cols"]) != (first["rows"], first["cols"]) for s in slices):
-        raise NormalisationError("inconsistent_series", "slices differ in Rows/Columns")
     oris = [s["orientation"] for s in slices]
     if any(o is not None and len(o) != 6 for o in oris):
         raise NormalisationError("inconsistent_series", "ImageOrientationPatient does not hold 6 values")
-    if any(o is None for o in oris) != all(o is None for o in oris):
-        raise NormalisationError("inconsistent_series", "ImageOrientationPatient present on some slices only")
+    return modality
+
+
+def _check_stackable(slices: list[dict[str, Any]]) -> None:
+    """After outlier exclusion: equal orientation (within DS rounding) and PixelSpacing."""
+    oris = [s["orientation"] for s in slices]
     if oris[0] is not None and any(np.max(np.abs(o - oris[0])) > _ORIENTATION_TOL for o in oris):
         raise NormalisationError("inconsistent_series", "slices differ in ImageOrientationPatient")
     spacings = [s["spacing"] for s in slices]
@@ -451,25 +470,16 @@ def _check_consistent(slices: list[dict[str, Any]]) -> str:
         and any(max(abs(a - b) for a, b in zip(sp, spacings[0])) > _SPACING_TOL_MM for sp in spacings)
     ):
         raise NormalisationError("inconsistent_series", "slices differ in PixelSpacing")
-    return modality
 
 
-def _order(slices: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any], np.ndarray | None]:
-    """Sort slices along the normal (PS3.3 C.7.6.2.1.1), else by InstanceNumber then frame."""
-    ori = slices[0]["orientation"]
-    if ori is not None and all(s["position"] is not None and len(s["position"]) == 3 for s in slices):
-        normal = np.cross(ori[:3], ori[3:])
-        for s in slices:
-            s["along"] = float(np.dot(s["position"], normal))
-        ordered = sorted(slices, key=lambda s: (s["along"], s["index"], s["frame"] or 0))
-        along = np.array([s["along"] for s in ordered])
-        gaps = np.diff(along)
-        if len(gaps) and gaps.min() < _POSITION_TOL_MM:
-            raise NormalisationError(
-                "inconsistent_series",
-                f"{int((gaps < _POSITION_TOL_MM).sum())} slices share a position (repeated acquisitions, 4D)",
-            )
-        return ordered, {"step": "sort", "by": "ImagePositionPatient.normal"}, along
+def _has_positions(slices: list[dict[str, Any]]) -> bool:
+    return slices[0]["orientation"] is not None and all(
+        s["position"] is not None and len(s["position"]) == 3 for s in slices
+    )
+
+
+def _order_by_instance(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Order by InstanceNumber then frame when positions are missing."""
     if len(slices) == 1 or all(s["instance"] is not None for s in slices):
         ordered = sorted(slices, key=lambda s: (s["instance"] or 0, s["index"], s["frame"] or 0))
         keys = [(s["instance"], s["frame"]) for s in ordered]
@@ -477,60 +487,15 @@ def _order(slices: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str
             raise NormalisationError(
                 "inconsistent_series", "slices share an InstanceNumber and have no position"
             )
-        return ordered, {"step": "sort", "by": "InstanceNumber"}, None
+        return ordered
     raise NormalisationError(
         "inconsistent_series", "cannot order slices: neither ImagePositionPatient nor InstanceNumber on all"
     )
 
 
-def normalise_volume(datasets: list[Dataset], cfg: NormalisationConfig) -> dict[str, Any]:
-    """Normalise a CT or MR series to a float32 volume in a compressed ``.npz``.
-
-    Steps (each recorded in ``recipe``): every slice checked before any decoding (pixel data,
-    transfer syntax, length; equal Rows/Columns, ImageOrientationPatient, PixelSpacing; one
-    modality); size checked against ``cfg.volume_max_voxels``; slices sorted by position along
-    the slice normal n = row x col direction cosines (ImagePositionPatient . n, PS3.3 C.7.6.2.1.1),
-    else by InstanceNumber; each slice decoded with its own Modality LUT (RescaleSlope/Intercept as
-    float, per frame for enhanced objects); CT clipped to ``cfg.ct_hu_window`` (HU, values kept in
-    HU); MR clipped to the 1st-99th percentile of the non-zero voxels and scaled to 0..1.
-
-    Parameters
-    ----------
-    datasets : list of pydicom.dataset.Dataset
-        The instances of one series, in any order (single-frame slices and/or enhanced
-        multi-frame objects). One slice is accepted (its slice spacing is then SliceThickness).
-    cfg : schemas.config.NormalisationConfig
-
-    Returns
-    -------
-    dict
-        ``rows``, ``cols`` (pixels), ``n_slices``, ``kind`` ("3d"), ``payload`` (``.npz`` bytes with
-        ``volume`` float32 (slices, rows, cols) and ``spacing_mm`` float64 (3,), NaN where unknown),
-        ``payload_format`` ("npz"), ``payload_sha256``, ``spacing_mm`` ([row, col, slice] mm: slice =
-        median distance between consecutive positions, else SliceThickness; None when there is
-        no PixelSpacing; the slice entry None when unknown), ``orientation`` and ``view``
-        (AXIAL / CORONAL / SAGITTAL / OBLIQUE, or None without ImageOrientationPatient), ``recipe``.
-
-    Raises
-    ------
-    NormalisationError
-        ``inconsistent_series`` (slices do not stack, or cannot be ordered), ``volume_too_large``,
-        ``unsupported_modality`` (not CT/MR), ``no_pixel_data`` (empty list) and any reason of
-        :func:`etl.pixels.check_decodable` for a bad slice.
-    """
-    if not datasets:
-        raise NormalisationError("no_pixel_data", "empty series: no datasets given")
-    slices = _slices(datasets)
-    modality = _check_consistent(slices)
-    n, rows, cols = len(slices), slices[0]["rows"], slices[0]["cols"]
-    if n * rows * cols > cfg.volume_max_voxels:
-        raise NormalisationError(
-            "volume_too_large", f"{n} x {rows} x {cols} voxels exceed the limit of {cfg.volume_max_voxels}"
-        )
-    ordered, sort_step, along = _order(slices)
-    steps: list[dict[str, Any]] = [sort_step]
-
-    volume = np.empty((n, rows, cols), dtype=np.float32)
+def _decode_stack(ordered: list[dict[str, Any]], steps: list[dict[str, Any]]) -> np.ndarray:
+    """Decode slices in order into one float32 (n, rows, cols) array; records decode / modality_lut."""
+    volume = np.empty((len(ordered), ordered[0]["rows"], ordered[0]["cols"]), dtype=np.float32)
     syntaxes: set[str] = set()
     modality_luts: list[dict[str, Any]] = []
     for k, s in enumerate(ordered):
@@ -543,60 +508,204 @@ def normalise_volume(datasets: list[Dataset], cfg: NormalisationConfig) -> dict[
                 params = {key: v for key, v in step.items() if key != "step"}
                 if params not in modality_luts:
                     modality_luts.append(params)
-    steps.append({"step": "decode", "transfer_syntax": sorted(syntaxes), "n_slices": n})
+    steps.append({"step": "decode", "transfer_syntax": sorted(syntaxes), "n_slices": len(ordered)})
     steps.append({"step": "modality_lut", "distinct": modality_luts})
+    return volume
 
+
+def _intensity(volume: np.ndarray, modality: str, cfg: NormalisationConfig) -> tuple[np.ndarray, dict[str, Any]]:
+    """CT: clip to ``cfg.ct_hu_window`` (HU). MR: 1st-99th percentile of non-zero voxels -> 0..1."""
     if modality == "CT":
         lo, hi = (float(v) for v in cfg.ct_hu_window)
         np.clip(volume, lo, hi, out=volume)
-        steps.append({"step": "clip", "unit": "HU", "low": lo, "high": hi})
+        return volume, {"step": "clip", "unit": "HU", "low": lo, "high": hi}
+    nonzero = volume[volume != 0]
+    lo, hi = (float(v) for v in np.percentile(nonzero, MR_PERCENTILES)) if nonzero.size else (0.0, 0.0)
+    if hi > lo:
+        np.clip(volume, lo, hi, out=volume)
+        volume -= lo
+        volume /= hi - lo
     else:
-        nonzero = volume[volume != 0]
-        if nonzero.size:
-            lo, hi = (float(v) for v in np.percentile(nonzero, MR_PERCENTILES))
-        else:
-            lo = hi = 0.0
-        if hi > lo:
-            volume = ((np.clip(volume, lo, hi) - lo) / (hi - lo)).astype(np.float32)
-        else:
-            volume = np.zeros_like(volume)
-        steps.append(
-            {
-                "step": "clip_scale",
-                "percentile_nonzero": list(MR_PERCENTILES),
-                "low": lo,
-                "high": hi,
-                "to": [0.0, 1.0],
+        volume[:] = 0.0
+    step = {"step": "clip_scale", "percentile_nonzero": list(MR_PERCENTILES), "low": lo, "high": hi, "to": [0.0, 1.0]}
+    return volume, step
+
+
+def normalise_volume(
+    datasets: list[Dataset],
+    cfg: NormalisationConfig,
+    target_spacing_mm: tuple[float, float, float] | list[float] | None = None,
+) -> dict[str, Any]:
+    """Normalise a CT or MR series to a float32 volume in a compressed ``.npz``.
+
+    Steps (each recorded in ``recipe``): every slice checked before any decoding (pixel data,
+    transfer syntax, length; one modality, CT or MR); localizers / scouts (ImageType LOCALIZER)
+    and slices whose orientation or Rows/Columns differ from a strict majority excluded
+    (:func:`etl.volumes.exclude_outliers`; listed in ``excluded``); equal PixelSpacing checked;
+    size checked against ``cfg.volume_max_voxels``; slices sorted by position along the slice
+    normal n = row x column direction cosines (ImagePositionPatient . n, PS3.3 C.7.6.2.1.1), else
+    by InstanceNumber; each slice decoded with its own Modality LUT (float, per frame for enhanced
+    objects); slices at one position: identical pixels -> all but one dropped with a
+    ``duplicate_slice_position`` warning, different pixels -> error; missing slices (a step over
+    1.5 x the median), non-uniform steps and gantry tilt detected and recorded, the stack then
+    interpolated linearly onto a regular orthogonal grid at the median step
+    (:func:`etl.volumes.regularise`); optionally resampled with ``sitk.Resample`` (linear) to
+    ``target_spacing_mm``; CT clipped to ``cfg.ct_hu_window`` (HU, default [-1000, 1000]); MR
+    clipped to the 1st-99th percentile of the non-zero voxels and scaled to 0..1.
+
+    Parameters
+    ----------
+    datasets : list of pydicom.dataset.Dataset
+        The instances of one series, in any order (single-frame slices and/or enhanced
+        multi-frame objects). One slice is accepted (its slice spacing is then SliceThickness).
+    cfg : schemas.config.NormalisationConfig
+    target_spacing_mm : (float, float, float) or None
+        [row, col, slice] output spacing in mm (e.g. :data:`DEFAULT_CT_SPACING_MM`); None keeps the
+        native spacing. Ignored (and recorded so) when the geometry is unknown (no positions or
+        no PixelSpacing) or the series has one slice.
+
+    Returns
+    -------
+    dict
+        ``rows``, ``cols`` (pixels), ``n_slices``, ``shape`` ([slices, rows, cols]), ``dtype``
+        ("float32"), ``kind`` ("3d"), ``payload`` (``.npz`` with ``volume`` float32 (slices, rows,
+        cols), ``spacing_mm`` float64 (3,) [row, col, slice], ``origin_mm`` float64 (3,) and
+        ``direction`` float64 (9,), NaN where unknown), ``payload_format`` ("npz"),
+        ``payload_sha256``, ``spacing_mm`` ([row, col, slice] mm; slice = median step between
+        positions, else SliceThickness; None without PixelSpacing; slice entry None when
+        unknown), ``origin_mm`` (LPS position of voxel (0, 0, 0), mm, or None), ``direction``
+        (9 row-major direction cosines, columns row dir / column dir / normal, or None),
+        ``orientation`` and ``view`` (AXIAL / CORONAL / SAGITTAL / OBLIQUE, or None),
+        ``excluded`` (list of ``{"index", "frame", "why"}`` for input datasets left out) and
+        ``recipe``.
+
+    Raises
+    ------
+    NormalisationError
+        ``inconsistent_series`` (slices do not stack and no majority, several images at every
+        position, or cannot be ordered), ``duplicate_slice_position`` (different pixels at one
+        position), ``volume_too_large``, ``unsupported_modality`` (not CT/MR), ``no_pixel_data``
+        (empty list) and any reason of :func:`etl.pixels.check_decodable` for a bad slice.
+    """
+    if not datasets:
+        raise NormalisationError("no_pixel_data", "empty series: no datasets given")
+    slices = _slices(datasets)
+    modality = _check_consistent(slices)
+    slices, excluded = exclude_outliers(slices)
+    _check_stackable(slices)
+    n, rows, cols = len(slices), slices[0]["rows"], slices[0]["cols"]
+    if n * rows * cols > cfg.volume_max_voxels:
+        raise NormalisationError(
+            "volume_too_large", f"{n} x {rows} x {cols} voxels exceed the limit of {cfg.volume_max_voxels}"
+        )
+    steps: list[dict[str, Any]] = []
+    if excluded:
+        steps.append({"step": "exclude", "slices": excluded})
+    in_plane = slices[0]["spacing"]
+    origin = direction = None
+    if _has_positions(slices):
+        geo = slice_geometry(slices)
+        ordered = [slices[i] for i in geo["order"]]
+        steps.append({"step": "sort", "by": "ImagePositionPatient.normal"})
+        volume = _decode_stack(ordered, steps)
+        rank = {i: k for k, i in enumerate(geo["order"])}
+        keep, dup_warnings = dedupe(
+            [[rank[i] for i in g] for g in geo["groups"]], [volume[k] for k in range(len(ordered))]
+        )
+        if dup_warnings:
+            steps.append({"step": "dedupe", "warnings": dup_warnings, "kept": len(keep)})
+            volume = volume[keep]
+        ordered = [ordered[k] for k in keep]
+        along = np.array([float(np.dot(s["position"], geo["normal"])) for s in ordered])
+        matrix = geo["matrix"]
+        origin = [float(v) for v in ordered[0]["position"]]
+        direction = [float(v) for v in matrix.reshape(-1)]
+        if len(ordered) > 1:
+            info = assess(np.stack([s["position"] for s in ordered]), along, matrix)
+            slice_mm: float | None = info["step_mm"]
+            check = {
+                "step": "geometry",
+                "step_mm": info["step_mm"],
+                "uniform": info["uniform"],
+                "missing_slices": info["missing"],
+                "gantry_tilt_deg": round(info["tilt_deg"], 6),
             }
+            steps.append(check)
+            if (not info["uniform"] or info["tilt_deg"] > 0) and in_plane is not None:
+                volume = regularise(volume, along, info["offsets"], tuple(in_plane), info["step_mm"])
+                steps.append(
+                    {"step": "regularise", "interpolation": "linear", "step_mm": info["step_mm"],
+                     "n_slices": int(volume.shape[0])}
+                )
+            slice_from = "positions"
+        else:
+            slice_mm, slice_from = _thickness(ordered[0]), "SliceThickness"
+    else:
+        ordered = _order_by_instance(slices)
+        steps.append({"step": "sort", "by": "InstanceNumber"})
+        volume = _decode_stack(ordered, steps)
+        slice_mm, slice_from = _thickness(ordered[0]), "SliceThickness"
+        if slices[0]["orientation"] is not None:
+            direction = [float(v) for v in direction_matrix(slices[0]["orientation"]).reshape(-1)]
+    spacing = None if in_plane is None else [float(in_plane[0]), float(in_plane[1]), slice_mm]
+    steps.append({"step": "spacing", "slice_from": slice_from})
+
+    if target_spacing_mm is not None:
+        target = [float(v) for v in target_spacing_mm]
+        if len(target) != 3 or min(target) <= 0:
+            raise ValueError("target_spacing_mm must hold 3 positive spacings [row, col, slice] in mm")
+        if spacing is None or slice_mm is None or origin is None or volume.shape[0] < 2:
+            steps.append({"step": "resample", "skipped": "geometry unknown or one slice", "target_mm": target})
+        else:
+            default = float(cfg.ct_hu_window[0]) if modality == "CT" else 0.0
+            geometry = Geometry(spacing, origin, direction)
+            volume, geometry = resample(volume, geometry, target, default)
+            spacing = geometry.spacing_mm
+            steps.append(
+                {"step": "resample", "by": "SimpleITK.Resample", "interpolation": "linear",
+                 "target_mm": target, "shape": list(volume.shape)}
+            )
+
+    volume, intensity_step = _intensity(volume, modality, cfg)
+    steps.append(intensity_step)
+
+    def stored(values: list[float | None] | None, size: int) -> np.ndarray:
+        return np.array(
+            [np.nan if v is None else v for v in (values or [None] * size)], dtype=np.float64
         )
 
-    in_plane = slices[0]["spacing"]
-    slice_mm: float | None = None
-    if along is not None and n > 1:
-        slice_mm = float(np.median(np.diff(along)))
-    else:
-        thickness = _floats([ordered[0]["thickness"]]) if ordered[0]["thickness"] is not None else None
-        slice_mm = thickness[0] if thickness and thickness[0] > 0 else None
-    spacing = None if in_plane is None else [float(in_plane[0]), float(in_plane[1]), slice_mm]
-    steps.append(
-        {"step": "spacing", "slice_from": "positions" if along is not None and n > 1 else "SliceThickness"}
+    payload = _npz(
+        {
+            "volume": volume,
+            "spacing_mm": stored(spacing, 3),
+            "origin_mm": stored(origin, 3),
+            "direction": stored(direction, 9),
+        }
     )
-
-    stored = np.array([np.nan if v is None else v for v in (spacing or [None, None, None])], dtype=np.float64)
-    payload = _npz({"volume": volume, "spacing_mm": stored})
     steps.append(
         {"step": "encode", "format": "npz", "array": "volume", "dtype": "float32", "axes": "slice,row,col"}
     )
     orientation = _plane(slices[0]["orientation"]) if slices[0]["orientation"] is not None else None
+    out_slices, out_rows, out_cols = (int(v) for v in volume.shape)
     return _result(
         payload,
         "npz",
         "3d",
         steps,
-        rows=rows,
-        cols=cols,
-        n_slices=n,
+        rows=out_rows,
+        cols=out_cols,
+        n_slices=out_slices,
+        shape=[out_slices, out_rows, out_cols],
+        dtype=str(volume.dtype),
         spacing_mm=spacing,
+        origin_mm=origin,
+        direction=direction,
         orientation=orientation,
         view=orientation,
+        excluded=excluded,
     )
+
+
+def _thickness(s: dict[str, Any]) -> float | None:
+    thickness = _floats([s["thickness"]]) if s["thickness"] is not None else None
+    return thickness[0] if thickness and thickness[0] > 0 else None

@@ -49,6 +49,7 @@ REASONS = frozenset(
         "inconsistent_series",
         "volume_too_large",
         "unsupported_modality",
+        "duplicate_slice_position",
     }
 )
 
@@ -67,7 +68,8 @@ class NormalisationError(Exception):
     reason : str
         Machine-readable reason code, one of :data:`REASONS` (``unsupported_transfer_syntax``,
         ``pixel_data_length_mismatch``, ``truncated_file``, ``no_pixel_data``, ``decode_error``,
-        ``inconsistent_series``, ``volume_too_large``, ``unsupported_modality``).
+        ``inconsistent_series``, ``volume_too_large``, ``unsupported_modality``,
+        ``duplicate_slice_position``).
     message : str
         Human-readable detail. It never contains values read from the file's attributes or
         file paths, so it may go to the ledger and to logs.

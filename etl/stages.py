@@ -225,7 +225,8 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
             if len(members) == 1:
                 res, kind = normalise_2d(members[0][1], cfg), "2d"
             else:
-                res, kind = normalise_volume([d for _, d in members], cfg), "3d"
+                target = cfg.ct_spacing_mm if members[0][0]["modality"] == "CT" else None
+                res, kind = normalise_volume([d for _, d in members], cfg, target_spacing_mm=target), "3d"
         except NormalisationError as err:
             if err.reason != "inconsistent_series":
                 quarantine(sops, err, err.reason)
@@ -239,6 +240,13 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
             continue
         image_key = hashlib.sha256(("volume|" + series_key).encode()).hexdigest()[:16] if kind == "3d" else sops[0]
         images.append(_image_row(members[0][0], res, image_key, kind))
+        # slices left out of the volume (localizers, another matrix or orientation) become 2D images
+        for ex in {e["index"]: e for e in res.get("excluded") or [] if e.get("frame") in (None, 0)}.values():
+            r, d = members[ex["index"]]
+            try:
+                images.append(_image_row(r, normalise_2d(d, cfg), r["sop_key"], "2d"))
+            except NormalisationError as err2:
+                quarantine([r["sop_key"]], err2, err2.reason)
     series_rows = []
     for key, m in sorted(series_meta.items()):
         spacing = next((img["spacing_mm"] for img in images if img["series_key"] == key), None)
@@ -269,6 +277,8 @@ def _image_row(row: dict, res: dict, image_key: str, kind: str) -> dict:
         "rows": res["rows"], "cols": res["cols"], "n_slices": res.get("n_slices", 1),
         "spacing_mm": res.get("spacing_mm"), "payload_format": res["payload_format"], "payload": res["payload"],
         "payload_sha256": res.get("payload_sha256") or hashlib.sha256(res["payload"]).hexdigest(),
+        "shape": res.get("shape"), "dtype": res.get("dtype"), "origin_mm": res.get("origin_mm"),
+        "direction": res.get("direction"),
         "recipe": res["recipe"], "transfer_syntax": row["transfer_syntax"], "shard": row["shard"],
         "_orientation": res.get("orientation"),
     }

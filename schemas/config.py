@@ -120,6 +120,9 @@ class NormalisationConfig(_Strict):
     png_bit_depth: Literal[8, 16] = 8
     keep_aspect: bool = True
     ct_hu_window: tuple[float, float] = Field(default=(-1000.0, 1000.0), description="HU clip for CT volumes")
+    ct_spacing_mm: tuple[float, float, float] | None = Field(
+        default=(0.75, 0.75, 1.5), description="CT volumes resampled to [row, col, slice] mm (MedReCo); null keeps native"
+    )
     volume_max_voxels: int = Field(default=64_000_000, gt=0)
 
     @field_validator("image_size")

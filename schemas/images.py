@@ -11,7 +11,7 @@ from schemas.base import versioned
 
 SCHEMA = versioned(
     "images",
-    "1.0.0",
+    "1.1.0",
     [
         pa.field("image_key", pa.string(), nullable=False),
         pa.field("series_key", pa.string(), nullable=False),
@@ -28,6 +28,10 @@ SCHEMA = versioned(
         pa.field("payload_format", pa.string(), nullable=False),  # png | npz
         pa.field("payload", pa.binary(), nullable=False),
         pa.field("payload_sha256", pa.string(), nullable=False),
+        pa.field("shape", pa.list_(pa.int32())),  # payload array shape: (rows, cols[, 3]) or (slices, rows, cols)
+        pa.field("dtype", pa.string()),  # payload array dtype, e.g. uint8, uint16, float32
+        pa.field("origin_mm", pa.list_(pa.float64())),  # 3D: LPS position of the first voxel, mm
+        pa.field("direction", pa.list_(pa.float64())),  # 3D: 9 direction cosines, row-major (SimpleITK order)
         pa.field("recipe", pa.string(), nullable=False),  # JSON: the exact normalisation steps applied
         pa.field("transfer_syntax", pa.string(), nullable=False),  # source TransferSyntaxUID
         pa.field("shard", pa.int32(), nullable=False),

@@ -460,7 +460,7 @@ def test_volume_bytes_are_deterministic_whatever_the_input_order():
     assert first["payload"] == again["payload"] and first["recipe"] == again["recipe"]
     # zip member timestamps are fixed, so bytes do not change from one second to the next
     with zipfile.ZipFile(io.BytesIO(first["payload"])) as zf:
-        assert sorted(zf.namelist()) == ["spacing_mm.npy", "volume.npy"]
+        assert sorted(zf.namelist()) == ["direction.npy", "origin_mm.npy", "spacing_mm.npy", "volume.npy"]
         assert {info.date_time for info in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
 
 
@@ -482,15 +482,31 @@ def test_slices_that_do_not_stack_are_inconsistent():
         normalise_volume([read(p) for p in sorted(folder.iterdir())], CFG)
     assert err.value.reason == "inconsistent_series"
     datasets = ct5n()
-    datasets[2] = read(bundled("CT_small.dcm"))  # 128 x 128 among 16 x 16
-    with pytest.raises(NormalisationError) as err:
-        normalise_volume(datasets, CFG)
-    assert err.value.reason == "inconsistent_series"
-    datasets = ct5n()
     datasets[3].ImagePositionPatient = datasets[1].ImagePositionPatient
-    with pytest.raises(NormalisationError) as err:
+    with pytest.raises(NormalisationError) as err:  # one position, different pixels
         normalise_volume(datasets, CFG)
-    assert err.value.reason == "inconsistent_series"
+    assert err.value.reason == "duplicate_slice_position"
+
+
+def test_slice_unlike_the_majority_is_excluded_and_listed():
+    datasets = ct5n()
+    datasets[2] = read(bundled("CT_small.dcm"))  # 128 x 128 among 16 x 16
+    out = normalise_volume(datasets, CFG)
+    assert out["excluded"] == [{"index": 2, "frame": None, "why": "Rows/Columns unlike the series"}]
+    steps = json.loads(out["recipe"])["steps"]
+    assert steps[0] == {"step": "exclude", "slices": out["excluded"]}
+    kept = sorted((d for i, d in enumerate(ct5n()) if i != 2), key=lambda d: float(d.ImagePositionPatient[2]))
+    z = [float(d.ImagePositionPatient[2]) for d in kept]
+    geometry = next(s for s in steps if s["step"] == "geometry")
+    if max(np.diff(z)) > 1.5 * np.median(np.diff(z)):  # the excluded slice was inside: a gap, interpolated
+        assert geometry["missing_slices"] == 1 and not geometry["uniform"]
+        assert out["n_slices"] == 5 and out["shape"] == [5, 16, 16]
+        vol = load_payload(out["payload"], "npz")
+        gap = int(np.argmax(np.diff(z)))
+        hu = [np.clip(decode(d), *CFG.ct_hu_window) for d in kept]
+        np.testing.assert_allclose(vol[gap + 1], (hu[gap] + hu[gap + 1]) / 2, rtol=0, atol=1e-3)
+    else:
+        assert geometry["missing_slices"] == 0 and out["n_slices"] == 4
 
 
 def test_volume_too_large_is_refused_before_decoding():

@@ -1,0 +1,87 @@
+"""Benchmark: normalisation vs the decode floor (pydicom ``pixel_array`` on the same files, same run).
+
+2D: every CR/DX file under ../shared/data/dicom/chest-cr-dx through :func:`etl.normalise.normalise_2d`.
+CT: every CT slice under chest-ct and longitudinal-chest-ct-covid19-ny-sbu, grouped by
+SeriesInstanceUID, through :func:`etl.normalise.normalise_volume`. Files are read into memory first;
+timings cover decoding + normalisation only. Peak memory (tracemalloc) is measured on a separate pass.
+Ends with one ``BENCH normalise ...`` line. Usage: ``python benchmarks/bench_normalise.py [repeats]``.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+import tracemalloc
+import warnings
+from pathlib import Path
+
+import pydicom
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from etl.normalise import NormalisationError, image_kind, normalise_2d, normalise_volume  # noqa: E402
+from schemas.config import NormalisationConfig  # noqa: E402
+
+DICOM = Path(__file__).resolve().parents[2] / "shared" / "data" / "dicom"
+
+
+def _read(blobs: list[bytes]) -> list[pydicom.Dataset]:
+    return [pydicom.dcmread(io.BytesIO(b)) for b in blobs]
+
+
+def main(repeats: int = 3) -> None:
+    warnings.simplefilter("ignore")
+    cfg = NormalisationConfig()
+    xr = [p.read_bytes() for p in sorted((DICOM / "chest-cr-dx").rglob("*.dcm"))]
+    xr = [b for b, ds in zip(xr, _read(xr)) if ds.get("Modality") in ("CR", "DX") and image_kind(ds) == "2d"]
+    ct_blobs = [p.read_bytes() for d in ("chest-ct", "longitudinal-chest-ct-covid19-ny-sbu")
+                for p in sorted((DICOM / d).rglob("*.dcm"))]
+    series: dict[str, list[bytes]] = {}
+    for b, ds in zip(ct_blobs, _read(ct_blobs)):
+        if image_kind(ds) == "3d_slice" and ds.get("Modality") == "CT":
+            series.setdefault(str(ds.SeriesInstanceUID), []).append(b)
+    n_ct = sum(len(v) for v in series.values())
+
+    def decode_floor(blobs: list[bytes]) -> float:
+        t = time.perf_counter()
+        for ds in _read(blobs):
+            ds.pixel_array  # noqa: B018
+        return time.perf_counter() - t
+
+    def run_2d() -> float:
+        t = time.perf_counter()
+        for ds in _read(xr):
+            normalise_2d(ds, cfg)
+        return time.perf_counter() - t
+
+    def run_ct() -> float:
+        t = time.perf_counter()
+        for blobs in series.values():
+            try:
+                normalise_volume(_read(blobs), cfg)
+            except NormalisationError:
+                for ds in _read(blobs):  # unstackable: as stages.py does, each slice as a 2D image
+                    normalise_2d(ds, cfg)
+        return time.perf_counter() - t
+
+    t_xr_dec = min(decode_floor(xr) for _ in range(repeats))
+    t_xr = min(run_2d() for _ in range(repeats))
+    all_ct = [b for v in series.values() for b in v]
+    t_ct_dec = min(decode_floor(all_ct) for _ in range(repeats))
+    t_ct = min(run_ct() for _ in range(repeats))
+    tracemalloc.start()
+    run_2d()
+    run_ct()
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    print(f"2D: {len(xr)} radiographs, normalise {t_xr:.3f} s, decode floor {t_xr_dec:.3f} s")
+    print(f"CT: {n_ct} slices in {len(series)} series, normalise {t_ct:.3f} s, decode floor {t_ct_dec:.3f} s")
+    print(
+        f"BENCH normalise images_per_s={len(xr) / t_xr:.2f} ct_slices_per_s={n_ct / t_ct:.2f} "
+        f"ratio_2d_vs_decode={t_xr / t_xr_dec:.2f} ratio_ct_vs_decode={t_ct / t_ct_dec:.2f} peak_mb={peak:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
