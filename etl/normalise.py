@@ -178,11 +178,21 @@ def _window_to_unit(arr: np.ndarray, ds: Dataset, frame: int | None) -> tuple[np
                     "first": first,
                 }
             else:
+                center = view["WindowCenter"].value
+                width = view["WindowWidth"].value
+                function = str(view.get("VOILUTFunction") or "LINEAR").strip().upper()
+                c = float(center[0] if view["WindowCenter"].VM > 1 else center)
+                w = float(width[0] if view["WindowWidth"].VM > 1 else width)
+                if function in ("LINEAR", "LINEAR_EXACT") and w > (1.0 if function == "LINEAR" else 0.0):
+                    # PS3.3 C.11.2.1.2.1 (LINEAR) and C.11.2.1.3.2 (LINEAR_EXACT), mapped straight to 0..1:
+                    # y = ((x - (c - 0.5)) / (w - 1) + 0.5) clipped, resp. y = (x - c) / w + 0.5 clipped
+                    x = arr.astype(np.float64, copy=False)
+                    unit = ((x - (c - 0.5)) / (w - 1.0) + 0.5) if function == "LINEAR" else ((x - c) / w + 0.5)
+                    return np.clip(unit, 0.0, 1.0, out=unit), {
+                        "step": "voi", "window_center": c, "window_width": w, "function": function}
                 out = apply_voi_lut(arr.astype(np.float64), view, prefer_lut=False)
                 ends = apply_voi_lut(np.array([-np.inf, np.inf]), view, prefer_lut=False)
                 lo, hi = float(ends[0]), float(ends[1])
-                center = view["WindowCenter"].value
-                width = view["WindowWidth"].value
                 step = {
                     "step": "voi",
                     "window_center": float(center[0] if view["WindowCenter"].VM > 1 else center),
