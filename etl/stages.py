@@ -45,9 +45,26 @@ def _read_events(ctx: BuildContext, stage: str, shard: int | None = None) -> pa.
     return ctx.storage.read_table(path, schema=EVENT_SCHEMA) if ctx.storage.is_file(path) else EVENT_SCHEMA.empty_table()
 
 
+#: tables stored partitioned by institution and modality inside each shard (large binary payloads):
+#: ``curated/<table>/institution=<id>/modality=<code>/shard=NNNNN.parquet``
+INSTITUTION_MODALITY_PARTITIONED = frozenset({"images"})
+#: rows per Parquet row group for tables of large binary values (keeps a row group to tens of MB)
+PAYLOAD_ROW_GROUP_ROWS = 64
+
+
+def _shard_files(ctx: BuildContext, table: str, shard: int) -> list[str]:
+    if table not in INSTITUTION_MODALITY_PARTITIONED:
+        path = ctx.table_path(table, shard)
+        return [path] if ctx.storage.is_file(path) else []
+    suffix = f"/shard={shard:05d}.parquet"
+    return [f for f in ctx.storage.list_files(f"curated/{table}") if f.endswith(suffix)]
+
+
 def _shard_table(ctx: BuildContext, table: str, schema: pa.Schema, shard: int) -> pa.Table:
-    path = ctx.table_path(table, shard)
-    return ctx.storage.read_table(path, schema=schema) if ctx.storage.is_file(path) else schema.empty_table()
+    files = _shard_files(ctx, table, shard)
+    if not files:
+        return schema.empty_table()
+    return pa.concat_tables([ctx.storage.read_table(f, schema=schema) for f in files])
 
 
 def _all_shards(ctx: BuildContext, table: str, schema: pa.Schema) -> pa.Table:
@@ -60,10 +77,25 @@ def _sorted(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def write_partition(ctx: BuildContext, table: str, schema: pa.Schema, shard: int, rows: list[dict] | pa.Table) -> int:
-    """Write one shard partition of a curated table, sorted by key; returns the row count."""
+    """Write one shard partition of a curated table, sorted by key; returns the row count.
+
+    Tables in :data:`INSTITUTION_MODALITY_PARTITIONED` are split further by institution and modality
+    (Hive-style folders) with small row groups; this shard's files from earlier runs that the new content
+    no longer has are removed, so a re-run leaves exactly the new partition.
+    """
     t = rows if isinstance(rows, pa.Table) else table_from_rows(rows, schema)
     t = _sorted(t.cast(schema), schema)
-    ctx.storage.write_table(ctx.table_path(table, shard), t)
+    if table not in INSTITUTION_MODALITY_PARTITIONED:
+        ctx.storage.write_table(ctx.table_path(table, shard), t)
+        return t.num_rows
+    stale = set(_shard_files(ctx, table, shard))
+    df = pl.from_arrow(t)
+    for (institution, modality), part in sorted(df.group_by(["institution", "modality"]), key=lambda kv: kv[0]):
+        path = f"curated/{table}/institution={institution}/modality={modality}/shard={shard:05d}.parquet"
+        ctx.storage.write_table(path, _sorted(part.to_arrow().cast(schema), schema), row_group_size=PAYLOAD_ROW_GROUP_ROWS)
+        stale.discard(path)
+    for path in sorted(stale):
+        ctx.storage.delete(path)
     return t.num_rows
 
 

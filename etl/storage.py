@@ -189,10 +189,14 @@ class Storage:
         elif info.type == pafs.FileType.File:
             self.fs.delete_file(p)
 
-    def write_table(self, rel: str, table: pa.Table) -> None:
-        """Write one Parquet file atomically (zstd, no pandas metadata, deterministic bytes)."""
+    def write_table(self, rel: str, table: pa.Table, row_group_size: int | None = None) -> None:
+        """Write one Parquet file atomically (zstd, no pandas metadata, deterministic bytes).
+
+        ``row_group_size`` (rows) keeps row groups small for tables of large binary values.
+        """
         buf = io.BytesIO()
-        pq.write_table(table, buf, compression="zstd", write_statistics=True, store_schema=True)
+        pq.write_table(table, buf, compression="zstd", write_statistics=True, store_schema=True,
+                       row_group_size=row_group_size)
         self.write_bytes(rel, buf.getvalue())
 
     def read_table(self, rel: str, schema: pa.Schema | None = None) -> pa.Table:
