@@ -281,12 +281,12 @@ def _npz(arrays: dict[str, np.ndarray]) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=_NPZ_COMPRESSION) as zf:
         for name in sorted(arrays):
-            member = io.BytesIO()
-            np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
             info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
             info.compress_type = _NPZ_COMPRESSION
             info.external_attr = 0o644 << 16
-            zf.writestr(info, member.getvalue())
+            # streamed into the archive: no second in-memory copy of a large volume
+            with zf.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
     return buf.getvalue()
 
 
