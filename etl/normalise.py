@@ -641,6 +641,12 @@ def normalise_volume(
                 "gantry_tilt_deg": round(info["tilt_deg"], 6),
             }
             steps.append(check)
+            if (not info["uniform"] or info["tilt_deg"] > 0) and cfg.irregular_slices == "quarantine":
+                raise NormalisationError(
+                    "irregular_slice_geometry",
+                    f"missing slices or non-uniform spacing or gantry tilt ({info['missing']} missing, "
+                    f"tilt {info['tilt_deg']:.2f} deg) and the configuration quarantines such series",
+                )
             if (not info["uniform"] or info["tilt_deg"] > 0) and in_plane is not None:
                 volume = regularise(volume, along, info["offsets"], tuple(in_plane), info["step_mm"])
                 steps.append(

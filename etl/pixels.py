@@ -50,6 +50,7 @@ REASONS = frozenset(
         "volume_too_large",
         "unsupported_modality",
         "duplicate_slice_position",
+        "irregular_slice_geometry",
     }
 )
 

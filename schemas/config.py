@@ -124,6 +124,11 @@ class NormalisationConfig(_Strict):
         default=(0.75, 0.75, 1.5), description="CT volumes resampled to [row, col, slice] mm (MedReCo); null keeps native"
     )
     volume_max_voxels: int = Field(default=64_000_000, gt=0)
+    irregular_slices: Literal["resample", "quarantine"] = Field(
+        default="resample",
+        description="series with missing slices, non-uniform spacing or gantry tilt: interpolate onto a regular grid, "
+        "or quarantine (irregular_slice_geometry)",
+    )
 
     @field_validator("image_size")
     @classmethod

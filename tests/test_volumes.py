@@ -98,6 +98,21 @@ def test_gantry_tilt_detected_and_slices_realigned():
     np.testing.assert_allclose(vol[2, 2:, :], hu[:-2, :], atol=1e-3)
 
 
+def test_irregular_geometry_can_be_quarantined_instead():
+    from etl.normalise import NormalisationError
+    from schemas.config import NormalisationConfig
+
+    datasets = [pydicom.dcmread(p) for p in ct5n_paths()]
+    datasets.sort(key=lambda d: float(d.ImagePositionPatient[2]))
+    del datasets[2]  # a missing slice
+    strict = NormalisationConfig(irregular_slices="quarantine")
+    with pytest.raises(NormalisationError) as err:
+        normalise_volume(datasets, strict)
+    assert err.value.reason == "irregular_slice_geometry"
+    steps = {s["step"]: s for s in json.loads(normalise_volume(datasets, CFG)["recipe"])["steps"]}
+    assert steps["geometry"]["missing_slices"] == 1 and steps["regularise"]["n_slices"] == 5
+
+
 @pytest.mark.skipif(not LONGITUDINAL.is_dir(), reason="longitudinal chest CT data absent")
 def test_longitudinal_single_slice_series_match_simpleitk():
     paths = sorted(LONGITUDINAL.glob("*/*/*.dcm"))
