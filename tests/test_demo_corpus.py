@@ -16,20 +16,13 @@ from pydicom.tag import Tag
 
 from etl.demo_corpus import DEMO_INSTITUTIONS, FAMILIES, DemoCorpusError, generate_corpus
 from etl.demo_reports import CHANGES, DemoReportError, family_phrases, load_phrases, plan_entities
+from etl.report_sources import REPORT_FIELDS
 from schemas.config import load_config
 from schemas.ontology import load_ontology, modality_family
 
 REPO = Path(__file__).resolve().parents[1]
 N_PATIENTS = 16
-REPORT_KEYS = {
-    "report_id",
-    "patient_id",
-    "accession_number",
-    "study_instance_uid",
-    "report_datetime",
-    "language",
-    "text",
-}
+REPORT_KEYS = set(REPORT_FIELDS)  # the demo writes exactly what the report reader expects
 
 
 def _tree_hashes(root: Path) -> dict[str, str]:
