@@ -708,8 +708,9 @@ def deidentify_dataset(
     shift = key.date_shift_days(patient_key)
     accession = str(ds.get("AccessionNumber", "") or "").strip()
     accession_key = key.pseudonym("accession", f"{institution}|{accession}") if accession else None
+    # identifying header values the descriptor scrubber removes (read before the walk changes them)
     known = [str(ds.get(k, "") or "") for k in ("PatientName", "OtherPatientIDs", "ReferringPhysicianName",
-                                                 "PatientAddress") if k in ds] + [patient_id, accession]
+                                                 "PatientAddress") if k in ds and policy.cleans_text] + [patient_id, accession]
     charset = ds.get("SpecificCharacterSet", "ISO_IR 6") or "ISO_IR 6"
     try:
         encodings = convert_encodings(charset)
@@ -721,7 +722,7 @@ def deidentify_dataset(
         walker.walk(ds)
         meta = getattr(ds, "file_meta", None)
         ts = meta.get("TransferSyntaxUID") if meta is not None else None
-        if encodings != ["latin_1"]:  # every byte string decodes as ISO 8859-1: nothing to check there
+        if not set(encodings) <= {"latin_1", "iso8859"}:  # every byte string decodes as ISO 8859-1
             _drop_undecodable_text(ds, encodings, walker.audit)
         _finish(ds, policy, ts, walker)
         buf = io.BytesIO()

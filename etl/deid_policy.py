@@ -72,6 +72,8 @@ class Policy:
 
     #: group numbers & 0xFF00 of the repeating groups removed whole (0x5000 curves, 0x6000 overlays)
     removed_group_prefixes: frozenset[int] = frozenset()
+    #: whether any attribute is kept as scrubbed text (CLEAN), so header names must be known beforehand
+    cleans_text: bool = True
 
     def action_for(self, tag: int) -> str | None:
         """The resolved action of a public attribute, or None when Table E.1-1 does not list it."""
@@ -192,6 +194,7 @@ def _build_policy_cached(cfg_json: str) -> Policy:
         masks=tuple(masks),
         remove_groups=remove_groups,
         removed_group_prefixes=frozenset(v for _, v in remove_groups),
+        cleans_text="CLEAN" in actions.values() or any(a == "CLEAN" for _, _, a in masks),
         dummy=dict(profile["dummy"]),
         max_age_years=int(profile["max_age_years"]),
         keep_uid_tags=keep_uid,
