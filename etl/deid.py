@@ -35,7 +35,7 @@ import pydicom
 from pydicom import config as pydicom_config
 from pydicom.charset import convert_encodings, decode_bytes
 from pydicom.datadict import dictionary_VR, keyword_for_tag
-from pydicom.dataelem import DataElement
+from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.multival import MultiValue
 from pydicom.sequence import Sequence
@@ -338,7 +338,7 @@ class _Walker:
         if action in ("Z", "D") and vr in TEXT_VRS and not self._collects(vr, tag):
             # nothing to remember from it: replace without decoding the old value
             value = "" if action == "Z" else self.p.dummy.get(vr, "")
-            ds[tag] = DataElement(tag, vr, value, validation_mode=pydicom_config.IGNORE)
+            _replace_value(ds, tag, vr, ds.get_item(tag), value)
             self.audit["emptied" if action == "Z" else "replaced"] += 1
             return
         elem = ds[tag]
@@ -426,7 +426,7 @@ class _Walker:
             new, counter = "\\".join(mapped), "shifted"
         else:  # U on a non-UID ASCII value, or SHIFT on AS/IS/DS: no identifying content is kept
             new, counter = "", "emptied"
-        ds[tag] = DataElement(tag, vr, new, validation_mode=pydicom_config.IGNORE)
+        _replace_value(ds, tag, vr, elem, new)
         self.audit[counter] += 1
 
     def _shift(self, elem: DataElement, vr: str, values: list[str]) -> None:
@@ -477,6 +477,18 @@ class _Walker:
         n, unit = int(m.group(1)), m.group(2)
         years = {"D": n / 365.25, "W": n * 7 / 365.25, "M": n / 12, "Y": n}[unit]
         return f"{self.p.max_age_years + 1:03d}Y" if years > self.p.max_age_years else value.strip()
+
+
+def _replace_value(ds: Dataset, tag, vr: str, elem, value: str) -> None:
+    """Set an ASCII value (UIDs, dates, codes, dummies); a raw element stays raw (the writer copies its bytes,
+    with no conversion to and from Python values), else a new element is stored without re-validation."""
+    if isinstance(elem, RawDataElement) and (elem.value is None or isinstance(elem.value, (bytes, bytearray))):
+        data = value.encode("ascii")
+        if len(data) % 2:
+            data += b"\x00" if vr == "UI" else b" "
+        ds[tag] = elem._replace(value=data, length=len(data))
+    else:
+        ds[tag] = DataElement(tag, vr, value, validation_mode=pydicom_config.IGNORE)
 
 
 @lru_cache(maxsize=4096)
