@@ -263,6 +263,11 @@ class _Walker:
                 self._remove(ds, tag, elem)
                 continue
             vr = elem.VR or dictionary_VR_or_none(tag)
+            if vr == "UN" and dictionary_VR_or_none(tag) not in (None, "UN"):
+                try:  # a known attribute written with VR UN: read it with its dictionary VR
+                    vr = ds[tag].VR
+                except Exception:  # noqa: BLE001  undecodable: handled as untyped below
+                    vr = "UN"
             if vr is None or vr == "UN":
                 # a public attribute this reader cannot type: cannot be vetted, so removed (fail closed)
                 self._remove(ds, tag, elem)
@@ -697,8 +702,8 @@ def deidentify_dataset(
     if not patient_id:
         raise DeidentificationError("missing_patient_id", "PatientID is empty or absent")
     uids = {}
-    for kw in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID"):
-        uids[kw] = str(ds.get(kw, "") or "").strip()
+    for kw, tag in (("StudyInstanceUID", 0x0020000D), ("SeriesInstanceUID", 0x0020000E), ("SOPInstanceUID", 0x00080018)):
+        uids[kw] = _ascii(ds, tag)  # read raw: no conversion of values the walk replaces anyway
         if not uids[kw]:
             raise DeidentificationError("missing_uid", f"{kw} is empty or absent")
     raw_pixels = ds.get_item(_PIXEL_DATA)
@@ -788,7 +793,7 @@ def _finish(ds: Dataset, policy: Policy, transfer_syntax: str | None, walker: _W
                  else str(ds.get("SOPClassUID", "1.2.840.10008.5.1.4.1.1.7")))
     meta = FileMetaDataset()
     meta.add(DataElement(0x00020002, "UI", sop_class, validation_mode=ignore))
-    meta.add(DataElement(0x00020003, "UI", str(ds[0x00080018].value), validation_mode=ignore))
+    meta.add(DataElement(0x00020003, "UI", _ascii(ds, 0x00080018), validation_mode=ignore))
     meta.add(DataElement(0x00020010, "UI", transfer_syntax or ExplicitVRLittleEndian, validation_mode=ignore))
     meta.add(DataElement(0x00020012, "UI", PYDICOM_IMPLEMENTATION_UID, validation_mode=ignore))
     meta.add(DataElement(0x00020013, "SH", "MEDRECO_0_2", validation_mode=ignore))
