@@ -620,20 +620,47 @@ def _output_header(payload: bytes, ds: Dataset) -> bytes:
     return payload
 
 
+def _text_bytes(ds: Dataset) -> bytes:
+    """Raw bytes of every text-like value (character string VRs, UI, and the values of sequences), joined
+    by NUL: where a person name could be written. Binary values (OB/OW/...) are left out: short name parts
+    occur in them by chance."""
+    parts: list[bytes] = []
+    _collect_text_bytes(ds, parts)
+    return b"\x00".join(parts)
+
+
+def _collect_text_bytes(ds: Dataset, parts: list[bytes]) -> None:
+    for tag, elem in ds.items():  # raw elements are read as bytes, not converted
+        vr = elem.VR or dictionary_VR_or_none(tag)
+        if vr == "SQ":
+            for item in ds[tag].value or []:
+                _collect_text_bytes(item, parts)
+        elif vr in TEXT_VRS or vr in ASCII_VRS:
+            v = elem.value
+            if isinstance(v, (bytes, bytearray)):
+                parts.append(bytes(v))
+            elif v is not None:
+                parts.append(str(v).encode("utf-8", "ignore"))
+
+
 def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str],
-                  device_values: tuple[bytes, ...] = ()) -> list[str]:
+                  device_values: tuple[bytes, ...] = (), text: bytes | None = None) -> list[str]:
     """Identifying values of the input found in the output header bytes (their kinds only).
 
-    Name parts match as whole words, case-insensitively; IDs, UIDs and other values as byte strings in
-    the file's character set and in UTF-8. Institution names are not looked for inside the kept device
+    Name parts match as whole words, case-insensitively, in the text values (``text``; default: the whole
+    header); IDs, UIDs and other values as byte strings anywhere in the header, in the file's character
+    set and in UTF-8. Institution names are not looked for inside the kept device
     values (``device_values``: Manufacturer and model), which test data often set to the same text.
     """
     found = []
-    lowered = header.lower()
+    names_in = text if text is not None else header
     without_device = header
+    names_without_device = names_in
     for d in device_values:
         if d:
             without_device = without_device.replace(d, b"")
+            names_without_device = names_without_device.replace(d, b"")
+    lowered = names_without_device.lower()
     for kind, value in phi:
         if kind != "uid":
             hay = without_device
@@ -646,8 +673,9 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
             except (UnicodeEncodeError, LookupError):
                 continue
         for b in forms:
-            if kind == "name":
-                if b.lower() in lowered and re.search(rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])", hay, re.IGNORECASE):
+            if kind == "name":  # person-name parts: whole words, in text values only
+                if b.lower() in lowered and re.search(rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])",
+                                                      names_without_device, re.IGNORECASE):
                     found.append(kind)
                     break
             elif kind == "uid":
@@ -751,7 +779,8 @@ def deidentify_dataset(
         raise DeidentificationError("deidentification_error", f"{type(err).__name__} while de-identifying") from None
     device = tuple(bytes(ds.get_item(t).value or b"") if isinstance(ds.get_item(t).value, (bytes, bytearray))
                    else str(ds[t].value).encode("utf-8", "ignore") for t in DEVICE_TAGS if t in ds)
-    hits = verify_output(_output_header(payload, ds), walker.phi, encodings, device)
+    hits = verify_output(_output_header(payload, ds), walker.phi, encodings, device,
+                         _text_bytes(ds) + b"\x00" + _text_bytes(ds.file_meta))
     if hits:
         raise DeidentificationError(
             "verification_failed", f"{len(hits)} identifying value(s) of the input remain in the output "
