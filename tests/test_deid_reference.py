@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from helpers import decode_strictly
 
 from etl.deid import DeidentificationError, deidentify_dataset
 from etl.deid_policy import build_policy
@@ -122,13 +123,6 @@ def test_charsets_read_and_output_decodes(key, charset):
     ds.StudyDescription = f"CT chest for {names[charset].split('^')[0]}"
     r = deidentify_dataset(ds, key, "cs")
     out = pydicom.dcmread(io.BytesIO(r.to_bytes()))
-    from pydicom import config
-
-    old = config.settings.reading_validation_mode
-    config.settings.reading_validation_mode = config.RAISE
-    try:
-        out.decode()
-    finally:
-        config.settings.reading_validation_mode = old
+    decode_strictly(out)
     assert str(out.PatientName) == r.patient_key
     assert names[charset].split("^")[0].split("=")[0] not in str(out.StudyDescription)

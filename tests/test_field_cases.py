@@ -16,6 +16,7 @@ import polars as pl
 import pydicom
 import pytest
 import yaml
+from helpers import decode_strictly
 
 from etl.deid import shift_date, shift_datetime
 
@@ -205,14 +206,7 @@ def test_character_sets_decode_cleanly(run):
     for f in case["files"]:
         out = _out(run, case, f)
         assert out is not None
-        from pydicom import config
-
-        old = config.settings.reading_validation_mode
-        config.settings.reading_validation_mode = config.RAISE
-        try:
-            out.decode()
-        finally:
-            config.settings.reading_validation_mode = old
+        decode_strictly(out)
 
 
 def test_age_over_89_not_derivable(run):

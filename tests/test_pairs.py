@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 import polars as pl
 import pytest
+from helpers import LABEL_SCHEMA, STUDY_SCHEMA, T0  # noqa: E402
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,22 +15,6 @@ from etl.pairs import PairingInputError, build_pairs, pair_id
 from schemas.config import PairingConfig
 from schemas.pairs import SCHEMA
 
-T0 = datetime(2031, 3, 4, 9, 30)
-STUDY_SCHEMA = {
-    "study_key": pl.Utf8,
-    "patient_key": pl.Utf8,
-    "family": pl.Utf8,
-    "modality": pl.Utf8,
-    "study_datetime": pl.Datetime("us"),
-    "shard": pl.Int32,
-}
-LABEL_SCHEMA = {
-    "study_key": pl.Utf8,
-    "entity_id": pl.Utf8,
-    "state": pl.Utf8,
-    "change": pl.Utf8,
-    "shard": pl.Int32,
-}
 IMAGE_SCHEMA = {"study_key": pl.Utf8, "view": pl.Utf8, "kind": pl.Utf8}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import polars as pl
 import pytest
@@ -27,22 +27,7 @@ from schemas.vqa import SCHEMA
 ONTO = load_ontology()
 TEMPLATES = load_templates()
 CFG = VQAConfig()
-T0 = datetime(2031, 3, 4, 9, 30)
-STUDY_SCHEMA = {
-    "study_key": pl.Utf8,
-    "patient_key": pl.Utf8,
-    "family": pl.Utf8,
-    "modality": pl.Utf8,
-    "study_datetime": pl.Datetime("us"),
-    "shard": pl.Int32,
-}
-LABEL_SCHEMA = {
-    "study_key": pl.Utf8,
-    "entity_id": pl.Utf8,
-    "state": pl.Utf8,
-    "change": pl.Utf8,
-    "shard": pl.Int32,
-}
+from helpers import LABEL_SCHEMA, STUDY_SCHEMA, T0  # noqa: E402
 
 
 def studies(rows: list[tuple]) -> pl.DataFrame:
