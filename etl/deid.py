@@ -37,9 +37,12 @@ from pydicom.charset import convert_encodings, decode_bytes
 from pydicom.datadict import dictionary_VR, keyword_for_tag
 from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.filebase import DicomBytesIO
+from pydicom.filewriter import write_sequence
 from pydicom.multival import MultiValue
 from pydicom.sequence import Sequence
-from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, ExplicitVRLittleEndian, UID_dictionary
+from pydicom.tag import Tag
+from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID, ExplicitVRLittleEndian, UID_dictionary
 
 from etl.deid_policy import Policy, build_policy
 from etl.keys import PseudonymKey
@@ -631,6 +634,8 @@ def _text_bytes(ds: Dataset) -> bytes:
 
 def _collect_text_bytes(ds: Dataset, parts: list[bytes]) -> None:
     for tag, elem in ds.items():  # raw elements are read as bytes, not converted
+        if tag == 0x00120064:  # DeidentificationMethodCodeSequence: our own constant codes
+            continue
         vr = elem.VR or dictionary_VR_or_none(tag)
         if vr == "SQ":
             for item in ds[tag].value or []:
@@ -800,20 +805,47 @@ def deidentify_dataset(
     )
 
 
+@lru_cache(maxsize=32)
+def _method_code_sequence(codes: tuple[tuple[str, str], ...], implicit_vr: bool, little_endian: bool) -> bytes:
+    """Encoded value of DeidentificationMethodCodeSequence (0012,0064): one CID 7050 code item per option.
+
+    Parameters
+    ----------
+    codes : tuple of (CodeValue, CodeMeaning)
+        the profile and option codes, coding scheme DCM.
+    implicit_vr, little_endian : bool
+        the transfer syntax the file is written in.
+
+    Returns
+    -------
+    bytes
+        the sequence's items, ready to be written as the element's value.
+    """
+    ignore = pydicom_config.IGNORE
+    items = []
+    for value, meaning in codes:
+        item = Dataset()
+        item.add(DataElement(0x00080100, "SH", value, validation_mode=ignore))  # CodeValue
+        item.add(DataElement(0x00080102, "SH", "DCM", validation_mode=ignore))  # CodingSchemeDesignator
+        item.add(DataElement(0x00080104, "LO", meaning, validation_mode=ignore))  # CodeMeaning
+        items.append(item)
+    fp = DicomBytesIO()
+    fp.is_implicit_VR, fp.is_little_endian = implicit_vr, little_endian
+    write_sequence(fp, DataElement(0x00120064, "SQ", Sequence(items)), ["iso8859"])
+    return fp.getvalue()
+
+
 def _finish(ds: Dataset, policy: Policy, transfer_syntax: str | None, walker: _Walker) -> None:
     if policy.safe_private:
         _prune_private_creators(ds)
     ignore = pydicom_config.IGNORE
     ds[0x00120062] = DataElement(0x00120062, "CS", "YES", validation_mode=ignore)  # PatientIdentityRemoved
     ds[0x00120063] = DataElement(0x00120063, "LO", policy.method_text, validation_mode=ignore)
-    items = []
-    for value, meaning in policy.method_codes:
-        item = Dataset()
-        item.add(DataElement(0x00080100, "SH", value, validation_mode=ignore))  # CodeValue
-        item.add(DataElement(0x00080102, "SH", "DCM", validation_mode=ignore))  # CodingSchemeDesignator
-        item.add(DataElement(0x00080104, "LO", meaning, validation_mode=ignore))  # CodeMeaning
-        items.append(item)
-    ds[0x00120064] = DataElement(0x00120064, "SQ", Sequence(items))  # DeidentificationMethodCodeSequence
+    ts = UID(transfer_syntax or ExplicitVRLittleEndian)
+    implicit, little = (ts.is_implicit_VR, ts.is_little_endian) if ts.is_transfer_syntax else (False, True)
+    # DeidentificationMethodCodeSequence: the same items in every file, encoded once per transfer syntax
+    seq = _method_code_sequence(policy.method_codes, implicit, little)
+    ds[0x00120064] = RawDataElement(Tag(0x00120064), "SQ", len(seq), seq, 0, implicit, little)
     ds[0x00280303] = DataElement(0x00280303, "CS", "MODIFIED" if policy.modified_dates else "REMOVED",
                                  validation_mode=ignore)  # LongitudinalTemporalInformationModified
     sop_class = ds.get_item(0x00080016)
