@@ -34,6 +34,9 @@ from medspacy.context import ConText, ConTextRule  # noqa: E402
 from medspacy.target_matcher import TargetMatcher, TargetRule  # noqa: E402
 
 CONTEXT_RULES_FILE = Path(__file__).with_name("context_rules.json")
+#: anatomy + descriptor rules (English); see the file's description and :class:`EntityExtractor`.
+DESCRIPTOR_RULES_FILE = Path(__file__).with_name("descriptor_rules_en.json")
+_DESCRIPTOR = "DESCRIPTOR"
 ASSERTIONS = ("present", "absent", "uncertain")
 TEMPORALITIES = ("current", "historical", "hypothetical")
 CHANGES = ("new", "increased", "decreased", "unchanged", "resolved", "improved", "worsened", "none")
@@ -101,6 +104,39 @@ def _plural_variants(term: str) -> set[str]:
 class _FamilyIndex:
     matcher: TargetMatcher
     candidates: dict[str, tuple[str, ...]]
+    #: descriptor surface -> ((concept id, anatomy pattern), ...) for the family's concepts
+    compose: dict[str, tuple[tuple[str, re.Pattern[str]], ...]]
+
+
+@dataclass(frozen=True)
+class _DescriptorRules:
+    max_distance: int
+    clause_breaks: frozenset[str]
+    compose: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]  # (concept, anatomy phrases, descriptors)
+    refine: dict[str, tuple[tuple[str, re.Pattern[str]], ...]]  # from id -> ((concept, descriptor pattern), ...)
+
+
+def _phrase_regex(phrases: Iterable[str]) -> re.Pattern[str]:
+    """Case-insensitive whole-word alternation of the phrases and their plural/singular variants."""
+    variants = {v for p in phrases for v in _plural_variants(" ".join(p.lower().split()))}
+    return re.compile(r"(?<![\w-])(?:" + "|".join(re.escape(v) for v in sorted(variants, key=len, reverse=True))
+                      + r")(?![\w-])", re.IGNORECASE)
+
+
+def _load_descriptor_rules(path: Path | None) -> _DescriptorRules:
+    if path is None:
+        return _DescriptorRules(0, frozenset(), (), {})
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        compose = tuple((r["concept"], tuple(r["anatomy"]), tuple(r["descriptors"])) for r in data.get("compose", ()))
+        refine: dict[str, list] = {}
+        for r in data.get("refine", ()):
+            for src in r["from"]:
+                refine.setdefault(src, []).append((r["concept"], _phrase_regex(r["descriptors"])))
+        return _DescriptorRules(int(data["max_distance"]), frozenset(t.lower() for t in data.get("clause_breaks", ())),
+                                compose, {k: tuple(v) for k, v in refine.items()})
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ExtractorConfigError("invalid_descriptor_rules", f"{path.name}: {exc}") from exc
 
 
 class EntityExtractor:
@@ -118,16 +154,24 @@ class EntityExtractor:
     context_rules_path : str or Path, optional
         ConText rules JSON (default: the packaged English ``context_rules.json``); required for a
         language other than English.
+    descriptor_rules_path : str or Path, optional
+        Anatomy + descriptor rules JSON (default for English: ``descriptor_rules_en.json``; none for
+        another language unless given). A descriptor word ("tortuous", "enlarged") names a concept only
+        when one of its rule's anatomy phrases stands in the same clause within ``max_distance`` tokens
+        (nearest anatomy wins); ``refine`` rules turn a mention into a more specific concept when a
+        descriptor is near (``old healed rib fractures`` -> healing changes).
 
     Raises
     ------
     ExtractorConfigError
         ``unsupported_language`` (no synonyms, or no ConText rules, for ``language``);
-        ``invalid_context_rules`` (malformed rules file).
+        ``invalid_context_rules``, ``invalid_descriptor_rules`` (malformed rules file). Descriptor rules
+        naming concepts the ontology lacks are ignored.
     """
 
     def __init__(self, ontology: Ontology | None = None, language: str = "en",
-                 context_rules_path: str | Path | None = None) -> None:
+                 context_rules_path: str | Path | None = None,
+                 descriptor_rules_path: str | Path | None = None) -> None:
         self.ontology = ontology or load_ontology()
         self.language = language
         if language != "en" and context_rules_path is None:
@@ -140,6 +184,16 @@ class EntityExtractor:
         nlp.add_pipe("sentencizer")
         nlp.add_pipe(_SECTION_SENTS)
         self._nlp = nlp
+        if descriptor_rules_path is None and language == "en":
+            descriptor_rules_path = DESCRIPTOR_RULES_FILE
+        self._descriptors = _load_descriptor_rules(Path(descriptor_rules_path) if descriptor_rules_path else None)
+        # rules naming concepts this ontology lacks (a custom vocabulary) are left out
+        refine = {src: tuple(o for o in opts if o[0] in self.ontology.concepts)
+                  for src, opts in self._descriptors.refine.items() if src in self.ontology.concepts}
+        self._descriptors = _DescriptorRules(
+            self._descriptors.max_distance, self._descriptors.clause_breaks,
+            tuple(r for r in self._descriptors.compose if r[0] in self.ontology.concepts),
+            {k: v for k, v in refine.items() if v})
         self._families = {f: self._build_family(nlp, f) for f in FAMILIES if f in self.ontology.families}
         self._context = self._build_context(nlp, Path(context_rules_path or CONTEXT_RULES_FILE))
         anatomy = [c for c in self.ontology.concepts.values() if c.category == "anatomy"]
@@ -161,13 +215,24 @@ class EntityExtractor:
                     ids = surface.setdefault(variant, [])
                     if concept.id not in ids:
                         ids.append(concept.id)
+        fam_ids = set(self.ontology.families[family]["finding"]) | set(self.ontology.families[family]["condition"])
+        compose: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
+        for concept_id, anatomy, descriptors in self._descriptors.compose:
+            if concept_id not in fam_ids:
+                continue
+            pattern = _phrase_regex(anatomy)
+            for desc in descriptors:
+                for variant in _plural_variants(" ".join(desc.lower().split())):
+                    if variant not in surface:  # an ontology synonym outranks a descriptor
+                        compose.setdefault(variant, []).append((concept_id, pattern))
         matcher = TargetMatcher(nlp, name=f"targets_{family}", result_type="ents", prune=True)
         rules = [
             TargetRule(literal=term, category=ids[0], metadata={"candidates": tuple(ids)})
             for term, ids in sorted(surface.items())
-        ]
+        ] + [TargetRule(literal=term, category=_DESCRIPTOR, metadata={"descriptor": term}) for term in sorted(compose)]
         matcher.add(rules)
-        return _FamilyIndex(matcher, {t: tuple(i) for t, i in surface.items()})
+        return _FamilyIndex(matcher, {t: tuple(i) for t, i in surface.items()},
+                            {t: tuple(v) for t, v in compose.items()})
 
     @staticmethod
     def _build_context(nlp: Language, path: Path) -> ConText:
@@ -214,6 +279,43 @@ class EntityExtractor:
                 return cid
         return candidates[0]
 
+    def _clause_window(self, ent: Span) -> Span:
+        """Tokens around ``ent`` within ``max_distance``, its sentence, and no clause break."""
+        sent, dist, breaks = ent.sent, self._descriptors.max_distance, self._descriptors.clause_breaks
+        doc = ent.doc
+        start = ent.start
+        while start > max(sent.start, ent.start - dist) and doc[start - 1].lower_ not in breaks:
+            start -= 1
+        end = ent.end
+        while end < min(sent.end, ent.end + dist) and doc[end].lower_ not in breaks:
+            end += 1
+        return doc[start:end]
+
+    def _compose_id(self, ent: Span, options: tuple[tuple[str, re.Pattern[str]], ...]) -> str | None:
+        """Concept of a descriptor mention: the rule whose anatomy phrase is nearest in the clause window."""
+        window = self._clause_window(ent)
+        text, base = window.text, window.start_char
+        best: tuple[int, str] | None = None
+        for concept_id, pattern in options:
+            for m in pattern.finditer(text):
+                s, e = base + m.start(), base + m.end()
+                if s < ent.end_char and e > ent.start_char:
+                    continue  # the descriptor itself
+                gap = ent.start_char - e if e <= ent.start_char else s - ent.end_char
+                if best is None or gap < best[0]:
+                    best = (gap, concept_id)
+        return best[1] if best else None
+
+    def _refine_id(self, ent: Span, entity_id: str) -> str:
+        options = self._descriptors.refine.get(entity_id)
+        if not options:
+            return entity_id
+        window = self._clause_window(ent).text
+        for concept_id, pattern in options:
+            if pattern.search(window):
+                return concept_id
+        return entity_id
+
     @staticmethod
     def _closest(ent: Span, mods: list) -> object | None:
         if not mods:
@@ -225,11 +327,19 @@ class EntityExtractor:
 
         return min(mods, key=distance)
 
-    def _mention(self, ent: Span, spans: list[tuple[str, int, int]], bodies: list[tuple[str, int, int]]) -> dict:
-        """One mention dict; ``spans``/``bodies``: section spans with/without their headers."""
+    def _mention(self, ent: Span, spans: list[tuple[str, int, int]], bodies: list[tuple[str, int, int]],
+                 index: _FamilyIndex) -> dict | None:
+        """One mention dict (None for a descriptor without anatomy); ``spans``/``bodies``: section spans
+        with/without their headers."""
         rule = ent._.target_rule
-        candidates = tuple((rule.metadata or {}).get("candidates", (ent.label_,))) if rule else (ent.label_,)
-        entity_id = self._resolve_id(ent, candidates)
+        meta = (rule.metadata or {}) if rule else {}
+        if ent.label_ == _DESCRIPTOR:
+            entity_id = self._compose_id(ent, index.compose.get(meta.get("descriptor", ""), ()))
+            if entity_id is None:
+                return None
+        else:
+            candidates = tuple(meta.get("candidates", (ent.label_,)))
+            entity_id = self._refine_id(ent, self._resolve_id(ent, candidates))
         concept = self.ontology.concepts[entity_id]
         by_cat: dict[str, list] = {}
         for mod in ent._.modifiers:
@@ -294,7 +404,8 @@ class EntityExtractor:
             doc = index.matcher(doc)
             doc = self._context(doc)
         spans, bodies = section_spans(doc.text), section_body_spans(doc.text)
-        return [self._mention(ent, spans, bodies) for ent in doc.ents]
+        mentions = (self._mention(ent, spans, bodies, index) for ent in doc.ents)
+        return [m for m in mentions if m is not None]
 
     def extract(self, text: str, family: str) -> list[dict]:
         """Mentions of the family's ontology concepts in one report.

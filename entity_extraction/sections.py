@@ -10,7 +10,8 @@ impression). A header is recognised
 * in the middle of a line only in UPPER CASE, followed by ``:``, right after a sentence end
   (``"... normal. IMPRESSION: ..."``).
 
-Plain regular expressions: sectioning a report costs microseconds.
+Plain regular expressions: sectioning a report costs microseconds; the header list of the last few hundred
+texts is memoised, since the entity extractor asks for the sections of a report several times.
 """
 
 from __future__ import annotations
@@ -88,6 +89,13 @@ def _headers(text: str, rules: _Rules) -> list[tuple[int, int, str]]:
     return [found[k] for k in sorted(found)]
 
 
+@lru_cache(maxsize=256)
+def _cached_headers(text: str, rules_path: str | None) -> tuple[tuple[int, int, str], ...]:
+    """:func:`_headers` memoised per (text, rules file): the extractor asks for the sections of one report
+    several times (sentence starts, spans, bodies); the tuple is immutable, so sharing it is safe."""
+    return tuple(_headers(text, _load_rules(rules_path)))
+
+
 def section_spans(text: str, rules_path: str | None = None) -> list[tuple[str, int, int]]:
     """Cover ``text`` with consecutive, non-overlapping sections.
 
@@ -114,7 +122,7 @@ def section_spans(text: str, rules_path: str | None = None) -> list[tuple[str, i
     """
     if not text:
         return []
-    headers = _headers(text, _load_rules(rules_path))
+    headers = _cached_headers(text, rules_path)
     spans: list[tuple[str, int, int]] = []
     first = headers[0][0] if headers else len(text)
     if first > 0:
@@ -131,7 +139,7 @@ def section_body_spans(text: str, rules_path: str | None = None) -> list[tuple[s
     The ``unsectioned`` preamble is included as is; a span may be empty (``body_start == end``).
     """
     spans = section_spans(text, rules_path)
-    bodies = {start: body for start, body, _ in _headers(text, _load_rules(rules_path))}
+    bodies = {start: body for start, body, _ in _cached_headers(text, rules_path)}
     return [(name, bodies.get(start, start), end) for name, start, end in spans]
 
 
@@ -166,7 +174,7 @@ def split_sections(text: str, rules_path: str | None = None) -> dict[str, str]:
     """
     rules = _load_rules(rules_path)
     parts: dict[str, list[str]] = {name: [] for name in rules.canonical}
-    headers = _headers(text, rules)
+    headers = _cached_headers(text, rules_path)
     for i, (_, body_start, name) in enumerate(headers):
         end = headers[i + 1][0] if i + 1 < len(headers) else len(text)
         body = text[body_start:end].strip()

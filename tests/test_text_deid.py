@@ -188,3 +188,17 @@ def test_birth_date_removed_and_ages_over_89_capped():
 def test_name_run_stops_before_a_date():
     out, _ = deid("Reported by Dr. George Roberts, Sep 30, 2019. Dr. Cián McCarthy, November 27, 2020.", known=[])
     assert out == "Reported by Dr. [NAME], Oct 10, 2019. Dr. [NAME], December 7, 2020."
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Patient John Smith seen today.", "Patient [NAME] seen today."),
+        ("The patient Mary O'Neil was seen.", "The patient [NAME] was seen."),
+        ("Patient positioning suboptimal.", "Patient positioning suboptimal."),
+        ("PATIENT ROTATED. LA enlarged.", "PATIENT ROTATED. LA enlarged."),
+    ],
+)
+def test_name_after_the_word_patient_without_a_colon(text, expected):
+    """Found by a trial of `medreco reports annotate` (a report with no header values to match)."""
+    assert deid(text, known=[])[0] == expected
