@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 from etl.context import BuildContext
 from etl.snapshots import publish
 from schemas.ontology import load_ontology
-from schemas.tables import SCHEMAS
 
 
 def run_summary_path(run_id: str) -> str:
@@ -17,34 +15,38 @@ def run_summary_path(run_id: str) -> str:
 
 
 def publish_stage(ctx: BuildContext) -> dict:
-    """Publish the curated tables as a snapshot; write and return the run summary.
+    """Publish the curated tables as a snapshot (:func:`etl.snapshots.publish`); write and return the run summary.
+
+    The de-identification method codes recorded in the release come from the run's ``deid`` config (the
+    same codes the de-identifier writes into every DICOM file); lineage is this run and its ledger.
 
     Returns
     -------
     dict
-        ``version``, ``uri``, ``content_hash``, ``created``, ``tables`` (rows per table), ``ledger``
-        (balance), ``dashboard`` (path of index.html).
+        ``version``, ``parent``, ``change`` (initial | major | minor | patch, or the existing release's),
+        ``uri``, ``content_hash``, ``created``, ``tables`` (rows per table), ``delta_versions`` (pinned
+        Delta table version per table), ``ledger`` (balance), ``dashboard`` (path of index.html).
+        ``version``, ``content_hash`` and ``uri`` are what the build DAG puts in the
+        ``medreco://snapshot`` Asset event's extra.
     """
+    from etl.deid_policy import build_policy
+
     st = ctx.storage
-    studies = st.read_table("curated/studies", schema=SCHEMAS["studies"])
-    splits = st.read_table("curated/splits", schema=SCHEMAS["splits"])
-    facts = {
-        "Studies per institution": dict(sorted(Counter(studies["institution"].to_pylist()).items())),
-        "Studies per modality": dict(sorted(Counter(studies["modality"].to_pylist()).items())),
-        "Patients per split": dict(sorted(Counter(splits["split"].to_pylist()).items())),
-    }
     release = publish(
         st, config_hash=ctx.cfg.config_hash(), ontology_version=load_ontology().version, run_id=ctx.run_id,
-        key_fingerprint=ctx.key.fingerprint(), card_facts=facts,
+        key_fingerprint=ctx.key.fingerprint(), deid_method_codes=build_policy(ctx.cfg.deid).method_codes,
     )
     balance = json.loads(st.read_text(f"{ctx.run_dir}/ledger_balance.json"))
     summary = {
         "run_id": ctx.run_id,
         "version": release.version,
         "created": release.created,
+        "parent": release.manifest.get("parent"),
+        "change": release.manifest.get("change"),
         "uri": release.path,
         "content_hash": release.manifest["content_hash"],
         "tables": {t: v["rows"] for t, v in release.manifest["tables"].items()},
+        "delta_versions": {t: v.get("delta_version") for t, v in release.manifest["tables"].items()},
         "ledger": balance,
         "dashboard": st.full_uri("reports/dashboard/index.html"),
         "quarantined_by_reason": balance.get("quarantine_reasons", {}),
