@@ -84,6 +84,13 @@ def medreco_build():
         return [assemble_shard(ctx, s) for s in batch]
 
     @task
+    def retrieval() -> dict:
+        """Cross-patient retrieval targets (all shards) and the split leak check that fails the build."""
+        from etl.stages import retrieval as run
+
+        return run(task_context())
+
+    @task
     def ledger() -> dict:
         from etl.ledger import finalise
 
@@ -117,10 +124,12 @@ def medreco_build():
     reps >> ents
     asm = assemble.expand(batch=batches)
     [norm, ents] >> asm
+    ret = retrieval()
+    asm >> ret
     led = ledger()
     [norm, reps] >> led
     q = quality()
-    [asm, led] >> q
+    [ret, led] >> q
     q >> snapshot()
 
 

@@ -31,12 +31,10 @@ e.g. stated ``new`` while the prior report says present. The stated label is kep
 from __future__ import annotations
 
 import hashlib
-from datetime import date, datetime, time, timedelta
 
 import polars as pl
 import pyarrow as pa
 
-from schemas.base import table_from_rows
 from schemas.config import PairingConfig
 from schemas.pairs import SCHEMA
 from schemas.study_labels import STATES
@@ -94,103 +92,118 @@ def _no_null(df: pl.DataFrame, columns: tuple[str, ...], name: str) -> None:
             raise PairingInputError("null_key", f"{name}.{c} has {n} null value(s)")
 
 
-def _study_times(studies: pl.DataFrame) -> list[datetime | None]:
-    dt = studies.get_column("study_datetime")
-    if not (dt.dtype == pl.Date or isinstance(dt.dtype, pl.Datetime) or dt.dtype == pl.Null):
+def _study_times(studies: pl.DataFrame) -> pl.Expr:
+    """Expression of each study's naive wall time: ``study_datetime``, else ``study_date_shifted`` at midnight."""
+    dt = studies.schema["study_datetime"]
+    if not (dt == pl.Date or isinstance(dt, pl.Datetime) or dt == pl.Null):
         raise PairingInputError(
-            "bad_datetime_type", f"studies.study_datetime must be Datetime, got {dt.dtype}"
+            "bad_datetime_type", f"studies.study_datetime must be Datetime, got {dt}"
         )
-    fallback = studies.get_column("study_date_shifted") if "study_date_shifted" in studies.columns else None
-    out: list[datetime | None] = []
-    for i, v in enumerate(dt.to_list()):
-        if v is None and fallback is not None:
-            v = fallback[i]
-        if isinstance(v, datetime):
-            out.append(v.replace(tzinfo=None))
-        elif isinstance(v, date):
-            out.append(datetime.combine(v, time()))
-        else:
-            out.append(None)
-    return out
+    when = pl.col("study_datetime")
+    if isinstance(dt, pl.Datetime) and dt.time_zone is not None:
+        when = when.dt.replace_time_zone(None)  # wall time in the study's zone, as the shifted dates are
+    when = when.cast(pl.Datetime("us"))
+    if "study_date_shifted" in studies.columns:
+        when = pl.coalesce(when, pl.col("study_date_shifted").cast(pl.Date).cast(pl.Datetime("us")))
+    return when
 
 
-def _frontal_view(views: set[str]) -> str | None:
-    for v in FRONTAL_VIEWS:
-        if v in views:
-            return v
-    return None
-
-
-def _preferred_view(views: set[str]) -> str | None:
-    """PA, then AP, then the alphabetically first other view; None when the study has no view."""
-    return _frontal_view(views) or (min(views) if views else None)
-
-
-def _change_labels(
-    prior: dict[str, tuple[str, str]] | None, current: dict[str, tuple[str, str]] | None
-) -> tuple[list[dict], int]:
-    """Per-entity change labels of one pair and the number of stated/state contradictions."""
-    if not current:
-        return [], 0
-    labels: list[dict] = []
-    conflicts = 0
-    for entity_id in sorted(current):
-        cur_state, stated = current[entity_id]
-        prior_state = None
-        if prior is not None:
-            prior_state = prior.get(entity_id, ("not_mentioned", NO_CHANGE))[0]
-        if stated != NO_CHANGE:
-            labels.append({"entity_id": entity_id, "change": stated, "source": "stated"})
-            sides = {("current", cur_state)} | ({("prior", prior_state)} if prior_state else set())
-            if sides & CONTRADICTIONS[stated]:
-                conflicts += 1
-            continue
-        if prior_state is None:
-            continue
-        derived = None
-        if cur_state == "present" and prior_state in ("absent", "not_mentioned"):
-            derived = "new"
-        elif cur_state == "absent" and prior_state == "present":
-            derived = "resolved"
-        elif cur_state == "present" and prior_state == "present":
-            derived = "unchanged"
-        if derived:
-            labels.append({"entity_id": entity_id, "change": derived, "source": "state_difference"})
-    return labels, conflicts
-
-
-def _labels_by_study(study_labels: pl.DataFrame) -> dict[str, dict[str, tuple[str, str]]]:
-    if study_labels.height == 0:
-        return {}
-    _require(study_labels, _LABEL_COLUMNS, "study_labels")
-    _no_null(study_labels, _LABEL_COLUMNS, "study_labels")
-    bad_state = sorted(set(study_labels.get_column("state").to_list()) - set(STATES))
-    if bad_state:
-        raise PairingInputError("unknown_state", f"study_labels.state has unknown value(s) {bad_state}")
-    bad_change = sorted(set(study_labels.get_column("change").to_list()) - set(CHANGES) - {NO_CHANGE})
-    if bad_change:
-        raise PairingInputError("unknown_change", f"study_labels.change has unknown value(s) {bad_change}")
-    out: dict[str, dict[str, tuple[str, str]]] = {}
-    for row in study_labels.select(_LABEL_COLUMNS).iter_rows():
-        study_key, entity_id, state, change = row
-        per = out.setdefault(study_key, {})
-        if entity_id in per:
-            raise PairingInputError("duplicate_label", f"study_labels repeats entity {entity_id} of a study")
-        per[entity_id] = (state, change)
-    return out
-
-
-def _views_by_study(images: pl.DataFrame) -> dict[str, set[str]]:
+def _views(images: pl.DataFrame) -> pl.DataFrame:
+    """Per study: ``frontal`` (has a PA or AP image) and ``view`` (PA, then AP, then the first other view)."""
     if images.height == 0:
-        return {}
+        return pl.DataFrame(schema={"study_key": pl.Utf8, "frontal": pl.Boolean, "view": pl.Utf8})
     _require(images, _IMAGE_COLUMNS, "images")
     _no_null(images, ("study_key",), "images")
-    out: dict[str, set[str]] = {}
-    for study_key, view in images.select(_IMAGE_COLUMNS).iter_rows():
-        views = out.setdefault(study_key, set())
-        if view is not None and str(view).strip():
-            views.add(str(view).strip().upper())
-    return out
+    v = (
+        images.lazy()
+        .select("study_key", view=pl.col("view").cast(pl.Utf8).str.strip_chars().str.to_uppercase())
+        .filter(pl.col("view").is_not_null() & (pl.col("view") != ""))
+        .with_columns(order=pl.col("view").replace_strict(
+            {v: i for i, v in enumerate(FRONTAL_VIEWS)}, default=len(FRONTAL_VIEWS), return_dtype=pl.Int32))
+        .sort("study_key", "order", "view")
+        .group_by("study_key", maintain_order=True)
+        .agg(view=pl.col("view").first(), frontal=pl.col("order").min() < len(FRONTAL_VIEWS))
+    )
+    return v.collect()
+
+
+def _labels(study_labels: pl.DataFrame) -> pl.DataFrame:
+    """Validated ``study_labels`` columns (:data:`_LABEL_COLUMNS`)."""
+    if study_labels.height == 0:
+        return pl.DataFrame(schema={"study_key": pl.Utf8, "entity_id": pl.Utf8, "state": pl.Utf8, "change": pl.Utf8})
+    _require(study_labels, _LABEL_COLUMNS, "study_labels")
+    _no_null(study_labels, _LABEL_COLUMNS, "study_labels")
+    bad_state = sorted(set(study_labels.get_column("state").unique().to_list()) - set(STATES))
+    if bad_state:
+        raise PairingInputError("unknown_state", f"study_labels.state has unknown value(s) {bad_state}")
+    bad_change = sorted(set(study_labels.get_column("change").unique().to_list()) - set(CHANGES) - {NO_CHANGE})
+    if bad_change:
+        raise PairingInputError("unknown_change", f"study_labels.change has unknown value(s) {bad_change}")
+    lab = study_labels.select(_LABEL_COLUMNS)
+    if lab.select(pl.struct("study_key", "entity_id").is_duplicated().any()).item():
+        raise PairingInputError("duplicate_label", "study_labels repeats an entity of a study")
+    return lab
+
+
+def _change_labels(pairs: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    """Per pair: ``change_labels`` (list of structs, entity order) and ``n_conflicts`` (module docstring)."""
+    if pairs.height == 0 or labels.height == 0:
+        return pairs.select("pair_id").with_columns(
+            change_labels=pl.lit([], pl.List(pl.Struct(
+                {"entity_id": pl.Utf8, "change": pl.Utf8, "source": pl.Utf8}))),
+            n_conflicts=pl.lit(0, pl.Int32),
+        )
+    labelled = labels.select("study_key").unique().with_columns(has=pl.lit(True))
+    cur = pairs.select("pair_id", "prior_study_key", "current_study_key").join(
+        labels.rename({"study_key": "current_study_key", "state": "cur_state", "change": "stated"}),
+        on="current_study_key", how="inner",
+    )
+    cur = (
+        cur.join(labels.select(pl.col("study_key").alias("prior_study_key"), "entity_id",
+                               pl.col("state").alias("p_state")), on=["prior_study_key", "entity_id"], how="left")
+        .join(labelled.rename({"study_key": "prior_study_key"}), on="prior_study_key", how="left")
+        .with_columns(prior_state=pl.when(pl.col("has")).then(pl.col("p_state").fill_null("not_mentioned")))
+    )
+    contradictions = pl.DataFrame(
+        [(c, side, state) for c, combos in CONTRADICTIONS.items() for side, state in combos],
+        schema={"stated": pl.Utf8, "side": pl.Utf8, "bad_state": pl.Utf8}, orient="row",
+    )
+    cur_bad = contradictions.filter(pl.col("side") == "current").select(
+        "stated", pl.col("bad_state").alias("cur_state"), cur_conflict=pl.lit(True))
+    prior_bad = contradictions.filter(pl.col("side") == "prior").select(
+        "stated", pl.col("bad_state").alias("prior_state"), prior_conflict=pl.lit(True))
+    cur = cur.join(cur_bad, on=["stated", "cur_state"], how="left").join(
+        prior_bad, on=["stated", "prior_state"], how="left")
+    is_stated = pl.col("stated") != NO_CHANGE
+    derived = (
+        pl.when(pl.col("prior_state").is_null()).then(None)
+        .when((pl.col("cur_state") == "present") & pl.col("prior_state").is_in(["absent", "not_mentioned"]))
+        .then(pl.lit("new"))
+        .when((pl.col("cur_state") == "absent") & (pl.col("prior_state") == "present")).then(pl.lit("resolved"))
+        .when((pl.col("cur_state") == "present") & (pl.col("prior_state") == "present")).then(pl.lit("unchanged"))
+    )
+    cur = cur.with_columns(
+        change=pl.when(is_stated).then(pl.col("stated")).otherwise(derived),
+        source=pl.when(is_stated).then(pl.lit("stated")).otherwise(pl.lit("state_difference")),
+        conflict=is_stated & (pl.col("cur_conflict").fill_null(False) | pl.col("prior_conflict").fill_null(False)),
+    )
+    conflicts = cur.group_by("pair_id").agg(n_conflicts=pl.col("conflict").sum().cast(pl.Int32))
+    lab = (
+        cur.filter(pl.col("change").is_not_null())
+        .sort("pair_id", "entity_id")
+        .group_by("pair_id", maintain_order=True)
+        .agg(change_labels=pl.struct("entity_id", "change", "source"))
+    )
+    return (
+        pairs.select("pair_id")
+        .join(lab, on="pair_id", how="left")
+        .join(conflicts, on="pair_id", how="left")
+        .with_columns(
+            pl.col("change_labels").fill_null(pl.lit([], pl.List(pl.Struct(
+                {"entity_id": pl.Utf8, "change": pl.Utf8, "source": pl.Utf8})))),
+            pl.col("n_conflicts").fill_null(0),
+        )
+    )
 
 
 def build_pairs(
@@ -234,60 +247,47 @@ def build_pairs(
     _no_null(studies, ("study_key", "patient_key", "modality", "shard"), "studies")
     if studies.get_column("study_key").n_unique() != studies.height:
         raise PairingInputError("duplicate_study_key", "studies repeats a study_key")
-    labels = _labels_by_study(study_labels)
-    views = _views_by_study(images)
-    times = _study_times(studies)
+    labels = _labels(study_labels)
+    views = _views(images)
+    when = _study_times(studies)
+    if studies.select(pl.col("shard").n_unique().over("patient_key").max()).item() > 1:
+        raise PairingInputError("patient_in_several_shards", "a patient's studies carry different shards")
 
-    by_patient: dict[tuple[str, str], list[dict]] = {}
-    shard_of: dict[str, int] = {}
-    for row, when in zip(studies.select(_STUDY_COLUMNS).to_dicts(), times, strict=True):
-        pk = row["patient_key"]
-        if shard_of.setdefault(pk, row["shard"]) != row["shard"]:
-            raise PairingInputError("patient_in_several_shards", "a patient's studies carry different shards")
-        if row["family"] is None or when is None:
-            continue
-        row["when"] = when
-        row["views"] = views.get(row["study_key"], set())
-        by_patient.setdefault((pk, row["family"]), []).append(row)
-
+    st = (
+        studies.lazy()
+        .select("study_key", "patient_key", "family", "modality", "shard", when=when)
+        .filter(pl.col("family").is_not_null() & pl.col("when").is_not_null())
+        .join(views.lazy(), on="study_key", how="left")
+        .with_columns(pl.col("frontal").fill_null(False))
+    )
+    if cfg.frontal_only_cxr:
+        st = st.filter((pl.col("family") != CXR_FAMILY) | pl.col("frontal"))
+    st = st.sort("patient_key", "family", "when", "study_key").with_columns(
+        i=pl.int_range(pl.len(), dtype=pl.Int64).over("patient_key", "family")
+    )
     n_priors = cfg.max_priors if cfg.all_priors else 1
-    rows: list[dict] = []
-    for (patient_key, family), group in by_patient.items():
-        needs_frontal = family == CXR_FAMILY and cfg.frontal_only_cxr
-        if needs_frontal:
-            group = [s for s in group if _frontal_view(s["views"])]
-        group.sort(key=lambda s: (s["when"], s["study_key"]))
-        for i, cur in enumerate(group):
-            taken = 0
-            for prior in reversed(group[:i]):
-                if taken == n_priors:
-                    break
-                delta = cur["when"] - prior["when"]
-                if delta <= timedelta(0):
-                    continue
-                gap = delta.days  # timedelta.days is the floor for positive deltas
-                if gap < cfg.min_gap_days:
-                    continue
-                if gap > cfg.max_gap_days:
-                    break
-                changes, conflicts = _change_labels(
-                    labels.get(prior["study_key"]), labels.get(cur["study_key"])
-                )
-                rows.append(
-                    {
-                        "pair_id": pair_id(prior["study_key"], cur["study_key"]),
-                        "patient_key": patient_key,
-                        "prior_study_key": prior["study_key"],
-                        "current_study_key": cur["study_key"],
-                        "family": family,
-                        "modality": cur["modality"],
-                        "view": _preferred_view(cur["views"]),
-                        "gap_days": gap,
-                        "change_labels": changes,
-                        "n_conflicts": conflicts,
-                        "shard": cur["shard"],
-                    }
-                )
-                taken += 1
-    rows.sort(key=lambda r: r["pair_id"])
-    return table_from_rows(rows, SCHEMA)
+    day_us = 86_400_000_000
+    prior = st.select("patient_key", "family", pl.col("study_key").alias("prior_study_key"),
+                      pl.col("when").alias("prior_when"), pl.col("i").alias("j"))
+    pairs = (
+        st.join(prior, on=["patient_key", "family"], how="inner")
+        .filter(pl.col("j") < pl.col("i"))
+        .with_columns(delta=(pl.col("when") - pl.col("prior_when")).dt.total_microseconds())
+        .filter(pl.col("delta") > 0)
+        .with_columns(gap=pl.col("delta") // day_us)
+        .filter((pl.col("gap") >= cfg.min_gap_days) & (pl.col("gap") <= cfg.max_gap_days))
+        .sort("study_key", "j", descending=[False, True])
+        .filter(pl.int_range(pl.len()).over("study_key") < n_priors)
+        .select(
+            "patient_key", "prior_study_key", pl.col("study_key").alias("current_study_key"), "family",
+            "modality", "view", pl.col("gap").cast(pl.Int32).alias("gap_days"), pl.col("shard").cast(pl.Int32),
+        )
+        .collect()
+    )
+    if pairs.height == 0:
+        return SCHEMA.empty_table()
+    ids = [pair_id(a, b) for a, b in zip(pairs["prior_study_key"].to_list(), pairs["current_study_key"].to_list(),
+                                         strict=True)]
+    pairs = pairs.with_columns(pair_id=pl.Series(ids, dtype=pl.Utf8))
+    pairs = pairs.join(_change_labels(pairs, labels), on="pair_id", how="left").sort("pair_id")
+    return pairs.select(SCHEMA.names).to_arrow().cast(SCHEMA)

@@ -118,3 +118,114 @@ def assign_splits(patients: pl.DataFrame, cfg: SplitConfig, salt: str = DEFAULT_
             }
         )
     return table_from_rows(rows, SCHEMA)
+
+
+class SplitLeakError(RuntimeError):
+    """The built tables link patients or studies across splits; ``counts`` holds every violation count."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        bad = {k: v for k, v in counts.items() if v}
+        super().__init__(f"[split_leak] cross-split links or patients in several splits: {bad}")
+        self.counts = counts
+
+
+def _frame(t: pa.Table | pl.DataFrame | None) -> pl.DataFrame | None:
+    if t is None:
+        return None
+    return t if isinstance(t, pl.DataFrame) else pl.from_arrow(t)
+
+
+def check_split_integrity(
+    splits: pa.Table | pl.DataFrame,
+    *,
+    studies: pa.Table | pl.DataFrame | None = None,
+    pairs: pa.Table | pl.DataFrame | None = None,
+    retrieval_targets: pa.Table | pl.DataFrame | None = None,
+    vqa: pa.Table | pl.DataFrame | None = None,
+) -> dict[str, int]:
+    """Prove that no patient is in two splits and that nothing links two splits; raise otherwise.
+
+    Counts (all must be 0):
+
+    * ``patients_in_several_splits``: patients with more than one distinct split in ``splits``;
+    * ``study_patients_without_split``: ``studies`` patients missing from ``splits``;
+    * ``pairs_cross_patient``: pairs whose prior or current study belongs to another patient (``studies``);
+    * ``pairs_without_split``: pairs whose patient has no split;
+    * ``retrieval_same_patient``: retrieval rows whose query and candidate are one patient;
+    * ``retrieval_cross_split``: retrieval rows whose query patient, candidate patient and ``split`` column
+      do not all agree with ``splits``;
+    * ``vqa_split_mismatch``: VQA items whose ``split`` differs from their patient's split (or who have none);
+    * ``vqa_cross_split_reference``: VQA items with a ``reference_study_key`` (two-case comparison) whose
+      reference study's patient is in another split.
+
+    Parameters
+    ----------
+    splits : pyarrow.Table or polars.DataFrame
+        ``patient_key``, ``split`` (all shards).
+    studies, pairs, retrieval_targets, vqa : pyarrow.Table or polars.DataFrame, optional
+        the built tables (all shards); a table not given is not checked.
+
+    Returns
+    -------
+    dict of str to int
+        every count above (0 each).
+
+    Raises
+    ------
+    SplitLeakError
+        when any count is not 0 (the build fails with it).
+    """
+    sp = _frame(splits).select("patient_key", "split").unique()
+    counts = {"patients_in_several_splits": sp.group_by("patient_key").len().filter(pl.col("len") > 1).height}
+    split_of = sp.unique("patient_key", keep="first")
+    st = _frame(studies)
+    if st is not None:
+        missing = st.select("patient_key").unique().join(split_of, on="patient_key", how="anti")
+        counts["study_patients_without_split"] = missing.height
+    pr = _frame(pairs)
+    if pr is not None:
+        if st is not None:
+            owner = st.select("study_key", pl.col("patient_key").alias("owner"))
+            bad = 0
+            for col in ("prior_study_key", "current_study_key"):
+                j = pr.select("patient_key", col).join(owner, left_on=col, right_on="study_key", how="left")
+                bad += j.filter(pl.col("owner").is_null() | (pl.col("owner") != pl.col("patient_key"))).height
+            counts["pairs_cross_patient"] = bad
+        counts["pairs_without_split"] = pr.select("patient_key").join(split_of, on="patient_key", how="anti").height
+    rt = _frame(retrieval_targets)
+    if rt is not None:
+        counts["retrieval_same_patient"] = rt.filter(
+            pl.col("query_patient_key") == pl.col("candidate_patient_key")
+        ).height
+        j = (
+            rt.select("query_patient_key", "candidate_patient_key", "split")
+            .join(split_of.rename({"split": "q_split"}), left_on="query_patient_key", right_on="patient_key",
+                  how="left")
+            .join(split_of.rename({"split": "c_split"}), left_on="candidate_patient_key", right_on="patient_key",
+                  how="left")
+        )
+        counts["retrieval_cross_split"] = j.filter(
+            pl.col("q_split").is_null() | pl.col("c_split").is_null()
+            | (pl.col("q_split") != pl.col("split")) | (pl.col("c_split") != pl.col("split"))
+        ).height
+    vq = _frame(vqa)
+    if vq is not None:
+        j = vq.select("patient_key", "split").join(split_of.rename({"split": "p_split"}), on="patient_key",
+                                                   how="left")
+        counts["vqa_split_mismatch"] = j.filter(
+            pl.col("p_split").is_null() | (pl.col("p_split") != pl.col("split"))
+        ).height
+        if "reference_study_key" in vq.columns and st is not None:
+            ref = (
+                vq.filter(pl.col("reference_study_key").is_not_null())
+                .select("split", "reference_study_key")
+                .join(st.select("study_key", "patient_key"), left_on="reference_study_key", right_on="study_key",
+                      how="left")
+                .join(split_of.rename({"split": "r_split"}), on="patient_key", how="left")
+            )
+            counts["vqa_cross_split_reference"] = ref.filter(
+                pl.col("r_split").is_null() | (pl.col("r_split") != pl.col("split"))
+            ).height
+    if any(counts.values()):
+        raise SplitLeakError(counts)
+    return counts

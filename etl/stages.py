@@ -427,7 +427,7 @@ def reports(ctx: BuildContext) -> dict:
             if study is None and rec.get("accession_number"):
                 acc = key.pseudonym("accession", f"{inst.id}|{str(rec['accession_number']).strip()}")
                 study = by_accession.get((inst.id, acc))
-            known_phi = [str(rec[k]) for k in ("patient_id", "accession_number") if rec.get(k)]
+            known_phi = [str(rec[k]) for k in ("patient_id", "patient_name", "accession_number") if rec.get(k)]
             if study is not None:
                 patient_key, link = study["patient_key"], "linked"
                 uri = study_source.get(study["study_key"])
@@ -565,7 +565,9 @@ def assemble_shard(ctx: BuildContext, shard: int) -> dict:
     pairs = build_pairs(studies, labels, images, ctx.cfg.pairing)
     write_partition(ctx, "pairs", pairs_schema.SCHEMA, shard, pairs)
     templates = load_templates(_config_file(ctx, ctx.cfg.vqa.templates))
-    vqa = build_vqa(pl.from_arrow(pairs), labels, studies, pl.from_arrow(splits), ctx.cfg.vqa, templates, load_ontology())
+    mentions = pl.from_arrow(_shard_table(ctx, "entity_mentions", entity_mentions_schema.SCHEMA, shard))
+    vqa = build_vqa(pl.from_arrow(pairs), labels, studies, pl.from_arrow(splits), ctx.cfg.vqa, templates, load_ontology(),
+                    entity_mentions=mentions)
     write_partition(ctx, "vqa", vqa_schema.SCHEMA, shard, vqa)
     return {"shard": shard, "studies": len(studies_rows), "pairs": pairs.num_rows, "vqa": vqa.num_rows}
 
@@ -578,3 +580,45 @@ def _config_file(ctx: BuildContext, name: str) -> str:
         if (base / name).is_file():
             return str(base / name)
     raise FileNotFoundError(f"data file {name!r} not found next to the config or in config/")
+
+
+# ---- retrieval targets and the split check (cross-patient: after every shard is assembled) ---------------
+
+def retrieval(ctx: BuildContext) -> dict:
+    """Build the cross-patient ``retrieval_targets`` table and prove the splits leak-free.
+
+    Reads every shard's ``study_labels``, ``entity_mentions`` and ``splits`` (entity-conditioned retrieval
+    links studies of different patients, so it is not shard-local), writes ``retrieval_targets`` partitioned by
+    the query study's shard (every shard, empty ones too, so a re-run leaves exactly the new content), then runs
+    :func:`etl.splits.check_split_integrity` over studies, pairs, retrieval targets and VQA items.
+
+    Raises
+    ------
+    etl.splits.SplitLeakError
+        when a patient is in two splits or any table links two splits: the build fails.
+    """
+    from etl.retrieval import build_retrieval_targets, load_similarity
+    from etl.splits import check_split_integrity
+    from schemas import pairs as pairs_schema
+    from schemas import retrieval_targets as retrieval_schema
+    from schemas import splits as splits_schema
+    from schemas import vqa as vqa_schema
+
+    labels = pl.from_arrow(_all_shards(ctx, "study_labels", study_labels_schema.SCHEMA))
+    mentions = pl.from_arrow(_all_shards(ctx, "entity_mentions", entity_mentions_schema.SCHEMA))
+    splits = pl.from_arrow(_all_shards(ctx, "splits", splits_schema.SCHEMA))
+    similarity = load_similarity(_config_file(ctx, ctx.cfg.retrieval.similarity))
+    targets = pl.from_arrow(build_retrieval_targets(labels, mentions, splits, ctx.cfg.retrieval, similarity))
+    total = 0
+    for shard in range(ctx.cfg.shard_count):
+        part = targets.filter(pl.col("shard") == shard).to_arrow()
+        total += write_partition(ctx, "retrieval_targets", retrieval_schema.SCHEMA, shard, part)
+    counts = check_split_integrity(
+        splits,
+        studies=_all_shards(ctx, "studies", studies_schema.SCHEMA),
+        pairs=_all_shards(ctx, "pairs", pairs_schema.SCHEMA),
+        retrieval_targets=targets,
+        vqa=_all_shards(ctx, "vqa", vqa_schema.SCHEMA),
+    )
+    return {"retrieval_targets": total, "queries": targets.select("query_study_key", "entity_id").n_unique()
+            if targets.height else 0, **counts}

@@ -6,6 +6,7 @@ from schemas import (
     ledger,
     pairs,
     reports,
+    retrieval_targets,
     series,
     splits,
     studies,
@@ -24,6 +25,7 @@ SCHEMAS = {
     "pairs": pairs.SCHEMA,
     "vqa": vqa.SCHEMA,
     "splits": splits.SCHEMA,
+    "retrieval_targets": retrieval_targets.SCHEMA,
 }
 
 #: tables published in a snapshot (the ledger is restricted and stays out of it)

@@ -28,11 +28,11 @@ def test_build_dag_wiring(dagbag):
     dag = dagbag.get_dag("medreco_build")
     assert dag.max_active_runs == 1
     assert set(dag.task_ids) == {"institutions", "discover", "plan", "deidentify", "normalise", "reports",
-                                 "entities", "assemble", "ledger", "quality", "snapshot"}
+                                 "entities", "assemble", "retrieval", "ledger", "quality", "snapshot"}
     up = {t: set(dag.get_task(t).upstream_task_ids) for t in dag.task_ids}
     assert up["deidentify"] == {"plan"} and up["normalise"] == {"deidentify", "plan"}
     assert up["reports"] == {"deidentify"} and up["snapshot"] == {"quality"}
-    assert up["quality"] == {"assemble", "ledger"}
+    assert up["retrieval"] == {"assemble"} and up["quality"] == {"retrieval", "ledger"}
     from dags.assets import SNAPSHOT_ASSET
 
     assert [o.uri for o in dag.get_task("snapshot").outlets] == [SNAPSHOT_ASSET.uri]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -289,3 +290,62 @@ def test_null_datetime_falls_back_to_shifted_date():
     assert keys(t) == [("s1", "s2"), ("s2", "s3")] and gaps == {"s2": 11, "s3": 18}
     undated = build_pairs(s.drop("study_date_shifted"), NO_LABELS, frontal("s1", "s2", "s3"), CFG)
     assert keys(undated) == [("s1", "s3")]
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "dicom"
+
+
+def _real_studies(folders: list[Path]) -> pl.DataFrame:
+    """One row per real study, built from the headers the way the build does (etl.stages)."""
+    import pydicom
+
+    from etl.stages import _study_datetime
+    from schemas.ontology import infer_body_part, modality_family
+
+    rows = {}
+    for f in sorted(p for d in folders for p in d.rglob("*.dcm")):
+        ds = pydicom.dcmread(f, stop_before_pixels=True)
+        bp = infer_body_part(str(ds.get("BodyPartExamined", "") or ""),
+                             [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")])
+        rows.setdefault(ds.StudyInstanceUID, (ds.StudyInstanceUID, ds.PatientID, modality_family(ds.Modality, bp),
+                                              ds.Modality, _study_datetime(ds), 0))
+    return pl.DataFrame(list(rows.values()), schema=STUDY_SCHEMA, orient="row")
+
+
+def test_real_longitudinal_chest_ct_pairs_and_intervals():
+    """COVID-19-NY-SBU (6 patients x 2 chest CT dates) and the Orthanc patient with 2 studies 4.5 years apart."""
+    st = _real_studies([SHARED / "longitudinal-chest-ct-covid19-ny-sbu", SHARED / "chest-ct" / "patient_with_2_studies"])
+    assert st.height == 14 and set(st["family"].to_list()) == {"3D-CT"}
+    t = build_pairs(st, NO_LABELS, images(), CFG)
+    gaps = dict(zip(t["patient_key"].to_pylist(), t["gap_days"].to_pylist(), strict=True))
+    # floor of (current - prior) in days, StudyDate + StudyTime of the headers (e.g. A048383: 1900-12-31 13:47:09
+    # -> 1901-04-10 09:21:57 is 99 days 19.6 h)
+    assert gaps == {"A002304": 12, "A027284": 97, "A046441": 51, "A048383": 99, "A056642": 9, "A072894": 30}
+    assert set(t["view"].to_pylist()) == {None} and t["change_labels"].to_pylist() == [[]] * 6
+    # TEST_1: 2010-06-30 12:00 -> 2015-01-01 12:00 = 1646 days, outside the default 3-year window
+    wide = build_pairs(st, NO_LABELS, images(), PairingConfig(max_gap_days=2000))
+    gaps = dict(zip(wide["patient_key"].to_pylist(), wide["gap_days"].to_pylist(), strict=True))
+    assert gaps["TEST_1"] == 1646 and wide.num_rows == 7
+
+
+def test_hand_made_archive_with_exact_pairs():
+    """One-study patient, same-day studies, prior outside the window, mixed PA/lateral series."""
+    s = studies(
+        ("solo", "p1", "2D-CXR", "DX", 0),
+        ("d1", "p2", "2D-CXR", "DX", T0 + timedelta(hours=1)),
+        ("d2", "p2", "2D-CXR", "DX", T0 + timedelta(hours=9)),  # same day as d1: gap 0 < 1 day
+        ("d3", "p2", "2D-CXR", "DX", 3),
+        ("o1", "p3", "3D-CT", "CT", 0),
+        ("o2", "p3", "3D-CT", "CT", 1200),  # 1200 days later: outside 3 x 365
+        ("o3", "p3", "3D-CT", "CT", 1290),
+        ("m1", "p4", "2D-CXR", "CR", 0),
+        ("m2", "p4", "2D-CXR", "CR", 40),  # lateral only: not a frontal study
+        ("m3", "p4", "2D-CXR", "CR", 100),
+    )
+    img = images(("solo", "PA"), ("d1", "AP"), ("d2", "PA"), ("d3", "PA"), ("d3", "LATERAL"), ("o1", None),
+                 ("o2", None), ("o3", None), ("m1", "PA"), ("m1", "LATERAL"), ("m2", "LATERAL"), ("m3", "AP"),
+                 ("m3", "LATERAL"))
+    t = build_pairs(s, NO_LABELS, img, CFG)
+    got = sorted(zip(t["prior_study_key"].to_pylist(), t["current_study_key"].to_pylist(), t["gap_days"].to_pylist(),
+                     t["view"].to_pylist(), strict=True))
+    assert got == [("d2", "d3", 2, "PA"), ("m1", "m3", 100, "AP"), ("o2", "o3", 90, None)]
