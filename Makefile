@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 LOCK   := constraints/requirements.lock
 
-.PHONY: install demo test test-fast bench lint clean
+.PHONY: install browser demo test test-fast bench lint clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -19,10 +19,18 @@ $(BIN)/.installed: pyproject.toml $(LOCK)
 
 install: $(BIN)/.installed
 
+# the curator dashboard's browser test drives Debian's chromium through chromium-driver (selenium)
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO="sudo"; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver; } \
+	    || echo "warning: could not install chromium/chromium-driver; the browser test will fail naming them" >&2; \
+	fi
+
 demo: install
 	$(BIN)/medreco demo
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest -q
 
 test-fast: install

@@ -4,6 +4,13 @@ Status precedence for a file the plan left ``pending``: the first stage (in pipe
 quarantined it wins; otherwise ``ingested`` when a stage recorded it as ingested. A pending file with
 no recorded outcome is a pipeline fault and is recorded as ``quarantined`` / ``no_outcome_recorded``
 so it is visible rather than lost.
+
+Curator decisions (``reports/quarantine_review.json``, recorded from the curator dashboard) are honoured by
+the next run's ledger (:func:`apply_review`): a file a curator *rejected* that is quarantined again is
+recorded with reason ``curator_rejected`` (stage ``review``) and stays out for good; a file approved for
+*release after fix* keeps its reason while it still fails ("pending the fix") and flows on once the fix
+(a pixel-cleaning rule, a corrected delivery of the same bytes' successor, a decoder) lets it pass.
+Decisions name files by sha256 only (the full digest or its first >= 12 hex digits), never by path.
 """
 
 from __future__ import annotations
@@ -20,6 +27,10 @@ from schemas import ledger as ledger_schema
 from schemas.base import table_from_rows
 
 STAGE_ORDER = ("discover", "deidentify", "normalise", "reports")
+#: curator decisions on quarantined files (PHI-free: opaque ids, decision codes, dates)
+REVIEW_FILE = "reports/quarantine_review.json"
+REVIEW_DECISIONS = ("release", "reject")
+REJECTED_REASON = "curator_rejected"
 
 
 class LedgerImbalanceError(RuntimeError):
@@ -53,6 +64,73 @@ def build_ledger(run_id: str, plan: pa.Table, events: pa.Table) -> pa.Table:
     return table_from_rows(rows, ledger_schema.SCHEMA)
 
 
+def load_review(storage) -> list[dict]:
+    """The curator decisions of a storage root (``[]`` when none was recorded yet).
+
+    Returns
+    -------
+    list of dict
+        ``{"sha256": <hex, >= 12 digits>, "decision": "release" | "reject", "decided_at": <ISO 8601>, ...}``;
+        entries with another decision or a malformed digest are left out.
+    """
+    if not storage.is_file(REVIEW_FILE):
+        return []
+    doc = json.loads(storage.read_text(REVIEW_FILE))
+    items = doc.get("decisions", []) if isinstance(doc, dict) else doc
+    out = []
+    for d in items if isinstance(items, list) else []:
+        sha = str(d.get("sha256", "")).lower() if isinstance(d, dict) else ""
+        if len(sha) >= 12 and all(c in "0123456789abcdef" for c in sha) and d.get("decision") in REVIEW_DECISIONS:
+            out.append({**d, "sha256": sha})
+    return out
+
+
+def apply_review(ledger: pa.Table, review: list[dict]) -> tuple[pa.Table, dict]:
+    """Apply curator decisions to a run's ledger (matched on sha256 prefix).
+
+    - ``reject`` of a quarantined file: ``stage="review"``, ``reason="curator_rejected"``, the former stage
+      and reason kept in ``detail``;
+    - ``release`` of a file quarantined again: reason kept, ``detail`` notes the approval pending the fix;
+    - a file that was ingested keeps its row (a rejected one is then counted in ``rejected_but_ingested``:
+      the quality gate stops such a run before the snapshot).
+
+    Parameters
+    ----------
+    ledger : pyarrow.Table
+        rows of :data:`schemas.ledger.SCHEMA`.
+    review : list of dict
+        from :func:`load_review`.
+
+    Returns
+    -------
+    (pyarrow.Table, dict)
+        the ledger (same rows, same order) and counts ``rejected``, ``release_pending_fix``, ``released``,
+        ``rejected_but_ingested``.
+    """
+    by_prefix = {d["sha256"][:12]: d for d in review}
+    counts = Counter({k: 0 for k in ("rejected", "release_pending_fix", "released", "rejected_but_ingested")})
+    rows = ledger.to_pylist()
+    for r in rows:
+        d = by_prefix.get((r["sha256"] or "").lower()[:12])
+        if d is None:
+            continue
+        when = str(d.get("decided_at", ""))[:10]
+        if d["decision"] == "reject":
+            if r["status"] == "quarantined":
+                r["detail"] = f"rejected by a curator {when} (was {r['stage']}: {r['reason']})".replace("  ", " ")
+                r["stage"], r["reason"] = "review", REJECTED_REASON
+                counts["rejected"] += 1
+            elif r["status"] == "ingested":
+                counts["rejected_but_ingested"] += 1
+        elif r["status"] == "quarantined":
+            note = f"release approved by a curator {when}, pending the fix".replace("  ", " ")
+            r["detail"] = f"{r['detail']}; {note}" if r["detail"] else note
+            counts["release_pending_fix"] += 1
+        elif r["status"] == "ingested":
+            counts["released"] += 1
+    return table_from_rows(rows, ledger_schema.SCHEMA), dict(counts)
+
+
 def balance(ledger: pa.Table) -> dict:
     """Counts per status and whether ``files_seen == sum(statuses)`` with one row per file.
 
@@ -75,7 +153,8 @@ def finalise(ctx: BuildContext) -> dict:
     """Write this run's ledger and quarantine records; raise if the ledger does not balance.
 
     Quarantine records (``quarantine/<run_id>/<sha256>.json``) point at the source file and give the
-    reason code; they never copy a value out of the file.
+    reason code (and the curator decision, when one was recorded); they never copy a value out of the file.
+    Curator decisions of ``reports/quarantine_review.json`` are applied first (:func:`apply_review`).
 
     Raises
     ------
@@ -86,11 +165,16 @@ def finalise(ctx: BuildContext) -> dict:
     parts = [ctx.storage.read_table(p, schema=EVENT_SCHEMA)
              for p in ctx.storage.list_files(f"{ctx.run_dir}/events") if p.endswith(".parquet")]
     events = pa.concat_tables(parts) if parts else EVENT_SCHEMA.empty_table()
-    ledger = build_ledger(ctx.run_id, plan, events)
+    review = load_review(ctx.storage)
+    ledger, review_counts = apply_review(build_ledger(ctx.run_id, plan, events), review)
     ctx.storage.write_table(ctx.ledger_path, ledger)
     ctx.storage.delete(ctx.quarantine_dir)
+    decided = {d["sha256"][:12]: d for d in review}
     for r in ledger.filter(pa.compute.equal(ledger["status"], "quarantined")).to_pylist():
         record = {k: r[k] for k in ("run_id", "source_uri", "sha256", "institution", "kind", "stage", "reason", "detail")}
+        d = decided.get(r["sha256"].lower()[:12])
+        if d is not None:
+            record["review"] = {"decision": d["decision"], "decided_at": d.get("decided_at")}
         ctx.storage.write_text(f"{ctx.quarantine_dir}/{r['sha256']}.json", json.dumps(record, indent=1, sort_keys=True))
     withheld_path = f"{ctx.run_dir}/withheld_reports.json"
     withheld = json.loads(ctx.storage.read_text(withheld_path)) if ctx.storage.is_file(withheld_path) else []
@@ -98,6 +182,7 @@ def finalise(ctx: BuildContext) -> dict:
         ctx.storage.write_text(f"{ctx.quarantine_dir}/reports/{i:06d}.json", json.dumps(w, indent=1, sort_keys=True))
     result = balance(ledger)
     result["withheld_report_records"] = len(withheld)
+    result["review"] = review_counts
     reasons = Counter(r for r, s in zip(ledger["reason"].to_pylist(), ledger["status"].to_pylist()) if s == "quarantined")
     result["quarantine_reasons"] = dict(sorted(reasons.items()))
     ctx.storage.write_text(f"{ctx.run_dir}/ledger_balance.json", json.dumps(result, indent=1, sort_keys=True))

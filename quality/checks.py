@@ -1,12 +1,15 @@
 """Quality gates over the curated tables: one :class:`CheckResult` per (table, check).
 
-The checks that are data (allowed codes, numeric ranges, date ranges, foreign keys, ontology references,
-PHI patterns) live in ``quality/rules.yaml``; the checks that are logic (key uniqueness, payload hashes,
-pair order, VQA answers and balance, split leakage, ledger balance, redaction counts) are below.
+Great Expectations is the engine wherever it can express a check: the per-table suites (keys unique and
+non-null, codes, ranges, plausible dates, ontology ids, the PHI scan of every text column) are data in
+``quality/expectations.yaml`` and run by :mod:`quality.gx_suites`. The checks below are the cross-table
+and row-logic ones GE cannot express (foreign keys, payload hashes, prior before current in pairs, VQA
+answers and letter balance, split leakage across tables, ledger balance, redaction counts, curator
+decisions); their parameters are in ``quality/rules.yaml``. Both report in the same :class:`CheckResult`
+format.
 
-Every ``observed`` value is JSON-able and PHI-free: counts, code values of enumerated columns (after a
-code-shape filter), never a value from a free-text column. A ``critical`` failure blocks a snapshot; a
-``warning`` is shown to the curator.
+Every ``observed`` value is JSON-able and PHI-free: counts, never a value from a free-text column. A
+``critical`` failure blocks a snapshot; a ``warning`` is shown to the curator.
 
 Tables absent from the ``tables`` argument are checked as empty tables (fail-closed: a series table with
 no studies table fails its foreign keys). Empty tables pass every check except where another table
@@ -18,11 +21,9 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import hashlib
-import importlib
 import json
-import re
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,15 +33,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
-from schemas.base import key_columns
 from schemas.ledger import STATUSES
 from schemas.tables import SCHEMAS
 
 RULES_FILE = Path(__file__).with_name("rules.yaml")
 SEVERITIES = ("critical", "warning")
-#: code values shown in ``observed`` must look like codes (no free text, no names with separators)
-_CODE_SHAPE = re.compile(r"^[A-Za-z0-9_.\-]{1,24}$")
-_MAX_LISTED_CODES = 20
 
 QUALITY_SCHEMA = pa.schema(
     [
@@ -155,14 +152,21 @@ class QualityReport:
 def load_rules(path: str | Path | None = None) -> dict:
     """Load and validate the rules YAML (default ``quality/rules.yaml``).
 
-    Resolves ``values_from: "module:ATTRIBUTE"`` entries of ``allowed_values`` into ``values``.
+    The result also carries ``phi.patterns``: the literal-regex PHI patterns of ``quality/expectations.yaml``
+    (``{"name", "regex"}``, e.g. the ``date_*`` ones the reports stage uses to verify that no source date
+    survives), so they have one definition.
 
     Raises
     ------
     QualityInputError
-        ``bad_rules`` when a section is missing, a severity is unknown or ``values_from`` cannot be resolved.
+        ``bad_rules`` when a section is missing, a table or column is unknown or a severity is invalid.
     """
-    return validate_rules(yaml.safe_load(Path(path or RULES_FILE).read_text(encoding="utf-8")))
+    from quality.gx_suites import load_suite_config
+
+    rules = validate_rules(yaml.safe_load(Path(path or RULES_FILE).read_text(encoding="utf-8")))
+    patterns = load_suite_config()["phi"]["patterns"]
+    rules.setdefault("phi", {"patterns": [{"name": p["name"], "regex": p["regex"]} for p in patterns if "regex" in p]})
+    return rules
 
 
 def validate_rules(rules: dict) -> dict:
@@ -176,32 +180,14 @@ def validate_rules(rules: dict) -> dict:
     if not isinstance(rules, dict):
         raise QualityInputError("bad_rules", "rules must be a mapping")
     rules = copy.deepcopy(rules)
-    required = ("allowed_values", "ranges", "date_ranges", "foreign_keys", "entity_refs", "payload_sha256",
-                "pairs", "vqa_balance", "phi")
+    required = ("foreign_keys", "payload_sha256", "pairs", "vqa_balance")
     missing = [k for k in required if k not in (rules or {})]
     if missing:
         raise QualityInputError("bad_rules", f"rules file lacks sections {missing}")
-    for section in ("allowed_values", "ranges", "foreign_keys", "entity_refs"):
-        for rule in rules[section]:
-            _validate_rule(section, rule)
-    for rule in rules["date_ranges"]["columns"]:
-        _validate_rule("date_ranges", rule)
-    for rule in rules["allowed_values"]:
-        if "values_from" in rule:
-            module, _, attr = rule["values_from"].partition(":")
-            try:
-                rule["values"] = list(getattr(importlib.import_module(module), attr))
-            except (ImportError, AttributeError) as exc:
-                raise QualityInputError("bad_rules", f"cannot resolve {rule['values_from']}: {exc}") from exc
-        if not rule.get("values"):
-            raise QualityInputError("bad_rules", f"allowed_values rule {rule} has no values")
-    for p in rules["phi"]["patterns"]:
-        if not {"name", "regex"} <= set(p):
-            raise QualityInputError("bad_rules", f"phi pattern {p} needs name and regex")
-        try:
-            pc.match_substring_regex(pa.array([""]), "(?i)" + p["regex"])
-        except pa.ArrowInvalid as exc:
-            raise QualityInputError("bad_rules", f"phi pattern {p['name']} is not valid RE2: {exc}") from exc
+    for rule in rules["foreign_keys"]:
+        _validate_rule("foreign_keys", rule)
+        if rule.get("ref_table") not in SCHEMAS or rule.get("ref_column") not in SCHEMAS[rule["ref_table"]].names:
+            raise QualityInputError("bad_rules", f"foreign_keys: unknown reference in {rule}")
     return rules
 
 
@@ -240,129 +226,11 @@ def _prepare_tables(tables: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
     return out
 
 
-def _flatten(table: pa.Table, spec: str) -> tuple[pa.Array, np.ndarray]:
-    """Values of a column spec (``col``, ``col[]``, ``col[].field``) and the row index of each value."""
-    base, is_list, rest = spec.partition("[]")
-    col = table.column(base).combine_chunks()
-    if not is_list:
-        return col, np.arange(len(col))
-    values = pc.list_flatten(col)
-    parents = pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
-    if rest.startswith("."):
-        values = pc.struct_field(values, rest[1:])
-    return values, parents
-
-
-def _n_rows_failing(parents: np.ndarray, bad: pa.Array) -> int:
-    mask = np.asarray(bad.to_numpy(zero_copy_only=False), dtype=bool)
-    return int(len(np.unique(parents[mask])))
-
-
-def _codes(values: pa.Array) -> list[str]:
-    """Distinct code-shaped values (for ``observed``), sorted; free text is never listed."""
-    seen = sorted({v for v in pc.unique(values).to_pylist() if isinstance(v, str) and _CODE_SHAPE.match(v)})
-    return seen[:_MAX_LISTED_CODES]
-
-
 def _result(table, check, severity, passed, observed, message) -> CheckResult:
     return CheckResult(table, check, severity, bool(passed), observed, message)
 
 
 # ------------------------------------------------------------------------------------- check kinds
-
-
-def check_keys(name: str, table: pa.Table) -> CheckResult:
-    """Key columns (``medreco.key`` schema metadata) are non-null and unique (critical).
-
-    ``observed``: ``rows``, ``null_keys`` (rows with a null in any key column), ``duplicate_keys`` (rows
-    beyond the first of each non-null key).
-    """
-    keys = key_columns(SCHEMAS[name])
-    n = table.num_rows
-    valid = pa.array(np.ones(n, dtype=bool))
-    for k in keys:
-        valid = pc.and_(valid, pc.is_valid(table.column(k)))
-    non_null = table.select(keys).filter(valid)
-    nulls = n - non_null.num_rows
-    distinct = non_null.group_by(keys).aggregate([]).num_rows if non_null.num_rows else 0
-    dups = non_null.num_rows - distinct
-    obs = {"rows": n, "null_keys": nulls, "duplicate_keys": dups}
-    return _result(name, "key_unique_non_null", "critical", nulls == 0 and dups == 0, obs,
-                   f"key {keys}: {nulls} null, {dups} duplicate of {n} rows")
-
-
-def check_allowed_values(rule: dict, tables: dict[str, pa.Table]) -> CheckResult:
-    """Values of ``rule['column']`` are in ``rule['values']`` (nulls allowed only with ``allow_null``)."""
-    table = tables[rule["table"]]
-    values, parents = _flatten(table, rule["column"])
-    allowed = pa.array(rule["values"], type=pa.string())
-    in_set = pc.fill_null(pc.is_in(values, value_set=allowed, skip_nulls=True), False)
-    nulls = pc.is_null(values)
-    ok = pc.or_(in_set, nulls) if rule.get("allow_null") else in_set
-    bad = pc.invert(ok)
-    n_bad = _n_rows_failing(parents, bad)
-    obs = {"rows": table.num_rows, "values_checked": len(values), "rows_failing": n_bad,
-           "null_values": pc.sum(nulls).as_py() or 0}
-    if rule.get("report_values") and n_bad:
-        obs["unexpected_codes"] = _codes(pc.filter(values, pc.fill_null(bad, False)))
-    return _result(rule["table"], rule.get("check", f"allowed_values:{rule['column']}"), rule["severity"],
-                   n_bad == 0, obs, f"{n_bad} of {table.num_rows} rows have {rule['column']} outside the "
-                   f"{len(rule['values'])} allowed codes")
-
-
-def check_range(rule: dict, tables: dict[str, pa.Table]) -> CheckResult:
-    """Numeric values within ``[min, max]`` (``min_inclusive``/``max_inclusive`` default true).
-
-    List columns (``spacing_mm[]``) fail a row when any element is out of range or null.
-    """
-    table = tables[rule["table"]]
-    values, parents = _flatten(table, rule["column"])
-    is_list = "[]" in rule["column"]
-    base = table.column(rule["column"].split("[")[0])
-    ok = pa.array(np.ones(len(values), dtype=bool))
-    if "min" in rule:
-        cmp = pc.greater_equal if rule.get("min_inclusive", True) else pc.greater
-        ok = pc.and_(ok, cmp(values, rule["min"]))
-    if "max" in rule:
-        cmp = pc.less_equal if rule.get("max_inclusive", True) else pc.less
-        ok = pc.and_(ok, cmp(values, rule["max"]))
-    bad = pc.invert(pc.fill_null(ok, False))  # null values fail, except null scalars with allow_null
-    if rule.get("allow_null") and not is_list:
-        bad = pc.and_(bad, pc.is_valid(values))
-    n_bad = _n_rows_failing(parents, bad)
-    null_rows = pc.sum(pc.is_null(base)).as_py() or 0
-    if is_list and not rule.get("allow_null"):
-        n_bad += null_rows  # a null list has no elements to fail above
-    lo = "(" if not rule.get("min_inclusive", True) else "["
-    hi = ")" if not rule.get("max_inclusive", True) else "]"
-    interval = f"{lo}{rule.get('min', '-inf')}, {rule.get('max', 'inf')}{hi} {rule.get('unit', '')}".strip()
-    obs = {"rows": table.num_rows, "values_checked": len(values), "rows_failing": n_bad, "null_rows": null_rows,
-           "interval": interval}
-    if len(values) and pc.count(values).as_py():
-        mm = pc.min_max(values)
-        obs["min"], obs["max"] = float(mm["min"].as_py()), float(mm["max"].as_py())
-    return _result(rule["table"], rule.get("check", f"range:{rule['column']}"), rule["severity"], n_bad == 0,
-                   obs, f"{n_bad} of {table.num_rows} rows have {rule['column']} outside {interval}")
-
-
-def check_date_range(rule: dict, tables: dict[str, pa.Table], lo: dt.date, hi: dt.date) -> CheckResult:
-    """Shifted dates/timestamps lie in ``[lo, hi]`` (nulls pass and are counted)."""
-    table = tables[rule["table"]]
-    col = table.column(rule["column"])
-    if pa.types.is_timestamp(col.type):
-        lo_s = pa.scalar(dt.datetime.combine(lo, dt.time()), type=col.type)
-        hi_s = pa.scalar(dt.datetime.combine(hi, dt.time.max), type=col.type)
-    elif pa.types.is_date(col.type):
-        lo_s, hi_s = pa.scalar(lo, type=col.type), pa.scalar(hi, type=col.type)
-    else:
-        raise QualityInputError("bad_rules", f"{rule['table']}.{rule['column']} is not a date/timestamp")
-    bad = pc.or_(pc.less(col, lo_s), pc.greater(col, hi_s))
-    n_bad = pc.sum(pc.fill_null(bad, False)).as_py() or 0
-    nulls = pc.sum(pc.is_null(col)).as_py() or 0
-    obs = {"rows": table.num_rows, "rows_failing": n_bad, "null_rows": nulls,
-           "lower": lo.isoformat(), "upper": hi.isoformat()}
-    return _result(rule["table"], rule.get("check", f"date_range:{rule['column']}"), rule["severity"], n_bad == 0,
-                   obs, f"{n_bad} of {table.num_rows} rows have {rule['column']} outside {lo} .. {hi}")
 
 
 def check_foreign_key(rule: dict, tables: dict[str, pa.Table]) -> CheckResult:
@@ -378,21 +246,6 @@ def check_foreign_key(rule: dict, tables: dict[str, pa.Table]) -> CheckResult:
     obs = {"rows": table.num_rows, "orphans": orphans, "null_skipped": nulls, "references": target}
     return _result(rule["table"], rule.get("check", f"foreign_key:{rule['column']}"), rule["severity"],
                    orphans == 0, obs, f"{orphans} of {table.num_rows} rows have {rule['column']} not in {target}")
-
-
-def check_entity_refs(rule: dict, tables: dict[str, pa.Table], concept_ids: pa.Array) -> CheckResult:
-    """Entity ids (scalar, list or list-of-struct field) are ontology concept ids."""
-    table = tables[rule["table"]]
-    values, parents = _flatten(table, rule["column"])
-    known = pc.fill_null(pc.is_in(values, value_set=concept_ids, skip_nulls=True), False)
-    ok = pc.or_(known, pc.is_null(values)) if rule.get("allow_null") else known
-    bad = pc.invert(ok)
-    n_bad = _n_rows_failing(parents, bad)
-    bad_values = pc.filter(values, bad)
-    obs = {"rows": table.num_rows, "ids_checked": len(values), "rows_failing": n_bad,
-           "unknown_ids": int(len(bad_values)), "unknown_id_values": _codes(bad_values)}
-    return _result(rule["table"], rule.get("check", f"entity_ids:{rule['column']}"), rule["severity"], n_bad == 0,
-                   obs, f"{n_bad} of {table.num_rows} rows refer to {len(bad_values)} ids not in the ontology")
 
 
 def check_payload_sha256(images: pa.Table, sample_rows: int) -> CheckResult:
@@ -581,47 +434,27 @@ def check_redaction_counts(reports: pa.Table) -> list[CheckResult]:
     ]
 
 
-def _is_stringish(t: pa.DataType) -> bool:
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return True
-    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_stringish(t.value_type)
+def check_review(ledger: pa.Table, review: list[dict] | None, run_id: str | None) -> list[CheckResult]:
+    """Curator decisions are honoured: no file a curator rejected is ingested in ``run_id`` (critical).
 
-
-def check_phi(tables: dict[str, pa.Table], phi_rules: dict) -> list[CheckResult]:
-    """PHI patterns (dates, phone numbers, MRNs, e-mails, DICOM person names) in every string column.
-
-    One result per (table, string column) of every table but the ledger; critical for the columns in
-    ``phi.critical_columns`` (report text and sections), warning elsewhere. ``observed`` counts flagged
-    rows per pattern name; matched text is never reported.
+    A reject decision is matched to ledger rows by sha256 (the full digest or its first >= 12 hex digits).
+    The ledger stage records a rejected file that is quarantined again as ``curator_rejected``
+    (:func:`etl.ledger.apply_review`); a rejected file that a stage ingested (say after a configuration
+    change) is in the curated tables and must not reach a snapshot until the decision is withdrawn.
+    ``observed`` counts decisions and files, never a path.
     """
-    patterns = [(p["name"], "(?i)" + p["regex"], frozenset(p.get("skip_tables", []))) for p in phi_rules["patterns"]]
-    critical = phi_rules.get("critical_columns", {})
-    out = []
-    for name, table in tables.items():
-        if name in phi_rules.get("skip_tables", []):
-            continue
-        for f in table.schema:
-            if not _is_stringish(f.type):  # extra, non-schema columns are scanned too
-                continue
-            is_list = pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
-            values, parents = _flatten(table, f.name + ("[]" if is_list else ""))
-            by_pattern = {}
-            flagged = np.zeros(table.num_rows, dtype=bool)
-            for pname, regex, skip in patterns:
-                if name in skip:
-                    continue
-                hit = np.asarray(pc.fill_null(pc.match_substring_regex(values, regex), False)
-                                 .to_numpy(zero_copy_only=False), dtype=bool)
-                rows = np.unique(parents[hit])
-                by_pattern[pname] = int(len(rows))
-                flagged[rows] = True
-            n_flag = int(flagged.sum())
-            severity = "critical" if f.name in critical.get(name, []) else "warning"
-            hits = ", ".join(k for k, v in by_pattern.items() if v) or "none"
-            out.append(_result(name, f"phi_patterns:{f.name}", severity, n_flag == 0,
-                               {"rows": table.num_rows, "rows_flagged": n_flag, "by_pattern": by_pattern},
-                               f"{n_flag} of {table.num_rows} rows of {name}.{f.name} match PHI patterns ({hits})"))
-    return out
+    review = review or []
+    prefixes = {str(d.get("sha256", "")).lower()[:12]: d.get("decision") for d in review}
+    rows = ledger.filter(pc.equal(ledger.column("run_id"), run_id)) if run_id else ledger
+    ingested_rejected = 0
+    for sha, status in zip(rows.column("sha256").to_pylist(), rows.column("status").to_pylist(), strict=True):
+        if status == "ingested" and prefixes.get((sha or "").lower()[:12]) == "reject":
+            ingested_rejected += 1
+    decided = Counter(prefixes.values())
+    obs = {"decisions": len(review), "release": decided.get("release", 0), "reject": decided.get("reject", 0),
+           "rejected_files_ingested": ingested_rejected}
+    return [_result("ledger", "curator_rejected_not_ingested", "critical", ingested_rejected == 0, obs,
+                    f"{ingested_rejected} files a curator rejected were ingested in this run")]
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -632,10 +465,17 @@ def run_checks(
     ontology: Any,
     *,
     rules: dict | str | Path | None = None,
+    suites: dict | str | Path | None = None,
     today: dt.date | None = None,
     expected_files: Mapping[str, int] | None = None,
+    review: list[dict] | None = None,
+    run_id: str | None = None,
+    gx_project_dir: str | Path | None = None,
+    data_docs_dir: str | Path | None = None,
+    keep_runs: int | None = None,
+    only: Collection[str] | None = None,
 ) -> QualityReport:
-    """Run every quality gate over the curated tables (and the ledger).
+    """Run every quality gate over the curated tables (and the ledger): the GE suites, then the cross-table checks.
 
     Parameters
     ----------
@@ -645,37 +485,43 @@ def run_checks(
     ontology : schemas.ontology.Ontology
         anything with a ``concepts`` mapping keyed by concept id (``"F029"``).
     rules : dict or path, optional
-        a rules mapping (the parsed YAML, validated by :func:`validate_rules`) or a rules YAML path;
-        default ``quality/rules.yaml``.
+        the cross-table rules (parsed YAML or a path; default ``quality/rules.yaml``).
+    suites : dict or path, optional
+        the GE suites (parsed by :func:`quality.gx_suites.load_suite_config`, or a path; default
+        ``quality/expectations.yaml``).
     today : datetime.date, optional
         reference date for the date plausibility upper bound (default: today, local).
     expected_files : mapping of str to int, optional
         run_id -> number of files the discovery scan found; each run's ledger rows must equal it.
+    review : list of dict, optional
+        curator decisions (``reports/quarantine_review.json``), for :func:`check_review`.
+    run_id : str, optional
+        the build run (GE run name; the ledger rows :func:`check_review` looks at).
+    gx_project_dir, data_docs_dir, keep_runs : optional
+        a GE file context, its Data Docs site and the retention cap (see :func:`quality.gx_suites.run_suites`);
+        default: an ephemeral context and no Data Docs.
+    only : collection of str, optional
+        run the GE suites of these tables only (the cross-table checks always run); default: all tables.
 
     Returns
     -------
     QualityReport
-        one :class:`CheckResult` per check and table, in a fixed order.
+        one :class:`CheckResult` per expectation and per cross-table check, in a fixed order.
 
     Raises
     ------
     QualityInputError
         ``unknown_table`` for a table name outside the registry, ``schema_mismatch`` for a missing
-        column or a column of another type, ``bad_rules`` for an invalid rules file.
+        column or a column of another type, ``bad_rules`` for an invalid rules or expectations file.
     """
+    from quality.gx_suites import load_suite_config, run_suites
+
     rules = validate_rules(rules) if isinstance(rules, dict) else load_rules(rules)
+    suites = suites if isinstance(suites, dict) else load_suite_config(suites)
     t = _prepare_tables(tables)
-    today = today or dt.date.today()
-    concept_ids = pa.array(sorted(ontology.concepts), type=pa.string())
-    results: list[CheckResult] = [check_keys(name, t[name]) for name in SCHEMAS]
-    results += [check_allowed_values(r, t) for r in rules["allowed_values"]]
-    results += [check_range(r, t) for r in rules["ranges"]]
-    dr = rules["date_ranges"]
-    lo = dt.date.fromisoformat(str(dr["min_date"]))
-    hi = today + dt.timedelta(days=int(dr["max_days_after_today"]))
-    results += [check_date_range(r, t, lo, hi) for r in dr["columns"]]
+    results = run_suites(t, ontology, today=today, config=suites, project_dir=gx_project_dir,
+                         data_docs_dir=data_docs_dir, run_name=run_id, keep_runs=keep_runs, only=only)
     results += [check_foreign_key(r, t) for r in rules["foreign_keys"]]
-    results += [check_entity_refs(r, t, concept_ids) for r in rules["entity_refs"]]
     results.append(check_payload_sha256(t["images"], int(rules["payload_sha256"]["sample_rows"])))
     results += check_pairs(t["pairs"], t["studies"], float(rules["pairs"]["gap_days_tolerance_days"]))
     vb = rules["vqa_balance"]
@@ -683,5 +529,5 @@ def run_checks(
     results += check_splits(t)
     results += check_ledger(t["ledger"], expected_files)
     results += check_redaction_counts(t["reports"])
-    results += check_phi(t, rules["phi"])
+    results += check_review(t["ledger"], review, run_id)
     return QualityReport(results=results, rules_version=rules.get("version"))

@@ -41,6 +41,7 @@ PAGES = (
     ("quarantine.html", "Quarantine"),
 )
 REVIEW_DECISIONS = ("release", "reject")
+PHI_EXPECTATION = "expect_column_values_to_not_match_regex_list"
 STATUS_COLOURS = {"ingested": "#2e7d4f", "quarantined": "#b3261e", "duplicate": "#d08a00", "skipped": "#8a94a6"}
 PALETTE = ("#2156a5", "#2e7d4f", "#d08a00", "#b3261e", "#6a3d9a", "#1f9aa8", "#8a94a6", "#c2185b")
 #: run_info keys that may name locations (source roots, config paths) are never rendered
@@ -529,18 +530,25 @@ def _deid(tables, quality: QualityReport, run_info: dict) -> str:
     parts.append(_section("Quarantined at de-identification (fail-closed)",
                           svg_bar_chart(_counts(reasons), title="Files per reason",
                                         colour=STATUS_COLOURS["quarantined"])))
-    phi = [r for r in quality.results if r.check.startswith("phi_patterns:")]
-    rows = [(_badge(r.passed, r.severity), r.severity, f"{r.table}.{r.check.split(':', 1)[1]}",
-             r.observed.get("rows", 0), r.observed.get("rows_flagged", 0),
-             ", ".join(f"{k}={v}" for k, v in sorted(r.observed.get("by_pattern", {}).items()) if v))
+    phi = [r for r in quality.results if r.observed.get("expectation") == PHI_EXPECTATION]
+    rows = [(_badge(r.passed, r.severity), r.severity, r.table, r.check.split(":", 1)[-1].replace("|", ", "),
+             r.observed.get("element_count", 0), r.observed.get("unexpected_count", 0))
             for r in sorted(phi, key=lambda r: (r.passed, r.severity != "critical", r.table, r.check))]
     parts.append(_section("Residual PHI scan of the de-identified tables",
-                          _table(["status", "severity", "column", "rows", "rows flagged", "patterns"], rows,
-                                 numeric=[3, 4])))
+                          f'<p class="muted">Great Expectations <span class="mono">{PHI_EXPECTATION}</span> with '
+                          "the report de-identifier's own patterns (names after titles and signature labels, "
+                          "phone numbers, e-mail addresses, URLs, labelled ids, DICOM person names; dates outside "
+                          "report text). Counts only: a flagged value is never shown.</p>",
+                          _table(["status", "severity", "table", "columns", "values scanned", "values flagged"],
+                                 rows, numeric=[4, 5])))
     return "".join(parts)
 
 
 def _images(tables) -> str:
+    failed = [(r, i) for r, i, s, st in zip(_col(tables, "ledger", "reason"), _col(tables, "ledger", "institution"),
+                                           _col(tables, "ledger", "status"), _col(tables, "ledger", "stage"),
+                                           strict=True) if s == "quarantined" and st == "normalise"]
+    decode, decode_inst = [r for r, _ in failed], [i for _, i in failed]
     spacing = _col(tables, "images", "spacing_mm")
     kinds = _col(tables, "images", "kind")
     row_sp = [s[0] if s else None for s in spacing]
@@ -562,6 +570,10 @@ def _images(tables) -> str:
                  _row(svg_histogram(_col(tables, "images", "rows"), title="Rows", unit="px"),
                       svg_histogram(_col(tables, "images", "cols"), title="Columns", unit="px"),
                       svg_histogram(slices, title="Slices per volume (3D)", unit="slices", integer=True))),
+        _section("Decode failures (quarantined at normalisation)",
+                 _row(svg_bar_chart(_counts(decode), title="Files per reason", colour=STATUS_COLOURS["quarantined"]),
+                      svg_bar_chart(_counts(decode_inst), title="Files per institution",
+                                    colour=STATUS_COLOURS["quarantined"]))),
     ])
 
 
@@ -670,7 +682,7 @@ def _splits(tables) -> str:
     ])
 
 
-def _checks(quality: QualityReport) -> str:
+def _checks(quality: QualityReport, data_docs_href: str | None = None) -> str:
     res = sorted(quality.results, key=lambda r: (r.passed, r.severity != "critical", r.table, r.check))
     rows = []
     for r in res:
@@ -681,6 +693,10 @@ def _checks(quality: QualityReport) -> str:
                     _cards([("checks", len(quality.results)), ("critical failures", len(quality.critical_failures)),
                             ("warnings", len(quality.warnings)),
                             ("passed", sum(r.passed for r in quality.results))]),
+                    (f'<p>Per-table suites run as Great Expectations Checkpoints; their validation results are '
+                     f'in the <a href="{_e(data_docs_href)}">Data Docs</a> site (styled from a CDN: plain '
+                     "when offline). Checks named without <span class=\"mono\">expect_</span> are the "
+                     "cross-table checks of quality/checks.py.</p>" if data_docs_href else ""),
                     _table(["status", "severity", "table", "check", "message", "observed"], rows))
 
 
@@ -708,13 +724,14 @@ def _quarantine(tables, review: list[dict]) -> str:
         d = decisions.get(oid)
         if d:
             matched.add(oid)
-            decision = _Html(f'<span class="badge {"pass" if d["decision"] == "release" else "fail"}">'
-                             f'{_e(d["decision"])}</span>')
+            label = "release after fix" if d["decision"] == "release" else "reject"
+            decision = _Html(f'<span class="badge {"pass" if d["decision"] == "release" else "fail"}" '
+                             f'data-decision="{_e(d["decision"])}">{_e(label)}</span>')
         else:
-            decision = _Html('<span class="muted">pending</span>')
-        rows.append((_Html(f'<span class="mono">{_e(oid)}</span>'), cols["institution"][k], cols["run_id"][k],
-                     cols["kind"][k], cols["stage"][k], cols["reason"][k], cols["detail"][k], decision,
-                     d.get("note", "") if d else ""))
+            decision = _Html('<span class="muted" data-decision="pending">pending</span>')
+        rows.append((_Html(f'<span class="mono" id="q-{_e(oid)}">{_e(oid)}</span>'), cols["institution"][k],
+                     cols["run_id"][k], cols["kind"][k], cols["stage"][k], cols["reason"][k], cols["detail"][k],
+                     decision, str(d.get("decided_at", ""))[:10] if d else "", d.get("note", "") if d else ""))
     rows.sort(key=lambda r: (str(r[1]), str(r[5]), str(r[0])))
     unmatched = sorted(set(decisions) - matched)
     decided = Counter(decisions[o]["decision"] for o in matched)
@@ -723,8 +740,12 @@ def _quarantine(tables, review: list[dict]) -> str:
         _cards([("quarantined files", len(rows)), ("released", decided["release"]), ("rejected", decided["reject"]),
                 ("pending review", len(rows) - len(matched)), ("review entries matching no file", len(unmatched))]),
         '<p class="muted">Files are shown by opaque id (first 12 hex digits of the file\'s SHA-256); the '
-        "source location is only in the restricted ledger.</p>",
-        _table(["id", "institution", "run", "kind", "stage", "reason", "detail", "decision", "note"], rows),
+        "source location is only in the restricted ledger. Decisions are read-only here: curators record them "
+        "with <span class=\"mono\">medreco dashboard --serve</span> (or the Airflow UI's MedReCo review page); the "
+        "next run honours them (a rejected file is recorded as <span class=\"mono\">curator_rejected</span>, a "
+        "file released after fix flows on once it passes).</p>",
+        _table(["id", "institution", "run", "kind", "stage", "reason", "detail", "decision", "decided", "note"],
+               rows),
     )
 
 
@@ -740,6 +761,7 @@ def build_dashboard(
     review: list[dict] | None = None,
     *,
     ontology=None,
+    data_docs_href: str | None = None,
 ) -> Path:
     """Write the curator dashboard (static HTML, inline CSS and SVG, no scripts) for one run.
 
@@ -763,6 +785,8 @@ def build_dashboard(
         full digest or its first >= 12 hex digits.
     ontology : schemas.ontology.Ontology, optional
         for entity names in the heat map (default: the packaged ontology).
+    data_docs_href : str, optional
+        link to the Great Expectations Data Docs index, relative to the dashboard (shown on the checks page).
 
     Returns
     -------
@@ -798,7 +822,7 @@ def build_dashboard(
         "reports.html": _reports(tables, ontology),
         "pairs.html": _pairs_vqa(tables),
         "splits.html": _splits(tables),
-        "checks.html": _checks(quality),
+        "checks.html": _checks(quality, data_docs_href),
         "quarantine.html": _quarantine(tables, list(review or [])),
     }
     template = Template(TEMPLATE_FILE.read_text(encoding="utf-8"))

@@ -1,5 +1,12 @@
-"""The build's quality stage: run the gates on every curated table, build the curator dashboard, and
-stop the build before the snapshot when a critical check fails."""
+"""The build's quality stage: run the gates on every curated table (Great Expectations Checkpoints plus the
+cross-table checks), build Data Docs and the curator dashboard, and stop the build before the snapshot when a
+critical check fails.
+
+Zones written (all under ``reports/``, PHI-free): ``gx/`` (the GE file context: suites, validation
+definitions, checkpoints, validation results of the last ``keep_runs`` runs), ``data_docs/`` (static Data
+Docs site), ``quality/<run_id>.json`` and ``quality/latest_run.json``, ``dashboard/``. With an ``s3://``
+root the GE folders are worked on in a local temporary copy and synced back.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,13 @@ from collections import Counter
 from pathlib import Path
 
 from etl.context import BuildContext
+from etl.ledger import load_review
+from etl.storage import Storage
 from schemas.ontology import load_ontology
 from schemas.tables import SCHEMAS
 
-REVIEW_FILE = "reports/quarantine_review.json"
+GX_DIR = "reports/gx"
+DATA_DOCS_DIR = "reports/data_docs"
 
 
 class QualityGateError(RuntimeError):
@@ -22,6 +32,8 @@ class QualityGateError(RuntimeError):
 def load_tables(ctx: BuildContext) -> dict:
     """All curated tables of the storage root plus this run's ledger, as pyarrow Tables."""
     tables = {t: ctx.storage.read_table(f"curated/{t}", schema=s) for t, s in SCHEMAS.items() if t != "ledger"}
+    # tables read back with the schema's columns only (Delta/Parquet readers may add partition columns)
+    tables = {t: tab.select(SCHEMAS[t].names) for t, tab in tables.items()}
     tables["ledger"] = ctx.storage.read_table(ctx.ledger_path, schema=SCHEMAS["ledger"])
     return tables
 
@@ -46,39 +58,108 @@ def _history(ctx: BuildContext) -> list[dict]:
     return sorted(out, key=lambda h: h["run_id"])
 
 
-def quality_stage(ctx: BuildContext) -> dict:
-    """Run the checks, write ``reports/quality/<run_id>.json`` and the dashboard; raise on critical failures.
+def raise_on_critical(report, details: str = "") -> None:
+    """Raise :class:`QualityGateError` when ``report`` has critical failures.
+
+    The message names each failed check as ``<table>: <check>`` (for GE checks ``<expectation type>:<column>``,
+    e.g. ``pairs: expect_column_values_to_be_between:gap_days``; for cross-table checks their name, e.g.
+    ``pairs: pair_order``), at most 10 of them, and the failure counts; never a value.
 
     Raises
     ------
     QualityGateError
-        naming the failed critical checks (counts only, never values).
+    """
+    failed = report.critical_failures
+    if failed:
+        names = "; ".join(f"{r.table}: {r.check} ({r.message})" for r in failed[:10])
+        more = f" and {len(failed) - 10} more" if len(failed) > 10 else ""
+        raise QualityGateError(f"{len(failed)} critical quality check(s) failed: {names}{more}"
+                               + (f" (see {details})" if details else ""))
+
+
+def _pull(storage: Storage, rel: str, local: Path) -> dict[str, bytes]:
+    """Copy ``rel`` of a (remote) root into ``local``; returns what was copied (path -> bytes)."""
+    copied = {}
+    for p in storage.list_files(rel):
+        data = storage.read_bytes(p)
+        target = local / Path(p).relative_to(rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        copied[p] = data
+    return copied
+
+
+def _push(storage: Storage, rel: str, local: Path, before: dict[str, bytes]) -> None:
+    """Write back new or changed files of ``local`` to ``rel`` and delete those removed locally."""
+    now = set()
+    for f in sorted(local.rglob("*")):
+        if f.is_file():
+            p = f"{rel}/{f.relative_to(local).as_posix()}"
+            now.add(p)
+            data = f.read_bytes()
+            if before.get(p) != data:
+                storage.write_bytes(p, data)
+    for p in sorted(set(before) - now):
+        storage.delete(p)
+
+
+def quality_stage(ctx: BuildContext, keep_runs: int | None = None) -> dict:
+    """Run the checks, write ``reports/quality/<run_id>.json``, Data Docs and the dashboard; raise on critical failures.
+
+    Parameters
+    ----------
+    ctx : etl.context.BuildContext
+    keep_runs : int, optional
+        validation results kept for Data Docs, in runs (default: ``data_docs.keep_runs`` of
+        ``quality/expectations.yaml``, 20).
+
+    Returns
+    -------
+    dict
+        ``checks``, ``warnings``, ``critical_failures`` (numbers), ``dashboard`` and ``data_docs`` (URIs of
+        the index pages).
+
+    Raises
+    ------
+    QualityGateError
+        naming the table and the expectation (or cross-table check) of each failed critical check (counts
+        only, never values): the snapshot task does not run.
     """
     from quality.checks import run_checks
     from quality.dashboard import build_dashboard
 
+    st = ctx.storage
     tables = load_tables(ctx)
-    plan_rows = ctx.storage.read_table(ctx.plan_path()).num_rows
-    report = run_checks(tables, load_ontology(), expected_files={ctx.run_id: plan_rows})
-    ctx.storage.write_text(f"reports/quality/{ctx.run_id}.json", report.to_json())
-    review = json.loads(ctx.storage.read_text(REVIEW_FILE)) if ctx.storage.is_file(REVIEW_FILE) else []
-    balance = json.loads(ctx.storage.read_text(f"{ctx.run_dir}/ledger_balance.json"))
+    plan_rows = st.read_table(ctx.plan_path()).num_rows
+    review = load_review(st)
+    with tempfile.TemporaryDirectory() as gx_tmp:
+        if st.is_local:
+            project, docs, before = Path(st.path("reports")), Path(st.path(DATA_DOCS_DIR)), None
+        else:
+            project, docs = Path(gx_tmp) / "reports", Path(gx_tmp) / "reports" / "data_docs"
+            before = {**_pull(st, GX_DIR, project / "gx"), **_pull(st, DATA_DOCS_DIR, docs)}
+        report = run_checks(tables, load_ontology(), expected_files={ctx.run_id: plan_rows}, review=review,
+                            run_id=ctx.run_id, gx_project_dir=project, data_docs_dir=docs, keep_runs=keep_runs)
+        if before is not None:
+            _push(st, GX_DIR, project / "gx", {k: v for k, v in before.items() if k.startswith(GX_DIR + "/")})
+            _push(st, DATA_DOCS_DIR, docs, {k: v for k, v in before.items() if k.startswith(DATA_DOCS_DIR + "/")})
+    st.write_text(f"reports/quality/{ctx.run_id}.json", report.to_json())
+    st.write_text("reports/quality/latest_run.json", json.dumps({"run_id": ctx.run_id}))
+    balance = json.loads(st.read_text(f"{ctx.run_dir}/ledger_balance.json"))
     run_info = {"run_id": ctx.run_id, "deid_audit": deid_audit(ctx), "ledger": balance,
                 "config": ctx.cfg.name}
     with tempfile.TemporaryDirectory() as tmp:
         history = [h for h in _history(ctx) if h["run_id"] != ctx.run_id]
         history.append({"run_id": ctx.run_id, **{k: balance.get(k, 0) for k in ("ingested", "quarantined", "duplicate", "skipped")},
                         "studies": tables["studies"].num_rows, "pairs": tables["pairs"].num_rows})
-        index = build_dashboard(tables, report, run_info, Path(tmp), history=history, review=review)
+        index = build_dashboard(tables, report, run_info, Path(tmp), history=history, review=review,
+                                data_docs_href="../data_docs/index.html")
         base = Path(tmp)
+        st.delete("reports/dashboard")
         for f in sorted(base.rglob("*")):
             if f.is_file():
-                ctx.storage.write_bytes(f"reports/dashboard/{f.relative_to(base).as_posix()}", f.read_bytes())
+                st.write_bytes(f"reports/dashboard/{f.relative_to(base).as_posix()}", f.read_bytes())
         index_rel = f"reports/dashboard/{Path(index).relative_to(base).as_posix()}"
-    failed = report.critical_failures
-    if failed:
-        names = ", ".join(f"{r.table}:{r.check}" for r in failed[:10])
-        raise QualityGateError(f"{len(failed)} critical quality check(s) failed: {names} "
-                               f"(see {ctx.storage.full_uri(f'reports/quality/{ctx.run_id}.json')})")
-    return {"checks": len(report.results), "warnings": len(report.warnings),
-            "dashboard": ctx.storage.full_uri(index_rel)}
+    raise_on_critical(report, st.full_uri(f"reports/quality/{ctx.run_id}.json"))
+    return {"checks": len(report.results), "warnings": len(report.warnings), "critical_failures": 0,
+            "dashboard": st.full_uri(index_rel), "data_docs": st.full_uri(f"{DATA_DOCS_DIR}/index.html")}

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
@@ -46,3 +47,30 @@ def airflow_home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("airflow_home")
     os.environ["AIRFLOW_HOME"] = str(home)
     return prepare_airflow_env(home)
+
+
+def config_for(root: Path, base: str = "demo.yaml", **overrides) -> Path:
+    """A copy of a config under ``config/`` with its storage root set to ``root`` and ``overrides`` applied."""
+    data = yaml.safe_load((PROJECT_ROOT / "config" / base).read_text())
+    data["storage"]["root"] = str(root)
+    data.update(overrides)
+    path = root.parent / f"{root.name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="session")
+def demo_build(tmp_path_factory, airflow_home):
+    """The demo corpus (seed 7, 16 patients) built twice with dag.test(): one build per test session."""
+    from etl.airflow_runner import run_build
+    from etl.demo_corpus import generate_corpus
+
+    root = tmp_path_factory.mktemp("demo") / "root"
+    generate_corpus(root, seed=7, n_patients=16)
+    # 32 shards for 16 patients: empty shards must be no-ops; 8 mapped tasks of 4 shards each
+    cfg = config_for(root, shard_count=32, max_map_length=8)
+    first = run_build(cfg)
+    second = run_build(cfg)
+    from etl.storage import Storage
+
+    return {"root": root, "config": cfg, "first": first, "second": second, "storage": Storage.open(str(root))}

@@ -19,29 +19,6 @@ pytestmark = pytest.mark.slow
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _config_for(root: Path, base: str = "demo.yaml", **overrides) -> Path:
-    data = yaml.safe_load((PROJECT_ROOT / "config" / base).read_text())
-    data["storage"]["root"] = str(root)
-    data.update(overrides)
-    path = root.parent / f"{root.name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-@pytest.fixture(scope="session")
-def demo_build(tmp_path_factory, airflow_home):
-    from etl.airflow_runner import run_build
-    from etl.demo_corpus import generate_corpus
-
-    root = tmp_path_factory.mktemp("demo") / "root"
-    generate_corpus(root, seed=7, n_patients=16)
-    # 32 shards for 16 patients: empty shards must be no-ops; 8 mapped tasks of 4 shards each
-    cfg = _config_for(root, shard_count=32, max_map_length=8)
-    first = run_build(cfg)
-    second = run_build(cfg)
-    return {"root": root, "config": cfg, "first": first, "second": second, "storage": Storage.open(str(root))}
-
-
 def test_ledger_balances_and_every_file_has_one_row(demo_build):
     led = demo_build["first"]["ledger"]
     assert led["balanced"] is True

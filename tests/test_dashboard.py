@@ -115,7 +115,8 @@ def site(tmp_path_factory) -> tuple[Path, dict[str, str]]:
                 "source_root": "/mnt/pacs/sources", "deid_audit": DEID_AUDIT}
     review = [{"sha256": _sha(5), "decision": "reject", "note": "text in the pixel data confirmed"}]
     out = tmp_path_factory.mktemp("dash")
-    index = build_dashboard(tables, quality, run_info, out, history=HISTORY, review=review)
+    index = build_dashboard(tables, quality, run_info, out, history=HISTORY, review=review,
+                            data_docs_href="../data_docs/index.html")
     pages = {p: (out / p).read_text(encoding="utf-8") for p, _ in PAGES}
     return index, pages
 
@@ -134,7 +135,8 @@ def test_pages_written_and_index_returned(site):
 def test_self_contained_no_scripts_no_external_resources(site):
     _, pages = site
     for name, html in pages.items():
-        low = html.lower()
+        # the only link is an empty inline favicon (no request for /favicon.ico, no console error)
+        low = html.lower().replace('<link rel="icon" href="data:,">', "", 1)
         assert "http://" not in low and "https://" not in low and "//cdn" not in low, name
         assert "<script" not in low and "<link" not in low and " src=" not in low, name
         assert "<style>" in low
@@ -173,7 +175,11 @@ def test_deid_audit_renders_every_count(site):
                        ("actions / remapped", "456"), ("verification_failures", "3"), ("burned_in_quarantined", "2")]:
         assert f'<td>{key}</td><td class="num">{value}</td>' in html, key
     assert "<svg" in html
-    assert "<td>reports.text</td>" in html and "phone=1" in html  # residual PHI scan, counts only
+    # residual PHI scan (GE, counts only): the report text columns flag the planted phone number once
+    assert re.search(r'<span class="badge fail">FAIL</span></td><td>critical</td><td>reports</td>'
+                     r'<td>text, indication, comparison, findings, impression</td><td class="num">16</td>'
+                     r'<td class="num">1</td>', html)
+    assert "617-555-0123" not in html
 
 
 def test_reports_heatmap_and_rates(site):
@@ -199,14 +205,17 @@ def test_images_pairs_splits_pages(site):
 def test_checks_and_quarantine_pages(site):
     _, pages = site
     checks = pages["checks.html"]
-    assert "key_unique_non_null" in checks and "ledger_balance" in checks
+    assert "expect_column_values_to_be_unique:study_key" in checks and "ledger_balance" in checks
     assert re.search(r'<span class="badge fail">FAIL</span></td><td>critical</td><td>reports</td>'
-                     r'<td>phi_patterns:text</td>', checks)  # the planted date, listed first
+                     r'<td>expect_column_values_to_not_match_regex_list:text\|', checks)  # the planted phone, first
     assert checks.count('class="badge fail"') == 1
+    assert '<a href="../data_docs/index.html">Data Docs</a>' in checks
     q = pages["quarantine.html"]
     assert _sha(5)[:12] in q and _sha(6)[:12] in q and _sha(0)[:12] not in q  # only quarantined rows
     assert _sha(5) not in q  # the full digest is not needed
-    assert '<span class="badge fail">reject</span>' in q and "text in the pixel data confirmed" in q
+    assert 'data-decision="reject">reject</span>' in q and "text in the pixel data confirmed" in q
+    assert q.count('data-decision="pending"') == 1  # the other quarantined file
+    assert "<form" not in q and "<button" not in q  # the static export is read-only
     assert "OCR hit in [source path]" in q  # leaky detail scrubbed, the rest kept
 
 
@@ -217,7 +226,8 @@ def test_deterministic_output(site, tmp_path):
     run_info = {"run_id": RUN_ID, "config": "medreco-demo", "operator_note": "<script>alert(1)</script>",
                 "source_root": "/mnt/pacs/sources", "deid_audit": DEID_AUDIT}
     review = [{"sha256": _sha(5), "decision": "reject", "note": "text in the pixel data confirmed"}]
-    build_dashboard(tables, quality, run_info, tmp_path, history=HISTORY, review=review)
+    build_dashboard(tables, quality, run_info, tmp_path, history=HISTORY, review=review,
+                    data_docs_href="../data_docs/index.html")
     for p, _ in PAGES:
         assert (tmp_path / p).read_text(encoding="utf-8") == pages[p], p
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 
 import pyarrow as pa
 import pytest
@@ -19,6 +20,7 @@ from quality.checks import (
     load_rules,
     run_checks,
 )
+from quality.gx_suites import SUITES_FILE, load_suite_config, phi_patterns
 from schemas.base import table_from_rows
 from schemas.ontology import load_ontology
 from schemas.tables import SCHEMAS
@@ -129,8 +131,9 @@ def build(rows: dict[str, list[dict]]) -> dict[str, pa.Table]:
     return {name: table_from_rows(r, SCHEMAS[name]) for name, r in rows.items()}
 
 
-def run(rows, **kw) -> QualityReport:
-    return run_checks(build(rows), load_ontology(), today=TODAY, **kw)
+def run(rows, only=(), **kw) -> QualityReport:
+    """Cross-table checks always; the GE suites of the tables in ``only`` (GE costs ~0.1 s per expectation)."""
+    return run_checks(build(rows), load_ontology(), today=TODAY, only=set(only), **kw)
 
 
 def get(report: QualityReport, table: str, check: str) -> CheckResult:
@@ -139,47 +142,72 @@ def get(report: QualityReport, table: str, check: str) -> CheckResult:
     return found[0]
 
 
+def phi(report: QualityReport, table: str, severity: str) -> CheckResult:
+    found = [r for r in report.results if r.table == table and r.severity == severity
+             and r.observed.get("expectation") == PHI]
+    assert len(found) == 1, (table, severity)
+    return found[0]
+
+
+PHI = "expect_column_values_to_not_match_regex_list"
+REPORT_TEXT = f"{PHI}:text|indication|comparison|findings|impression"
+
+
 @pytest.fixture(scope="module")
 def clean_report() -> QualityReport:
-    return run(clean_rows(), expected_files={"run-1": 4})
+    return run_checks(build(clean_rows()), load_ontology(), today=TODAY, expected_files={"run-1": 4})
 
 
 def test_clean_set_passes_everything(clean_report):
     failed = [(r.table, r.check, r.observed) for r in clean_report.results if not r.passed]
     assert failed == []
     assert clean_report.passed and clean_report.critical_failures == [] and clean_report.warnings == []
-    # every table's key check ran, and every string column of the de-identified tables was scanned
-    assert {r.table for r in clean_report.results if r.check == "key_unique_non_null"} == set(SCHEMAS)
-    assert get(clean_report, "reports", "phi_patterns:text").severity == "critical"
-    assert get(clean_report, "reports", "phi_patterns:findings").severity == "critical"
-    assert get(clean_report, "images", "phi_patterns:transfer_syntax").severity == "warning"
-    assert get(clean_report, "vqa", "phi_patterns:options").observed["rows"] == 4
-    assert not [r for r in clean_report.results if r.table == "ledger" and r.check.startswith("phi")]
+    # every table's key check ran through GE, and every string column of the de-identified tables was scanned
+    for name, schema in SCHEMAS.items():
+        keys = schema.metadata[b"medreco.key"].decode().split(",")
+        check = (f"expect_column_values_to_be_unique:{keys[0]}" if len(keys) == 1
+                 else f"expect_compound_columns_to_be_unique:{','.join(keys)}")
+        assert get(clean_report, name, check).severity == "critical"
+    r = get(clean_report, "reports", REPORT_TEXT)
+    assert r.severity == "critical" and r.observed["element_count"] == 2 + 2 + 1 + 2 + 2  # non-null values
+    # every other string column: warning; vqa.options (list<string>) among them
+    w = phi(clean_report, "vqa", "warning")
+    cols = w.check.split(":", 1)[1].split("|")
+    vqa = build(clean_rows())["vqa"]
+    assert "options" in cols and "question" in cols and "split" in cols
+    assert w.observed["element_count"] == sum(vqa.num_rows - vqa.column(c).null_count for c in cols)
+    assert not [r for r in clean_report.results if r.table == "ledger" and r.observed.get("expectation") == PHI]
     assert get(clean_report, "images", "payload_sha256").observed == {"rows": 3, "rows_sampled": 3, "mismatches": 0}
+    assert get(clean_report, "ledger", "curator_rejected_not_ingested").passed
 
 
 def test_empty_tables_pass_and_key_check_still_runs():
-    report = run_checks({}, load_ontology(), today=TODAY)
+    report = run_checks({}, load_ontology(), today=TODAY, only={"studies", "study_labels"})
     assert report.passed and not report.warnings
-    keys = [r for r in report.results if r.check == "key_unique_non_null"]
-    assert len(keys) == len(SCHEMAS) and all(r.observed["rows"] == 0 for r in keys)
+    r = get(report, "studies", "expect_column_values_to_be_unique:study_key")
+    assert r.observed["element_count"] == 0
 
 
 def test_duplicate_and_null_keys():
     rows = clean_rows()
     rows["studies"].append(dict(rows["studies"][0]))
     rows["study_labels"].append(dict(rows["study_labels"][0]))  # composite key (study_key, entity_id)
-    report = run(rows)
-    r = get(report, "studies", "key_unique_non_null")
-    assert (r.passed, r.severity, r.observed) == (False, "critical", {"rows": 4, "null_keys": 0, "duplicate_keys": 1})
-    assert get(report, "study_labels", "key_unique_non_null").observed["duplicate_keys"] == 1
-    assert get(report, "series", "key_unique_non_null").passed
+    report = run(rows, only={"studies", "study_labels", "series"})
+    r = get(report, "studies", "expect_column_values_to_be_unique:study_key")
+    # GE counts every row of a duplicated key as unexpected: the original and its copy
+    assert (r.passed, r.severity, r.observed["element_count"], r.observed["unexpected_count"]) == (
+        False, "critical", 4, 2)
+    c = get(report, "study_labels", "expect_compound_columns_to_be_unique:study_key,entity_id")
+    assert not c.passed and c.observed["unexpected_count"] == 2
+    assert get(report, "series", "expect_column_values_to_be_unique:series_key").passed
     # null key: build with a nullable schema variant (the real schema forbids it at construction)
     t = build(clean_rows())
     sk = t["splits"].column("patient_key").to_pylist()
     t["splits"] = t["splits"].set_column(0, pa.field("patient_key", pa.string()), pa.array([sk[0], None]))
-    report = run_checks(t, load_ontology(), today=TODAY)
-    assert get(report, "splits", "key_unique_non_null").observed == {"rows": 2, "null_keys": 1, "duplicate_keys": 0}
+    report = run_checks(t, load_ontology(), today=TODAY, only={"splits"})
+    r = get(report, "splits", "expect_column_values_to_not_be_null:patient_key")
+    assert (r.passed, r.observed["unexpected_count"]) == (False, 1)
+    assert get(report, "splits", "expect_column_values_to_be_unique:patient_key").passed  # nulls are not duplicates
 
 
 def test_unknown_entity_ids_in_all_four_places():
@@ -188,16 +216,17 @@ def test_unknown_entity_ids_in_all_four_places():
     rows["study_labels"][0]["entity_id"] = "F999"
     rows["pairs"][0]["change_labels"].append({"entity_id": "Z001", "change": "new", "source": "stated"})
     rows["vqa"][2]["entity_ids"] = ["F029", "Q123"]
-    report = run(rows)
-    r = get(report, "entity_mentions", "entity_ids:entity_id")
-    assert (r.passed, r.severity) == (False, "critical")
-    assert r.observed["rows_failing"] == 1 and r.observed["unknown_id_values"] == ["X999"]
-    assert get(report, "study_labels", "entity_ids:entity_id").observed["rows_failing"] == 1
-    p = get(report, "pairs", "entity_ids:change_labels[].entity_id").observed
-    assert (p["ids_checked"], p["rows_failing"], p["unknown_id_values"]) == (2, 1, ["Z001"])
-    v = get(report, "vqa", "entity_ids:entity_ids[]").observed
-    assert (v["ids_checked"], v["rows_failing"], v["unknown_id_values"]) == (5, 1, ["Q123"])
-    assert get(report, "entity_mentions", "entity_ids:anatomy_id").passed
+    report = run(rows, only={"entity_mentions", "study_labels", "pairs", "vqa"})
+    in_set = "expect_column_values_to_be_in_set"
+    r = get(report, "entity_mentions", f"{in_set}:entity_id")
+    assert (r.passed, r.severity, r.observed["unexpected_count"]) == (False, "critical", 1)
+    assert "X999" not in json.dumps(r.observed)  # counts only
+    assert get(report, "study_labels", f"{in_set}:entity_id").observed["unexpected_count"] == 1
+    p = get(report, "pairs", f"{in_set}:change_labels[].entity_id").observed
+    assert (p["element_count"], p["unexpected_count"]) == (2, 1)
+    v = get(report, "vqa", f"{in_set}:entity_ids[]").observed
+    assert (v["element_count"], v["unexpected_count"]) == (5, 1)
+    assert get(report, "entity_mentions", f"{in_set}:anatomy_id").passed
 
 
 def test_vqa_answer_not_in_options():
@@ -247,15 +276,15 @@ def test_unbalanced_ledger():
     rows = clean_rows()
     rows["ledger"].append(dict(rows["ledger"][0], source_uri="sources/us-bos/x.dcm", status="lost"))
     rows["ledger"].append(dict(rows["ledger"][0], run_id="run-2", source_uri="sources/us-bos/y.dcm"))
-    report = run(rows, expected_files={"run-1": 5, "run-2": 2})
+    report = run(rows, only={"ledger"}, expected_files={"run-1": 5, "run-2": 2})
     r = get(report, "ledger", "ledger_balance")
     assert (r.passed, r.severity) == (False, "critical")
     assert r.observed["unbalanced_runs"] == ["run-1", "run-2"]
     assert r.observed["runs"]["run-1"] == {"rows": 5, "ingested": 2, "quarantined": 1, "duplicate": 1, "skipped": 0,
                                            "expected_files": 5, "status_sum": 4}
     assert r.observed["runs"]["run-2"]["rows"] == 1 and r.observed["runs"]["run-2"]["expected_files"] == 2
-    bad_status = get(report, "ledger", "allowed_values:status")
-    assert not bad_status.passed and bad_status.observed["unexpected_codes"] == ["lost"]
+    bad_status = get(report, "ledger", "expect_column_values_to_be_in_set:status")
+    assert not bad_status.passed and bad_status.observed["unexpected_count"] == 1
 
 
 def test_quarantine_without_reason_and_duplicate_without_first_copy():
@@ -272,10 +301,9 @@ def test_quarantine_without_reason_and_duplicate_without_first_copy():
 def test_phone_left_in_report_text_is_critical():
     rows = clean_rows()
     rows["reports"][1]["text"] += " Results phoned to 617-555-0123."
-    report = run(rows)
-    r = get(report, "reports", "phi_patterns:text")
-    assert (r.passed, r.severity) == (False, "critical")
-    assert r.observed["rows_flagged"] == 1 and r.observed["by_pattern"]["phone"] == 1
+    report = run(rows, only={"reports"})
+    r = get(report, "reports", REPORT_TEXT)
+    assert (r.passed, r.severity, r.observed["unexpected_count"]) == (False, "critical", 1)
     assert "617-555-0123" not in r.message and "617-555-0123" not in json.dumps(r.observed)
     assert r in report.critical_failures and not report.passed
 
@@ -285,8 +313,12 @@ def test_shifted_dates_in_report_text_are_not_flagged():
     source date survives, so the date patterns skip report-derived text by rule."""
     rows = clean_rows()
     rows["reports"][1]["text"] += " Compared with study of 03/14/2023."
-    r = get(run(rows), "reports", "phi_patterns:text")
-    assert r.passed and "date_numeric" not in r.observed["by_pattern"]
+    assert get(run(rows, only={"reports"}), "reports", REPORT_TEXT).passed
+    assert "date_numeric" not in [n for n, _ in phi_patterns(load_suite_config(), "reports")]
+
+
+def _pattern_hits(table: str, text: str) -> list[str]:
+    return [n for n, rx in phi_patterns(load_suite_config(), table) if re.search(rx, text)]
 
 
 @pytest.mark.parametrize(
@@ -299,45 +331,56 @@ def test_shifted_dates_in_report_text_are_not_flagged():
     ],
 )
 def test_date_patterns_flag_outside_reports(text, pattern):
+    assert _pattern_hits("series", text) == [pattern]
     rows = clean_rows()
     rows["series"][0]["manufacturer"] = text
-    r = get(run(rows), "series", "phi_patterns:manufacturer")
-    assert not r.passed and r.observed["by_pattern"][pattern] == 1
+    r = phi(run(rows, only={"series"}), "series", "warning")
+    assert (r.passed, r.observed["unexpected_count"]) == (False, 1)
 
 
 @pytest.mark.parametrize(
     ("text", "pattern"),
     [
         ("Call (617) 555-0123 with results.", "phone"),
-        ("MRN: 123456", "mrn"),
+        ("MRN: 123456", "labelled_id"),
         ("Results sent to john.doe@hospital.org.", "email"),
         ("Patient DOE^JOHN was scanned.", "dicom_person_name"),
+        ("Discussed with Dr. Matilda Walker at the bedside.", "name_after_title"),
+        ("Dictated by: Jane Doe", "name_after_label"),
+        ("Read by Jane Doe, MD.", "name_before_degree"),
+        ("See www.example.org/results for images.", "url"),
     ],
 )
 def test_phi_patterns_flag_each_kind(text, pattern):
+    """Each pattern of the de-identifier's file (and the composed name patterns) catches its kind in report text."""
+    assert pattern in _pattern_hits("reports", text)
+
+
+def test_leaked_name_in_report_fails_the_report_text_expectation():
     rows = clean_rows()
-    rows["reports"][0]["findings"] = text
-    r = get(run(rows), "reports", "phi_patterns:findings")
-    assert not r.passed and r.observed["by_pattern"][pattern] == 1
-    assert r.observed["rows_flagged"] == 1
+    rows["reports"][0]["findings"] = "Small effusion. Discussed with Dr. Matilda Walker."
+    report = run(rows, only={"reports"})
+    r = get(report, "reports", REPORT_TEXT)
+    assert (r.passed, r.severity, r.observed["unexpected_count"]) == (False, "critical", 1)
+    assert "Walker" not in r.message and "Walker" not in json.dumps(r.observed)
 
 
 def test_phi_outside_report_text_is_a_warning():
     rows = clean_rows()
     rows["series"][0]["manufacturer"] = "Call 617-555-0123"
-    r = get(run(rows), "series", "phi_patterns:manufacturer")
-    assert (r.passed, r.severity, r.observed["by_pattern"]["phone"]) == (False, "warning", 1)
+    r = phi(run(rows, only={"series"}), "series", "warning")
+    assert (r.passed, r.severity, r.observed["unexpected_count"]) == (False, "warning", 1)
 
 
 def test_prior_after_current_and_negative_gap():
     rows = clean_rows()
     rows["pairs"][0]["prior_study_key"], rows["pairs"][0]["current_study_key"] = "s2", "s1"
     rows["pairs"][0]["gap_days"] = -60
-    report = run(rows)
+    report = run(rows, only={"pairs"})
     r = get(report, "pairs", "pair_order")
     assert (r.passed, r.severity) == (False, "critical")
     assert r.observed == {"rows": 1, "prior_not_before_current": 1, "unresolved_datetimes": 0}
-    assert get(report, "pairs", "range:gap_days").observed["rows_failing"] == 1
+    assert get(report, "pairs", "expect_column_values_to_be_between:gap_days").observed["unexpected_count"] == 1
     assert get(report, "pairs", "gap_days_consistent").passed  # -60 is consistent with the swapped order
 
 
@@ -360,23 +403,24 @@ def test_codes_sizes_spacing_and_dates():
     rows["images"][2]["rows"] = 8
     rows["images"][2]["cols"] = 5000
     rows["series"][0]["spacing_mm"] = [0.0, 0.14]
-    rows["series"][1]["spacing_mm"] = None  # unknown spacing is allowed
+    rows["series"][1]["spacing_mm"] = None  # unknown spacing is allowed (a null list has no elements)
     rows["series"][2]["spacing_mm"] = [0.7, 0.7, 60.0]
     rows["studies"][2]["study_datetime"] = dt.datetime(1899, 12, 31)
     rows["studies"][1]["study_date_shifted"] = TODAY + dt.timedelta(days=400)
-    report = run(rows)
-    r = get(report, "images", "allowed_values:modality")
-    assert (r.passed, r.severity, r.observed["rows_failing"], r.observed["unexpected_codes"]) == (
-        False, "critical", 1, ["XR"])
-    r = get(report, "images", "allowed_values:view")
-    assert (r.passed, r.severity, r.observed["rows_failing"]) == (False, "warning", 1)
-    assert get(report, "images", "range:rows").observed["rows_failing"] == 1
-    assert get(report, "images", "range:cols").observed["max"] == 5000.0
-    r = get(report, "series", "range:spacing_mm[]")
-    assert (r.passed, r.severity, r.observed["rows_failing"], r.observed["null_rows"]) == (False, "warning", 2, 1)
-    assert get(report, "studies", "date_range:study_datetime").observed["rows_failing"] == 1
-    assert get(report, "studies", "date_range:study_date_shifted").observed["rows_failing"] == 1
-    assert get(report, "reports", "date_range:report_date_shifted").passed
+    report = run(rows, only={"images", "series", "studies", "reports"})
+    in_set, between = "expect_column_values_to_be_in_set", "expect_column_values_to_be_between"
+    r = get(report, "images", f"{in_set}:modality")
+    assert (r.passed, r.severity, r.observed["unexpected_count"]) == (False, "critical", 1)
+    r = get(report, "images", f"{in_set}:view")
+    assert (r.passed, r.severity, r.observed["unexpected_count"]) == (False, "warning", 1)
+    assert get(report, "images", f"{between}:rows").observed["unexpected_count"] == 1
+    assert get(report, "images", f"{between}:cols").observed["unexpected_count"] == 1
+    r = get(report, "series", f"{between}:spacing_mm[]")  # 0.0 (strict minimum) and 60.0 (> 50 mm)
+    assert (r.passed, r.severity, r.observed["element_count"], r.observed["unexpected_count"]) == (
+        False, "warning", 5, 2)
+    assert get(report, "studies", f"{between}:study_datetime").observed["unexpected_count"] == 1
+    assert get(report, "studies", f"{between}:study_date_shifted").observed["unexpected_count"] == 1
+    assert get(report, "reports", f"{between}:report_date_shifted").passed
 
 
 def test_payload_hash_mismatch_and_sampling_is_capped():
@@ -413,8 +457,8 @@ def test_redaction_counts():
                                                                           "negative_counts": 1}
     rows = clean_rows()
     rows["reports"][0]["redactions"] = -1
-    report = run(rows)
-    assert get(report, "reports", "range:redactions").observed["rows_failing"] == 1
+    report = run(rows, only={"reports"})
+    assert get(report, "reports", "expect_column_values_to_be_between:redactions").observed["unexpected_count"] == 1
     assert get(report, "reports", "redaction_counts_sum").observed["sum_differs_from_redactions"] == 1
 
 
@@ -437,11 +481,24 @@ def test_bad_input_raises_with_reason(tmp_path):
         CheckResult("images", "x", "fatal", False, {}, "")
     assert e.value.reason == "bad_observed"
     rules = yaml.safe_load(RULES_FILE.read_text())
-    rules["ranges"].append({"table": "images", "column": "nope", "severity": "critical"})
+    rules["foreign_keys"].append({"table": "images", "column": "nope", "ref_table": "studies",
+                                  "ref_column": "study_key", "severity": "critical"})
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
     with pytest.raises(QualityInputError) as e:
         run_checks({}, load_ontology(), rules=tmp_path / "rules.yaml")
     assert e.value.reason == "bad_rules" and "nope" in str(e.value)
+    suites = yaml.safe_load(SUITES_FILE.read_text())
+    suites["suites"]["images"].append({"type": "expect_column_values_to_be_between", "column": "nope",
+                                       "min_value": 0, "severity": "critical"})
+    with pytest.raises(QualityInputError) as e:
+        run_checks({}, load_ontology(), suites=suites)
+    assert e.value.reason == "bad_rules" and "nope" in str(e.value)
+    suites = load_suite_config()
+    suites["suites"]["images"].append({"type": "expect_column_values_to_be_ok", "column": "rows",
+                                       "severity": "critical"})
+    with pytest.raises(QualityInputError) as e:
+        run_checks({}, load_ontology(), suites=suites)
+    assert e.value.reason == "bad_rules" and "expect_column_values_to_be_ok" in str(e.value)
 
 
 def test_phi_patterns_leave_ordinary_deidentified_values_alone():
@@ -452,10 +509,11 @@ def test_phi_patterns_leave_ordinary_deidentified_values_alone():
         "UID 2.25.301234567890123456789012345678901234567 and 1.2.840.10008.1.2.4.50; 1.2.40.0.13.1.1.",
         "key 9f86d081884c7d65 and [DATE] / [NAME] / [PHONE] placeholders; dose 2023 mGy cm.",
         "Compared with the study of March. Follow-up in 6 months. Patient number of lesions: 3.",
+        "Dictated by: [NAME]. Discussed with Dr. [NAME] at 10:30. [NAME], MD. Reported by radiology resident.",
     ]
     rows["reports"] = [dict(rows["reports"][0], report_id=f"r{i}", text=t, findings=t, study_key=None,
                             link_status="no_study") for i, t in enumerate(benign, start=10)]
-    report = run(rows)
-    for col in ("text", "findings"):
-        r = get(report, "reports", f"phi_patterns:{col}")
-        assert r.passed, r.observed
+    report = run(rows, only={"reports"})
+    r = get(report, "reports", REPORT_TEXT)
+    assert r.passed, r.observed
+    assert r.observed["element_count"] == 2 * len(benign) + 3 * len(benign)  # text+findings, 3 more sections

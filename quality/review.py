@@ -1,0 +1,121 @@
+"""Quarantine review: the quarantined files of the latest run and the decisions curators record on them.
+
+Decisions go to ``reports/quarantine_review.json`` (:data:`etl.ledger.REVIEW_FILE`), which the next run's
+ledger honours (:func:`etl.ledger.apply_review`). Items are shown by opaque id (the first 12 hex digits
+of the file's SHA-256) with institution, stage, reason code and the PHI-scrubbed detail of
+:func:`quality.dashboard.safe_ledger`: never a source path, never a value from a file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+
+import pyarrow as pa
+
+from etl.ledger import REVIEW_DECISIONS, REVIEW_FILE, load_review
+from etl.storage import Storage
+from schemas.ledger import SCHEMA as LEDGER_SCHEMA
+
+_NOTE_MAX = 200
+_NOTE_OK = re.compile(r"^[A-Za-z .,;:()/_+-]*$")  # no digits, no @, no ^: nothing shaped like a date, id or name
+
+
+class ReviewError(ValueError):
+    """A decision that cannot be recorded; ``reason``: ``unknown_item``, ``bad_decision`` or ``bad_note``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+LATEST_RUN_FILE = "reports/quality/latest_run.json"
+
+
+def latest_ledger_path(storage: Storage) -> str | None:
+    """The ledger of the run the dashboard shows (``reports/quality/latest_run.json``, written by the quality
+    stage), else of the greatest run id; None when no run has a ledger."""
+    if storage.is_file(LATEST_RUN_FILE):
+        run = json.loads(storage.read_text(LATEST_RUN_FILE))["run_id"]
+        if storage.is_file(f"ledger/run_id={run}/ledger.parquet"):
+            return f"ledger/run_id={run}/ledger.parquet"
+    runs = [p for p in storage.list_files("ledger") if p.endswith("/ledger.parquet") and "run_id=" in p]
+    return max(runs) if runs else None
+
+
+def quarantine_items(storage: Storage) -> list[dict]:
+    """Every quarantined file of the latest run with its decision (``"pending"`` when none).
+
+    Returns
+    -------
+    list of dict
+        ``{"id", "run_id", "institution", "kind", "stage", "reason", "detail", "decision", "decided_at",
+        "note"}``, sorted by institution, reason and id; ``id`` is ``sha256[:12]``.
+    """
+    from quality.dashboard import safe_ledger
+
+    path = latest_ledger_path(storage)
+    if path is None:
+        return []
+    ledger = safe_ledger(storage.read_table(path, schema=LEDGER_SCHEMA))
+    decisions = {d["sha256"][:12]: d for d in load_review(storage)}
+    out = []
+    for r in ledger.filter(pa.compute.equal(ledger["status"], "quarantined")).to_pylist():
+        d = decisions.get(r["opaque_id"], {})
+        out.append({"id": r["opaque_id"], "run_id": r["run_id"], "institution": r["institution"], "kind": r["kind"],
+                    "stage": r["stage"], "reason": r["reason"], "detail": r["detail"],
+                    "decision": d.get("decision", "pending"), "decided_at": d.get("decided_at"),
+                    "note": d.get("note", "")})
+    return sorted(out, key=lambda i: (str(i["institution"]), str(i["reason"]), i["id"]))
+
+
+def record_decision(storage: Storage, item_id: str, decision: str, note: str = "", curator: str = "",
+                    now: dt.datetime | None = None) -> dict:
+    """Record (or replace) a curator's decision on one quarantined file of the latest run.
+
+    Parameters
+    ----------
+    storage : etl.storage.Storage
+        the build's storage root.
+    item_id : str
+        the item's opaque id (``sha256[:12]``, as listed by :func:`quarantine_items`).
+    decision : {"release", "reject"}
+        release after fix, or reject for good.
+    note, curator : str
+        a short remark and the curator's initials (letters and punctuation only, at most 200 characters:
+        no digits, so no date, id or phone number can be typed into the de-identified zone).
+    now : datetime.datetime, optional
+        decision time (default: now, UTC).
+
+    Returns
+    -------
+    dict
+        the stored entry ``{"sha256", "decision", "decided_at", "note", "curator", "reason"}``.
+
+    Raises
+    ------
+    ReviewError
+        ``unknown_item`` when no quarantined file of the latest run has that id, ``bad_decision``,
+        ``bad_note``.
+    """
+    if decision not in REVIEW_DECISIONS:
+        raise ReviewError("bad_decision", f"decision must be one of {REVIEW_DECISIONS}")
+    for text in (note, curator):
+        if len(text) > _NOTE_MAX or not _NOTE_OK.match(text):
+            raise ReviewError("bad_note", "notes and initials take letters and punctuation only (no digits, @, ^)")
+    item = {i["id"]: i for i in quarantine_items(storage)}.get(str(item_id).lower())
+    if item is None:
+        raise ReviewError("unknown_item", f"no quarantined file with id {item_id!r} in the latest run")
+    # the full digest comes from the restricted ledger; only it and the decision are stored
+    path = latest_ledger_path(storage)
+    ledger = storage.read_table(path, schema=LEDGER_SCHEMA)
+    sha = next(s for s in ledger["sha256"].to_pylist() if s.lower().startswith(item["id"]))
+    entry = {"sha256": sha.lower(), "decision": decision,
+             "decided_at": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
+             "note": note.strip(), "curator": curator.strip(), "reason": item["reason"]}
+    entries = [d for d in load_review(storage) if d["sha256"][:12] != entry["sha256"][:12]]
+    entries.append(entry)
+    entries.sort(key=lambda d: d["sha256"])
+    storage.write_text(REVIEW_FILE, json.dumps({"version": 1, "decisions": entries}, indent=1, sort_keys=True))
+    return entry

@@ -1,0 +1,149 @@
+"""The curator web app (FastAPI): the static dashboard and Data Docs, plus the quarantine review page where a
+curator records a decision with a click.
+
+Served on 127.0.0.1 by ``medreco dashboard --serve`` and registered in the Airflow UI by the plugin of
+``plugins/medreco_review_plugin.py`` (Airflow 3 ``fastapi_apps``). Routes (relative to where it is mounted):
+
+- ``GET /`` redirects to ``dashboard/index.html``; ``GET /dashboard/<page>`` and ``GET /data_docs/<page>``
+  serve ``reports/dashboard/`` and ``reports/data_docs/`` of the storage root;
+- ``GET /review``: every quarantined file of the latest run (opaque id, reason, PHI-scrubbed detail) with
+  its decision and two buttons (release after fix, reject); ``POST /review/<id>`` (form: ``decision``,
+  ``note``) records it and redirects back;
+- ``GET /api/quarantine`` (JSON list) and ``POST /api/decisions`` (JSON ``{"id", "decision", "note"}``).
+
+It never reads the source zone: items come from the ledger through :func:`quality.review.quarantine_items`
+(no paths), pages from the reports zone. A POST whose ``Origin`` is another site is refused (403).
+"""
+
+from __future__ import annotations
+
+import html
+import mimetypes
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI, Form, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from etl.storage import Storage, StorageError
+from quality.review import ReviewError, quarantine_items, record_decision
+
+_ZONES = {"dashboard": "reports/dashboard", "data_docs": "reports/data_docs"}
+_STYLE = """body{margin:0;font:14px/1.45 system-ui,sans-serif;color:#1d2430;background:#f6f7fa}
+header{background:#18263d;color:#fff;padding:12px 24px}header h1{font-size:18px;margin:0}
+nav{background:#223554;padding:0 24px}nav a{color:#d6e0f0;text-decoration:none;display:inline-block;padding:8px 12px}
+main{padding:16px 24px}table{border-collapse:collapse;font-size:13px;background:#fff}
+th,td{border-bottom:1px solid #d9dee7;padding:4px 10px;text-align:left}th{background:#eef1f6}
+.mono{font-family:ui-monospace,monospace;font-size:12px}form{display:inline}
+button{font-size:12px;padding:2px 8px;margin-right:4px;cursor:pointer}
+.pending{color:#5b6576}.release{color:#2e7d4f;font-weight:600}.reject{color:#b3261e;font-weight:600}"""
+
+
+def _e(v) -> str:
+    return html.escape("" if v is None else str(v), quote=True)
+
+
+def _same_origin(request: Request) -> bool:
+    origin = request.headers.get("origin")
+    if not origin or origin == "null":
+        return origin is None
+    return urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+def review_page(items: list[dict], request: Request, message: str = "") -> str:
+    """The quarantine review page (HTML): one row per item with its decision and the decision buttons."""
+    rows = []
+    for i in items:
+        action = _e(request.url_for("post_decision", item_id=i["id"]).path)
+        buttons = "".join(
+            f'<form method="post" action="{action}"><input type="hidden" name="decision" value="{d}">'
+            f'<button type="submit" name="do" value="{d}" id="{d}-{_e(i["id"])}">{label}</button></form>'
+            for d, label in (("release", "Release after fix"), ("reject", "Reject")))
+        rows.append(f'<tr id="item-{_e(i["id"])}"><td class="mono">{_e(i["id"])}</td><td>{_e(i["institution"])}</td>'
+                    f'<td>{_e(i["kind"])}</td><td>{_e(i["stage"])}</td><td>{_e(i["reason"])}</td>'
+                    f'<td>{_e(i["detail"])}</td><td class="{_e(i["decision"])}" data-decision="{_e(i["decision"])}">'
+                    f'{_e(i["decision"])}</td><td>{_e(str(i.get("decided_at") or "")[:10])}</td>'
+                    f"<td>{buttons}</td></tr>")
+    pending = sum(i["decision"] == "pending" for i in items)
+    body = ("<table><thead><tr><th>id</th><th>institution</th><th>kind</th><th>stage</th><th>reason</th>"
+            "<th>detail</th><th>decision</th><th>decided</th><th>record</th></tr></thead><tbody>"
+            + ("".join(rows) or '<tr><td colspan="9">no quarantined files</td></tr>') + "</tbody></table>")
+    dash = _e(request.url_for("zone_file", zone="dashboard", path="index.html").path)
+    docs = _e(request.url_for("zone_file", zone="data_docs", path="index.html").path)
+    note = f'<p role="status">{_e(message)}</p>' if message else ""
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>Quarantine review · MedReCo-DB'
+            f"</title><style>{_STYLE}</style></head><body><header><h1>MedReCo-DB quarantine review</h1></header>"
+            f'<nav><a href="{dash}">Dashboard</a><a href="{docs}">Data Docs</a></nav><main>{note}'
+            f"<p>{len(items)} quarantined files of the latest run, {pending} pending. A decision is stored in "
+            "<span class=\"mono\">reports/quarantine_review.json</span> and honoured by the next run: a rejected "
+            "file stays out for good (<span class=\"mono\">curator_rejected</span>); a file released after fix "
+            "flows on once the fix lets it pass. Files are shown by opaque id only.</p>"
+            f"{body}</main></body></html>")
+
+
+def create_app(storage: Storage | Callable[[], Storage]) -> FastAPI:
+    """Build the curator app.
+
+    Parameters
+    ----------
+    storage : etl.storage.Storage or callable returning one
+        the build's storage root; a callable is called per request (the Airflow plugin opens the root of
+        ``$MEDRECO_CONFIG`` only when a page is asked for).
+
+    Returns
+    -------
+    fastapi.FastAPI
+    """
+    get_storage = storage if callable(storage) else (lambda: storage)
+    app = FastAPI(title="MedReCo-DB curator dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/", include_in_schema=False)
+    def root(request: Request) -> RedirectResponse:
+        return RedirectResponse(request.url_for("zone_file", zone="dashboard", path="index.html").path, 307)
+
+    @app.get("/review", response_class=HTMLResponse, name="review")
+    def review(request: Request, message: str = "") -> HTMLResponse:
+        return HTMLResponse(review_page(quarantine_items(get_storage()), request, message[:200]))
+
+    @app.post("/review/{item_id}", name="post_decision")
+    def post_decision(request: Request, item_id: str, decision: str = Form(...), note: str = Form("")) -> Response:
+        if not _same_origin(request):
+            raise HTTPException(403, "cross-site request refused")
+        try:
+            entry = record_decision(get_storage(), item_id, decision, note)
+        except ReviewError as err:
+            raise HTTPException(404 if err.reason == "unknown_item" else 400, str(err)) from None
+        url = request.url_for("review").include_query_params(message=f"{item_id}: {entry['decision']} recorded")
+        return RedirectResponse(str(url.path) + "?" + url.query, 303)
+
+    @app.get("/api/quarantine")
+    def api_items() -> JSONResponse:
+        return JSONResponse(quarantine_items(get_storage()))
+
+    @app.post("/api/decisions")
+    async def api_decision(request: Request) -> JSONResponse:
+        if not _same_origin(request):
+            raise HTTPException(403, "cross-site request refused")
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise HTTPException(400, "expected a JSON object")
+        try:
+            entry = record_decision(get_storage(), str(body.get("id", "")), str(body.get("decision", "")),
+                                    str(body.get("note", "")))
+        except ReviewError as err:
+            raise HTTPException(404 if err.reason == "unknown_item" else 400, str(err)) from None
+        return JSONResponse({"id": entry["sha256"][:12], "decision": entry["decision"],
+                             "decided_at": entry["decided_at"]})
+
+    @app.get("/{zone}/{path:path}", name="zone_file")
+    def zone_file(zone: str, path: str) -> Response:
+        if zone not in _ZONES or any(part in ("", "..", ".") for part in path.split("/")):
+            raise HTTPException(404, "not found")
+        try:
+            data = get_storage().read_bytes(f"{_ZONES[zone]}/{path}")
+        except StorageError:
+            raise HTTPException(404, f"{zone}/{path} not found (run the build first)") from None
+        media = mimetypes.guess_type(path)[0] or "application/octet-stream"
+        return Response(data, media_type=media)
+
+    return app
