@@ -1,17 +1,28 @@
 """Training DAG, scheduled on the ``medreco://snapshot`` Asset: every published snapshot starts training.
 
-It verifies the snapshot named by the triggering Asset event and hands it to the configured launcher
-(``training.launch``); the snapshot version is recorded with the launch so a model always knows what it
-trained on.
+``launch[job]`` (mapped over encoder and VLM) verifies the snapshot named by the triggering Asset event
+(the latest when run by hand) and starts the job with the configured launcher; ``wait[job]`` is a sensor
+that pokes the launcher (immediate for the synchronous local launcher, rescheduled polling for Kubernetes
+and SageMaker) and fails on a failed job; ``record`` writes ``reports/training/<version>.json`` with each
+job's lineage (snapshot version and content hash, config, code version, metrics, checkpoint). The work is
+in ``training.pipeline`` and ``training.launchers``.
 """
 
 from __future__ import annotations
 
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk.bases.sensor import PokeReturnValue
 
 from dags.assets import SNAPSHOT_ASSET
-from etl.runtime import default_config_path, task_context
+from etl.runtime import default_config_path
+
+JOBS = ["encoder", "vlm"]
+
+
+def _config() -> str:
+    params = get_current_context().get("params") or {}
+    return params.get("config") or default_config_path()
 
 
 @dag(
@@ -20,21 +31,36 @@ from etl.runtime import default_config_path, task_context
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    params={"config": Param(default_config_path(), type="string")},
+    params={"config": Param(default_config_path(), type="string"),
+            "snapshot": Param(None, type=["null", "string"], description="version when run by hand (default: latest)")},
     tags=["medreco", "training"],
     doc_md=__doc__,
 )
 def medreco_training():
     @task
-    def launch() -> dict:
-        from training.launch import launch_for_snapshot
+    def launch(job: str) -> dict:
+        from training.pipeline import snapshot_from_events, start_job
 
-        events = get_current_context().get("triggering_asset_events") or {}
-        extras = [e.extra for evs in events.values() for e in evs if e.extra.get("version")]
-        version = extras[-1]["version"] if extras else None
-        return launch_for_snapshot(task_context(), version)
+        ctx = get_current_context()
+        version = snapshot_from_events(ctx.get("triggering_asset_events")) or (ctx.get("params") or {}).get("snapshot")
+        return start_job(job, _config(), version)
 
-    launch()
+    @task.sensor(poke_interval=60, timeout=7 * 24 * 3600, mode="reschedule")
+    def wait(handle: dict) -> PokeReturnValue:
+        from training.launchers import LauncherError, poll
+
+        status = poll(handle)
+        if status == "failed":
+            raise LauncherError(f"{handle['job']} training failed: {handle.get('stderr_tail') or handle.get('name')}")
+        return PokeReturnValue(is_done=status in ("succeeded", "disabled"), xcom_value=handle)
+
+    @task
+    def record(handles: list[dict]) -> dict:
+        from training.pipeline import record_runs
+
+        return record_runs(_config(), list(handles))
+
+    record(wait.expand(handle=launch.expand(job=JOBS)))
 
 
 training_dag = medreco_training()

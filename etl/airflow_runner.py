@@ -72,3 +72,37 @@ def run_build(config_path: str | Path) -> dict:
     import json
 
     return json.loads(ctx.storage.read_text(run_summary_path(ctx.run_id)))
+
+
+def run_training(config_path: str | Path, version: str) -> dict:
+    """Run the ``medreco_training`` DAG once with ``dag.test()`` on one snapshot version, as the snapshot
+    Asset event would, and return the training record (``reports/training/<version>.json``).
+
+    Parameters
+    ----------
+    config_path : str or Path
+        the pipeline config (its ``training`` section selects launcher and job configs).
+    version : str
+        the published snapshot version the build just emitted.
+
+    Raises
+    ------
+    BuildFailedError
+        naming the failed tasks when the run does not succeed.
+    """
+    prepare_airflow_env()
+    from etl.runtime import quiet_library_logs
+
+    quiet_library_logs()
+    from dags.medreco_training import training_dag
+    from training.jobs import open_storage
+
+    cfg_path = str(Path(config_path).resolve())
+    dagrun = training_dag.test(run_conf={"config": cfg_path, "snapshot": version})
+    state = str(getattr(dagrun, "state", ""))
+    if not state.endswith("success"):
+        failed = sorted({ti.task_id for ti in dagrun.get_task_instances() if str(ti.state).endswith("failed")})
+        raise BuildFailedError(f"training run {dagrun.run_id} ended {state}; failed tasks: {', '.join(failed) or '?'}")
+    import json
+
+    return json.loads(open_storage(cfg_path).read_text(f"reports/training/{version}.json"))

@@ -12,11 +12,16 @@ from pathlib import Path
 
 import typer
 
+from etl import cli_eval, cli_reports
 from etl.runtime import PROJECT_ROOT
+from training import cli as training_cli
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="MedReCo-DB builder")
-snapshot_app = typer.Typer(no_args_is_help=True, help="list, show, verify and publish snapshots")
+snapshot_app = typer.Typer(no_args_is_help=True, help="list, show, diff, verify and publish snapshots")
 app.add_typer(snapshot_app, name="snapshot")
+app.add_typer(cli_reports.app, name="reports")
+app.add_typer(cli_eval.app, name="eval")
+app.add_typer(training_cli.app, name="train")
 
 DEMO_DIR = PROJECT_ROOT / ".demo"
 DEMO_CONFIG = PROJECT_ROOT / "config" / "demo.yaml"
@@ -98,8 +103,10 @@ def demo(
     seed: int = typer.Option(0, help="demo corpus seed"),
     patients: int = typer.Option(48, help="demo corpus patients"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the snapshot and dashboard lines"),
+    train: bool = typer.Option(True, "--train/--no-train", help="then run the training DAG on the snapshot"),
 ) -> None:
-    """Generate the demo corpus (once), create a local demo key (demo only) and run the build."""
+    """Generate the demo corpus (once), create a local demo key (demo only), run the build, then the training
+    DAG the new snapshot triggers (local launcher, tiny CPU configs)."""
     from etl.airflow_runner import BuildFailedError, run_build
     from etl.context import KeyMismatchError
     from etl.demo_corpus import generate_corpus
@@ -119,6 +126,42 @@ def demo(
     except (BuildFailedError, KeyMismatchError) as err:
         _fail(str(err))
     _print_summary(summary, quiet)
+    if not train:
+        return
+    # the training DAG the snapshot Asset triggers, run here the same way (dag.test, local launcher, tiny CPU configs)
+    from etl.airflow_runner import run_training
+    from etl.context import BuildContext
+
+    existing = f"reports/training/{summary['version']}.json"
+    storage = BuildContext.from_config_file(str(DEMO_CONFIG), run_id="demo-training").storage
+    try:
+        record = (json.loads(storage.read_text(existing)) if not summary["created"] and storage.is_file(existing)
+                  else run_training(DEMO_CONFIG, summary["version"]))
+    except BuildFailedError as err:
+        _fail(str(err))
+    _print_training(record)
+
+
+def _print_training(record: dict) -> None:
+    lines = [f"training on snapshot {record['snapshot_version']} (content hash {record['content_hash'][:16]}):"]
+    for job, h in sorted(record["jobs"].items()):
+        lin = h.get("lineage_record") or {}
+        metrics = (lin.get("metrics") or {}).get("eval") or {}
+        shown = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in _flat(metrics)[:8])
+        lines.append(f"  {job:<8} {h.get('status')}  {shown}")
+        if lin.get("checkpoint"):
+            lines.append(f"           checkpoint {lin['checkpoint']}")
+    typer.echo("\n".join(lines))
+
+
+def _flat(d: dict, prefix: str = "") -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out += _flat(v, f"{prefix}{k}.")
+        elif isinstance(v, (int, float, str)):
+            out.append((f"{prefix}{k}", v))
+    return out
 
 
 @app.command()
@@ -148,34 +191,69 @@ def deid(
 
 @snapshot_app.command("list")
 def snapshot_list(config: Path = typer.Option(DEMO_CONFIG, "--config", "-c")) -> None:
-    """Published versions, oldest first, with content hash and total rows."""
+    """Published versions, oldest first: version, created_at, change, content hash (16), total rows."""
     from etl.snapshots import list_versions, read_manifest
 
     _, st = _storage(config)
     for v in list_versions(st):
         m = read_manifest(st, v)
-        typer.echo(f"{v}\t{m['created_at']}\t{m['content_hash'][:16]}\t{sum(t['rows'] for t in m['tables'].values())} rows")
+        typer.echo(f"{v}\t{m['created_at']}\t{m.get('change', '?')}\t{m['content_hash'][:16]}\t"
+                   f"{sum(t['rows'] for t in m['tables'].values())} rows")
 
 
 @snapshot_app.command("show")
-def snapshot_show(version: str, config: Path = typer.Option(DEMO_CONFIG, "--config", "-c")) -> None:
-    """Print a release's manifest."""
-    from etl.snapshots import SnapshotError, read_manifest
+def snapshot_show(version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH or 'latest'"),
+                  config: Path = typer.Option(DEMO_CONFIG, "--config", "-c")) -> None:
+    """Print a release's manifest (JSON)."""
+    from etl.snapshots import SnapshotError, read_manifest, resolve_version
 
     _, st = _storage(config)
     try:
-        typer.echo(json.dumps(read_manifest(st, version), indent=1, sort_keys=True))
+        typer.echo(json.dumps(read_manifest(st, resolve_version(st, version)), indent=1, sort_keys=True))
     except SnapshotError as err:
         _fail(str(err))
 
 
-@snapshot_app.command("verify")
-def snapshot_verify(version: str, config: Path = typer.Option(DEMO_CONFIG, "--config", "-c")) -> None:
-    """Re-hash every file of a release; fail naming each tampered or missing file."""
-    from etl.snapshots import SnapshotError, verify
+@snapshot_app.command("diff")
+def snapshot_diff(
+    old: str = typer.Argument(..., help="the older release (MAJOR.MINOR.PATCH or 'latest')"),
+    new: str = typer.Argument(..., help="the newer release"),
+    limit: int = typer.Option(20, help="keys listed per table and kind (0: all)"),
+    as_json: bool = typer.Option(False, "--json", help="print every key as JSON"),
+    config: Path = typer.Option(DEMO_CONFIG, "--config", "-c"),
+) -> None:
+    """Rows added, removed and changed per table between two releases, by each table's key columns."""
+    from etl.snapshots import SnapshotError, diff, resolve_version
 
     _, st = _storage(config)
     try:
+        a, b = resolve_version(st, old), resolve_version(st, new)
+        result = diff(st, a, b)
+    except SnapshotError as err:
+        _fail(str(err))
+    if as_json:
+        typer.echo(json.dumps({t: d.to_dict() for t, d in result.items()}, indent=1, sort_keys=True))
+        return
+    typer.echo(f"diff {a} -> {b}")
+    for t, d in result.items():
+        schema = f"  schema {d.schema[0]} -> {d.schema[1]}" if d.schema else ""
+        typer.echo(f"{t:<18} {d.status:<14} +{len(d.added)} -{len(d.removed)} ~{len(d.changed)}{schema}")
+        for sign, keys in (("+", d.added), ("-", d.removed), ("~", d.changed)):
+            shown = keys if limit <= 0 else keys[:limit]
+            typer.echo("".join(f"  {sign} {'/'.join(str(x) for x in k)}\n" for k in shown), nl=False)
+            if len(shown) < len(keys):
+                typer.echo(f"  {sign} ... {len(keys) - len(shown)} more (--limit 0 or --json lists all)")
+
+
+@snapshot_app.command("verify")
+def snapshot_verify(version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH or 'latest'"),
+                    config: Path = typer.Option(DEMO_CONFIG, "--config", "-c")) -> None:
+    """Re-hash every file of a release; fail (exit 1, one line) naming each tampered or missing file."""
+    from etl.snapshots import SnapshotError, resolve_version, verify
+
+    _, st = _storage(config)
+    try:
+        version = resolve_version(st, version)
         problems = verify(st, version)
     except SnapshotError as err:
         _fail(str(err))
@@ -185,8 +263,13 @@ def snapshot_verify(version: str, config: Path = typer.Option(DEMO_CONFIG, "--co
 
 
 @snapshot_app.command("publish")
-def snapshot_publish(config: Path = typer.Option(DEMO_CONFIG, "--config", "-c")) -> None:
+def snapshot_publish(
+    config: Path = typer.Option(DEMO_CONFIG, "--config", "-c"),
+    run_id: str | None = typer.Option(None, "--run-id", help="lineage: the run whose ledger describes the inputs "
+                                      "(default: the most recent run ledger)"),
+) -> None:
     """Publish the current curated tables as a release (no new version if the content is unchanged)."""
+    from etl.deid_policy import build_policy
     from etl.keys import MissingKeyError, load_key
     from etl.snapshots import SnapshotError, publish
     from schemas.ontology import load_ontology
@@ -194,19 +277,21 @@ def snapshot_publish(config: Path = typer.Option(DEMO_CONFIG, "--config", "-c"))
     cfg, st = _storage(config)
     try:
         rel = publish(st, config_hash=cfg.config_hash(), ontology_version=load_ontology().version,
-                      run_id="cli", key_fingerprint=load_key(allow_airflow=False).fingerprint())
+                      run_id=run_id or "cli", ledger_run_id=run_id,
+                      key_fingerprint=load_key(allow_airflow=False).fingerprint(),
+                      deid_method_codes=build_policy(cfg.deid).method_codes)
     except (MissingKeyError, SnapshotError) as err:
         _fail(str(err))
-    typer.echo(f"{rel.version}\t{'created' if rel.created else 'unchanged'}\t{rel.path}")
+    typer.echo(f"{rel.version}\t{'created' if rel.created else 'unchanged'}\t{rel.manifest['content_hash']}\t{rel.path}")
 
 
 @app.command()
 def dashboard(
     config: Path = typer.Option(DEMO_CONFIG, "--config", "-c"),
-    serve: bool = typer.Option(False, "--serve", help="serve it on http://127.0.0.1:PORT"),
+    serve: bool = typer.Option(False, "--serve", help="serve it with the review app on http://127.0.0.1:PORT"),
     port: int = typer.Option(8765),
 ) -> None:
-    """Print the dashboard path (built by each run), or serve it on localhost."""
+    """Print the dashboard path (built by each run), or serve it with the quarantine review app on localhost."""
     _, st = _storage(config)
     index = "reports/dashboard/index.html"
     if not st.is_file(index):
@@ -214,15 +299,13 @@ def dashboard(
     if not serve:
         typer.echo(st.full_uri(index))
         return
-    if not st.is_local:
-        _fail("--serve needs a local storage root")
-    import functools
-    import http.server
+    import uvicorn
 
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=st.path("reports/dashboard"))
-    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as httpd:
-        typer.echo(f"serving {st.full_uri(index)} on http://127.0.0.1:{port}/ (Ctrl-C to stop)")
-        httpd.serve_forever()
+    from quality.review_app import create_app
+
+    typer.echo(f"serving {st.full_uri('reports')} on http://127.0.0.1:{port}/ (dashboard, Data Docs, "
+               f"quarantine review at /review; Ctrl-C to stop)")
+    uvicorn.run(create_app(st), host="127.0.0.1", port=port, log_level="warning")
 
 
 def main() -> None:  # pragma: no cover

@@ -177,6 +177,39 @@ class SplitConfig(_Strict):
         return self
 
 
+class RetrievalConfig(_Strict):
+    """Entity-conditioned reference-case retrieval targets (``etl.retrieval``).
+
+    Defaults after MedReCo: a candidate is relevant to a query when its per-entity similarity exceeds 0.9,
+    and at most 30,000 studies per (family, entity) take part.
+    """
+
+    threshold: float = Field(default=0.9, ge=0, lt=1, description="relevance must exceed this (MedReCo: 0.9)")
+    top_k: int = Field(default=10, ge=1, le=1000, description="neighbours kept per (query study, entity)")
+    max_studies_per_entity: int = Field(
+        default=30_000, ge=2, description="cap on studies per (family, entity), lowest hash first (MedReCo: 30,000)"
+    )
+    states: list[Literal["present", "absent", "uncertain"]] = Field(
+        default_factory=lambda: ["present"], min_length=1,
+        description="entity states whose studies are queries and candidates (not_mentioned never is)",
+    )
+    weights: dict[Literal["laterality", "severity", "anatomy", "change"], float] = Field(
+        default_factory=lambda: {"laterality": 0.3, "severity": 0.3, "anatomy": 0.2, "change": 0.2},
+        description="attribute weights of the similarity (summing to 1); the assertion must match exactly",
+    )
+    similarity: str = Field(
+        default="retrieval_similarity.yaml", description="attribute distance tables (data file under config/)"
+    )
+
+    @model_validator(mode="after")
+    def _weights(self) -> RetrievalConfig:
+        if set(self.weights) != {"laterality", "severity", "anatomy", "change"}:
+            raise ValueError("weights needs exactly laterality, severity, anatomy and change")
+        if any(w < 0 for w in self.weights.values()) or abs(sum(self.weights.values()) - 1.0) > 1e-9:
+            raise ValueError(f"weights must be >= 0 and sum to 1.0, got {sum(self.weights.values()):g}")
+        return self
+
+
 class PixelCleaningRule(_Strict):
     """Blank known burned-in text regions of one device's images (CTP DicomPixelAnonymizer style).
 
@@ -232,8 +265,10 @@ class TrainingConfig(_Strict):
     image: str | None = Field(default=None, description="container image for kubernetes/cloud launchers")
     namespace: str = "medreco"
     gpus: int = Field(default=0, ge=0)
-    encoder_config: str = "training/configs/encoder_small.yaml"
-    vlm_config: str = "training/configs/vlm_tiny.yaml"
+    encoder_config: str = Field(default="config/training/encoder-tiny-cpu.yaml",
+                                description="job config: relative to this file's folder, else the project root")
+    vlm_config: str = Field(default="config/training/vlm-tiny-cpu.yaml",
+                            description="job config: relative to this file's folder, else the project root")
 
 
 class PipelineConfig(_Strict):
@@ -248,6 +283,7 @@ class PipelineConfig(_Strict):
     pairing: PairingConfig = PairingConfig()
     vqa: VQAConfig = VQAConfig()
     splits: SplitConfig = SplitConfig()
+    retrieval: RetrievalConfig = RetrievalConfig()
     deid: DeidConfig = DeidConfig()
     training: TrainingConfig = TrainingConfig()
     #: where relative paths in this file are resolved from; set by :func:`load_config`
@@ -272,8 +308,12 @@ class PipelineConfig(_Strict):
         raise KeyError(institution_id)
 
     def config_hash(self) -> str:
-        """sha256 (hex) of the canonical JSON of this configuration, without ``base_dir``."""
-        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """sha256 (hex) of the canonical JSON of this configuration, without ``base_dir`` and ``storage``.
+
+        Where the zones are stored (a local folder or an ``s3://`` bucket, its endpoint and region) does not
+        change what is built, so the same data built on either gets the same hash and snapshot content hash.
+        """
+        payload = json.dumps(self.model_dump(mode="json", exclude={"storage"}), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
 

@@ -107,3 +107,10 @@ def test_cli_run_refuses_a_missing_key(monkeypatch):
     result = CliRunner().invoke(app, ["run", "--config", str(PROJECT_ROOT / "config" / "demo.yaml")])
     assert result.exit_code == 1
     assert "no pseudonymisation secret" in result.output and "refusing to run" in result.output
+
+
+def test_config_hash_ignores_where_zones_are_stored_but_not_what_is_built():
+    local = parse_config(GOOD)
+    s3 = parse_config({**GOOD, "storage": {"root": "s3://bucket/medreco", "s3_endpoint_url": "http://127.0.0.1:9000"}})
+    assert local.config_hash() == s3.config_hash()
+    assert parse_config({**GOOD, "shard_count": 3}).config_hash() != local.config_hash()

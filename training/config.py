@@ -1,0 +1,275 @@
+"""Pydantic models of the training job configs (``config/training/*.yaml``).
+
+One YAML file describes one job: which model (``encoder`` or ``vlm``), its architecture, the optimisation
+and data settings, and how the job is launched (local / Kubernetes / SageMaker). The deployment-wide
+choice of launcher lives in the pipeline config (``schemas.config.TrainingConfig``); :func:`effective_launch`
+merges the two (the pipeline's non-default values win).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class TrainingConfigError(ValueError):
+    """A training config file that is missing, not YAML, or does not validate."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackboneConfig(_Strict):
+    """2D backbone applied to every image (and to every sampled slice of a volume).
+
+    ``vit``: a transformers ``ViTModel`` built from a ``ViTConfig`` (Dosovitskiy et al. 2021); tokens are
+    its last hidden states (CLS + patches). ``resnet``: a small ResNet with basic blocks (He et al. 2016);
+    tokens are the cells of its last feature map.
+    """
+
+    kind: Literal["vit", "resnet"] = "vit"
+    image_size: int = Field(default=32, ge=8, description="input side in pixels (images are resized to it)")
+    in_channels: Literal[1, 3] = 1
+    patch_size: int = Field(default=8, ge=1, description="vit only")
+    hidden_size: int = Field(default=64, ge=8, description="token width (vit hidden size / resnet last width)")
+    num_layers: int = Field(default=2, ge=1, description="vit encoder layers")
+    num_heads: int = Field(default=4, ge=1)
+    intermediate_size: int = Field(default=128, ge=8, description="vit MLP width")
+    resnet_widths: list[int] = Field(default=[16, 32, 64], min_length=1, description="channels per resnet stage")
+
+    @model_validator(mode="after")
+    def _check(self) -> BackboneConfig:
+        if self.kind == "vit" and self.image_size % self.patch_size:
+            raise ValueError("backbone.image_size must be a multiple of backbone.patch_size")
+        if self.hidden_size % self.num_heads:
+            raise ValueError("backbone.hidden_size must be a multiple of backbone.num_heads")
+        if self.kind == "resnet" and self.resnet_widths[-1] != self.hidden_size:
+            raise ValueError("backbone.resnet_widths[-1] must equal backbone.hidden_size")
+        return self
+
+
+class EncoderModelConfig(_Strict):
+    """Entity-aware image encoder (MedReCo): backbone, slice aggregation, entity pooling, heads."""
+
+    backbone: BackboneConfig = BackboneConfig()
+    max_slices: int = Field(default=8, ge=1, description="slices sampled evenly from a volume (3D variant)")
+    embed_dim: int = Field(default=32, ge=4, description="retrieval embedding size")
+    pool_heads: int = Field(default=4, ge=1, description="heads of the entity-conditioned attention pooling")
+    modality_heads: bool = Field(default=True, description="one projection head per modality (else shared)")
+    temperature: float = Field(default=0.07, gt=0, description="initial InfoNCE temperature (learned per modality)")
+
+
+class OptimConfig(_Strict):
+    """Optimisation and loop settings shared by both jobs."""
+
+    max_steps: int = Field(default=40, ge=1, description="optimizer steps in total (a resume continues the count)")
+    batch_size: int = Field(default=8, ge=2, description="micro-batch per process")
+    grad_accum_steps: int = Field(default=1, ge=1)
+    lr: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    seed: int = 0
+    num_workers: int = Field(default=0, ge=0, description="DataLoader workers per process")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto", description="auto: bf16 autocast on CUDA, fp32 elsewhere")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    checkpoint_every: int = Field(default=20, ge=1, description="steps between checkpoints (and one at the end)")
+    log_every: int = Field(default=1, ge=1)
+
+
+class EncoderDataConfig(_Strict):
+    """Which positives and splits the encoder job uses."""
+
+    positive_states: list[Literal["present", "absent", "uncertain"]] = Field(
+        default=["present"], min_length=1,
+        description="study_labels states that make two studies relevant (fallback when retrieval_targets is absent)")
+    eval_splits: list[str] = Field(default=["val", "test"], min_length=1)
+    recall_ks: list[int] = Field(default=[1, 3, 5, 10], min_length=1)
+
+
+class TokenizerConfig(_Strict):
+    """Tokenizer trained offline on the snapshot's VQA texts (``tokenizers`` WordLevel), or a local one."""
+
+    kind: Literal["word", "local"] = "word"
+    path: str | None = Field(default=None, description="kind=local: folder with a saved tokenizer")
+    min_frequency: int = Field(default=1, ge=1)
+    lowercase: bool = True
+
+
+class LanguageModelConfig(_Strict):
+    """The causal language model: built from a GPT-2 / Llama config, or loaded from a local folder."""
+
+    kind: Literal["gpt2", "llama", "local"] = "gpt2"
+    path: str | None = Field(default=None, description="kind=local: save_pretrained folder (no hub downloads)")
+    hidden_size: int = Field(default=64, ge=8)
+    num_layers: int = Field(default=2, ge=1)
+    num_heads: int = Field(default=4, ge=1)
+    intermediate_size: int = Field(default=128, ge=8)
+    max_positions: int = Field(default=256, ge=16)
+
+    @model_validator(mode="after")
+    def _check(self) -> LanguageModelConfig:
+        if self.kind == "local" and not self.path:
+            raise ValueError("lm.kind=local needs lm.path")
+        return self
+
+
+class VLMModelConfig(_Strict):
+    """Comparative VLM (MedReCo-VLM): vision encoder + projector + causal LM."""
+
+    vision: EncoderModelConfig = EncoderModelConfig()
+    visual_tokens: int = Field(default=4, ge=1, description="tokens per image after the resampler")
+    lm: LanguageModelConfig = LanguageModelConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    max_text_tokens: int = Field(default=96, ge=8)
+    max_new_tokens: int = Field(default=8, ge=1, description="greedy decoding length for open answers")
+
+
+class VLMDataConfig(_Strict):
+    """Which answer formats are trained and which splits are evaluated."""
+
+    formats: list[Literal["mc", "open"]] = Field(default=["mc", "open"], min_length=1)
+    eval_splits: list[str] = Field(default=["val", "test"], min_length=1)
+    max_eval_items: int | None = Field(default=None, ge=1, description="cap per split (None: all)")
+
+
+class KubernetesConfig(_Strict):
+    """batch/v1 Job settings."""
+
+    namespace: str = "medreco"
+    image: str = "medreco-db-train:latest"
+    service_account: str | None = None
+    cpu: str = "8"
+    memory: str = "64Gi"
+    gpus: int = Field(default=1, ge=0)
+    node_selector: dict[str, str] = {}
+    data_pvc: str = Field(default="medreco-data", description="PVC holding the storage root")
+    data_mount: str = "/data"
+    output_pvc: str = "medreco-models"
+    output_mount: str = "/models"
+    shm_size: str = Field(default="16Gi", description="/dev/shm for DataLoader workers")
+    backoff_limit: int = Field(default=2, ge=0)
+    ttl_seconds_after_finished: int = Field(default=86400, ge=0)
+
+
+class SageMakerConfig(_Strict):
+    """CreateTrainingJob settings (bring-your-own container)."""
+
+    region: str = "us-east-1"
+    role_arn: str = "arn:aws:iam::123456789012:role/medreco-sagemaker"
+    image_uri: str = "123456789012.dkr.ecr.us-east-1.amazonaws.com/medreco-db-train:latest"
+    instance_type: str = "ml.g5.2xlarge"
+    instance_count: int = Field(default=1, ge=1)
+    volume_size_gb: int = Field(default=100, ge=1)
+    max_runtime_s: int = Field(default=86400, ge=60)
+    storage_root: str = Field(default="s3://medreco-db", description="the pipeline's S3 storage root (holds snapshots/)")
+    output_s3_uri: str = "s3://medreco-db/models"
+
+
+class LaunchConfig(_Strict):
+    """How the job is started. ``nproc_per_node`` > 1 runs under torchrun (DDP)."""
+
+    launcher: Literal["local", "kubernetes", "sagemaker"] = "local"
+    nproc_per_node: int = Field(default=1, ge=1)
+    timeout_s: int = Field(default=3600, ge=1, description="local launcher: subprocess timeout")
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    sagemaker: SageMakerConfig = SageMakerConfig()
+
+
+class _JobBase(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,40}$", description="run name (DNS-1123 label)")
+    optim: OptimConfig = OptimConfig()
+    launch: LaunchConfig = LaunchConfig()
+    output_dir: str | None = Field(
+        default=None, description="checkpoint root; default <storage root>/models (local roots only)")
+
+
+class EncoderJobConfig(_JobBase):
+    """One entity-aware encoder training job."""
+
+    job: Literal["encoder"] = "encoder"
+    model: EncoderModelConfig = EncoderModelConfig()
+    data: EncoderDataConfig = EncoderDataConfig()
+
+
+class VLMJobConfig(_JobBase):
+    """One comparative VLM training job."""
+
+    job: Literal["vlm"] = "vlm"
+    model: VLMModelConfig = VLMModelConfig()
+    data: VLMDataConfig = VLMDataConfig()
+
+
+JobConfig = EncoderJobConfig | VLMJobConfig
+
+
+def load_job_config(path: str | Path, expect: str | None = None) -> JobConfig:
+    """Read and validate a training job YAML file.
+
+    Parameters
+    ----------
+    path : str or Path
+        the YAML file; its ``job`` key (``encoder`` | ``vlm``) picks the model.
+    expect : str, optional
+        refuse a file of another job kind.
+
+    Raises
+    ------
+    TrainingConfigError
+        missing file, invalid YAML, validation errors, or a job kind other than ``expect``.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise TrainingConfigError(f"training config not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise TrainingConfigError(f"{p}: invalid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise TrainingConfigError(f"{p}: expected a mapping")
+    kind = data.get("job")
+    model = {"encoder": EncoderJobConfig, "vlm": VLMJobConfig}.get(kind)
+    if model is None:
+        raise TrainingConfigError(f"{p}: job must be 'encoder' or 'vlm', got {kind!r}")
+    if expect and kind != expect:
+        raise TrainingConfigError(f"{p}: is a {kind} config, a {expect} config was expected")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise TrainingConfigError(f"{p}: {err}") from None
+
+
+def effective_launch(job: JobConfig, pipeline_training=None, launcher: str | None = None) -> LaunchConfig:
+    """The job's launch settings with the deployment's choices applied.
+
+    Precedence: ``launcher`` (command line) > the pipeline's ``training.launcher`` > the job file. The
+    pipeline's ``image``, ``namespace`` and ``gpus`` replace the job file's Kubernetes values when set
+    (``image`` not null, ``gpus`` > 0).
+
+    Parameters
+    ----------
+    job : EncoderJobConfig or VLMJobConfig
+    pipeline_training : schemas.config.TrainingConfig, optional
+    launcher : str, optional
+        ``local`` | ``kubernetes`` | ``sagemaker``.
+    """
+    launch = job.launch
+    k8s = launch.kubernetes
+    chosen = launch.launcher
+    if pipeline_training is not None:
+        if pipeline_training.launcher != "none":
+            chosen = pipeline_training.launcher
+        updates = {"namespace": pipeline_training.namespace}
+        if pipeline_training.image:
+            updates["image"] = pipeline_training.image
+        if pipeline_training.gpus:
+            updates["gpus"] = pipeline_training.gpus
+        k8s = k8s.model_copy(update=updates)
+    if launcher:
+        chosen = launcher
+    return launch.model_copy(update={"launcher": chosen, "kubernetes": k8s})
