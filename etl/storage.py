@@ -141,7 +141,8 @@ class Storage:
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write a file atomically: readers see the old file or the whole new one, never a part.
 
-        Local: write a temporary sibling, then rename. S3: a single PUT is atomic.
+        Local: write a temporary sibling, then rename. S3: the object becomes visible only when its upload
+        completes (pyarrow sends a multipart upload: create, one part, complete), so readers never see a part.
         """
         target = self.path(rel)
         parent = posixpath.dirname(target)
