@@ -8,34 +8,59 @@ synonyms, and one medspaCy ``ConText`` (Harkema H. et al., J Biomed Inform 2009;
 our own rule set (``context_rules.json``): negation, uncertainty, history, hypothetical, and the
 custom categories CHANGE, LATERALITY, SEVERITY, CLAUSE_BREAK. medspaCy's default rules are *not*
 used: its ``": no"`` rule outranks ``"no"`` so ``"FINDINGS: No pleural effusion"`` would not be negated.
+scispaCy's AbbreviationDetector (Schwartz & Hearst 2003) runs on reports with a parenthesised group: a short
+form defined in the text ("airspace disease (ASD)") is a target wherever it is used later.
+
+Languages are data: ``synonyms_<lang>.json``, ``context_rules_<lang>.json`` and optionally
+``section_rules_<lang>.json`` / ``descriptor_rules_<lang>.json`` on the language search path
+(:func:`schemas.ontology.language_search_path`; English is packaged).
+
+Speed (``benchmarks/bench_reports.py``): ConText rules are phrase rules only (a spaCy token pattern makes the
+Matcher build a Python token per document token), target spans go into ``doc.ents`` in one assignment, and
+sentences and ``Doc.text`` are read once per document, not per mention.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import warnings
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import spacy
 from loguru import logger
+from spacy.attrs import IDX, IS_SPACE
 from spacy.language import Language
 from spacy.tokens import Doc, Span
 from spacy.util import compile_prefix_regex
 
 from entity_extraction.sections import section_at, section_body_spans, section_spans
-from schemas.ontology import FAMILIES, Ontology, load_ontology
+from schemas.ontology import (
+    FAMILIES,
+    Ontology,
+    OntologyError,
+    find_language_file,
+    language_search_path,
+    load_ontology,
+)
 
 logger.disable("PyRuSH")  # PyRuSH logs every token at DEBUG when medspaCy imports it
 
 from medspacy.context import ConText, ConTextRule  # noqa: E402
 from medspacy.target_matcher import TargetMatcher, TargetRule  # noqa: E402
+from scispacy.abbreviation import AbbreviationDetector  # noqa: E402
 
-CONTEXT_RULES_FILE = Path(__file__).with_name("context_rules.json")
+#: packaged language files: ``context_rules_<lang>.json`` (required), ``section_rules_<lang>.json`` and
+#: ``descriptor_rules_<lang>.json`` (optional); other folders come first on the search path
+#: (:func:`schemas.ontology.language_search_path`).
+RULES_DIR = Path(__file__).parent
+CONTEXT_RULES_FILE = RULES_DIR / "context_rules_en.json"
 #: anatomy + descriptor rules (English); see the file's description and :class:`EntityExtractor`.
-DESCRIPTOR_RULES_FILE = Path(__file__).with_name("descriptor_rules_en.json")
+DESCRIPTOR_RULES_FILE = RULES_DIR / "descriptor_rules_en.json"
 _DESCRIPTOR = "DESCRIPTOR"
 ASSERTIONS = ("present", "absent", "uncertain")
 TEMPORALITIES = ("current", "historical", "hypothetical")
@@ -44,6 +69,9 @@ LATERALITIES = ("left", "right", "bilateral")
 SEVERITIES = ("mild", "moderate", "severe", "small", "large", "trace")
 #: sections whose mentions describe the current study (used by :func:`study_labels`), by priority group.
 LABEL_SECTIONS = (("impression",), ("findings", "unsectioned"))
+#: a parenthesised group that may define an abbreviation ("right lower lobe (RLL)", "RLL (right lower lobe)"):
+#: scispaCy's AbbreviationDetector only runs on texts that have one.
+_PARENTHESISED = re.compile(r"\([^()\n]*[A-Za-z][^()\n]*\)")
 _LIST_ITEM = re.compile(r"^(?:\d{1,2}[.)]|[-*\u2022])$")
 _SECTION_SENTS = "medreco_section_sentences"
 
@@ -57,22 +85,38 @@ class ExtractorConfigError(ValueError):
         self.reason = reason
 
 
+def _section_sentences(doc: Doc, rules_path: str | None = None) -> Doc:
+    """Start a sentence at every section header, blank line and numbered/bulleted list item.
+
+    Only the few candidate tokens are visited: header starts (bisected in the token offsets) and the
+    tokens after whitespace tokens holding a newline (spaCy keeps at most one trailing space on a token,
+    so a line break always stands in a whitespace token of its own).
+    """
+    n = len(doc)
+    if n < 2:
+        return doc
+    arr = doc.to_array([IDX, IS_SPACE])
+    idx = arr[:, 0].tolist()
+    starts = set()
+    for _, start, _ in section_spans(doc.text, rules_path):
+        i = bisect_left(idx, start)
+        if 0 < i < n and idx[i] == start:
+            starts.add(i)
+    for k in arr[1:-1, 1].nonzero()[0].tolist():  # whitespace tokens after the first and before the last
+        ws = doc[k + 1].text
+        if "\n" in ws and ("\n\n" in ws or _LIST_ITEM.match(doc[k + 2].text)):
+            starts.add(k + 2)
+    for i in starts:
+        doc[i].is_sent_start = True
+    return doc
+
+
 if not Language.has_factory(_SECTION_SENTS):
 
-    @Language.component(_SECTION_SENTS)
-    def _section_sentences(doc: Doc) -> Doc:
-        """Start a sentence at every section header, blank line and numbered/bulleted list item."""
-        starts = {start for _, start, _ in section_spans(doc.text)}
-        prev_ws = "\n"
-        for tok in doc:
-            if tok.i == 0:
-                prev_ws = tok.whitespace_
-                continue
-            if tok.idx in starts or "\n\n" in prev_ws or (_LIST_ITEM.match(tok.text) and "\n" in prev_ws):
-                tok.is_sent_start = True
-            # whitespace before the next token: a newline token's text, else this token's trailing space
-            prev_ws = tok.text if tok.is_space else tok.whitespace_
-        return doc
+    @Language.factory(_SECTION_SENTS, default_config={"rules_path": None})
+    def _make_section_sentences(nlp, name, rules_path):  # untyped: spaCy validates real annotations only
+        """Pipeline factory of :func:`_section_sentences` with the report language's section rules."""
+        return functools.partial(_section_sentences, rules_path=rules_path)
 
 
 def _plural_variants(term: str) -> set[str]:
@@ -100,6 +144,42 @@ def _plural_variants(term: str) -> set[str]:
     return out
 
 
+def _set_ents(doc: Doc, spans: list[Span]) -> None:
+    """Add the matcher's spans to ``doc.ents`` in one assignment, skipping any span that overlaps an entity
+    already kept (what medspaCy's TargetMatcher does span by span, with ``doc.ents += (span,)``, which
+    rebuilds the entity tuple from every token at each span)."""
+    taken = bytearray(len(doc))
+    kept = list(doc.ents)
+    for ent in kept:
+        taken[ent.start:ent.end] = b"\x01" * (ent.end - ent.start)
+    for span in spans:
+        if any(taken[span.start:span.end]):
+            warnings.warn(f'The result ""{span}"" conflicts with a pre-existing entity in doc.ents. This result has '
+                          "been skipped.", RuntimeWarning, stacklevel=2)
+            continue
+        taken[span.start:span.end] = b"\x01" * (span.end - span.start)
+        kept.append(span)
+    doc.ents = kept
+
+
+class _Sentences:
+    """Sentence lookup for one doc: ``of(span)`` equals ``span.sent`` (spaCy walks the tokens from the span
+    to the sentence boundaries at every call; this bisects boundaries read once)."""
+
+    def __init__(self, doc: Doc) -> None:
+        self.doc = doc
+        self.text = doc.text  # Doc.text joins every token: read once
+        starts = doc.to_array("SENT_START").tolist() if len(doc) else []
+        self.starts = [0] + [i for i, v in enumerate(starts) if v == 1 and i > 0]
+
+    def of(self, span: Span) -> Span:
+        starts = self.starts
+        i = bisect_right(starts, span.start)  # as spaCy: the sentence of the span's first token
+        end = starts[i] if i < len(starts) else len(self.doc)
+        start = starts[i - 1]
+        return self.doc[start:end]
+
+
 @dataclass(frozen=True)
 class _FamilyIndex:
     matcher: TargetMatcher
@@ -116,14 +196,19 @@ class _DescriptorRules:
     refine: dict[str, tuple[tuple[str, re.Pattern[str]], ...]]  # from id -> ((concept, descriptor pattern), ...)
 
 
-def _phrase_regex(phrases: Iterable[str]) -> re.Pattern[str]:
-    """Case-insensitive whole-word alternation of the phrases and their plural/singular variants."""
-    variants = {v for p in phrases for v in _plural_variants(" ".join(p.lower().split()))}
+def _same_term(term: str) -> set[str]:
+    """No inflection rule (languages other than English list their inflected forms as synonyms)."""
+    return {term}
+
+
+def _phrase_regex(phrases: Iterable[str], variants_of=_plural_variants) -> re.Pattern[str]:
+    """Case-insensitive whole-word alternation of the phrases and their ``variants_of`` (plural/singular)."""
+    variants = {v for p in phrases for v in variants_of(" ".join(p.lower().split()))}
     return re.compile(r"(?<![\w-])(?:" + "|".join(re.escape(v) for v in sorted(variants, key=len, reverse=True))
                       + r")(?![\w-])", re.IGNORECASE)
 
 
-def _load_descriptor_rules(path: Path | None) -> _DescriptorRules:
+def _load_descriptor_rules(path: Path | None, variants_of=_plural_variants) -> _DescriptorRules:
     if path is None:
         return _DescriptorRules(0, frozenset(), (), {})
     try:
@@ -132,7 +217,7 @@ def _load_descriptor_rules(path: Path | None) -> _DescriptorRules:
         refine: dict[str, list] = {}
         for r in data.get("refine", ()):
             for src in r["from"]:
-                refine.setdefault(src, []).append((r["concept"], _phrase_regex(r["descriptors"])))
+                refine.setdefault(src, []).append((r["concept"], _phrase_regex(r["descriptors"], variants_of)))
         return _DescriptorRules(int(data["max_distance"]), frozenset(t.lower() for t in data.get("clause_breaks", ())),
                                 compose, {k: tuple(v) for k, v in refine.items()})
     except (OSError, KeyError, TypeError, ValueError) as exc:
@@ -147,46 +232,70 @@ class EntityExtractor:
     Parameters
     ----------
     ontology : Ontology, optional
-        Vocabulary (default :func:`schemas.ontology.load_ontology`). Target phrases are
-        ``concept.synonyms[language]`` plus the plural/singular of their last word.
+        Vocabulary (default :func:`schemas.ontology.load_ontology` over ``search_path``). Target phrases are
+        ``concept.synonyms[language]``, for English plus the plural/singular of their last word (another
+        language lists its inflected forms as synonyms).
     language : str, default "en"
-        Report language: selects synonyms; the ConText rules file must be in the same language.
+        Report language (a code such as ``de``): selects synonyms and the language files below. Adding a
+        language is data only: ``synonyms_<lang>.json`` and ``context_rules_<lang>.json`` (plus, optionally,
+        ``section_rules_<lang>.json`` and ``descriptor_rules_<lang>.json``) in one folder of the search path.
+        spaCy's tokenizer for the language is used when spaCy has one, else its multi-language ``xx``.
     context_rules_path : str or Path, optional
-        ConText rules JSON (default: the packaged English ``context_rules.json``); required for a
-        language other than English.
+        ConText rules JSON (default: ``context_rules_<language>.json`` on the search path; English is
+        packaged).
     descriptor_rules_path : str or Path, optional
-        Anatomy + descriptor rules JSON (default for English: ``descriptor_rules_en.json``; none for
-        another language unless given). A descriptor word ("tortuous", "enlarged") names a concept only
+        Anatomy + descriptor rules JSON (default: ``descriptor_rules_<language>.json`` on the search path,
+        none if absent; English is packaged). A descriptor word ("tortuous", "enlarged") names a concept only
         when one of its rule's anatomy phrases stands in the same clause within ``max_distance`` tokens
         (nearest anatomy wins); ``refine`` rules turn a mention into a more specific concept when a
         descriptor is near (``old healed rib fractures`` -> healing changes).
+    section_rules_path : str or Path, optional
+        Section header rules (default: ``section_rules_<language>.json`` on the search path, else the
+        English ones).
+    search_path : path or sequence of paths, optional
+        Folders searched first for language files, before ``MEDRECO_LEXICON_PATH`` and the packaged ones
+        (:func:`schemas.ontology.language_search_path`).
 
     Raises
     ------
     ExtractorConfigError
-        ``unsupported_language`` (no synonyms, or no ConText rules, for ``language``);
+        ``unsupported_language`` (no synonyms, or no ConText rules, for ``language``; or not a language code);
         ``invalid_context_rules``, ``invalid_descriptor_rules`` (malformed rules file). Descriptor rules
         naming concepts the ontology lacks are ignored.
     """
 
     def __init__(self, ontology: Ontology | None = None, language: str = "en",
                  context_rules_path: str | Path | None = None,
-                 descriptor_rules_path: str | Path | None = None) -> None:
-        self.ontology = ontology or load_ontology()
+                 descriptor_rules_path: str | Path | None = None, section_rules_path: str | Path | None = None,
+                 search_path: str | Path | list | tuple | None = None) -> None:
+        dirs = language_search_path(search_path, packaged=RULES_DIR)
+        try:
+            context_rules_path = context_rules_path or find_language_file("context_rules", language, dirs)
+        except OntologyError as exc:
+            raise ExtractorConfigError("unsupported_language", str(exc)) from None
+        if context_rules_path is None:
+            raise ExtractorConfigError("unsupported_language", f"no context_rules_{language}.json in "
+                                       + ", ".join(map(str, dirs)))
+        self.ontology = ontology or load_ontology(search_path=search_path)
         self.language = language
-        if language != "en" and context_rules_path is None:
-            raise ExtractorConfigError("unsupported_language", f"no ConText rules for language {language!r}")
         if not any(c.synonyms.get(language) for c in self.ontology.concepts.values()):
             raise ExtractorConfigError("unsupported_language", f"ontology has no {language!r} synonyms")
-        nlp = spacy.blank(language)
+        section_rules = section_rules_path or find_language_file("section_rules", language, dirs)
+        #: section rules file for :func:`entity_extraction.sections.section_spans` (None: the English default)
+        self.section_rules_path = str(section_rules) if section_rules else None
+        try:
+            nlp = spacy.blank(language)
+        except ImportError:  # no spaCy language class: multi-language tokenizer
+            nlp = spacy.blank("xx")
         prefixes = [r"\d{1,2}\.(?=[A-Za-z])", *nlp.Defaults.prefixes]
         nlp.tokenizer.prefix_search = compile_prefix_regex(prefixes).search
         nlp.add_pipe("sentencizer")
-        nlp.add_pipe(_SECTION_SENTS)
+        nlp.add_pipe(_SECTION_SENTS, config={"rules_path": self.section_rules_path})
         self._nlp = nlp
-        if descriptor_rules_path is None and language == "en":
-            descriptor_rules_path = DESCRIPTOR_RULES_FILE
-        self._descriptors = _load_descriptor_rules(Path(descriptor_rules_path) if descriptor_rules_path else None)
+        self._variants = _plural_variants if language == "en" else _same_term
+        descriptor_rules_path = descriptor_rules_path or find_language_file("descriptor_rules", language, dirs)
+        self._descriptors = _load_descriptor_rules(Path(descriptor_rules_path) if descriptor_rules_path else None,
+                                                   self._variants)
         # rules naming concepts this ontology lacks (a custom vocabulary) are left out
         refine = {src: tuple(o for o in opts if o[0] in self.ontology.concepts)
                   for src, opts in self._descriptors.refine.items() if src in self.ontology.concepts}
@@ -195,7 +304,8 @@ class EntityExtractor:
             tuple(r for r in self._descriptors.compose if r[0] in self.ontology.concepts),
             {k: v for k, v in refine.items() if v})
         self._families = {f: self._build_family(nlp, f) for f in FAMILIES if f in self.ontology.families}
-        self._context = self._build_context(nlp, Path(context_rules_path or CONTEXT_RULES_FILE))
+        self._abbreviations = AbbreviationDetector(nlp)
+        self._context = self._build_context(nlp, Path(context_rules_path))
         anatomy = [c for c in self.ontology.concepts.values() if c.category == "anatomy"]
         self._anatomy_re = {
             c.id: re.compile(
@@ -211,7 +321,7 @@ class EntityExtractor:
         surface: dict[str, list[str]] = {}
         for concept in self.ontology.family_concepts(family):
             for syn in concept.synonyms.get(self.language, ()):
-                for variant in _plural_variants(" ".join(syn.lower().split())):
+                for variant in self._variants(" ".join(syn.lower().split())):
                     ids = surface.setdefault(variant, [])
                     if concept.id not in ids:
                         ids.append(concept.id)
@@ -220,12 +330,12 @@ class EntityExtractor:
         for concept_id, anatomy, descriptors in self._descriptors.compose:
             if concept_id not in fam_ids:
                 continue
-            pattern = _phrase_regex(anatomy)
+            pattern = _phrase_regex(anatomy, self._variants)
             for desc in descriptors:
-                for variant in _plural_variants(" ".join(desc.lower().split())):
+                for variant in self._variants(" ".join(desc.lower().split())):
                     if variant not in surface:  # an ontology synonym outranks a descriptor
                         compose.setdefault(variant, []).append((concept_id, pattern))
-        matcher = TargetMatcher(nlp, name=f"targets_{family}", result_type="ents", prune=True)
+        matcher = TargetMatcher(nlp, name=f"targets_{family}", result_type=None, prune=True)
         rules = [
             TargetRule(literal=term, category=ids[0], metadata={"candidates": tuple(ids)})
             for term, ids in sorted(surface.items())
@@ -239,13 +349,16 @@ class EntityExtractor:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             terminated_by = {k.upper(): {v.upper() for v in vals} for k, vals in data.get("terminated_by", {}).items()}
-            rules = []
+            rules, variants = [], []
             for r in data["rules"]:
                 category = r["category"].upper()
                 metadata = {k: r[k] for k in ("value", "change") if k in r}
+                # phrases x following token: one rule, its phrase variants matched by spaCy's PhraseMatcher
+                # (a token pattern would evaluate Python set predicates at every token)
+                literals = [f"{p} {f}" for p in r["phrases"] for f in r["followed_by"]] if "phrases" in r else []
                 rules.append(
                     ConTextRule(
-                        literal=r["literal"],
+                        literal=literals[0] if literals else r["literal"],
                         category=category,
                         pattern=r.get("pattern"),
                         direction=r.get("direction", "BIDIRECTIONAL"),
@@ -254,11 +367,18 @@ class EntityExtractor:
                         metadata=metadata or None,
                     )
                 )
+                variants.append(literals[1:])
         except (OSError, KeyError, TypeError, ValueError) as exc:
             raise ExtractorConfigError("invalid_context_rules", f"{path.name}: {exc}") from exc
         context = ConText(nlp, name="medreco_context", rules=None, span_attrs=None,
                           prune_on_modifier_overlap=True, prune_on_target_overlap=False)
         context.add(rules)
+        # The variants join their rule's PhraseMatcher key (the rule id medspaCy gave it), so one data rule stays one
+        # ConText rule and the ids of all other rules, hence the order of equal-span matches, do not move.
+        phrase_matcher = context._ConText__matcher._MedspacyMatcher__phrase_matcher
+        for rule, literals in zip(rules, variants):
+            if literals:
+                phrase_matcher.add(rule._rule_id, [nlp.make_doc(lit.lower()) for lit in literals])
         return context
 
     # ------------------------------------------------------------------ extraction
@@ -268,10 +388,10 @@ class EntityExtractor:
         except KeyError:
             raise ExtractorConfigError("unknown_family", f"family {family!r} not in {tuple(self._families)}") from None
 
-    def _resolve_id(self, ent: Span, candidates: tuple[str, ...]) -> str:
+    def _resolve_id(self, ent: Span, sent: Span, candidates: tuple[str, ...]) -> str:
         if len(candidates) == 1:
             return candidates[0]
-        sentence = ent.sent.text
+        sentence = sent.text
         for cid in candidates:
             anatomy_id = self.ontology.concepts[cid].anatomy_id
             pattern = self._anatomy_re.get(anatomy_id or "")
@@ -279,9 +399,9 @@ class EntityExtractor:
                 return cid
         return candidates[0]
 
-    def _clause_window(self, ent: Span) -> Span:
-        """Tokens around ``ent`` within ``max_distance``, its sentence, and no clause break."""
-        sent, dist, breaks = ent.sent, self._descriptors.max_distance, self._descriptors.clause_breaks
+    def _clause_window(self, ent: Span, sent: Span) -> Span:
+        """Tokens around ``ent`` within ``max_distance``, its sentence ``sent``, and no clause break."""
+        dist, breaks = self._descriptors.max_distance, self._descriptors.clause_breaks
         doc = ent.doc
         start = ent.start
         while start > max(sent.start, ent.start - dist) and doc[start - 1].lower_ not in breaks:
@@ -291,9 +411,9 @@ class EntityExtractor:
             end += 1
         return doc[start:end]
 
-    def _compose_id(self, ent: Span, options: tuple[tuple[str, re.Pattern[str]], ...]) -> str | None:
+    def _compose_id(self, ent: Span, sent: Span, options: tuple[tuple[str, re.Pattern[str]], ...]) -> str | None:
         """Concept of a descriptor mention: the rule whose anatomy phrase is nearest in the clause window."""
-        window = self._clause_window(ent)
+        window = self._clause_window(ent, sent)
         text, base = window.text, window.start_char
         best: tuple[int, str] | None = None
         for concept_id, pattern in options:
@@ -306,15 +426,51 @@ class EntityExtractor:
                     best = (gap, concept_id)
         return best[1] if best else None
 
-    def _refine_id(self, ent: Span, entity_id: str) -> str:
+    def _refine_id(self, ent: Span, sent: Span, entity_id: str) -> str:
         options = self._descriptors.refine.get(entity_id)
         if not options:
             return entity_id
-        window = self._clause_window(ent).text
+        window = self._clause_window(ent, sent).text
         for concept_id, pattern in options:
             if pattern.search(window):
                 return concept_id
         return entity_id
+
+    def _add_abbreviations(self, doc: Doc, targets: list[Span]) -> list[Span]:
+        """``targets`` plus a target span on every later use of an abbreviation defined in the text.
+
+        scispaCy's AbbreviationDetector (Schwartz A.S., Hearst M.A., "A simple algorithm for identifying
+        abbreviation definitions in biomedical text", Pac Symp Biocomput 2003:451-462) pairs a short form with
+        its long form ("right lower lobe (RLL)" or "RLL (right lower lobe)") and finds every occurrence of the
+        short form. When the long form holds an ontology target (the longest one, else the last), each
+        occurrence of the short form outside the definition's parentheses that no target covers becomes a
+        target with the same rule. Descriptor targets are not carried over (they need their anatomy nearby).
+        """
+        doc = self._abbreviations(doc)
+        found = doc._.abbreviations
+        if not found:
+            return targets
+        taken = bytearray(len(doc))
+        for t in targets:
+            taken[t.start:t.end] = b"\x01" * (t.end - t.start)
+        added: list[Span] = []
+        for short in found:
+            long = short._.long_form
+            inside = [t for t in targets
+                      if long.start <= t.start and t.end <= long.end and t.label_ != _DESCRIPTOR]
+            if not inside:
+                continue
+            source = max(inside, key=lambda t: (t.end - t.start, t.start))
+            # the definition itself: only an opening parenthesis (and the head of the parenthesised long
+            # form) between the two forms
+            between = [t.text for t in doc[min(short.end, long.end):max(short.start, long.start)]]
+            if ("(" in between and ")" not in between) or any(taken[short.start:short.end]):
+                continue
+            span = Span(doc, short.start, short.end, label=source.label_)
+            span._.target_rule = source._.target_rule
+            taken[short.start:short.end] = b"\x01" * (short.end - short.start)
+            added.append(span)
+        return sorted(targets + added, key=lambda t: t.start) if added else targets
 
     @staticmethod
     def _closest(ent: Span, mods: list) -> object | None:
@@ -327,19 +483,20 @@ class EntityExtractor:
 
         return min(mods, key=distance)
 
-    def _mention(self, ent: Span, spans: list[tuple[str, int, int]], bodies: list[tuple[str, int, int]],
-                 index: _FamilyIndex) -> dict | None:
+    def _mention(self, ent: Span, sents: _Sentences, spans: list[tuple[str, int, int]],
+                 bodies: list[tuple[str, int, int]], index: _FamilyIndex) -> dict | None:
         """One mention dict (None for a descriptor without anatomy); ``spans``/``bodies``: section spans
         with/without their headers."""
+        sent = sents.of(ent)
         rule = ent._.target_rule
         meta = (rule.metadata or {}) if rule else {}
         if ent.label_ == _DESCRIPTOR:
-            entity_id = self._compose_id(ent, index.compose.get(meta.get("descriptor", ""), ()))
+            entity_id = self._compose_id(ent, sent, index.compose.get(meta.get("descriptor", ""), ()))
             if entity_id is None:
                 return None
         else:
             candidates = tuple(meta.get("candidates", (ent.label_,)))
-            entity_id = self._refine_id(ent, self._resolve_id(ent, candidates))
+            entity_id = self._refine_id(ent, sent, self._resolve_id(ent, sent, candidates))
         concept = self.ontology.concepts[entity_id]
         by_cat: dict[str, list] = {}
         for mod in ent._.modifiers:
@@ -377,7 +534,7 @@ class EntityExtractor:
             "span_end": ent.end_char,
             "text": ent.text,
             "section": section_at(spans, ent.start_char),
-            "sentence": self._sentence_text(ent, bodies),
+            "sentence": self._sentence_text(ent, sent, sents.text, bodies),
             "assertion": assertion,
             "temporality": temporality,
             "change": change,
@@ -387,24 +544,28 @@ class EntityExtractor:
         }
 
     @staticmethod
-    def _sentence_text(ent: Span, spans: list[tuple[str, int, int]]) -> str:
-        """The sentence of ``ent`` without a section header that starts it (``"IMPRESSION: ..."``)."""
-        sent = ent.sent
+    def _sentence_text(ent: Span, sent: Span, text: str, spans: list[tuple[str, int, int]]) -> str:
+        """The sentence ``sent`` of ``ent`` without a section header that starts it (``"IMPRESSION: ..."``)."""
         start = sent.start_char
         for _, body_start, _ in spans:
             if start < body_start <= ent.start_char:
                 start = body_start
-        return ent.doc.text[start:sent.end_char].strip()
+        return text[start:sent.end_char].strip()
 
     def _run(self, doc: Doc, family: str) -> list[dict]:
         index = self._family(family)
         with warnings.catch_warnings():
             # medspaCy matchers built from phrase rules only hold an empty token Matcher: spaCy W036 each call
             warnings.filterwarnings("ignore", message=r"\[W036\]")
-            doc = index.matcher(doc)
+            targets = index.matcher(doc)
+            if targets and _PARENTHESISED.search(doc.text):
+                targets = self._add_abbreviations(doc, targets)
+            _set_ents(doc, targets)
             doc = self._context(doc)
-        spans, bodies = section_spans(doc.text), section_body_spans(doc.text)
-        mentions = (self._mention(ent, spans, bodies, index) for ent in doc.ents)
+        sents = _Sentences(doc)
+        spans = section_spans(sents.text, self.section_rules_path)
+        bodies = section_body_spans(sents.text, self.section_rules_path)
+        mentions = (self._mention(ent, sents, spans, bodies, index) for ent in doc.ents)
         return [m for m in mentions if m is not None]
 
     def extract(self, text: str, family: str) -> list[dict]:

@@ -1,6 +1,6 @@
 """Radiology report sectioning: header detection and character-offset -> section mapping.
 
-Header variants are data (``section_rules.json``), adapted from medspaCy's section patterns
+Header variants are data (``section_rules_<lang>.json``; English: ``section_rules_en.json``), adapted from medspaCy's section patterns
 (``resources/en/section_patterns.json``, MIT) and common radiology templates (ACR practice parameter
 for communication of diagnostic imaging findings: indication, technique, comparison, findings,
 impression). A header is recognised
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-RULES_FILE = Path(__file__).with_name("section_rules.json")
+RULES_FILE = Path(__file__).with_name("section_rules_en.json")
 #: name of text before the first recognised header (a report without headers is all ``unsectioned``).
 UNSECTIONED = "unsectioned"
 #: name of recognised non-clinical blocks (signatures, addenda boilerplate); never returned by split_sections.
@@ -31,7 +31,7 @@ OTHER = "other"
 
 
 class SectionRulesError(ValueError):
-    """Raised when ``section_rules.json`` is malformed (reason code ``invalid_section_rules``)."""
+    """Raised when a section rules file is malformed (reason code ``invalid_section_rules``)."""
 
     reason = "invalid_section_rules"
 
@@ -104,7 +104,7 @@ def section_spans(text: str, rules_path: str | None = None) -> list[tuple[str, i
     text : str
         Report text.
     rules_path : str, optional
-        Alternative section rules JSON (default: the packaged ``section_rules.json``).
+        Alternative section rules JSON (default: the packaged English ``section_rules_en.json``).
 
     Returns
     -------

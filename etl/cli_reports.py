@@ -15,8 +15,11 @@ from pathlib import Path
 
 import typer
 
-from entity_extraction.annotate import DEFAULT_FAMILY, AnnotateInputError, annotate_record, parse_line
 from schemas.ontology import FAMILIES
+
+#: family of lines that name none (entity_extraction.annotate.DEFAULT_FAMILY; not imported here so that
+#: `medreco --help` and the other commands start without loading spaCy)
+DEFAULT_FAMILY = "2D-CXR"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="annotate radiology reports")
 #: inputs with at least this many lines get a progress bar (unless --quiet).
@@ -62,6 +65,7 @@ def annotate(
     becomes [DATE]. A line may name its "family" (2D-CXR, 3D-CT, 3D-Brain-MRI, 2D-Ultrasound) or its
     "modality" and "body_part"; otherwise --family applies.
     """
+    from entity_extraction.annotate import AnnotateInputError, annotate_record, parse_line
     from entity_extraction.extract import EntityExtractor
 
     if family not in FAMILIES:

@@ -1,7 +1,7 @@
 """Read radiology report source files (JSONL, CSV, plain text, HL7 v2 ORU^R01) into uniform report records.
 
-A record is ``{report_id, patient_id, accession_number, study_instance_uid, report_datetime, language,
-text}``; all values are ``str`` or ``None`` except ``report_id`` and ``text``, which are always
+A record is ``{report_id, patient_id, patient_name, accession_number, study_instance_uid, report_datetime,
+language, text}``; all values are ``str`` or ``None`` except ``report_id`` and ``text``, which are always
 non-empty ``str``. Records still hold PHI (they come from ``sources/``): callers de-identify them
 before anything leaves the restricted zone.
 
@@ -24,6 +24,9 @@ One record per OBR group (ORDER_OBSERVATION):
 * ``report_datetime``: OBR-22 (results report/status change time), else OBR-7 (observation time), in ISO 8601.
 * ``patient_id``: PID-3.1 of the repetition with identifier type MR, else the first non-empty one. It holds
   PHI: callers use it only to link and as a known value to scrub, never output it.
+* ``patient_name``: PID-5 (XPN) of the repetition with name type code (XPN-7) L (legal), else the first
+  non-empty one, as a DICOM PN string ``FAMILY^GIVEN^MIDDLE^PREFIX^SUFFIX`` (family = first subcomponent of
+  XPN-1; empty trailing components dropped). PHI: only a known value for text de-identification.
 * ``report_id``: MSH-10 (message control ID); ``MSH-10-<n>`` for the n-th OBR group when there are several.
 * ``language``: MSH-19.1 when it is a two-letter ISO 639-1 code.
 
@@ -43,7 +46,7 @@ import re
 from collections.abc import Iterator
 from pathlib import PurePosixPath
 
-#: record keys, in output order.
+#: keys every record source may give (JSONL keys, CSV columns); see :data:`RECORD_FIELDS` for the record.
 REPORT_FIELDS = (
     "report_id",
     "patient_id",
@@ -53,6 +56,11 @@ REPORT_FIELDS = (
     "language",
     "text",
 )
+#: optional PHI keys a source may also give (HL7 PID-5, or a JSONL/CSV ``patient_name``); a record always has
+#: them (None when unknown). Known values for text de-identification only, never output.
+OPTIONAL_PHI_FIELDS = ("patient_name",)
+#: record keys, in output order.
+RECORD_FIELDS = (*REPORT_FIELDS[:2], *OPTIONAL_PHI_FIELDS, *REPORT_FIELDS[2:])
 REQUIRED_FIELDS = ("report_id", "text")
 FORMATS = ("jsonl", "csv", "text", "hl7")
 #: Open-i / Indiana University CXR CSV layout (Demner-Fushman et al., JAMIA 2016;23(2):304-310).
@@ -97,10 +105,10 @@ def _clean_value(value: object, key: str, where: str) -> str | None:
 
 
 def _record(raw: dict[str, object], where: str) -> dict[str, str | None]:
-    unknown = sorted(k for k in raw if k not in REPORT_FIELDS)
+    unknown = sorted(k for k in raw if k not in RECORD_FIELDS)
     if unknown:
         raise ReportSourceError("malformed_report_record", f"{where}: unknown field(s) {unknown}")
-    rec = {k: _clean_value(raw.get(k), k, where) for k in REPORT_FIELDS}
+    rec = {k: _clean_value(raw.get(k), k, where) for k in RECORD_FIELDS}
     for k in REQUIRED_FIELDS:
         if rec[k] is None:
             raise ReportSourceError("malformed_report_record", f"{where}: missing or empty {k!r}")
@@ -274,7 +282,7 @@ class _Hl7Message:
         self.msg = hl7.parse(text)
         self.esc = self.msg.esc
         field, rep, comp, sub = (self.msg.separators[i] for i in (1, 2, 3, 4))
-        self.rep, self.comp = rep, comp
+        self.rep, self.comp, self.sub = rep, comp, sub
         self.seps = {"F": field, "S": comp, "T": sub, "R": rep, "E": self.esc}
 
     def segments(self) -> list[tuple[str, object]]:
@@ -297,6 +305,23 @@ class _Hl7Message:
     def first(self, seg, n: int, k: int = 1) -> str:
         reps = self.repetitions(seg, n)
         return self.component(reps[0], k) if reps else ""
+
+    def person_name(self, seg, n: int) -> str | None:
+        """An XPN field as a DICOM PN string ``FAMILY^GIVEN^MIDDLE^PREFIX^SUFFIX``, or None when empty.
+
+        The repetition with name type code (XPN-7) ``L`` (legal name, HL7 table 0200) wins, else the first
+        repetition with a family or given name. XPN components (HL7 v2.5.1 section 2.A.88): 1 family name (FN;
+        its first subcomponent is the surname), 2 given, 3 second given names or initials, 4 suffix, 5 prefix.
+        """
+        names = []
+        for rep in self.repetitions(seg, n):
+            family = _hl7_unescape(rep.split(self.comp)[0].split(self.sub)[0], self.esc, self.seps).strip()
+            parts = [family, self.component(rep, 2), self.component(rep, 3), self.component(rep, 5),
+                     self.component(rep, 4)]
+            if parts[0] or parts[1]:
+                names.append((self.component(rep, 7).upper() == "L", "^".join(parts).rstrip("^")))
+        legal = [pn for is_legal, pn in names if is_legal]
+        return (legal or [pn for _, pn in names] or [None])[0]
 
     def text(self, raw: str) -> str:
         """A whole text value (TX/FT/ST): unescaped; a stray component separator is kept as text."""
@@ -347,6 +372,7 @@ def _hl7_records(message: _Hl7Message, where: str) -> list[dict]:
     language = lang if len(lang) == 2 and lang.isalpha() else None
     groups: list[dict] = []
     patient_id: str | None = None
+    patient_name: str | None = None
     for sid, seg in segs[1:]:
         if sid == "PID":
             patient_id = None
@@ -354,8 +380,9 @@ def _hl7_records(message: _Hl7Message, where: str) -> list[dict]:
             mrn = [r for r in reps if message.component(r, 5).upper() == "MR"]
             if reps:
                 patient_id = message.component((mrn or reps)[0], 1)
+            patient_name = message.person_name(seg, 5)
         elif sid == "OBR":
-            groups.append({"obr": seg, "pid": patient_id, "lines": [], "uid": None})
+            groups.append({"obr": seg, "pid": patient_id, "name": patient_name, "lines": [], "uid": None})
         elif sid == "OBX":
             if not groups:
                 raise ReportSourceError("malformed_report_record", f"{where}: OBX segment before any OBR")
@@ -396,7 +423,8 @@ def _hl7_records(message: _Hl7Message, where: str) -> list[dict]:
             field = "OBR-22" if message.first(obr, 22) else "OBR-7"
             raise ReportSourceError("malformed_report_record", f"{gwhere}: {field} is not an HL7 date/time")
         report_id = control_id if len(groups) == 1 else f"{control_id}-{i}"
-        records.append(_record({"report_id": report_id, "patient_id": group["pid"], "accession_number": accession,
+        records.append(_record({"report_id": report_id, "patient_id": group["pid"], "patient_name": group["name"],
+                                "accession_number": accession,
                                 "study_instance_uid": uid, "report_datetime": iso, "language": language,
                                 "text": text}, gwhere))
     return records
@@ -502,7 +530,7 @@ def read_report_source(data: bytes, fmt: str, source_name: str) -> list[dict]:
     data : bytes
         File content, UTF-8 (a BOM is accepted).
     fmt : {"jsonl", "csv", "text", "hl7"}
-        ``jsonl``: one JSON object per line with keys from :data:`REPORT_FIELDS` (blank lines skipped).
+        ``jsonl``: one JSON object per line with keys from :data:`RECORD_FIELDS` (blank lines skipped).
         ``csv``: a header row with those column names, or the Open-i layout (:data:`OPENI_COLUMNS`):
         ``report_id`` = ``uid``, text = ``"INDICATION: ...\\nCOMPARISON: ...\\nFINDINGS: ...\\nIMPRESSION: ..."``
         (empty sections omitted), no patient/study link. ``text``: the whole file is one report,
@@ -514,8 +542,8 @@ def read_report_source(data: bytes, fmt: str, source_name: str) -> list[dict]:
     Returns
     -------
     list of dict
-        Records ``{report_id, patient_id, accession_number, study_instance_uid, report_datetime, language,
-        text}`` in file order; optional fields are ``None`` when absent or blank; ``report_datetime`` is kept
+        Records ``{report_id, patient_id, patient_name, accession_number, study_instance_uid, report_datetime,
+        language, text}`` (:data:`RECORD_FIELDS`) in file order; optional fields are ``None`` when absent or blank; ``report_datetime`` is kept
         as the source string (not parsed), except for ``hl7``, where the HL7 timestamp is rewritten in
         ISO 8601 at its own precision (``20230314101500`` -> ``2023-03-14T10:15:00``).
 

@@ -105,6 +105,70 @@ def test_change(ex, text, entity_id, change, assertion):
     assert (m["change"], m["assertion"]) == (change, assertion)
 
 
+@pytest.mark.parametrize(
+    ("text", "entity_id", "change", "assertion"),
+    [
+        # post-posed answers: a 'phrases' x 'followed_by' rule (phrase rules) closes the clause backwards
+        ("Pleural effusion, cleared.", "F029", "resolved", "absent"),
+        ("Pleural effusion: resolved; cardiomegaly.", "F029", "resolved", "absent"),
+        ("Cardiomegaly, similar.", "F018", "unchanged", "present"),
+        ("Left pleural effusion, larger!", "F029", "increased", "present"),
+        ("Atelectasis (reduced).", "F019", "decreased", "present"),
+        ("Consolidation, improving.", "F007", "improved", "present"),
+        ("Atelectasis, worse?", "F019", "worsened", "present"),
+        ("Pleural effusion, new.", "F029", "new", "present"),
+        ("Pleural effusion: none.", "F029", "none", "absent"),
+        ("Pleural effusion: nil;", "F029", "none", "absent"),
+        ("Pleural effusion: absent -", "F029", "none", "absent"),
+        # without the closing punctuation the word does not look back
+        ("Pleural effusion: none seen in the lungs", "F029", "none", "present"),
+    ],
+)
+def test_post_posed_answers(ex, text, entity_id, change, assertion):
+    m = one(ex, text, entity_id)
+    assert (m["change"], m["assertion"]) == (change, assertion)
+
+
+def test_abbreviations_defined_in_text(ex):
+    """A short form defined in the report ("long form (SF)") is a target wherever it is used later."""
+    text = ("FINDINGS: Patchy airspace disease (ASD) in the right lower lobe. No pleural effusion.\n"
+            "IMPRESSION: ASD, likely pneumonia. No ASD on the left.")
+    got = [(m["text"], m["entity_id"], m["assertion"], m["section"]) for m in ex.extract(text, CXR)]
+    assert got == [
+        ("airspace disease", "F007", "present", "findings"),  # the definition's "(ASD)" is not a second mention
+        ("pleural effusion", "F029", "absent", "findings"),
+        ("ASD", "F007", "present", "impression"),
+        ("pneumonia", "C006", "uncertain", "impression"),
+        ("ASD", "F007", "absent", "impression"),
+    ]
+    ms = ex.extract("FINDINGS: Plate-like atelectasis (PLA) at the left base. IMPRESSION: PLA has resolved.", CXR)
+    assert [(m["text"], m["entity_id"], m["assertion"], m["change"]) for m in ms] == [
+        ("Plate-like atelectasis", "F019", "present", "none"), ("PLA", "F019", "absent", "resolved")]
+    m = ms[1]
+    assert "FINDINGS: Plate-like atelectasis (PLA) at the left base. IMPRESSION: PLA has resolved."[
+        m["span_start"]:m["span_end"]] == "PLA"
+    # long form in parentheses (scispaCy: more than three tokens), short form first
+    ms = ex.extract("FINDINGS: LLL (left lower lobe atelectasis) persists. IMPRESSION: LLL unchanged.", CXR)
+    assert [(m["text"], m["entity_id"]) for m in ms if m["category"] != "anatomy"] == [
+        ("atelectasis", "F019"), ("LLL", "F019")]
+    # an undefined short form, or one whose long form names no concept, stays unmatched
+    assert ex.extract("IMPRESSION: ASD.", CXR) == []
+    assert ex.extract("FINDINGS: Diffuse idiopathic skeletal hyperostosis (DISH). IMPRESSION: DISH.", CXR) == []
+
+
+def test_sentence_lookup_matches_spacy(ex):
+    """The per-doc sentence index used for mentions returns spaCy's own ``Span.sent`` for every span."""
+    from entity_extraction.extract import _Sentences
+
+    doc = ex._nlp("FINDINGS:\n1. No effusion. Mild cardiomegaly\n\n2. Lungs clear. IMPRESSION: Normal. Stable.")
+    sents = _Sentences(doc)
+    assert len(sents.starts) > 4
+    for start in range(len(doc)):
+        for end in range(start + 1, min(len(doc), start + 6) + 1):
+            span = doc[start:end]
+            assert sents.of(span) == span.sent, (start, end)
+
+
 def test_laterality_and_severity(ex):
     ms = ex.extract("Small left pleural effusion and right lower lobe atelectasis. Bilateral effusions. "
                     "Severe cardiomegaly. Trace pleural effusion. Large effusion on the right. Moderate effusion.", CXR)
@@ -253,3 +317,91 @@ def test_openi_gold_micro_f1(ex):
         assert mesh.per_entity[eid].f1 >= 0.88, eid
     for eid in ("F018", "F019", "F029"):  # measured NegBio F1: 0.948, 0.922, 0.887
         assert negbio.per_entity[eid].f1 >= 0.85, eid
+
+
+def _write_german_pack(folder: Path) -> None:
+    """A small German lexicon: a few CXR concepts, negation 'kein/keine/ohne', 'aber' ends a clause, sections."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "synonyms_de.json").write_text(json.dumps({
+        "F029": ["Pleuraerguss", "Pleuraergüsse", "Erguss"],
+        "F018": ["Kardiomegalie"],
+        "F019": ["Atelektase", "Atelektasen"],
+        "C006": ["Pneumonie", "Lungenentzündung"],
+    }, ensure_ascii=False), encoding="utf-8")
+    negation = [{"literal": w, "category": "NEGATED_EXISTENCE", "direction": "FORWARD", "max_scope": 10}
+                for w in ("kein", "keine", "keinen", "ohne", "kein hinweis auf")]
+    (folder / "context_rules_de.json").write_text(json.dumps({
+        "terminated_by": {"NEGATED_EXISTENCE": ["CLAUSE_BREAK"], "POSSIBLE_EXISTENCE": ["CLAUSE_BREAK"]},
+        "rules": [*negation,
+                  {"literal": "verdacht auf", "category": "POSSIBLE_EXISTENCE", "direction": "FORWARD", "max_scope": 8},
+                  {"literal": "aber", "category": "CLAUSE_BREAK", "direction": "PSEUDO"},
+                  {"literal": "links", "category": "LATERALITY", "direction": "BACKWARD", "max_scope": 2,
+                   "value": "left"}],
+    }, ensure_ascii=False), encoding="utf-8")
+    (folder / "section_rules_de.json").write_text(json.dumps({
+        "canonical_sections": ["indication", "technique", "comparison", "findings", "impression"],
+        "headers": {"indication": ["Fragestellung", "Indikation"], "technique": ["Technik"],
+                    "comparison": ["Voraufnahme", "Vergleich"], "findings": ["Befund"],
+                    "impression": ["Beurteilung"]},
+    }, ensure_ascii=False), encoding="utf-8")
+
+
+GERMAN_REPORT = ("FRAGESTELLUNG: Pneumonie?\n"
+                 "BEFUND: Keine Pleuraergüsse, aber Atelektase links. Kardiomegalie.\n"
+                 "BEURTEILUNG: Kein Hinweis auf Pneumonie. Verdacht auf Erguss.")
+
+
+def test_second_language_is_data_only(tmp_path, monkeypatch):
+    """A language added as files only (synonyms, ConText rules, section titles), found by naming convention."""
+    pack = tmp_path / "lexicon-de"
+    _write_german_pack(pack)
+    monkeypatch.delenv("MEDRECO_LEXICON_PATH", raising=False)
+    with pytest.raises(ExtractorConfigError) as err:  # not installed: unknown language
+        EntityExtractor(language="de")
+    assert err.value.reason == "unsupported_language"
+
+    de = EntityExtractor(language="de", search_path=[pack])
+    assert de.ontology.concepts["F029"].synonyms["de"] == ("pleuraerguss", "pleuraergüsse", "erguss")
+    assert "pleural effusion" in de.ontology.concepts["F029"].synonyms["en"]  # English unchanged
+    got = [(m["text"], m["entity_id"], m["section"], m["assertion"], m["laterality"])
+           for m in de.extract(GERMAN_REPORT, CXR)]
+    assert got == [
+        ("Pneumonie", "C006", "indication", "present", None),
+        ("Pleuraergüsse", "F029", "findings", "absent", None),
+        ("Atelektase", "F019", "findings", "present", "left"),  # 'aber' ends the negation's scope
+        ("Kardiomegalie", "F018", "findings", "present", None),
+        ("Pneumonie", "C006", "impression", "absent", None),
+        ("Erguss", "F029", "impression", "uncertain", None),
+    ]
+    rows = {r["entity_id"]: r["state"] for r in study_labels(de.extract(GERMAN_REPORT, CXR), CXR, de.ontology)}
+    assert (rows["C006"], rows["F029"], rows["F019"], rows["F018"]) == ("absent", "uncertain", "present", "present")
+
+    # the same pack through the environment variable, with no parameter at all
+    monkeypatch.setenv("MEDRECO_LEXICON_PATH", str(pack))
+    via_env = EntityExtractor(language="de")
+    assert [m["assertion"] for m in via_env.extract("BEFUND: Ohne Kardiomegalie.", CXR)] == ["absent"]
+    # English keeps its packaged files and its results
+    assert [m["assertion"] for m in EntityExtractor().extract("FINDINGS: No pleural effusion.", CXR)] == ["absent"]
+
+
+def test_language_files_are_validated(tmp_path):
+    from schemas.ontology import OntologyError
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "synonyms_de.json").write_text(json.dumps({"F999": ["gibt es nicht"]}), encoding="utf-8")
+    with pytest.raises(OntologyError) as err:
+        load_ontology(search_path=[bad])
+    assert err.value.reason == "invalid_synonyms" and "F999" in str(err.value)
+    (bad / "synonyms_de.json").write_text(json.dumps({"F029": "pleuraerguss"}), encoding="utf-8")
+    with pytest.raises(OntologyError):
+        load_ontology(search_path=[bad])
+    with pytest.raises(ExtractorConfigError) as err2:
+        EntityExtractor(language="../etc", search_path=[bad])
+    assert err2.value.reason == "unsupported_language"
+    good = tmp_path / "good"
+    _write_german_pack(good)
+    (good / "context_rules_de.json").write_text("{\"rules\": [{\"category\": \"NEGATED_EXISTENCE\"}]}")
+    with pytest.raises(ExtractorConfigError) as err3:
+        EntityExtractor(language="de", search_path=[good])
+    assert err3.value.reason == "invalid_context_rules"

@@ -5,13 +5,19 @@ from pathlib import Path
 
 import pytest
 
-from etl.report_sources import REPORT_FIELDS, ReportSourceError, iter_report_source, read_report_source
+from etl.report_sources import (
+    RECORD_FIELDS,
+    REPORT_FIELDS,
+    ReportSourceError,
+    iter_report_source,
+    read_report_source,
+)
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def _rec(**kw):
-    base = dict.fromkeys(REPORT_FIELDS)
+    base = dict.fromkeys(RECORD_FIELDS)
     base.update(kw)
     return base
 
@@ -27,7 +33,10 @@ def test_jsonl_records_and_blank_lines():
     assert [r["report_id"] for r in recs] == ["r1", "r2"]
     assert recs[0]["patient_id"] == "P1" and recs[0]["report_datetime"] == "2023-03-14T10:00:00"
     assert recs[1]["patient_id"] is None and recs[1]["language"] is None
-    assert set(recs[1]) == set(REPORT_FIELDS)
+    assert set(recs[1]) == set(RECORD_FIELDS) == set(REPORT_FIELDS) | {"patient_name"}
+    assert recs[0]["patient_name"] is None  # optional PHI key: None when the source does not give it
+    named = json.dumps({"report_id": "r3", "patient_name": "Doe^Jane", "text": "Clear."}).encode()
+    assert read_report_source(named, "jsonl", "n.jsonl")[0]["patient_name"] == "Doe^Jane"
 
 
 def test_jsonl_malformed_line_names_line_not_content():
@@ -166,7 +175,8 @@ def test_hl7_single_message_ft_escapes_multi_obx_and_links():
     assert rec["study_instance_uid"] == "1.2.840.113619.2.55.3.4271045733.996.1449464144.595"
     assert rec["patient_id"] == "4455667"  # the MR repetition of PID-3, not the first
     assert rec["report_datetime"] == "2023-03-15T10:15:00"  # OBR-22
-    assert rec["language"] is None and set(rec) == set(REPORT_FIELDS)
+    assert rec["language"] is None and set(rec) == set(RECORD_FIELDS)
+    assert rec["patient_name"] == "QUENNEVILLE^MARISOL"  # PID-5, DICOM PN form
     # CRLF segment ends and no MLLP framing give the same record
     plain = ORU_FT.replace("\x0b", "").replace("\x1c\r", "").replace("\r", "\r\n").encode()
     assert read_report_source(plain, "hl7", "b.hl7") == recs
@@ -182,6 +192,22 @@ def test_hl7_two_messages_in_one_file():
     assert second["accession_number"] is None and second["study_instance_uid"] == "1.2.3.4.5"  # ZDS-1, not OBR-2
     assert second["text"] == "Lungs clear.\n\nCafé-au-lait spot ~ none."
     assert second["report_datetime"] == "2023-04-02T11:30"
+    assert first["patient_name"] == "OKAFOR^ADA" and second["patient_name"] is None  # no PID-5: no stale name
+
+
+def test_hl7_patient_name_legal_repetition_components_and_escapes():
+    """PID-5 (XPN): the legal-name repetition (XPN-7 'L') wins; FN subcomponents, prefix/suffix in PN order."""
+    def name(pid5: str) -> str | None:
+        msg = ("MSH|^~\\&|RIS|H|||20230101||ORU^R01|N1|P|2.5.1\r"
+               f"PID|1||42^^^H^MR||{pid5}\r"
+               "OBR|1||A-9|XR CHEST\rOBX|1|TX|&GDT||Clear.\r")
+        return read_report_source(msg.encode(), "hl7", "n.hl7")[0]["patient_name"]
+
+    assert name("SMITH^JOHN^Q^JR^DR") == "SMITH^JOHN^Q^DR^JR"
+    assert name("JONES^MARY^^^^^M~SMITH&VAN&DER^MARY^ANN^^^^L") == "SMITH^MARY^ANN"
+    assert name("O\\T\\BRIEN^SEAN") == "O&BRIEN^SEAN"
+    assert name("^^^^^^L~DOE^JANE") == "DOE^JANE"  # an empty legal repetition is skipped
+    assert name("") is None
 
 
 def test_hl7_several_obr_groups_and_duplicate_ids():
@@ -240,3 +266,19 @@ def test_hl7_error_names_message_number_and_line_and_non_utf8_message():
     assert isinstance(err, ReportSourceError)
     assert "message 3 line 12" in err.message and "not UTF-8" in err.message
     assert list(iter_report_source(b"\x0b\x1c\r\n", "hl7", "empty.hl7")) == []
+
+
+def test_hl7_patient_name_is_a_known_value_for_text_deid():
+    """The name from PID-5 reaches text de-identification as a known value (as etl.stages.reports passes the
+    record's patient_id, patient_name and accession_number), in every spelling order and case."""
+    from entity_extraction.text_deid import deidentify_text
+
+    msg = ("MSH|^~\\&|RIS|H|||20230101||ORU^R01|N2|P|2.5.1\r"
+           "PID|1||4455667^^^H^MR||QUENNEVILLE^MARISOL\r"
+           "OBR|1||ACC-5|XR CHEST\r"
+           "OBX|1|TX|&GDT||Discussed with Marisol Quenneville. QUENNEVILLE, MARISOL: no effusion.||||||F\r")
+    rec = read_report_source(msg.encode(), "hl7", "p.hl7")[0]
+    known = [rec[k] for k in ("patient_id", "patient_name", "accession_number") if rec.get(k)]
+    text, counts = deidentify_text(rec["text"], known_phi=known, date_shift_days=0)
+    assert "quenneville" not in text.lower() and "marisol" not in text.lower()
+    assert text == "Discussed with [NAME]. [NAME]: no effusion." and counts == {"NAME": 2}
