@@ -147,7 +147,9 @@ def _print_training(record: dict) -> None:
     for job, h in sorted(record["jobs"].items()):
         lin = h.get("lineage_record") or {}
         metrics = (lin.get("metrics") or {}).get("eval") or {}
-        shown = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in _flat(metrics)[:8])
+        shown = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in _flat(metrics)
+                          if k.endswith(("micro.R@1", "micro.R@5", "mc_accuracy", "open_exact_match", "bleu1", "n_queries",
+                                         "n_items")))
         lines.append(f"  {job:<8} {h.get('status')}  {shown}")
         if lin.get("checkpoint"):
             lines.append(f"           checkpoint {lin['checkpoint']}")
@@ -157,7 +159,7 @@ def _print_training(record: dict) -> None:
 def _flat(d: dict, prefix: str = "") -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
     for k, v in d.items():
-        if isinstance(v, dict):
+        if isinstance(v, dict) and not k.startswith("by_"):  # per-entity / per-question-type detail: in the record
             out += _flat(v, f"{prefix}{k}.")
         elif isinstance(v, (int, float, str)):
             out.append((f"{prefix}{k}", v))
