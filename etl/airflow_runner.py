@@ -18,6 +18,10 @@ class BuildFailedError(RuntimeError):
     """Raised when the build DAG run does not end in success."""
 
 
+class BuildLockedError(BuildFailedError):
+    """Raised at once, before any work, when another build holds the storage root's lock."""
+
+
 def prepare_airflow_env(airflow_home: str | Path | None = None) -> Path:
     """Set the Airflow environment for an embedded run (SQLite, no examples, our dags folder) and migrate
     the metadata database once per Airflow version. Returns AIRFLOW_HOME."""
@@ -48,6 +52,9 @@ def run_build(config_path: str | Path) -> dict:
     ------
     BuildFailedError
         naming the failed tasks when the run does not succeed.
+    BuildLockedError
+        before any work, naming the holder, when another build holds the root's lock
+        (:class:`etl.ledger.BuildLock`): two builds on one root never interleave.
     ConfigError, MissingKeyError, KeyMismatchError
         before any work.
     """
@@ -57,13 +64,24 @@ def run_build(config_path: str | Path) -> dict:
     quiet_library_logs()
     from dags.medreco_build import build_dag
     from etl.context import BuildContext
+    from etl.ledger import BuildLock, BuildLockHeldError
     from etl.publish import run_summary_path
     from schemas.config import load_config
 
     cfg_path = str(Path(config_path).resolve())
     # fail before any work on a bad config, a missing key or a key other than the root's
-    BuildContext.from_config(load_config(cfg_path), run_id="precheck").check_key()
-    dagrun = build_dag.test(run_conf={"config": cfg_path})
+    pre = BuildContext.from_config(load_config(cfg_path), run_id="precheck")
+    pre.check_key()
+    lock = BuildLock(pre.storage, owner=f"medreco build of {cfg_path}", endpoint_url=pre.cfg.storage.s3_endpoint_url,
+                     region=pre.cfg.storage.s3_region)
+    try:
+        lock.acquire()
+    except BuildLockHeldError as err:
+        raise BuildLockedError(str(err)) from None
+    try:
+        dagrun = build_dag.test(run_conf={"config": cfg_path})
+    finally:
+        lock.release()
     state = str(getattr(dagrun, "state", ""))
     if not state.endswith("success"):
         failed = sorted({ti.task_id for ti in dagrun.get_task_instances() if str(ti.state).endswith("failed")})

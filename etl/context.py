@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,6 +30,28 @@ EVENT_SCHEMA = pa.schema(
 
 
 KEY_FINGERPRINT_FILE = "ledger/key_fingerprint.json"
+
+
+#: what the curated tables are a function of besides their inputs: the code and data files of these
+#: project folders (``config/`` holds the rule and template data files stages read)
+CODE_FOLDERS = ("etl", "schemas", "entity_extraction", "config")
+CODE_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".txt", ".csv", ".tsv", ".jsonl")
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 (hex) over the paths and bytes of the project's code and data files (:data:`CODE_FOLDERS`).
+
+    Part of :meth:`BuildContext.build_fingerprint`: an edit to the code invalidates every shard's
+    incremental state, so the next run rebuilds in full rather than mixing outputs of two code versions.
+    """
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for folder in CODE_FOLDERS:
+        for f in sorted((root / folder).rglob("*")):
+            if f.is_file() and f.suffix in CODE_SUFFIXES and "__pycache__" not in f.parts:
+                h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 class KeyMismatchError(RuntimeError):
@@ -85,6 +109,12 @@ class BuildContext:
         else:
             self.storage.write_text(KEY_FINGERPRINT_FILE, json.dumps({"fingerprint": fp}))
 
+    def build_fingerprint(self) -> str:
+        """sha256 (hex) of what every curated output depends on besides its input files: the config hash
+        (storage location excluded), the key's fingerprint and :func:`code_fingerprint`."""
+        parts = (self.cfg.config_hash(), self.key.fingerprint(), code_fingerprint())
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
     # ---- zone paths (root-relative) -------------------------------------------------------------
     @property
     def run_dir(self) -> str:
@@ -117,6 +147,17 @@ class BuildContext:
     def ledger_path(self) -> str:
         """This run's ledger."""
         return f"ledger/run_id={self.run_id}/ledger.parquet"
+
+    @property
+    def inputs_ledger_path(self) -> str:
+        """This run's clean-view ledger: every input file with the outcome a clean build of everything under
+        the sources gives it (re-delivered files included), which the snapshot's input lineage hashes."""
+        return f"ledger/run_id={self.run_id}/inputs.parquet"
+
+    @staticmethod
+    def stage_state_path(stage: str, shard: int) -> str:
+        """Incremental state of one per-shard stage: the digest of the inputs its outputs were built from."""
+        return f"ledger/incremental/{stage}/shard={shard:05d}.json"
 
     @property
     def quarantine_dir(self) -> str:

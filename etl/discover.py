@@ -4,6 +4,14 @@ Output is the run *plan* (restricted zone: it names source paths): one row per i
 ``kind`` (dicom | report | other), ``sha256``, ``shard`` (for DICOM: from the patient pseudonym) and a
 preliminary status (``pending`` | ``skipped`` | ``quarantined``). Duplicates are marked across the whole
 run by :func:`mark_duplicates`.
+
+Incremental ingestion. A storage root keeps a *seen index* (``ledger/seen_index.parquet``, restricted: it
+names source paths): one row per (source_uri, sha256) any earlier run recorded, with that file's latest
+outcome. The plan of a run is always the plan a clean build of everything now under the sources would make
+(the *clean view*: the same statuses, duplicates and UID collisions), annotated by :func:`mark_seen` with the
+earlier run that already recorded the same content (``seen_run``, ``seen_uri``, ``seen_status``). Stages use
+the clean view (a shard whose inputs did not change is skipped, see :mod:`etl.stages`); the ledger uses the
+annotation to record re-delivered files as ``duplicate`` (:func:`etl.ledger.build_ledger`).
 """
 
 from __future__ import annotations
@@ -45,6 +53,30 @@ PLAN_SCHEMA = pa.schema(
         pa.field("study_uid_key", pa.string()),
         pa.field("series_uid_key", pa.string()),
         pa.field("sop_uid_key", pa.string()),
+        # incremental ingestion (:func:`mark_seen`): the earlier run that recorded the same sha256, the path
+        # it had there and the outcome it got; null for content no earlier run recorded
+        pa.field("seen_run", pa.string()),
+        pa.field("seen_uri", pa.string()),
+        pa.field("seen_status", pa.string()),
+    ]
+)
+
+#: the seen index of a storage root (restricted zone)
+SEEN_INDEX = "ledger/seen_index.parquet"
+SEEN_SCHEMA = pa.schema(
+    [
+        pa.field("source_uri", pa.string(), nullable=False),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("institution", pa.string(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("first_run_id", pa.string(), nullable=False),  # the run that first recorded this file
+        pa.field("seq", pa.int64(), nullable=False),  # order of first_run_id among the root's runs (1, 2, ...)
+        pa.field("last_run_id", pa.string(), nullable=False),  # the latest run that saw it
+        # the file's latest clean-view outcome (ledger status, stage and reason code; never a value)
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("stage", pa.string()),
+        pa.field("reason", pa.string()),
     ]
 )
 
@@ -120,6 +152,9 @@ def discover_institution(
             "study_uid_key": None,
             "series_uid_key": None,
             "sop_uid_key": None,
+            "seen_run": None,
+            "seen_uri": None,
+            "seen_status": None,
         }
         name = posixpath.basename(rel)
         if pattern and fnmatch.fnmatch(name, pattern):
@@ -167,6 +202,80 @@ def mark_duplicates(plan: pa.Table) -> pa.Table:
             r.update(status="duplicate", reason="same_content", duplicate_of=seen, detail="same sha256 as an earlier file")
     _mark_uid_collisions(rows)
     return pa.Table.from_pylist(rows, schema=PLAN_SCHEMA)
+
+
+def load_seen_index(storage: Storage) -> pa.Table:
+    """The seen index of a storage root (:data:`SEEN_SCHEMA`); empty before the first run's ledger."""
+    if not storage.is_file(SEEN_INDEX):
+        return SEEN_SCHEMA.empty_table()
+    return storage.read_table(SEEN_INDEX, schema=SEEN_SCHEMA)
+
+
+def mark_seen(plan: pa.Table, seen: pa.Table) -> pa.Table:
+    """Annotate plan rows whose content (sha256) an earlier run already recorded.
+
+    The statuses are left as they are (the clean view); ``seen_run``, ``seen_uri`` and ``seen_status`` name
+    the earlier record: the same path when that path was recorded with the same content (a re-delivery in
+    place), else the first recorded copy (lowest ``seq``, then path).
+
+    Parameters
+    ----------
+    plan : pyarrow.Table
+        rows of :data:`PLAN_SCHEMA` (after :func:`mark_duplicates`).
+    seen : pyarrow.Table
+        rows of :data:`SEEN_SCHEMA` (:func:`load_seen_index`).
+
+    Returns
+    -------
+    pyarrow.Table
+        the plan, same rows and order, annotated.
+    """
+    by_sha: dict[str, list[dict]] = {}
+    for r in seen.to_pylist():
+        by_sha.setdefault(r["sha256"], []).append(r)
+    rows = plan.to_pylist()
+    for r in rows:
+        copies = by_sha.get(r["sha256"])
+        if not copies:
+            continue
+        same = [c for c in copies if c["source_uri"] == r["source_uri"]]
+        first = same[0] if same else min(copies, key=lambda c: (c["seq"], c["source_uri"]))
+        r.update(seen_run=first["first_run_id"], seen_uri=first["source_uri"], seen_status=first["status"])
+    return pa.Table.from_pylist(rows, schema=PLAN_SCHEMA)
+
+
+def update_seen_index(seen: pa.Table, inputs: pa.Table, run_id: str) -> pa.Table:
+    """The seen index after a run: every file of the run's clean-view ledger recorded with its outcome.
+
+    Files already recorded keep ``first_run_id`` and ``seq`` (their outcome and ``last_run_id`` are
+    updated); new ones get this run and the next ``seq``. Idempotent for a retried run.
+
+    Parameters
+    ----------
+    seen : pyarrow.Table
+        the index before the run (:data:`SEEN_SCHEMA`).
+    inputs : pyarrow.Table
+        the run's clean-view ledger (:data:`schemas.ledger.SCHEMA`).
+    run_id : str
+        the run.
+
+    Returns
+    -------
+    pyarrow.Table
+        rows of :data:`SEEN_SCHEMA`, sorted by source_uri and sha256.
+    """
+    rows = {(r["source_uri"], r["sha256"]): r for r in seen.to_pylist()}
+    runs = {r["first_run_id"]: r["seq"] for r in rows.values()}
+    seq = runs.get(run_id) or (max(runs.values(), default=0) + 1)
+    for r in inputs.to_pylist():
+        outcome = {"status": r["status"], "stage": r["stage"], "reason": r["reason"], "last_run_id": run_id}
+        k = (r["source_uri"], r["sha256"])
+        if k in rows:
+            rows[k].update(outcome)
+        else:
+            rows[k] = {"source_uri": r["source_uri"], "sha256": r["sha256"], "institution": r["institution"],
+                       "bytes": r["bytes"], "kind": r["kind"], "first_run_id": run_id, "seq": seq, **outcome}
+    return pa.Table.from_pylist([rows[k] for k in sorted(rows)], schema=SEEN_SCHEMA)
 
 
 def _mark_uid_collisions(rows: list[dict]) -> None:

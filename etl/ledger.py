@@ -11,18 +11,36 @@ recorded with reason ``curator_rejected`` (stage ``review``) and stays out for g
 *release after fix* keeps its reason while it still fails ("pending the fix") and flows on once the fix
 (a pixel-cleaning rule, a corrected delivery of the same bytes' successor, a decoder) lets it pass.
 Decisions name files by sha256 only (the full digest or its first >= 12 hex digits), never by path.
+
+Incremental runs (:mod:`etl.discover`). Each run writes two ledgers: the run ledger (``ledger.parquet``),
+in which a file whose content an earlier run recorded is ``duplicate`` (reason ``seen_in_earlier_run``,
+``duplicate_of`` naming the earlier path, ``detail`` the earlier run) unless this run changed its outcome
+or it is still quarantined (a quarantine stays open for curators until a fix or a decision closes it); and
+the clean-view ledger (``inputs.parquet``): the outcome a clean build of everything under the sources gives
+each file, which the snapshot's input lineage hashes, so an incremental build and a clean build of the same
+deliveries publish the same content hash. The seen index is updated from the clean-view ledger.
+
+Concurrent builds. :class:`BuildLock` is a lock object under ``ledger/`` (owner, host, pid, expiry), created
+atomically (``O_CREAT | O_EXCL`` on local disk, a conditional ``If-None-Match: *`` put on S3), so two build
+processes on one storage root cannot interleave; the second fails at once naming the holder.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
+import socket
+import threading
+import uuid
 from collections import Counter
+from dataclasses import dataclass, field
 
 import polars as pl
 import pyarrow as pa
 
 from etl.context import EVENT_SCHEMA, BuildContext
-from etl.discover import PLAN_SCHEMA
+from etl.discover import PLAN_SCHEMA, SEEN_INDEX, load_seen_index, update_seen_index
 from schemas import ledger as ledger_schema
 from schemas.base import table_from_rows
 
@@ -31,14 +49,36 @@ STAGE_ORDER = ("discover", "deidentify", "normalise", "reports")
 REVIEW_FILE = "reports/quarantine_review.json"
 REVIEW_DECISIONS = ("release", "reject")
 REJECTED_REASON = "curator_rejected"
+#: ledger reason of a file whose content (sha256) an earlier run already recorded
+SEEN_REASON = "seen_in_earlier_run"
 
 
 class LedgerImbalanceError(RuntimeError):
     """Raised when files seen != sum of per-status counts (a file was lost or counted twice)."""
 
 
-def build_ledger(run_id: str, plan: pa.Table, events: pa.Table) -> pa.Table:
-    """Combine the plan and the stages' events into the ledger (:data:`schemas.ledger.SCHEMA`)."""
+def build_ledger(run_id: str, plan: pa.Table, events: pa.Table, *, clean_view: bool = False) -> pa.Table:
+    """Combine the plan and the stages' events into the ledger (:data:`schemas.ledger.SCHEMA`).
+
+    Parameters
+    ----------
+    run_id : str
+        the run.
+    plan : pyarrow.Table
+        the run's plan (:data:`etl.discover.PLAN_SCHEMA`, annotated by :func:`etl.discover.mark_seen`).
+    events : pyarrow.Table
+        the stages' outcome events (:data:`etl.context.EVENT_SCHEMA`).
+    clean_view : bool
+        False (the run ledger): a file an earlier run recorded (``seen_run``) is ``duplicate`` /
+        ``seen_in_earlier_run`` unless it is quarantined, or ingested after an earlier non-ingested outcome
+        (a fix let it through); skipped files stay skipped. True: every file keeps the outcome a clean build
+        gives it (the snapshot's input lineage).
+
+    Returns
+    -------
+    pyarrow.Table
+        one row per plan row, sorted by source_uri.
+    """
     ev = pl.from_arrow(events.cast(EVENT_SCHEMA)) if events.num_rows else pl.from_arrow(EVENT_SCHEMA.empty_table())
     order = {s: i for i, s in enumerate(STAGE_ORDER)}
     outcome: dict[str, dict] = {}
@@ -60,6 +100,13 @@ def build_ledger(run_id: str, plan: pa.Table, events: pa.Table) -> pa.Table:
                            detail="no stage recorded an outcome for this file")
             else:
                 row.update(status=e["status"], stage=e["stage"], reason=e["reason"], detail=e["detail"])
+        if not clean_view and p["seen_run"] and row["status"] != "skipped":
+            if row["status"] == "quarantined":
+                note = f"same sha256 as a file of run {p['seen_run']}"
+                row["detail"] = f"{row['detail']}; {note}" if row["detail"] else note
+            elif not (row["status"] == "ingested" and p["seen_status"] not in (None, "ingested")):
+                row.update(status="duplicate", stage="discover", reason=SEEN_REASON, duplicate_of=p["seen_uri"],
+                           detail=f"same sha256 as a file recorded in run {p['seen_run']}")
         rows.append(row)
     return table_from_rows(rows, ledger_schema.SCHEMA)
 
@@ -155,6 +202,8 @@ def finalise(ctx: BuildContext) -> dict:
     Quarantine records (``quarantine/<run_id>/<sha256>.json``) point at the source file and give the
     reason code (and the curator decision, when one was recorded); they never copy a value out of the file.
     Curator decisions of ``reports/quarantine_review.json`` are applied first (:func:`apply_review`).
+    Also writes the clean-view ledger (``ledger/run_id=<run>/inputs.parquet``) and updates the seen index
+    (:data:`etl.discover.SEEN_INDEX`) with it.
 
     Raises
     ------
@@ -167,7 +216,10 @@ def finalise(ctx: BuildContext) -> dict:
     events = pa.concat_tables(parts) if parts else EVENT_SCHEMA.empty_table()
     review = load_review(ctx.storage)
     ledger, review_counts = apply_review(build_ledger(ctx.run_id, plan, events), review)
+    inputs, _ = apply_review(build_ledger(ctx.run_id, plan, events, clean_view=True), review)
     ctx.storage.write_table(ctx.ledger_path, ledger)
+    ctx.storage.write_table(ctx.inputs_ledger_path, inputs)
+    ctx.storage.write_table(SEEN_INDEX, update_seen_index(load_seen_index(ctx.storage), inputs, ctx.run_id))
     ctx.storage.delete(ctx.quarantine_dir)
     decided = {d["sha256"][:12]: d for d in review}
     for r in ledger.filter(pa.compute.equal(ledger["status"], "quarantined")).to_pylist():
@@ -189,3 +241,202 @@ def finalise(ctx: BuildContext) -> dict:
     if not result["balanced"]:
         raise LedgerImbalanceError(f"ledger of run {ctx.run_id} does not balance: {result}")
     return result
+
+
+# ---- the build lock ------------------------------------------------------------------------------------
+
+#: the lock object of a storage root's build (restricted zone; PHI-free: run id, host, pid, times)
+BUILD_LOCK = "ledger/build.lock"
+#: seconds a lock stays valid without a heartbeat (the holder refreshes it every third of that)
+BUILD_LOCK_TTL_S = 600.0
+
+
+class BuildLockHeldError(RuntimeError):
+    """Raised when another build holds the storage root's lock; ``holder`` is its lock record."""
+
+    def __init__(self, uri: str, holder: dict) -> None:
+        super().__init__(
+            f"another build holds the lock {uri}: owner {holder.get('owner')!r} (host {holder.get('host')}, "
+            f"pid {holder.get('pid')}), acquired {holder.get('acquired_at')}, expires {holder.get('expires_at')}; "
+            "wait for it to finish, or remove the lock file if that process is gone"
+        )
+        self.holder = holder
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass
+class BuildLock:
+    """An exclusive lock on a storage root's build, held by one process (use as a context manager).
+
+    The lock is the object :data:`BUILD_LOCK`, created only if absent: ``os.open(O_CREAT | O_EXCL)`` on
+    local disk (atomic on POSIX filesystems; not on NFS before v3), a conditional put (``If-None-Match: *``,
+    boto3) on S3, which S3 has honoured since August 2024 (pyarrow's S3 filesystem cannot send it). Its
+    record names the owner (the run), host, pid and an expiry; a heartbeat thread pushes the expiry
+    forward every ``ttl_s / 3`` while the lock is held, so a holder killed without release blocks the root
+    for at most ``ttl_s``, after which the next build takes the lock over.
+
+    Limits: taking over an expired lock is a read-then-replace (on S3 a delete then a conditional put), so
+    two processes that both find the same expired lock at the same instant are told apart only by the
+    conditional create that follows: one wins, the other fails with :class:`BuildLockHeldError`.
+
+    Parameters
+    ----------
+    storage : Storage
+        the storage root (local or ``s3://``).
+    owner : str
+        who takes the lock (a run id or a label), shown to whoever is refused.
+    ttl_s : float
+        seconds the lock is valid without a heartbeat (default :data:`BUILD_LOCK_TTL_S`).
+    endpoint_url, region : str, optional
+        S3 endpoint (MinIO, moto) and region, as in the pipeline config.
+    heartbeat : bool
+        refresh the expiry from a daemon thread while held (default True).
+    """
+
+    storage: object
+    owner: str
+    ttl_s: float = BUILD_LOCK_TTL_S
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    heartbeat: bool = True
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    # ---- record -----------------------------------------------------------------------------
+    def _record(self) -> bytes:
+        now = _now()
+        return json.dumps({
+            "owner": self.owner, "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
+            "acquired_at": now.isoformat(timespec="milliseconds"),
+            "expires_at": (now + dt.timedelta(seconds=self.ttl_s)).isoformat(timespec="milliseconds"),
+        }, sort_keys=True).encode()
+
+    def holder(self) -> dict | None:
+        """The current lock record, or None when the root is not locked."""
+        if not self.storage.is_file(BUILD_LOCK):
+            return None
+        try:
+            return json.loads(self.storage.read_bytes(BUILD_LOCK))
+        except Exception:  # noqa: BLE001  gone meanwhile, or the empty record of a holder killed while creating it
+            info = self.storage.fs.get_file_info(self.storage.path(BUILD_LOCK))
+            if info.mtime is None:
+                return None
+            expires = info.mtime.astimezone(dt.UTC) + dt.timedelta(seconds=self.ttl_s)
+            return {"owner": "unknown (unreadable lock record)", "expires_at": expires.isoformat(timespec="seconds")}
+
+    @staticmethod
+    def _expired(holder: dict) -> bool:
+        try:
+            return dt.datetime.fromisoformat(holder["expires_at"]) < _now()
+        except (KeyError, TypeError, ValueError):
+            return False
+
+    # ---- backend primitives -----------------------------------------------------------------
+    def _s3(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
+                            region_name=self.region)
+
+    def _bucket_key(self) -> tuple[str, str]:
+        bucket, _, key = self.storage.path(BUILD_LOCK).partition("/")
+        return bucket, key
+
+    def _create(self, data: bytes) -> bool:
+        """Create the lock object only if absent; True when this call created it."""
+        if self.storage.is_local:
+            path = self.storage.path(BUILD_LOCK)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            return True
+        from botocore.exceptions import ClientError
+
+        bucket, key = self._bucket_key()
+        try:
+            self._s3().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+                return False
+            raise
+        return True
+
+    def _take_over(self, stale: dict) -> None:
+        """Remove an expired lock (only if it is still the same record)."""
+        if self.storage.is_local:
+            path = self.storage.path(BUILD_LOCK)
+            aside = f"{path}.stale-{uuid.uuid4().hex}"
+            try:
+                os.rename(path, aside)
+            except FileNotFoundError:
+                return
+            with open(aside, "rb") as f:
+                moved = json.loads(f.read() or b"{}")
+            if moved.get("token") != stale.get("token"):
+                try:  # another process took the lock over in between: put its lock back
+                    os.link(aside, path)
+                except FileExistsError:
+                    pass
+            os.remove(aside)
+            return
+        current = self.holder()
+        if current is not None and current.get("token") == stale.get("token"):
+            bucket, key = self._bucket_key()
+            self._s3().delete_object(Bucket=bucket, Key=key)
+
+    # ---- public ----------------------------------------------------------------------------
+    def acquire(self) -> BuildLock:
+        """Take the lock or fail at once.
+
+        Raises
+        ------
+        BuildLockHeldError
+            naming the holder, when another live build holds it.
+        """
+        for _ in range(3):
+            if self._create(self._record()):
+                if self.heartbeat:
+                    self._thread = threading.Thread(target=self._beat, name="medreco-build-lock", daemon=True)
+                    self._thread.start()
+                return self
+            holder = self.holder()
+            if holder is None:
+                continue  # released between our create and our read: try again
+            if not self._expired(holder):
+                raise BuildLockHeldError(self.storage.full_uri(BUILD_LOCK), holder)
+            self._take_over(holder)
+        raise BuildLockHeldError(self.storage.full_uri(BUILD_LOCK), self.holder() or {})
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            current = self.holder()
+            if not current or current.get("token") != self.token:
+                return  # lost (taken over after expiry): never overwrite another holder's record
+            rec = json.loads(self._record())
+            rec["acquired_at"] = current.get("acquired_at", rec["acquired_at"])
+            self.storage.write_bytes(BUILD_LOCK, json.dumps(rec, sort_keys=True).encode())
+
+    def release(self) -> None:
+        """Stop the heartbeat and remove the lock if this process still holds it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        current = self.holder()
+        if current and current.get("token") == self.token:
+            self.storage.delete(BUILD_LOCK)
+
+    def __enter__(self) -> BuildLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
