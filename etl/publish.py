@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from etl.context import BuildContext
-from etl.snapshots import publish
+from etl.snapshots import MANIFEST_SHA, publish
 from schemas.ontology import load_ontology
 
 
@@ -18,13 +18,17 @@ def publish_stage(ctx: BuildContext) -> dict:
     """Publish the curated tables as a snapshot (:func:`etl.snapshots.publish`); write and return the run summary.
 
     The de-identification method codes recorded in the release come from the run's ``deid`` config (the
-    same codes the de-identifier writes into every DICOM file); lineage is this run and its ledger.
+    same codes the de-identifier writes into every DICOM file); lineage is this run's ledger (its path- and
+    run-free hash in the manifest, this run's id in the release's ``publish_log.json``). The release time
+    is ``SOURCE_DATE_EPOCH`` when set, else the clock (:func:`etl.snapshots.release_epoch`): a build with
+    the same inputs, config, key and ``SOURCE_DATE_EPOCH`` publishes a byte-identical release.
 
     Returns
     -------
     dict
         ``version``, ``parent``, ``change`` (initial | major | minor | patch, or the existing release's),
-        ``uri``, ``content_hash``, ``created``, ``tables`` (rows per table), ``delta_versions`` (pinned
+        ``uri``, ``content_hash``, ``manifest_sha256``, ``created_at`` (the release time, ISO 8601 UTC),
+        ``created``, ``tables`` (rows per table), ``delta_versions`` (pinned
         Delta table version per table), ``ledger`` (balance), ``dashboard`` (path of index.html).
         ``version``, ``content_hash`` and ``uri`` are what the build DAG puts in the
         ``medreco://snapshot`` Asset event's extra.
@@ -45,6 +49,8 @@ def publish_stage(ctx: BuildContext) -> dict:
         "change": release.manifest.get("change"),
         "uri": release.path,
         "content_hash": release.manifest["content_hash"],
+        "manifest_sha256": st.read_text(f"snapshots/{release.version}/{MANIFEST_SHA}").strip(),
+        "created_at": release.manifest.get("created_at"),
         "tables": {t: v["rows"] for t, v in release.manifest["tables"].items()},
         "delta_versions": {t: v.get("delta_version") for t, v in release.manifest["tables"].items()},
         "ledger": balance,

@@ -9,14 +9,16 @@ Layout under the storage root (a local folder or ``s3://bucket/prefix``)::
         manifest.json                      what the release is (below); written last: no manifest, no release
         manifest.sha256                    sha256 of manifest.json
         DATASET_CARD.md                    counts per institution, modality, entity and split, de-id codes, limits
+        publish_log.json                   this publish's run ids and wall-clock time (not hashed, see below)
 
 A release pins, per table, the Delta table version it was published as (time travel:
 ``DeltaTable(uri, version=n)``), the data files of that version with sha256 and row counts, and the
-sha256 of the pinned commit file. Delta gives each table an atomic commit; the manifest, written after
-every table has committed, is the atomic commit point of the release as a whole, so all tables of a
-release are consistent with each other. A table whose content did not change keeps its Delta version
-(no empty rewrite); a publish interrupted after some commits is resumed by the next one (a table whose
-latest Delta version already holds the wanted files is not committed again).
+sha256 of the pinned commit file. Delta gives each table an atomic commit (each commit file is created
+only if absent); the manifest, written after every table has committed, is the atomic commit point of
+the release as a whole, so all tables of a release are consistent with each other. A table whose content
+did not change keeps its Delta version (no empty rewrite); a publish interrupted after some commits is
+resumed by the next one (a table whose latest Delta version already holds the wanted files is not
+committed again).
 
 Versions: the first release is ``0.1.0``; then, against the latest release, ``MAJOR`` when a table's
 schema version changed or a table was removed, ``MINOR`` when rows were added, removed or changed or a
@@ -24,12 +26,23 @@ table was added, ``PATCH`` when only metadata in the content hash changed (confi
 version, code version, key fingerprint, de-identification codes, input ledger). When the content hash
 equals the latest release's, nothing is written and that release is returned.
 
-Reproducibility. The content hash covers only deterministic parts: per table its schema version, rows
-and data-file sha256s, and the metadata listed above. The same curated tables, config, code and key
-therefore give the same content hash, the same data-file names and bytes (rows sorted by key, written by
-pyarrow with fixed options) and the same dataset card. Not byte-identical across rebuilds, by design:
-``manifest.json`` (``created_at``, run ids, commit-file hashes) and Delta's commit files (commit
-timestamps, a random table id).
+Reproducibility: the same curated tables, config, code and key, published on a root with the same
+release history at the same release time, give a byte-identical release: the same ``manifest.json``
+(hence ``manifest.sha256``), dataset card, data files and Delta commit files. To that end
+
+- data files: rows sorted by key, written by pyarrow with fixed options, named by their sha256;
+- Delta commit files are written here (newline-delimited JSON actions, keys in a fixed order), not by
+  ``deltalake``, whose commits hold the clock and a random table id: every Delta timestamp is the release
+  time, the table id is a name-based UUID of the table and key fingerprint (:func:`delta_table_id`);
+- the release time (manifest ``created_at`` and ``source_date_epoch``) is ``SOURCE_DATE_EPOCH`` when set
+  (reproducible-builds.org), else the clock; a release is rebuilt by setting ``SOURCE_DATE_EPOCH`` to its
+  manifest's ``source_date_epoch``;
+- lineage in the manifest is the path- and run-free hash and counts of the input ledger; run ids and the
+  wall-clock publish time, which differ between rebuilds, are kept in ``publish_log.json``, which
+  :func:`verify` does not hash.
+
+The content hash (:func:`content_hash`) is narrower still: it leaves out times, versions and Delta
+commit files, so it also matches across roots with different histories.
 """
 
 from __future__ import annotations
@@ -42,6 +55,8 @@ import math
 import os
 import posixpath
 import re
+import tempfile
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,12 +72,16 @@ from etl.storage import Storage
 from schemas.base import key_columns, schema_version
 from schemas.tables import SCHEMAS, SNAPSHOT_TABLES
 
-#: manifest format written by this module (older manifests are reported by :func:`verify`)
-FORMAT = "medreco-snapshot/2"
+#: manifest format written by this module; ``/3``: release time from ``SOURCE_DATE_EPOCH``, no run ids (they
+#: are in the publish log), Delta commit files written deterministically
+FORMAT = "medreco-snapshot/3"
+#: manifest formats :func:`verify` and the readers accept (``/2`` differs only in what it records)
+READ_FORMATS = ("medreco-snapshot/2", FORMAT)
 TABLES_DIR = "snapshots/tables"
 MANIFEST = "manifest.json"
 MANIFEST_SHA = "manifest.sha256"
 CARD = "DATASET_CARD.md"
+PUBLISH_LOG = "publish_log.json"
 #: a table is split into data files of about this many bytes (Arrow in-memory size), rows kept in key order
 TARGET_FILE_BYTES = 256 * 2**20
 #: row groups of about this many bytes: small enough to fetch one image payload without reading a whole file
@@ -365,34 +384,198 @@ def _delta_files(storage: Storage, table: str, version: int | None = None) -> tu
     return dtab.version(), sorted(posixpath.basename(u) for u in dtab.file_uris())
 
 
-def _commit_table(storage: Storage, table: str, files: list[DataFile], release: str, when_ms: int) -> int:
-    """Commit ``files`` as the whole content of a table's Delta table (overwrite); return the new version."""
-    from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
-    from deltalake.transaction import AddAction
+def delta_table_id(table: str, key_fingerprint: str) -> str:
+    """The Delta table id (``metaData.id``) of a snapshot table: a name-based UUID (RFC 9562 version 5).
 
-    uri, opts = table_uri(storage, table), delta_storage_options(storage)
-    schema = SCHEMAS[table]
-    # no checkpoints or log clean-up: old versions stay readable for every release that pins them
-    hooks = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
-    if _is_delta_table(storage, table):
-        dtab = DeltaTable(uri, storage_options=opts)
-    else:
-        dtab = DeltaTable.create(uri, schema, name=table, description=f"MedReCo-DB table {table}",
-                                 configuration=DELTA_CONFIGURATION, storage_options=opts,
-                                 post_commithook_properties=hooks)
-    before = dtab.version()
-    actions = [AddAction(f.name, len(f.data), {}, when_ms, True, json.dumps({"numRecords": f.rows}))
-               for f in files]
-    dtab.create_write_transaction(actions, mode="overwrite", schema=schema, post_commithook_properties=hooks,
-                                  commit_properties=CommitProperties(custom_metadata={"medreco.release": release}))
-    version, names = _delta_files(storage, table)
-    if version != before + 1 or names != sorted(f.name for f in files):
-        raise SnapshotError(f"{table}: another writer committed to {uri} during the publish (version {version})")
-    return version
+    Derived from the table name and the pseudonymisation key fingerprint, so a rebuild of the same data
+    under the same key creates the same table id on any storage root (Delta readers only need it to be
+    stable for the table's life; ``deltalake`` would draw a random one).
+    """
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"medreco-db:{TABLES_DIR}/{table}?key_fingerprint={key_fingerprint}"))
+
+
+def _protocol_action(p: dict) -> dict:
+    """A Delta ``protocol`` action in a fixed key order (feature lists sorted; only where the versions allow)."""
+    out: dict[str, Any] = {"minReaderVersion": int(p["minReaderVersion"]), "minWriterVersion": int(p["minWriterVersion"])}
+    if out["minReaderVersion"] >= 3:
+        out["readerFeatures"] = sorted(p.get("readerFeatures") or [])
+    if out["minWriterVersion"] >= 7:
+        out["writerFeatures"] = sorted(p.get("writerFeatures") or [])
+    return out
+
+
+def _delta_table_template(table: str) -> tuple[dict, dict]:
+    """(``protocol``, ``metaData``) actions that ``deltalake`` writes when it creates this table.
+
+    ``deltalake`` maps the Arrow schema to Delta's (``schemaString``) and picks the protocol the types need
+    (``timestampNtz`` for a timestamp without time zone ...); it does so in a scratch local folder, whose
+    commit is read back and discarded. The caller replaces the random ``id`` and the clock ``createdTime``.
+    """
+    from deltalake import DeltaTable
+
+    with tempfile.TemporaryDirectory(prefix="medreco-delta-") as tmp:
+        DeltaTable.create(tmp, SCHEMAS[table], name=table, description=f"MedReCo-DB table {table}",
+                          configuration=DELTA_CONFIGURATION)
+        with open(posixpath.join(tmp, "_delta_log", f"{0:020d}.json"), encoding="utf-8") as f:
+            actions = {k: v for line in f if line.strip() for k, v in json.loads(line).items()}
+    return _protocol_action(actions["protocol"]), actions["metaData"]
+
+
+def _metadata_action(template: dict, table_id: str, created_ms: int) -> dict:
+    """A Delta ``metaData`` action in a fixed key order from ``deltalake``'s (``id``/``createdTime`` replaced)."""
+    return {"id": table_id, "name": template.get("name"), "description": template.get("description"),
+            "format": {"provider": "parquet", "options": {}}, "schemaString": template["schemaString"],
+            "partitionColumns": list(template.get("partitionColumns") or []), "createdTime": created_ms,
+            "configuration": dict(sorted((template.get("configuration") or {}).items()))}
+
+
+def _protocol_needed(current: dict, wanted: dict) -> dict | None:
+    """The protocol to commit so the table supports ``wanted``'s features; None when ``current`` does."""
+    features = lambda p, k: set(p.get(k) or [])  # noqa: E731
+    if (wanted["minReaderVersion"] <= current["minReaderVersion"]
+            and wanted["minWriterVersion"] <= current["minWriterVersion"]
+            and features(wanted, "readerFeatures") <= features(current, "readerFeatures")
+            and features(wanted, "writerFeatures") <= features(current, "writerFeatures")):
+        return None
+    return _protocol_action({
+        "minReaderVersion": max(current["minReaderVersion"], wanted["minReaderVersion"]),
+        "minWriterVersion": max(current["minWriterVersion"], wanted["minWriterVersion"]),
+        "readerFeatures": features(current, "readerFeatures") | features(wanted, "readerFeatures"),
+        "writerFeatures": features(current, "writerFeatures") | features(wanted, "writerFeatures")})
+
+
+def _s3_client(storage: Storage) -> Any:
+    """A boto3 S3 client configured like the storage's pyarrow filesystem (:func:`delta_storage_options`)."""
+    import boto3
+
+    opts = delta_storage_options(storage) or {}
+    return boto3.client("s3", region_name=opts.get("aws_region"), endpoint_url=opts.get("aws_endpoint_url"),
+                        aws_access_key_id=opts.get("aws_access_key_id"),
+                        aws_secret_access_key=opts.get("aws_secret_access_key"),
+                        aws_session_token=opts.get("aws_session_token"))
+
+
+def put_if_absent(storage: Storage, rel: str, data: bytes) -> bool:
+    """Create a file only if no file exists at ``rel`` (atomic); False, writing nothing, if one does.
+
+    This is the mutual exclusion a Delta commit needs (two writers never both create version N). Local:
+    the bytes go to a temporary file beside the target's folder, which is hard-linked to the target
+    (``link`` fails if the target exists; readers see the whole file or none). S3: ``PutObject`` with
+    ``If-None-Match: *`` (conditional write, refused with 412 Precondition Failed if the key exists).
+
+    Raises
+    ------
+    OSError, botocore.exceptions.ClientError
+        for other storage errors.
+    """
+    target = storage.path(rel)
+    if storage.is_local:
+        parent = posixpath.dirname(target)
+        storage.fs.create_dir(parent, recursive=True)
+        tmp = f"{posixpath.dirname(parent)}/.tmp-{uuid.uuid4().hex}-{posixpath.basename(target)}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
+    from botocore.exceptions import ClientError
+
+    bucket, _, key = target.partition("/")
+    try:
+        _s3_client(storage).put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict", "412"):
+            return False
+        raise
+    return True
 
 
 def _delta_log(table: str, version: int) -> str:
     return f"{TABLES_DIR}/{table}/_delta_log/{version:020d}.json"
+
+
+def _write_commit(storage: Storage, table: str, version: int, actions: list[dict]) -> None:
+    """Write one Delta commit file: newline-delimited JSON actions (compact, keys in the order given)."""
+    data = "\n".join(json.dumps(a, separators=(",", ":"), ensure_ascii=False) for a in actions).encode()
+    if not put_if_absent(storage, _delta_log(table, version), data):
+        raise SnapshotError(f"{table}: another writer committed Delta version {version} of "
+                            f"{table_uri(storage, table)} during the publish")
+
+
+def _commit_info(operation: str, parameters: dict, epoch_ms: int, release: str, read_version: int | None) -> dict:
+    info: dict[str, Any] = {"timestamp": epoch_ms, "operation": operation, "operationParameters": parameters}
+    if read_version is not None:
+        info.update(readVersion=read_version, isBlindAppend=False)
+    info.update({"engineInfo": f"medreco-db/{code_version()}", "medreco.release": release})
+    return {"commitInfo": info}
+
+
+def _commit_table(storage: Storage, table: str, files: list[DataFile], release: str, epoch_ms: int,
+                  key_fingerprint: str) -> int:
+    """Commit ``files`` as the whole content of a table's Delta table; return the new Delta version.
+
+    The commit files are written here, not by ``deltalake``, so that their bytes depend only on the
+    release: commit ``timestamp``, ``modificationTime``, ``deletionTimestamp`` and ``createdTime`` are
+    ``epoch_ms`` (the release time), the table id is :func:`delta_table_id`, keys are in a fixed order.
+    A new table gets version 0 (``commitInfo``, ``protocol``, ``metaData``: what ``deltalake`` would
+    write, see :func:`_delta_table_template`); the data commit removes the files of the current version
+    that are not wanted and adds the wanted files that are not there (sorted by path), with a new
+    ``metaData`` (and ``protocol`` if needed) when the schema changed. Each commit is created with
+    :func:`put_if_absent` (Delta's mutual exclusion), then read back with ``deltalake``.
+
+    Raises
+    ------
+    SnapshotError
+        when another writer committed to the table meanwhile.
+    """
+    from deltalake import DeltaTable
+
+    uri, opts = table_uri(storage, table), delta_storage_options(storage)
+    protocol, template = _delta_table_template(table)
+    schema_string = template["schemaString"]
+    extra: list[dict] = []
+    if not _is_delta_table(storage, table):
+        _write_commit(storage, table, 0, [
+            _commit_info("CREATE TABLE", {"mode": "ErrorIfExists"}, epoch_ms, release, None),
+            {"protocol": protocol},
+            {"metaData": _metadata_action(template, delta_table_id(table, key_fingerprint), epoch_ms)}])
+        before, current = 0, []
+    else:
+        dtab = DeltaTable(uri, storage_options=opts)
+        before = dtab.version()
+        current = sorted(posixpath.basename(u) for u in dtab.file_uris())
+        p = dtab.protocol()
+        needed = _protocol_needed({"minReaderVersion": p.min_reader_version, "minWriterVersion": p.min_writer_version,
+                                   "readerFeatures": p.reader_features, "writerFeatures": p.writer_features}, protocol)
+        if needed:
+            extra.append({"protocol": needed})
+        if json.loads(dtab.schema().to_json()) != json.loads(schema_string):
+            meta = dtab.metadata()
+            extra.append({"metaData": _metadata_action(
+                {"name": meta.name, "description": meta.description, "schemaString": schema_string,
+                 "partitionColumns": meta.partition_columns, "configuration": meta.configuration},
+                meta.id, epoch_ms)})
+    wanted = {f.name: f for f in files}
+    actions = [_commit_info("WRITE", {"mode": "Overwrite", "partitionBy": "[]"}, epoch_ms, release, before), *extra]
+    for name in current:
+        if name not in wanted:
+            size = storage.fs.get_file_info(storage.path(f"{TABLES_DIR}/{table}/{name}")).size
+            actions.append({"remove": {"path": name, "deletionTimestamp": epoch_ms, "dataChange": True,
+                                       "extendedFileMetadata": True, "partitionValues": {}, "size": size}})
+    for name in sorted(set(wanted) - set(current)):
+        f = wanted[name]
+        actions.append({"add": {"path": name, "partitionValues": {}, "size": len(f.data), "modificationTime": epoch_ms,
+                                "dataChange": True,
+                                "stats": json.dumps({"numRecords": f.rows}, separators=(",", ":"))}})
+    _write_commit(storage, table, before + 1, actions)
+    version, names = _delta_files(storage, table)
+    if version != before + 1 or names != sorted(wanted):
+        raise SnapshotError(f"{table}: another writer committed to {uri} during the publish (version {version})")
+    return version
 
 
 # ---- lineage ------------------------------------------------------------------------------------------------
@@ -411,7 +594,8 @@ def latest_ledger_run(storage: Storage) -> str | None:
 
 
 def input_ledger_summary(storage: Storage, run_id: str | None) -> dict | None:
-    """PHI-free summary of a run's ledger: a hash of its inputs and counts per status and reason.
+    """PHI-free summary of a run's inputs (``inputs.parquet``, the clean-build view an incremental run writes,
+    else ``ledger.parquet``): a hash of its inputs and counts per status and reason.
 
     The hash is sha256 over the sorted rows (institution, sha256, bytes, kind, status, reason) as
     canonical JSON: the same input files with the same outcomes give the same hash, wherever the storage
@@ -420,7 +604,11 @@ def input_ledger_summary(storage: Storage, run_id: str | None) -> dict | None:
     """
     if not run_id:
         return None
-    path = f"ledger/run_id={run_id}/ledger.parquet"
+    # an incremental run also writes inputs.parquet: every input file with the outcome a clean build of all
+    # deliveries gives it (files seen in earlier runs are not 'duplicate' there), so history does not change it
+    path = f"ledger/run_id={run_id}/inputs.parquet"
+    if not storage.is_file(path):
+        path = f"ledger/run_id={run_id}/ledger.parquet"
     if not storage.is_file(path):
         return None
     t = storage.read_table(path)
@@ -436,26 +624,77 @@ def input_ledger_summary(storage: Storage, run_id: str | None) -> dict | None:
 
 # ---- publish ------------------------------------------------------------------------------------------------
 
+def release_epoch(source_date_epoch: int | str | None = None) -> tuple[int, str]:
+    """The release time in whole seconds since the Unix epoch (UTC), and where it came from.
+
+    ``source_date_epoch`` when given, else the ``SOURCE_DATE_EPOCH`` environment variable (the
+    reproducible-builds.org convention, https://reproducible-builds.org/specs/source-date-epoch/), else the
+    clock. Every time written into a release (manifest ``created_at``, Delta commit timestamps) is this one,
+    so two publishes of the same content at the same ``SOURCE_DATE_EPOCH`` write the same bytes.
+
+    Returns
+    -------
+    (int, str)
+        seconds; ``"argument"``, ``"SOURCE_DATE_EPOCH"`` or ``"clock"``.
+
+    Raises
+    ------
+    SnapshotError
+        when the value is not a non-negative integer (the specification asks a build to fail then).
+    """
+    if source_date_epoch is None and os.environ.get("SOURCE_DATE_EPOCH", "") != "":
+        value, origin = os.environ["SOURCE_DATE_EPOCH"], "SOURCE_DATE_EPOCH"
+    elif source_date_epoch is not None:
+        value, origin = source_date_epoch, "argument"
+    else:
+        return int(dt.datetime.now(dt.UTC).timestamp()), "clock"
+    text = str(value).strip()
+    if not text.isascii() or not text.isdigit():
+        raise SnapshotError(f"{origin} must be a whole number of seconds since 1970-01-01T00:00:00Z, got {value!r}")
+    return int(text), origin
+
+
+def read_publish_log(storage: Storage, version: str) -> dict | None:
+    """The publish log of a release (``snapshots/<version>/publish_log.json``), None if it has none.
+
+    Not part of the release's identity: it records what differs from one publish of the same content to
+    another (wall-clock publish time, the publishing run, the runs and ledger it came from), so it is not
+    hashed in the manifest (:func:`verify` only checks that it names its release).
+    """
+    version = resolve_version(storage, version)
+    rel = f"snapshots/{version}/{PUBLISH_LOG}"
+    return json.loads(storage.read_text(rel)) if storage.is_file(rel) else None
+
+
 def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id: str, key_fingerprint: str,
             deid_method_codes: Sequence[Sequence[str]] = (), ledger_run_id: str | None = None,
-            run_ids: Sequence[str] | None = None) -> Release:
+            run_ids: Sequence[str] | None = None, source_date_epoch: int | str | None = None) -> Release:
     """Publish the curated tables as a release, or return the latest one if the content is unchanged.
+
+    The release's bytes (``manifest.json``, hence ``manifest.sha256``, ``DATASET_CARD.md``, data files and
+    Delta commit files) depend only on the curated tables, the parameters that enter the content hash, the
+    release history of the root and the release time (:func:`release_epoch`). Run ids and the wall-clock
+    time go to the unhashed ``publish_log.json`` (:func:`read_publish_log`).
 
     Parameters
     ----------
     storage : Storage
         the storage root (local or S3); tables are read from ``curated/<table>/``.
     config_hash, ontology_version, key_fingerprint : str
-        recorded and part of the content hash.
+        recorded and part of the content hash; ``key_fingerprint`` also names the Delta tables
+        (:func:`delta_table_id`).
     run_id : str
-        the publishing run (lineage).
+        the publishing run (publish log).
     deid_method_codes : sequence of (CodeValue, CodeMeaning)
         DeidentificationMethodCodeSequence codes (CID 7050) of the de-identification that made the data.
     ledger_run_id : str, optional
         run whose ledger describes the inputs (default: ``run_id`` when it has a ledger, else the most
-        recently written ledger).
+        recently written ledger); its path- and run-free hash is in the manifest's lineage.
     run_ids : sequence of str, optional
-        every run that contributed (default: ``[run_id]``).
+        every run that contributed (publish log; default: ``[run_id]``).
+    source_date_epoch : int or str, optional
+        the release time in seconds since the epoch (default: ``SOURCE_DATE_EPOCH``, else the clock); to
+        rebuild a release byte for byte, pass its manifest's ``source_date_epoch``.
 
     Returns
     -------
@@ -466,9 +705,11 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
     ------
     SnapshotError
         when the latest release fails :func:`verify` (nothing is published on top of a damaged release),
-        or when another writer commits to a Delta table during the publish.
+        when another writer commits to a Delta table during the publish, or for a malformed
+        ``source_date_epoch``/``SOURCE_DATE_EPOCH``.
     """
-    now = dt.datetime.now(dt.UTC)
+    epoch, epoch_origin = release_epoch(source_date_epoch)
+    published_at = dt.datetime.now(dt.UTC)
     data = {t: _curated_table(storage, t) for t in SNAPSHOT_TABLES}
     files = {t: encode_data_files(tbl) for t, tbl in data.items()}
     tables: dict[str, dict] = {}
@@ -480,13 +721,13 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
     if ledger_run_id is None:
         ledger_run_id = run_id if storage.is_file(f"ledger/run_id={run_id}/ledger.parquet") else latest_ledger_run(storage)
     inputs = input_ledger_summary(storage, ledger_run_id)
+    lineage = {k: v for k, v in (inputs or {"input_ledger_sha256": None}).items() if k != "ledger_run_id"}
     manifest: dict[str, Any] = {
         "format": FORMAT, "config_hash": config_hash, "ontology_version": ontology_version,
         "code_version": code_version(), "key_fingerprint": key_fingerprint,
         "deid_method_codes": [list(c) for c in deid_method_codes],
         "schema_versions": {t: v["schema_version"] for t, v in tables.items()},
-        "lineage": {"run_ids": list(run_ids or [run_id]), "publish_run_id": run_id,
-                    **(inputs or {"ledger_run_id": None, "input_ledger_sha256": None})},
+        "lineage": lineage,
         "tables": tables,
     }
     manifest["content_hash"] = content_hash(manifest)
@@ -506,7 +747,7 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
         change = "initial"
     version = bump_version(parent, change)
 
-    when_ms = int(now.timestamp() * 1000)
+    epoch_ms = epoch * 1000
     for t, fs in files.items():
         for f in fs:
             rel = f"{TABLES_DIR}/{t}/{f.name}"
@@ -514,25 +755,31 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
                 storage.write_bytes(rel, f.data)
         delta_version, names = _delta_files(storage, t)
         if delta_version is None or names != sorted(f.name for f in fs):
-            delta_version = _commit_table(storage, t, fs, version, when_ms)
+            delta_version = _commit_table(storage, t, fs, version, epoch_ms, key_fingerprint)
         log = _delta_log(t, delta_version)
         tables[t]["delta_version"] = delta_version
         tables[t]["delta_log"] = {"path": log.removeprefix(f"{TABLES_DIR}/{t}/"), "sha256": _sha256_file(storage, log)}
 
-    manifest.update(version=version, parent=parent, change=change,
-                    created_at=now.isoformat(timespec="seconds"), table_format="delta")
+    manifest.update(version=version, parent=parent, change=change, source_date_epoch=epoch,
+                    created_at=dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds"),
+                    table_format="delta")
     base = f"snapshots/{version}"
     card = dataset_card(manifest, card_facts(data, inputs)).encode()
     manifest["card_sha256"] = hashlib.sha256(card).hexdigest()
     storage.write_bytes(f"{base}/{CARD}", card)
+    log_record = {"version": version, "published_at": published_at.isoformat(timespec="seconds"),
+                  "publish_run_id": run_id, "run_ids": list(run_ids or [run_id]), "ledger_run_id": ledger_run_id,
+                  "source_date_epoch": epoch, "source_date_epoch_from": epoch_origin}
+    storage.write_text(f"{base}/{PUBLISH_LOG}", json.dumps(log_record, indent=1, sort_keys=True))
     text = json.dumps(manifest, indent=1, sort_keys=True).encode()
     storage.write_bytes(f"{base}/{MANIFEST}", text)
     storage.write_text(f"{base}/{MANIFEST_SHA}", hashlib.sha256(text).hexdigest() + "\n")
     if storage.is_local:  # immutable on disk too: read-only files (Delta only ever adds files)
-        pinned = [f"{base}/{n}" for n in (CARD, MANIFEST, MANIFEST_SHA)]
+        pinned = [f"{base}/{n}" for n in (CARD, PUBLISH_LOG, MANIFEST, MANIFEST_SHA)]
         for t, v in tables.items():
             pinned += [f"{TABLES_DIR}/{t}/{f['path']}" for f in v["files"]]
-            pinned.append(f"{TABLES_DIR}/{t}/{v['delta_log']['path']}")
+            pinned += [_delta_log(t, n) for n in range(v["delta_version"] + 1)
+                       if storage.is_file(_delta_log(t, n))]
         for rel in pinned:
             os.chmod(storage.path(rel), 0o444)
     return Release(version, storage.full_uri(base), manifest, created=True)
@@ -703,8 +950,9 @@ def verify(storage: Storage, version: str) -> list[str]:
     Checks: ``manifest.sha256`` against the manifest's bytes; the manifest format; for every table each
     data file's presence, sha256 (re-hashed, streamed) and row count (Parquet footer), the pinned Delta
     commit file's presence and sha256, and that the pinned Delta version lists exactly the manifest's data
-    files; the dataset card's sha256; the content hash recomputed from the manifest; and that the
-    release folder holds no file the manifest does not list. Each problem names the file.
+    files; the dataset card's sha256; the content hash recomputed from the manifest; that the publish log,
+    if any, names this release (it is not hashed: it records run ids and the wall-clock time); and that
+    the release folder holds no other file. Each problem names the file.
 
     Raises
     ------
@@ -720,9 +968,9 @@ def verify(storage: Storage, version: str) -> list[str]:
         problems.append(f"missing file {base}/{MANIFEST_SHA}")
     elif storage.read_text(f"{base}/{MANIFEST_SHA}").strip() != hashlib.sha256(text).hexdigest():
         problems.append(f"{base}/{MANIFEST} does not match {MANIFEST_SHA} (manifest edited)")
-    if manifest.get("format") != FORMAT:
+    if manifest.get("format") not in READ_FORMATS:
         return problems + [f"{base}/{MANIFEST}: unsupported manifest format {manifest.get('format')!r} "
-                           f"(this code reads {FORMAT})"]
+                           f"(this code reads {', '.join(READ_FORMATS)})"]
     for t, v in manifest["tables"].items():
         folder = v["uri"]
         for f in v["files"]:
@@ -757,7 +1005,15 @@ def verify(storage: Storage, version: str) -> list[str]:
         problems.append(f"{card}: sha256 mismatch")
     if content_hash(manifest) != manifest["content_hash"]:
         problems.append(f"{base}/{MANIFEST}: content_hash does not match its tables and metadata")
-    listed = {f"{base}/{n}" for n in (MANIFEST, MANIFEST_SHA, CARD)}
+    log = f"{base}/{PUBLISH_LOG}"
+    if storage.is_file(log):
+        try:
+            named = json.loads(storage.read_text(log)).get("version")
+        except (ValueError, AttributeError):
+            named = None
+        if named != version:
+            problems.append(f"{log}: not the publish log of {version}")
+    listed = {f"{base}/{n}" for n in (MANIFEST, MANIFEST_SHA, CARD, PUBLISH_LOG)}
     problems += [f"unlisted file {f}" for f in storage.list_files(base) if f not in listed]
     return problems
 

@@ -377,7 +377,7 @@ def test_snapshot_asset_emitted(scheduled):
 
 
 def test_snapshot_equals_embedded_run(scheduled, embedded):
-    from etl.snapshots import list_versions, read_manifest, verify
+    from etl.snapshots import list_versions, read_manifest, read_publish_log, verify
     from etl.storage import Storage
 
     st = Storage.open(str(scheduled["storage_root"]))
@@ -387,7 +387,7 @@ def test_snapshot_equals_embedded_run(scheduled, embedded):
     assert manifest["content_hash"] == embedded["content_hash"]
     assert {t: v["rows"] for t, v in manifest["tables"].items()} == embedded["tables"]
     assert sum(embedded["tables"].values()) > 0
-    summary = json.loads(st.read_text(f"reports/history/{manifest['lineage']['publish_run_id']}.json"))
+    summary = json.loads(st.read_text(f"reports/history/{read_publish_log(st, '0.1.0')['publish_run_id']}.json"))
     assert summary["ledger"] == embedded["ledger"] and summary["ledger"]["balanced"] is True
     events = [e for e in scheduled["asset_events"] if e.get("name") == "medreco://snapshot"]  # uri is normalised (".../")
     assert events and events[0]["extra"]["content_hash"] == embedded["content_hash"]

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shutil
+import uuid
 import zlib
 from pathlib import Path
 
@@ -23,14 +24,18 @@ from PIL import Image
 
 from etl.snapshots import (
     FORMAT,
+    PUBLISH_LOG,
     TABLES_DIR,
     SnapshotError,
     bump_version,
     content_hash,
+    delta_table_id,
     diff,
     list_versions,
     publish,
+    put_if_absent,
     read_manifest,
+    read_publish_log,
     verify,
 )
 from etl.storage import Storage
@@ -203,32 +208,129 @@ def test_publishing_unchanged_content_returns_the_existing_release(store):
     assert all(not store.is_file(f"{TABLES_DIR}/{t}/_delta_log/{2:020d}.json") for t in SNAPSHOT_TABLES)
 
 
-def test_rebuild_in_a_fresh_root_gives_identical_content_hash_files_and_card(store, tmp_path):
-    """Same curated tables, config, code and key -> same content hash, same data-file names and bytes, same
-    dataset card; only times, run ids and Delta commit files differ."""
-    a = do_publish(store)
+def _release_bytes(st: Storage) -> dict[str, bytes]:
+    """Every file a release consists of (manifest, its sha256, card, data files, Delta commits), by path."""
+    return {f: Path(st.path(f)).read_bytes() for f in st.list_files("snapshots")
+            if not f.endswith(f"/{PUBLISH_LOG}")}
+
+
+def test_rebuild_at_the_same_release_time_is_byte_identical(store, tmp_path, monkeypatch):
+    """Same curated tables, config, code and key: a rebuild in a fresh root, by another run, with
+    SOURCE_DATE_EPOCH set to the first release's ``source_date_epoch``, writes the same bytes: manifest
+    (so manifest.sha256), card, data files and Delta commit files; then the next release too."""
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    a = do_publish(store)  # release time from the clock
+    epoch = a.manifest["source_date_epoch"]
+    assert a.manifest["created_at"] == dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")
+    assert read_publish_log(store, "0.1.0")["source_date_epoch_from"] == "clock"
     other = Storage.open(str(tmp_path / "rebuilt"))
     shutil.copytree(store.path("curated"), other.path("curated"))
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(epoch))
     b = do_publish(other, run_id="another-run")
-    assert a.manifest["content_hash"] == b.manifest["content_hash"]
+    assert b.manifest == a.manifest
+    fa, fb = _release_bytes(store), _release_bytes(other)
+    assert fa == fb
+    assert fa["snapshots/0.1.0/manifest.sha256"].decode().strip() == hashlib.sha256(
+        fa["snapshots/0.1.0/manifest.json"]).hexdigest()
+    # all of it is there: 12 tables x (data file + create commit + data commit) + 3 release files
+    assert len(fa) == 3 * len(SNAPSHOT_TABLES) + 3
+    # only the publish logs differ: they hold the run ids and the wall-clock time
+    la, lb = read_publish_log(store, "0.1.0"), read_publish_log(other, "0.1.0")
+    assert (la["publish_run_id"], lb["publish_run_id"], lb["source_date_epoch_from"]) == (
+        "run-1", "another-run", "SOURCE_DATE_EPOCH")
 
-    def data_files(st: Storage) -> dict[str, bytes]:
-        return {f: Path(st.path(f)).read_bytes() for f in st.list_files(TABLES_DIR) if f.endswith(".parquet")}
+    # the next delivery, published in both roots at the same (later) release time: 0.2.0 identical too,
+    # Delta commit 2 included (add and remove actions)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(epoch + 86400))
+    for st in (store, other):
+        write_institution(st, "ie-c", 2)
+        assert do_publish(st, run_id=f"run-{st.root[-4:]}").version == "0.2.0"
+    fa, fb = _release_bytes(store), _release_bytes(other)
+    assert fa == fb and f"{TABLES_DIR}/studies/_delta_log/{2:020d}.json" in fa
+    assert read_manifest(store, "0.2.0")["created_at"] == dt.datetime.fromtimestamp(
+        epoch + 86400, dt.UTC).isoformat(timespec="seconds")
+    assert verify(store, "0.2.0") == [] and verify(other, "0.2.0") == []
 
-    fa, fb = data_files(store), data_files(other)
-    assert fa and fa == fb  # names and bytes
-    card = "snapshots/0.1.0/DATASET_CARD.md"
-    assert store.read_bytes(card) == other.read_bytes(card)
 
-    def deterministic(m: dict) -> dict:
-        m = json.loads(json.dumps(m))
-        for k in ("created_at", "lineage"):
-            m.pop(k)
-        for v in m["tables"].values():
-            v["delta_log"].pop("sha256")
-        return m
+def test_delta_commits_carry_the_release_time_and_a_key_derived_table_id(store, monkeypatch):
+    from deltalake import DeltaTable
 
-    assert deterministic(a.manifest) == deterministic(b.manifest)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    do_publish(store)
+    first = [f["path"] for f in read_manifest(store, "0.1.0")["tables"]["studies"]["files"]]
+    write_institution(store, "ie-c", 2)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700003600")
+    rel = do_publish(store)
+    log = [[json.loads(line) for line in Path(store.path(f"{TABLES_DIR}/studies/_delta_log/{v:020d}.json"))
+            .read_text().splitlines()] for v in range(3)]
+    create, write1, write2 = log
+    assert [next(iter(a)) for a in create] == ["commitInfo", "protocol", "metaData"]
+    meta = create[2]["metaData"]
+    assert meta["id"] == delta_table_id("studies", "f" * 16) == str(
+        uuid.uuid5(uuid.NAMESPACE_URL, f"medreco-db:{TABLES_DIR}/studies?key_fingerprint={'f' * 16}"))
+    assert delta_table_id("studies", "e" * 16) != meta["id"] != delta_table_id("pairs", "f" * 16)
+    assert (meta["createdTime"], meta["configuration"]) == (1700000000000, {"delta.enableExpiredLogCleanup": "false"})
+    # study_datetime is a timestamp without time zone: deltalake's protocol choice is kept
+    assert create[1]["protocol"] == {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
+                                     "writerFeatures": ["timestampNtz"]}
+    assert write1[0]["commitInfo"]["timestamp"] == 1700000000000
+    assert [a["add"]["path"] for a in write1[1:]] == first
+    assert all(a["add"]["modificationTime"] == 1700000000000 for a in write1[1:])
+    info = write2[0]["commitInfo"]
+    assert (info["timestamp"], info["readVersion"], info["medreco.release"]) == (1700003600000, 1, "0.2.0")
+    # content-addressed files: the old file is removed, the new one added, in one commit
+    assert [(k, a[k]["path"]) for a in write2[1:] for k in a] == [
+        ("remove", first[0]), ("add", rel.manifest["tables"]["studies"]["files"][0]["path"])]
+    assert write2[1]["remove"]["deletionTimestamp"] == 1700003600000
+    dtab = DeltaTable(store.path(f"{TABLES_DIR}/studies"))
+    assert (dtab.metadata().id, dtab.version(), dtab.to_pyarrow_table().num_rows) == (meta["id"], 2, 15)
+    assert [h["timestamp"] for h in dtab.history()] == [1700003600000, 1700000000000, 1700000000000]
+
+
+def test_malformed_source_date_epoch_is_refused(store, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "2024-01-01")
+    with pytest.raises(SnapshotError, match="SOURCE_DATE_EPOCH must be a whole number of seconds"):
+        do_publish(store)
+    assert list_versions(store) == [] and not store.exists(TABLES_DIR)
+    # an explicit argument wins over the environment
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    rel = do_publish(store, source_date_epoch=86400)
+    assert (rel.manifest["source_date_epoch"], rel.manifest["created_at"]) == (86400, "1970-01-02T00:00:00+00:00")
+    with pytest.raises(SnapshotError, match="argument must be a whole number"):
+        do_publish(store, source_date_epoch="-5")
+
+
+def test_a_schema_change_commits_new_delta_metadata_and_protocol(store, monkeypatch):
+    """A new column of a type the table's protocol lacks (timestamp without time zone on ``pairs``): the data
+    commit carries a metaData (same table id, new schema) and an upgraded protocol; old versions still read."""
+    from deltalake import DeltaTable
+
+    import etl.snapshots as snapshots
+
+    first = do_publish(store)
+    assert first.manifest["tables"]["pairs"]["delta_version"] == 1
+    base = SCHEMAS["pairs"]
+    wider = pa.schema([*base, pa.field("reviewed_at", pa.timestamp("us"))], metadata={
+        **base.metadata, b"medreco.schema_version": b"2.0.0"})
+    monkeypatch.setitem(snapshots.SCHEMAS, "pairs", wider)
+    rel = do_publish(store)
+    assert (rel.version, rel.manifest["tables"]["pairs"]["delta_version"]) == ("1.0.0", 2)
+    actions = [json.loads(line) for line in
+               Path(store.path(f"{TABLES_DIR}/pairs/_delta_log/{2:020d}.json")).read_text().splitlines()]
+    assert [next(iter(a)) for a in actions] == ["commitInfo", "protocol", "metaData", "remove", "add"]
+    assert actions[1]["protocol"] == {"minReaderVersion": 3, "minWriterVersion": 7,
+                                      "readerFeatures": ["timestampNtz"], "writerFeatures": ["timestampNtz"]}
+    assert actions[2]["metaData"]["id"] == delta_table_id("pairs", "f" * 16)
+    new, old = DeltaTable(store.path(f"{TABLES_DIR}/pairs")), DeltaTable(store.path(f"{TABLES_DIR}/pairs"), version=1)
+    assert "reviewed_at" in new.to_pyarrow_table().column_names
+    assert "reviewed_at" not in old.to_pyarrow_table().column_names and old.to_pyarrow_table().num_rows == 4
+    assert verify(store, "0.1.0") == [] and verify(store, "1.0.0") == []
+
+
+def test_put_if_absent_creates_once(store):
+    assert put_if_absent(store, "x/commit.json", b"first") is True
+    assert put_if_absent(store, "x/commit.json", b"second") is False
+    assert store.read_bytes("x/commit.json") == b"first" and store.list_files("x") == ["x/commit.json"]
 
 
 def test_new_institution_is_a_minor_release_whose_diff_lists_exactly_its_rows(store):
@@ -304,16 +406,22 @@ def test_lineage_records_the_run_and_a_path_free_input_ledger_hash(store, tmp_pa
         st.write_table(f"ledger/run_id={run}/ledger.parquet", _fill(LEDGER, rows))
 
     ledger(store, "run-1", "/hospital/a")
-    lin = do_publish(store).manifest["lineage"]
-    assert lin["run_ids"] == ["run-1"] and lin["ledger_run_id"] == "run-1"
+    lin = do_publish(store, run_ids=["ingest-us-a", "run-1"]).manifest["lineage"]
+    # the manifest holds what is the same on every rebuild: the inputs' hash and counts, no run id
+    assert set(lin) == {"input_ledger_sha256", "files_seen", "by_status", "quarantined_by_reason"}
     assert (lin["files_seen"], lin["by_status"], lin["quarantined_by_reason"]) == (
         3, {"ingested": 2, "quarantined": 1}, {"not_dicom": 1})
+    # the runs are in the release's publish log
+    log = read_publish_log(store, "latest")
+    assert (log["version"], log["publish_run_id"], log["run_ids"], log["ledger_run_id"]) == (
+        "0.1.0", "run-1", ["ingest-us-a", "run-1"], "run-1")
+    assert dt.datetime.fromisoformat(log["published_at"]).tzinfo is not None
     # the same inputs seen from another root and run: same hash, so the same content hash
     other = Storage.open(str(tmp_path / "other"))
     shutil.copytree(store.path("curated"), other.path("curated"))
     ledger(other, "run-9", "/mnt/elsewhere")
     rel = do_publish(other, run_id="run-9")
-    assert rel.manifest["lineage"]["input_ledger_sha256"] == lin["input_ledger_sha256"]
+    assert rel.manifest["lineage"] == lin and read_publish_log(other, "0.1.0")["ledger_run_id"] == "run-9"
     assert rel.manifest["content_hash"] == read_manifest(store, "0.1.0")["content_hash"]
     card = other.read_text("snapshots/0.1.0/DATASET_CARD.md")
     assert "- quarantined: 1" in card and "not_dicom 1" in card
@@ -355,8 +463,11 @@ def _data_file(st: Storage, table: str) -> str:
          "snapshots/0.1.0/DATASET_CARD.md: sha256 mismatch"),
         (lambda st: open(st.path("snapshots/0.1.0/extra.parquet"), "wb").write(b"x"),
          "unlisted file snapshots/0.1.0/extra.parquet"),
+        (lambda st: open(st.path(f"snapshots/0.1.0/{PUBLISH_LOG}"), "w").write('{"version": "0.0.9"}'),
+         f"snapshots/0.1.0/{PUBLISH_LOG}: not the publish log of 0.1.0"),
     ],
-    ids=["tampered-data", "deleted-data", "deleted-delta-log", "tampered-delta-log", "edited-card", "extra-file"],
+    ids=["tampered-data", "deleted-data", "deleted-delta-log", "tampered-delta-log", "edited-card", "extra-file",
+         "foreign-publish-log"],
 )
 def test_verify_names_the_tampered_or_missing_file(store, tamper, expected):
     do_publish(store)
@@ -480,6 +591,13 @@ def test_publish_verify_diff_and_load_on_s3(moto_endpoint, monkeypatch):
     keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket="medreco-snap")
             for o in page.get("Contents", [])]
     assert f"deploy/{TABLES_DIR}/studies/_delta_log/{1:020d}.json" in keys
+    # Delta commits are conditional writes (If-None-Match): a second writer of the same version is refused
+    log = f"{TABLES_DIR}/studies/_delta_log/{1:020d}.json"
+    before = st.read_bytes(log)
+    assert put_if_absent(st, log, b"{}") is False and st.read_bytes(log) == before
+    assert put_if_absent(st, "scratch/once.json", b"1") is True and put_if_absent(st, "scratch/once.json", b"2") is False
+    assert st.read_bytes("scratch/once.json") == b"1"
+    st.delete("scratch")
     assert all(k.startswith("deploy/") for k in keys) and not [k for k in keys if "tmp" in k.rsplit("/", 1)[-1]]
     # tamper with one object in the bucket (not through our code): verify names it
     victim = f"deploy/{_data_file(st, 'pairs')}"
