@@ -4,6 +4,17 @@ Airflow tasks in ``dags/`` call these and nothing else. Every per-shard stage re
 own shard partitions (``curated/<table>/shard=NNNNN/part-0.parquet``), writes atomically, and writes an
 empty partition for an empty shard, so a re-run of the same inputs writes the same bytes and an
 interrupted run can simply be retried.
+
+Incremental runs. Each per-shard stage (de-identify, normalise, entities, assemble) records, after all its
+writes, the digest of what its outputs were built from (``ledger/incremental/<stage>/shard=N.json``: the
+shard's clean-view input files, the upstream partitions it reads, and the build fingerprint of config, key
+and code). A later run whose digest is the same skips the shard: its partitions are kept and its events and
+audit counts are carried into the new run from the run that built them. A shard with any new, removed or
+re-classified input file is rebuilt from all its files, so the curated tables equal a clean build's of
+everything under the sources. A stage killed part-way never recorded its digest, so the next attempt
+rebuilds the shard whole (every partition is rewritten atomically; stale files of the shard are removed).
+The cross-shard stages (reports, retrieval) run in full every time: a study delivered later links a report
+delivered earlier.
 """
 
 from __future__ import annotations
@@ -23,7 +34,14 @@ import pydicom
 from etl.context import EVENT_SCHEMA, BuildContext
 from etl.deid import DeidentificationError, deidentify_dataset, patient_key_for
 from etl.deid_policy import build_policy
-from etl.discover import PLAN_SCHEMA, discover_institution, mark_duplicates, shard_batches
+from etl.discover import (
+    PLAN_SCHEMA,
+    discover_institution,
+    load_seen_index,
+    mark_duplicates,
+    mark_seen,
+    shard_batches,
+)
 from etl.storage import read_uri
 from schemas import deid_audit as deid_audit_schema
 from schemas import entity_mentions as entity_mentions_schema
@@ -113,12 +131,75 @@ def plan(ctx: BuildContext) -> list[list[int]]:
     """Merge the institutions' plans, mark duplicates, and return the shard batches to map over."""
     parts = [ctx.storage.read_table(ctx.plan_path(i.id), schema=PLAN_SCHEMA) for i in ctx.cfg.institutions]
     merged = mark_duplicates(pa.concat_tables(parts) if parts else PLAN_SCHEMA.empty_table())
+    merged = mark_seen(merged, load_seen_index(ctx.storage))
     ctx.storage.write_table(ctx.plan_path(), merged)
     return shard_batches(ctx.cfg.shard_count, ctx.cfg.max_map_length)
 
 
 def _plan(ctx: BuildContext) -> pl.DataFrame:
     return pl.from_arrow(ctx.storage.read_table(ctx.plan_path(), schema=PLAN_SCHEMA))
+
+
+# ---- incremental state ---------------------------------------------------------------------------
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def _deid_inputs(ctx: BuildContext, shard: int) -> pl.DataFrame:
+    return _plan(ctx).filter((pl.col("kind") == "dicom") & (pl.col("status") == "pending") & (pl.col("shard") == shard))
+
+
+def _deid_digest(ctx: BuildContext, shard: int, inputs: pl.DataFrame | None = None) -> str:
+    p = (_deid_inputs(ctx, shard) if inputs is None else inputs).sort("source_uri")
+    files = list(zip(p["source_uri"].to_list(), p["sha256"].to_list(), p["institution"].to_list()))
+    return _digest("deidentify", ctx.build_fingerprint(), shard, files)
+
+
+def _file_sha256(ctx: BuildContext, rel: str) -> str | None:
+    return hashlib.sha256(ctx.storage.read_bytes(rel)).hexdigest() if ctx.storage.is_file(rel) else None
+
+
+#: a partition each per-shard stage always writes (empty ones too): its absence means the shard was not built
+STAGE_OUTPUT = {"deidentify": "instances", "normalise": "series", "entities": "study_labels", "assemble": "studies"}
+
+
+def _carried_files(ctx: BuildContext, stage: str, shard: int) -> list[str]:
+    """Run-folder files a stage writes for a shard (carried into a run that skips the shard)."""
+    if stage == "deidentify":
+        return [ctx.events_path(stage, shard), ctx.audit_path(stage, shard)]
+    if stage == "normalise":
+        return [ctx.events_path(stage, shard)]
+    return []
+
+
+def _resume(ctx: BuildContext, stage: str, shard: int, digest: str) -> dict | None:
+    """The recorded result when ``stage`` already built ``shard`` from inputs with this ``digest``.
+
+    Carries the run-folder files of the run that built it (events, audit counts) into this run; None (so
+    the shard is rebuilt) when there is no matching state or those files are gone.
+    """
+    path = ctx.stage_state_path(stage, shard)
+    if not ctx.storage.is_file(path):
+        return None
+    state = json.loads(ctx.storage.read_text(path))
+    if state.get("digest") != digest or not ctx.storage.is_file(ctx.table_path(STAGE_OUTPUT[stage], shard)):
+        return None
+    here = _carried_files(ctx, stage, shard)
+    there = [p.replace(ctx.run_dir, f"ledger/runs/{state['run_id']}", 1) for p in here]
+    if not all(ctx.storage.is_file(p) for p in there):
+        return None
+    for src, dst in zip(there, here):
+        if src != dst:
+            ctx.storage.write_bytes(dst, ctx.storage.read_bytes(src))
+    return {**state["result"], "skipped": True}
+
+
+def _record(ctx: BuildContext, stage: str, shard: int, digest: str, result: dict) -> dict:
+    """Record a shard's digest after every output of the stage is written (the stage's commit point)."""
+    ctx.storage.write_text(ctx.stage_state_path(stage, shard),
+                           json.dumps({"digest": digest, "run_id": ctx.run_id, "result": result}, sort_keys=True))
+    return {**result, "skipped": False}
 
 
 # ---- de-identification ---------------------------------------------------------------------------
@@ -140,8 +221,15 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     Writes the de-identified files to ``curated/dicom/shard=N/<sop_key>.dcm``, the ``instances``
     partition, the stage's events (restricted) and audit counts. Files that cannot be de-identified
     with certainty get a ``quarantined`` event with the reason code and are not written.
+
+    Skipped (result ``skipped: True``) when the shard's input files are those it was last built from (see
+    the module docstring).
     """
-    p = _plan(ctx).filter((pl.col("kind") == "dicom") & (pl.col("status") == "pending") & (pl.col("shard") == shard))
+    p = _deid_inputs(ctx, shard)
+    digest = _deid_digest(ctx, shard, p)
+    done = _resume(ctx, "deidentify", shard, digest)
+    if done is not None:
+        return done
     policy = build_policy(ctx.cfg.deid)
     events, instances, audit, audit_rows = [], [], Counter(), []
     written: set[str] = set()
@@ -204,7 +292,9 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     write_partition(ctx, "deid_audit", deid_audit_schema.SCHEMA, shard, audit_rows)
     ctx.storage.write_table(ctx.events_path("deidentify", shard), table_from_rows(events, EVENT_SCHEMA))
     ctx.storage.write_text(ctx.audit_path("deidentify", shard), json.dumps(dict(sorted(audit.items()))))
-    return {"shard": shard, "instances": n, "quarantined": sum(e["status"] == "quarantined" for e in events)}
+    return _record(ctx, "deidentify", shard, digest,
+                   {"shard": shard, "instances": n, "quarantined": sum(e["status"] == "quarantined" for e in events)})
+
 
 
 # ---- normalisation -------------------------------------------------------------------------------
@@ -217,6 +307,10 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     """
     from etl.normalise import NormalisationError, image_kind, normalise_2d, normalise_volume
 
+    digest = _digest("normalise", _deid_digest(ctx, shard))
+    done = _resume(ctx, "normalise", shard, digest)
+    if done is not None:
+        return done
     inst = pl.from_arrow(_shard_table(ctx, "instances", instances_schema.SCHEMA, shard))
     src = pl.from_arrow(_read_events(ctx, "deidentify", shard)).filter(pl.col("status") == "ingested")
     source_of = dict(zip(src["sop_key"].to_list(), zip(src["source_uri"].to_list(), src["sha256"].to_list())))
@@ -298,7 +392,8 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
         if k not in quarantined_keys:
             events.append({"source_uri": uri, "sha256": sha, "stage": "normalise", "status": "ingested", "sop_key": k})
     ctx.storage.write_table(ctx.events_path("normalise", shard), table_from_rows(events, EVENT_SCHEMA))
-    return {"shard": shard, "images": n_img, "quarantined": sum(e["status"] == "quarantined" for e in events)}
+    return _record(ctx, "normalise", shard, digest,
+                   {"shard": shard, "images": n_img, "quarantined": sum(e["status"] == "quarantined" for e in events)})
 
 
 def _image_row(row: dict, res: dict, image_key: str, kind: str) -> dict:
@@ -489,6 +584,10 @@ def entities_shard(ctx: BuildContext, shard: int) -> dict:
     from entity_extraction.extract import study_labels
     from schemas.ontology import load_ontology
 
+    digest = _digest("entities", _deid_digest(ctx, shard), _file_sha256(ctx, ctx.table_path("reports", shard)))
+    done = _resume(ctx, "entities", shard, digest)
+    if done is not None:
+        return done
     ontology = load_ontology()
     reps = pl.from_arrow(_shard_table(ctx, "reports", reports_schema.SCHEMA, shard))
     inst = pl.from_arrow(_shard_table(ctx, "instances", instances_schema.SCHEMA, shard))
@@ -513,7 +612,7 @@ def entities_shard(ctx: BuildContext, shard: int) -> dict:
                           [{k: m.get(k) for k in entity_mentions_schema.SCHEMA.names} for m in mentions])
     n_l = write_partition(ctx, "study_labels", study_labels_schema.SCHEMA, shard,
                           [{k: m.get(k) for k in study_labels_schema.SCHEMA.names} for m in labels])
-    return {"shard": shard, "entity_mentions": n_m, "study_labels": n_l}
+    return _record(ctx, "entities", shard, digest, {"shard": shard, "entity_mentions": n_m, "study_labels": n_l})
 
 
 # ---- studies, pairs, splits, VQA ----------------------------------------------------------------
@@ -552,6 +651,10 @@ def assemble_shard(ctx: BuildContext, shard: int) -> dict:
     from schemas import vqa as vqa_schema
     from schemas.ontology import load_ontology
 
+    digest = _digest("assemble", _deid_digest(ctx, shard), _file_sha256(ctx, ctx.table_path("reports", shard)))
+    done = _resume(ctx, "assemble", shard, digest)
+    if done is not None:
+        return done
     inst = pl.from_arrow(_shard_table(ctx, "instances", instances_schema.SCHEMA, shard))
     images = pl.from_arrow(_shard_table(ctx, "images", images_schema.SCHEMA, shard).drop_columns(["payload"]))
     reps = pl.from_arrow(_shard_table(ctx, "reports", reports_schema.SCHEMA, shard))
@@ -567,9 +670,10 @@ def assemble_shard(ctx: BuildContext, shard: int) -> dict:
     templates = load_templates(_config_file(ctx, ctx.cfg.vqa.templates))
     mentions = pl.from_arrow(_shard_table(ctx, "entity_mentions", entity_mentions_schema.SCHEMA, shard))
     vqa = build_vqa(pl.from_arrow(pairs), labels, studies, pl.from_arrow(splits), ctx.cfg.vqa, templates, load_ontology(),
-                    entity_mentions=mentions)
+                    entity_mentions=mentions, images=images)
     write_partition(ctx, "vqa", vqa_schema.SCHEMA, shard, vqa)
-    return {"shard": shard, "studies": len(studies_rows), "pairs": pairs.num_rows, "vqa": vqa.num_rows}
+    return _record(ctx, "assemble", shard, digest,
+                   {"shard": shard, "studies": len(studies_rows), "pairs": pairs.num_rows, "vqa": vqa.num_rows})
 
 
 def _config_file(ctx: BuildContext, name: str) -> str:
@@ -589,7 +693,9 @@ def retrieval(ctx: BuildContext) -> dict:
 
     Reads every shard's ``study_labels``, ``entity_mentions`` and ``splits`` (entity-conditioned retrieval
     links studies of different patients, so it is not shard-local), writes ``retrieval_targets`` partitioned by
-    the query study's shard (every shard, empty ones too, so a re-run leaves exactly the new content), then runs
+    the query study's shard (every shard, empty ones too, so a re-run leaves exactly the new content), writes the
+    two-case VQA items (:func:`etl.vqa.build_case_comparison_vqa`) as ``curated/vqa/shard=N/part-1.parquet`` of
+    every shard (``assemble_shard`` writes ``part-0``; readers of the whole table see both), then runs
     :func:`etl.splits.check_split_integrity` over studies, pairs, retrieval targets and VQA items.
 
     Raises
@@ -613,6 +719,16 @@ def retrieval(ctx: BuildContext) -> dict:
     for shard in range(ctx.cfg.shard_count):
         part = targets.filter(pl.col("shard") == shard).to_arrow()
         total += write_partition(ctx, "retrieval_targets", retrieval_schema.SCHEMA, shard, part)
+    # two-case VQA items (query vs reference case): a second part file of every vqa shard partition
+    from etl.vqa import build_case_comparison_vqa, load_templates
+    from schemas.ontology import load_ontology
+
+    case_vqa = pl.from_arrow(build_case_comparison_vqa(
+        targets, labels, mentions, ctx.cfg.vqa, load_templates(_config_file(ctx, ctx.cfg.vqa.templates)),
+        load_ontology(), similarity["severity"]["ordinal"]))
+    for shard in range(ctx.cfg.shard_count):
+        part = _sorted(case_vqa.filter(pl.col("shard") == shard).to_arrow().cast(vqa_schema.SCHEMA), vqa_schema.SCHEMA)
+        ctx.storage.write_table(ctx.table_path("vqa", shard).replace("part-0.parquet", "part-1.parquet"), part)
     counts = check_split_integrity(
         splits,
         studies=_all_shards(ctx, "studies", studies_schema.SCHEMA),
@@ -621,4 +737,4 @@ def retrieval(ctx: BuildContext) -> dict:
         vqa=_all_shards(ctx, "vqa", vqa_schema.SCHEMA),
     )
     return {"retrieval_targets": total, "queries": targets.select("query_study_key", "entity_id").n_unique()
-            if targets.height else 0, **counts}
+            if targets.height else 0, "case_vqa": case_vqa.height, **counts}

@@ -300,20 +300,30 @@ def _letter_index(letter: str | None) -> int | None:
 
 
 def check_vqa(vqa: pa.Table, min_items: int, max_deviation_points: float) -> list[CheckResult]:
-    """Answer letter indexes an option equal to ``answer_text`` (critical); letter balance (warning).
+    """Answer letter indexes an option equal to ``answer_text`` (critical); open-ended items well formed
+    (critical); letter balance of the multiple-choice items (warning).
 
-    Balance: the expected share of letter L is the mean over items of ``1/len(options)`` for items that
-    have an option L; the check fails when any letter's observed share (percent) deviates from it by more
-    than ``max_deviation_points``. It is only evaluated with at least ``min_items`` items.
+    Multiple choice (``answer_format`` null or ``multiple_choice``): the letter indexes an option whose text
+    equals ``answer_text``. Open ended (``answer_format == "open_ended"``): no options, no letter, a non-empty
+    ``answer_text``. Balance: the expected share of letter L is the mean over multiple-choice items of
+    ``1/len(options)`` for items that have an option L; the check fails when any letter's observed share
+    (percent) deviates from it by more than ``max_deviation_points``. It is only evaluated with at least
+    ``min_items`` multiple-choice items.
     """
     options = vqa.column("options").to_pylist()
     answers = vqa.column("answer").to_pylist()
     texts = vqa.column("answer_text").to_pylist()
-    bad_letter = mismatch = 0
+    formats = (vqa.column("answer_format").to_pylist() if "answer_format" in vqa.column_names
+               else [None] * vqa.num_rows)
+    bad_letter = mismatch = open_malformed = n = 0
     counts: Counter[str] = Counter()
     expected: defaultdict[str, float] = defaultdict(float)
-    for opts, letter, text in zip(options, answers, texts, strict=True):
+    for opts, letter, text, fmt in zip(options, answers, texts, formats, strict=True):
         opts = opts or []
+        if fmt == "open_ended":
+            open_malformed += bool(opts or letter is not None or not (text or "").strip())
+            continue
+        n += 1
         for j in range(min(len(opts), 26)):
             expected[chr(ord("A") + j)] += 1.0 / len(opts)
         i = _letter_index(letter)
@@ -323,10 +333,11 @@ def check_vqa(vqa: pa.Table, min_items: int, max_deviation_points: float) -> lis
         counts[letter] += 1
         if opts[i] != text:
             mismatch += 1
-    n = vqa.num_rows
-    out = [_result("vqa", "vqa_answer_in_options", "critical", bad_letter == 0 and mismatch == 0,
-                   {"rows": n, "letter_not_an_option": bad_letter, "option_text_mismatch": mismatch},
-                   f"{bad_letter} answers do not index an option, {mismatch} option texts differ from answer_text")]
+    out = [_result("vqa", "vqa_answer_in_options", "critical", bad_letter == 0 and mismatch == 0 and open_malformed == 0,
+                   {"rows": vqa.num_rows, "multiple_choice": n, "letter_not_an_option": bad_letter,
+                    "option_text_mismatch": mismatch, "open_ended_malformed": open_malformed},
+                   f"{bad_letter} answers do not index an option, {mismatch} option texts differ from answer_text, "
+                   f"{open_malformed} open-ended items have options, a letter or no answer text")]
     letters = sorted(expected)
     shares = {k: round(100.0 * counts[k] / n, 2) for k in letters} if n else {}
     uniform = {k: round(100.0 * expected[k] / n, 2) for k in letters} if n else {}

@@ -235,7 +235,21 @@ def test_vqa_answer_not_in_options():
     rows["vqa"][3]["answer"] = "F"  # only 4 options
     r = get(run(rows), "vqa", "vqa_answer_in_options")
     assert (r.passed, r.severity) == (False, "critical")
-    assert r.observed == {"rows": 4, "letter_not_an_option": 1, "option_text_mismatch": 1}
+    assert r.observed == {"rows": 4, "multiple_choice": 4, "letter_not_an_option": 1, "option_text_mismatch": 1,
+                          "open_ended_malformed": 0}
+
+
+def test_open_ended_items_need_text_and_no_options_or_letter():
+    rows = clean_rows()
+    base = rows["vqa"][0]
+    good = dict(base, item_id="o1", answer_format="open_ended", options=[], answer=None, answer_text="left lower lobe")
+    with_options = dict(good, item_id="o2", options=["a", "b"])
+    no_text = dict(good, item_id="o3", answer_text="")
+    rows["vqa"] = [*rows["vqa"], good, with_options, no_text]
+    r = get(run(rows), "vqa", "vqa_answer_in_options")
+    assert (r.passed, r.observed["open_ended_malformed"], r.observed["multiple_choice"]) == (False, 2, 4)
+    rows["vqa"] = [*rows["vqa"][:4], good]
+    assert get(run(rows), "vqa", "vqa_answer_in_options").passed
 
 
 def test_vqa_answer_balance_only_from_40_items():

@@ -158,3 +158,15 @@ def test_bleu_matches_nltk_and_hand_values():
     assert corpus_bleu(long_refs, long_hyps, 2) == pytest.approx(
         nltk_bleu([[r] for r in long_refs], long_hyps, weights=(0.5, 0.5)), abs=1e-12)
     assert corpus_bleu([["a"]], [["b"]], 1) == 0.0
+
+
+def test_answer_metrics_leave_open_ended_items_out_of_mc_accuracy():
+    from training.vlm import answer_metrics
+
+    rows = [{"question_type": "presence", "mc_correct": True, "ref_words": ["yes"], "hyp_words": ["yes"]},
+            {"question_type": "presence", "mc_correct": False, "ref_words": ["no"], "hyp_words": ["yes"]},
+            {"question_type": "open_location", "mc_correct": None, "ref_words": ["left"], "hyp_words": ["left"]}]
+    m = answer_metrics(rows)
+    assert (m["n_items"], m["n_mc"], m["mc_accuracy"]) == (3, 2, 0.5)
+    assert m["open_exact_match"] == 2 / 3
+    assert m["by_question_type"]["open_location"]["mc_accuracy"] is None

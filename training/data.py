@@ -318,14 +318,18 @@ class VQAItem:
 def load_vqa_items(ref: SnapshotRef, index: StudyIndex) -> tuple[list[VQAItem], int]:
     """The release's VQA items whose images exist, sorted by ``item_id``, and the number skipped.
 
-    Pair items (``pair_id`` set) take the pair's prior and current studies; single-study items take
-    ``study_key`` as the current image and no prior.
+    Pair items (``pair_id`` set) take the pair's prior and current studies; two-case items
+    (``reference_study_key`` set) take the reference case first and the query (``study_key``) second;
+    single-study items take ``study_key`` as the current image and no prior.
     """
     pairs = {r["pair_id"]: (r["prior_study_key"], r["current_study_key"])
              for r in ref.table("pairs", ["pair_id", "prior_study_key", "current_study_key"]).to_pylist()}
     items, skipped = [], 0
     for r in ref.table("vqa").sort_by("item_id").to_pylist():
-        prior, current = pairs.get(r["pair_id"], (None, None)) if r["pair_id"] else (None, r["study_key"])
+        if r["pair_id"]:
+            prior, current = pairs.get(r["pair_id"], (None, None))
+        else:  # a two-case item shows its reference case in the first image slot
+            prior, current = r.get("reference_study_key"), r["study_key"]
         if current is None or not index.has_image(current) or (prior is not None and not index.has_image(prior)):
             skipped += 1
             continue

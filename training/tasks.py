@@ -194,8 +194,8 @@ class VLMTask:
         return ComparativeVLM(self.job.model, lm, max(1, len(self.entity_ids)), len(self.families))
 
     def examples(self, items: list[VQAItem], formats: list[str]) -> list[tuple[VQAItem, str]]:
-        """Items crossed with answer formats, in item order."""
-        return [(it, f) for it in items for f in formats]
+        """Items crossed with answer formats, in item order; open-ended items (no options) only as "open"."""
+        return [(it, f) for it in items for f in formats if f != "mc" or it.options]
 
     def train_dataset(self) -> Dataset:
         """Training examples of the ``train`` split."""
@@ -253,14 +253,18 @@ class VLMTask:
             rows = []
             for i in range(0, len(items), bs):
                 chunk = items[i:i + bs]
-                mc = to_device(self.collate([self.example(it, "mc", False) for it in chunk]), device)
-                logits = model.next_token_logits(mc)
+                with_options = [k for k, it in enumerate(chunk) if it.options]
+                logits = (model.next_token_logits(to_device(self.collate(
+                    [self.example(chunk[k], "mc", False) for k in with_options]), device)) if with_options else None)
+                row_of = {k: j for j, k in enumerate(with_options)}
                 opn = to_device(self.collate([self.example(it, "open", False) for it in chunk]), device)
                 gen = model.generate_greedy(opn, self.job.model.max_new_tokens, tok.eos_token_id)
                 for r, it in enumerate(chunk):
-                    n = len(it.options)
-                    pred = LETTERS[int(logits[r, letter_ids[:n]].argmax())]
-                    rows.append({"question_type": it.question_type, "mc_correct": pred == it.answer,
+                    correct = None
+                    if r in row_of:
+                        pred = LETTERS[int(logits[row_of[r], letter_ids[:len(it.options)]].argmax())]
+                        correct = pred == it.answer
+                    rows.append({"question_type": it.question_type, "mc_correct": correct,
                                  "ref_words": words(tok, it.answer_text),
                                  "hyp_words": tok.convert_ids_to_tokens(gen[r])})
             result[split] = answer_metrics(rows)

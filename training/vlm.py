@@ -243,17 +243,21 @@ def corpus_bleu(references: list[list[str]], hypotheses: list[list[str]], max_n:
 def answer_metrics(rows: list[dict]) -> dict:
     """Aggregate per-item results ``{question_type, mc_correct, ref_words, hyp_words}`` overall and per type.
 
+    ``mc_correct`` is None for open-ended items (no options): they count in ``n_items`` and the open-answer
+    figures, not in ``mc_accuracy`` (whose denominator is ``n_mc``).
+
     Returns
     -------
     dict
-        ``n_items``, ``mc_accuracy``, ``open_exact_match`` (fractions), ``bleu1``, ``bleu4`` (0..1) and
+        ``n_items``, ``n_mc``, ``mc_accuracy``, ``open_exact_match`` (fractions), ``bleu1``, ``bleu4`` (0..1) and
         ``by_question_type`` with the same keys per type.
     """
     def agg(rs: list[dict]) -> dict:
         n = len(rs)
         refs, hyps = [r["ref_words"] for r in rs], [r["hyp_words"] for r in rs]
-        return {"n_items": n,
-                "mc_accuracy": sum(r["mc_correct"] for r in rs) / n if n else None,
+        mc = [r["mc_correct"] for r in rs if r["mc_correct"] is not None]
+        return {"n_items": n, "n_mc": len(mc),
+                "mc_accuracy": sum(mc) / len(mc) if mc else None,
                 "open_exact_match": sum(r["ref_words"] == r["hyp_words"] for r in rs) / n if n else None,
                 "bleu1": corpus_bleu(refs, hyps, 1), "bleu4": corpus_bleu(refs, hyps, 4)}
 
