@@ -213,7 +213,7 @@ def services():
         try:
             metadata.version(dist)
         except metadata.PackageNotFoundError:
-            pytest.skip(f"{dist} is not installed (CeleryExecutor on PostgreSQL needs it)")
+            pytest.fail(f"{dist} is not installed: it is pinned in pyproject.toml (CeleryExecutor on PostgreSQL needs it)")
 
 
 @pytest.fixture(scope="module")
