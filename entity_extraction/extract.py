@@ -5,8 +5,8 @@ splits glued list numbers, ``"1.No"`` -> ``"1."``, ``"No"``), spaCy's rule-based
 (PyRuSH is about 10x slower), a component that also starts a sentence at every section header and
 numbered list item, one medspaCy ``TargetMatcher`` per modality family whose rules are the ontology
 synonyms, and one medspaCy ``ConText`` (Harkema H. et al., J Biomed Inform 2009;42(5):839-851) with
-our own rule set (``context_rules.json``): negation, uncertainty, history, hypothetical, and the
-custom categories CHANGE, LATERALITY, SEVERITY, CLAUSE_BREAK. medspaCy's default rules are *not*
+our own rule set (``context_rules.json``): negation, uncertainty (a high-likelihood hedge such as "probable"
+asserts), history, hypothetical, and the custom categories CHANGE, LATERALITY, SEVERITY, CLAUSE_BREAK. medspaCy's default rules are *not*
 used: its ``": no"`` rule outranks ``"no"`` so ``"FINDINGS: No pleural effusion"`` would not be negated.
 scispaCy's AbbreviationDetector (Schwartz & Hearst 2003) runs on reports with a parenthesised group: a short
 form defined in the text ("airspace disease (ASD)") is a target wherever it is used later.
@@ -35,6 +35,7 @@ import spacy
 from loguru import logger
 from spacy.attrs import IDX, IS_SPACE
 from spacy.language import Language
+from spacy.pipeline import Sentencizer
 from spacy.tokens import Doc, Span
 from spacy.util import compile_prefix_regex
 
@@ -289,7 +290,9 @@ class EntityExtractor:
             nlp = spacy.blank("xx")
         prefixes = [r"\d{1,2}\.(?=[A-Za-z])", *nlp.Defaults.prefixes]
         nlp.tokenizer.prefix_search = compile_prefix_regex(prefixes).search
-        nlp.add_pipe("sentencizer")
+        # ".." and "..." end a sentence too ("... or pleural effusion.. Right basilar granuloma"): spaCy keeps them
+        # as one token, which the sentencizer's default punctuation set does not hold
+        nlp.add_pipe("sentencizer", config={"punct_chars": [*Sentencizer.default_punct_chars, "..", "..."]})
         nlp.add_pipe(_SECTION_SENTS, config={"rules_path": self.section_rules_path})
         self._nlp = nlp
         self._variants = _plural_variants if language == "en" else _same_term
@@ -502,6 +505,8 @@ class EntityExtractor:
         for mod in ent._.modifiers:
             by_cat.setdefault(mod.category, []).append(mod)
         negated = by_cat.get("NEGATED_EXISTENCE", [])
+        # PROBABLE_EXISTENCE ('probable', 'likely') asserts the finding: only POSSIBLE_EXISTENCE makes it uncertain
+        # (certainty policy and its sources: context_rules_en.json description)
         if by_cat.get("POSSIBLE_EXISTENCE"):
             assertion = "uncertain"
         elif negated:
