@@ -6,8 +6,9 @@ splits glued list numbers, ``"1.No"`` -> ``"1."``, ``"No"``), spaCy's rule-based
 numbered list item, one medspaCy ``TargetMatcher`` per modality family whose rules are the ontology
 synonyms, and one medspaCy ``ConText`` (Harkema H. et al., J Biomed Inform 2009;42(5):839-851) with
 our own rule set (``context_rules.json``): negation, uncertainty (a high-likelihood hedge such as "probable"
-asserts), history, hypothetical, and the custom categories CHANGE, LATERALITY, SEVERITY, CLAUSE_BREAK. medspaCy's default rules are *not*
-used: its ``": no"`` rule outranks ``"no"`` so ``"FINDINGS: No pleural effusion"`` would not be negated.
+asserts), history, hypothetical, and the custom categories CHANGE, LATERALITY, SEVERITY, CLAUSE_BREAK.
+medspaCy's default rules are *not* used: its ``": no"`` rule outranks ``"no"`` so
+``"FINDINGS: No pleural effusion"`` would not be negated.
 scispaCy's AbbreviationDetector (Schwartz & Hearst 2003) runs on reports with a parenthesised group: a short
 form defined in the text ("airspace disease (ASD)") is a target wherever it is used later.
 

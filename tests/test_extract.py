@@ -13,10 +13,11 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 OPENI = DATA / "openi"
 CXR = "2D-CXR"
 # Open-i gold figures (harness: entity_extraction.evaluate, maps openi_mesh_map.yaml / negbio14_map.yaml).
-# Measured on the 2,696 shared reports: MeSH micro P 0.938 R 0.885 F1 0.911 (macro F1 0.724);
-# NegBio-14 micro P 0.597 R 0.902 F1 0.718 (macro F1 0.680). Thresholds a little below.
-MIN_MESH_MICRO_F1 = 0.90
-MIN_NEGBIO_MICRO_F1 = 0.70
+# Measured on the 2,696 shared reports: MeSH micro P 0.940 R 0.936 F1 0.938 (macro F1 0.787);
+# NegBio-14 micro P 0.599 R 0.942 F1 0.732 (macro F1 0.699; ceiling with NLM's MeSH gold as the prediction 0.772,
+# see negbio14_map.yaml). Thresholds a little below.
+MIN_MESH_MICRO_F1 = 0.93
+MIN_NEGBIO_MICRO_F1 = 0.72
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,24 @@ def test_temporality(ex, text, entity_id, temporality):
 def test_change(ex, text, entity_id, change, assertion):
     m = one(ex, text, entity_id)
     assert (m["change"], m["assertion"]) == (change, assertion)
+
+
+@pytest.mark.parametrize(
+    ("text", "entity_id"),
+    [
+        ("The heart is large.", "F018"),
+        ("Collapse of the left upper lobe.", "F019"),
+        ("Mild anterior wedge deformity of T12.", "F011"),
+        ("Old left clavicle fracture.", "F010"),
+        ("Atherosclerotic vascular disease.", "F020"),
+        ("Rightward shift of the mediastinum.", "F015"),
+        ("The pulmonary vessels are engorged.", "F009"),
+        ("Stable left lung base calcifications.", "F016"),
+        ("Prominent ascending aorta.", "F014"),
+    ],
+)
+def test_lexical_variants(ex, text, entity_id):
+    assert one(ex, "FINDINGS: " + text, entity_id)["assertion"] == "present"
 
 
 @pytest.mark.parametrize(
