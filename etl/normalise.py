@@ -30,6 +30,7 @@ from etl.pixels import (
     check_decodable,
     decode,
     decode_image,
+    element_value,
     frame_attribute,
     lut_view,
     n_frames,
@@ -38,6 +39,7 @@ from etl.pixels import (
 from etl.volumes import (
     Geometry,
     assess,
+    cross3,
     dedupe,
     direction_matrix,
     exclude_outliers,
@@ -134,7 +136,7 @@ def _pixel_spacing(ds: Dataset, frame: int | None = 0) -> list[float] | None:
     """[row, col] spacing in mm: PixelSpacing (functional groups first), else ImagerPixelSpacing."""
     for value in (
         frame_attribute(ds, "PixelMeasuresSequence", "PixelSpacing", frame),
-        ds.get("ImagerPixelSpacing"),
+        element_value(ds, "ImagerPixelSpacing"),
     ):
         spacing = _floats(value) if value is not None else None
         if spacing and len(spacing) == 2 and min(spacing) > 0:
@@ -284,9 +286,12 @@ def _npz(arrays: dict[str, np.ndarray]) -> bytes:
             info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
             info.compress_type = _NPZ_COMPRESSION
             info.external_attr = 0o644 << 16
-            # streamed into the archive: no second in-memory copy of a large volume
+            array = np.ascontiguousarray(arrays[name])
+            # what np.lib.format.write_array writes (format 1.0 header, then the C-order bytes), the
+            # bytes streamed from the array's own buffer: no intermediate copy of a large volume
             with zf.open(info, "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+                np.lib.format.write_array_header_1_0(member, np.lib.format.header_data_from_array_1_0(array))
+                member.write(memoryview(array))
     return buf.getvalue()
 
 
@@ -414,7 +419,7 @@ def normalise_2d(ds: Dataset, cfg: NormalisationConfig) -> dict[str, Any]:
 
 def _plane(orientation: np.ndarray) -> str:
     """AXIAL / CORONAL / SAGITTAL / OBLIQUE from ImageOrientationPatient (PS3.3 C.7.6.2.1.1)."""
-    normal = np.cross(orientation[:3], orientation[3:])
+    normal = cross3(orientation[:3], orientation[3:6])
     axis = int(np.argmax(np.abs(normal)))
     if abs(normal[axis]) < _PLANE_COS * np.linalg.norm(normal):
         return "OBLIQUE"
@@ -422,31 +427,35 @@ def _plane(orientation: np.ndarray) -> str:
 
 
 def _slices(datasets: list[Dataset]) -> list[dict[str, Any]]:
-    """One record per 2D slice: dataset, frame index and geometry."""
+    """One record per 2D slice: dataset, frame index, geometry and the checked transfer syntax (``ts``)."""
     out = []
     for i, ds in enumerate(datasets):
-        check_decodable(ds)
+        _, ts = check_decodable(ds)
         frames = n_frames(ds)
+        number = element_value(ds, "InstanceNumber")
+        common = {
+            "ds": ds,
+            "index": i,
+            "ts": ts,
+            "instance": int(number) if number not in (None, "") else None,
+            "rows": int(element_value(ds, "Rows")),
+            "cols": int(element_value(ds, "Columns")),
+            "modality": str(element_value(ds, "Modality") or "").upper(),
+            "photometric": str(element_value(ds, "PhotometricInterpretation") or ""),
+            "image_type": [str(v).upper() for v in (element_value(ds, "ImageType") or [])],
+        }
         for f in range(frames):
-            frame = f if frames > 1 else None
-            pos = frame_attribute(ds, "PlanePositionSequence", "ImagePositionPatient", f)
-            ori = frame_attribute(ds, "PlaneOrientationSequence", "ImageOrientationPatient", f)
-            number = ds.get("InstanceNumber")
+            pos = _floats(frame_attribute(ds, "PlanePositionSequence", "ImagePositionPatient", f))
+            ori = _floats(frame_attribute(ds, "PlaneOrientationSequence", "ImageOrientationPatient", f))
             out.append(
                 {
-                    "ds": ds,
-                    "index": i,
-                    "frame": frame,
-                    "position": np.array(_floats(pos)) if pos is not None and _floats(pos) else None,
-                    "orientation": np.array(_floats(ori)) if ori is not None and _floats(ori) else None,
-                    "instance": int(number) if number not in (None, "") else None,
-                    "rows": int(ds.Rows),
-                    "cols": int(ds.Columns),
+                    **common,
+                    "frame": f if frames > 1 else None,
+                    "position": np.array(pos) if pos else None,
+                    "orientation": np.array(ori) if ori else None,
                     "spacing": _pixel_spacing(ds, f),
-                    "modality": str(ds.get("Modality") or "").upper(),
-                    "photometric": str(ds.get("PhotometricInterpretation") or ""),
                     "thickness": frame_attribute(ds, "PixelMeasuresSequence", "SliceThickness", f),
-                    "image_type": [str(v).upper() for v in (ds.get("ImageType") or [])],
+                    "image_type": list(common["image_type"]),
                 }
             )
     return out
@@ -509,8 +518,10 @@ def _decode_stack(ordered: list[dict[str, Any]], steps: list[dict[str, Any]]) ->
     syntaxes: set[str] = set()
     modality_luts: list[dict[str, Any]] = []
     for k, s in enumerate(ordered):
-        decoded = decode_image(s["ds"], s["frame"])
-        volume[k] = decoded.array
+        row = volume[k]
+        decoded = decode_image(s["ds"], s["frame"], out=row, checked=s["ts"])  # checked in _slices
+        if decoded.array is not row:
+            row[...] = decoded.array
         for step in decoded.steps:
             if step["step"] == "decode":
                 syntaxes.add(step["transfer_syntax"])

@@ -19,6 +19,7 @@ and a message that names no patient data (no values from the file, no file paths
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import struct
@@ -26,10 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from pydicom.datadict import dictionary_VR, tag_for_keyword
+from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 from pydicom.pixels import apply_color_lut, apply_modality_lut, convert_color_space
 from pydicom.pixels.decoders.base import get_decoder
 from pydicom.pixels.utils import get_expected_length
+from pydicom.tag import BaseTag
 from pydicom.uid import (
     UID,
     DeflatedExplicitVRLittleEndian,
@@ -58,6 +62,8 @@ REASONS = frozenset(
 PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
 
 _YBR_TO_RGB = {"YBR_FULL", "YBR_FULL_422"}
+#: integers up to this magnitude are exact in float32 (24-bit significand)
+_FLOAT32_EXACT = 2**24
 _PATH_RE = re.compile(r"(?:[A-Za-z]:\\|/)[^\s'\"]*")
 
 
@@ -138,10 +144,28 @@ def transfer_syntax(ds: Dataset) -> UID:
     raise NormalisationError("unsupported_transfer_syntax", "the dataset has no Transfer Syntax UID")
 
 
+@functools.cache
+def _tag(keyword: str) -> BaseTag:
+    tag = tag_for_keyword(keyword)
+    if tag is None:
+        raise KeyError(f"{keyword!r} is not a DICOM keyword")
+    return BaseTag(tag)
+
+
+def element_value(ds: Dataset, keyword: str) -> Any:
+    """``ds.get(keyword)`` for a DICOM keyword: the top-level element's value, or None when absent.
+
+    Looks the element up by its tag, which costs a fraction of pydicom's keyword lookup (it matters
+    when every slice of a long series is read a dozen times).
+    """
+    tag = _tag(keyword)
+    return ds[tag].value if tag in ds else None
+
+
 def pixel_keyword(ds: Dataset) -> str | None:
     """Return which pixel element the dataset holds (``PixelData`` ...), or None."""
     for kw in PIXEL_KEYWORDS:
-        if kw in ds:
+        if _tag(kw) in ds:
             return kw
     return None
 
@@ -149,7 +173,7 @@ def pixel_keyword(ds: Dataset) -> str | None:
 def n_frames(ds: Dataset) -> int:
     """*Number of Frames* (0028,0008), 1 when absent or empty."""
     try:
-        return max(int(ds.get("NumberOfFrames") or 1), 1)
+        return max(int(element_value(ds, "NumberOfFrames") or 1), 1)
     except (TypeError, ValueError):
         return 1
 
@@ -177,18 +201,41 @@ def frame_attribute(ds: Dataset, sequence: str, keyword: str, frame: int | None 
         The element's value, or None when absent everywhere.
     """
     groups = []
-    per_frame = ds.get("PerFrameFunctionalGroupsSequence")
+    per_frame = element_value(ds, "PerFrameFunctionalGroupsSequence")
     if frame is not None and per_frame and frame < len(per_frame):
         groups.append(per_frame[frame])
-    shared = ds.get("SharedFunctionalGroupsSequence")
+    shared = element_value(ds, "SharedFunctionalGroupsSequence")
     if shared:
         groups.append(shared[0])
+    tag = _tag(keyword)
     for group in groups:
-        seq = group.get(sequence)
-        if seq and keyword in seq[0] and seq[0][keyword].value not in (None, ""):
-            return seq[0][keyword].value
-    value = ds.get(keyword)
+        seq = element_value(group, sequence)
+        if seq and tag in seq[0] and seq[0][tag].value not in (None, ""):
+            return seq[0][tag].value
+    value = element_value(ds, keyword)
     return None if value in (None, "") else value
+
+
+def rescale(ds: Dataset, frame: int | None = 0) -> tuple[float, float] | None:
+    """*Rescale Slope* and *Rescale Intercept* in force for one frame (PS3.3 C.11.1, C.7.6.16.2.9).
+
+    Parameters
+    ----------
+    ds : pydicom.dataset.Dataset
+    frame : int or None
+        0-based frame index (functional groups first, see :func:`frame_attribute`).
+
+    Returns
+    -------
+    (float, float) or None
+        ``(slope, intercept)``; None when either is absent. A *Modality LUT Sequence*, when present,
+        takes precedence over these (see :func:`lut_view`).
+    """
+    slope = frame_attribute(ds, "PixelValueTransformationSequence", "RescaleSlope", frame)
+    intercept = frame_attribute(ds, "PixelValueTransformationSequence", "RescaleIntercept", frame)
+    if slope is None or intercept is None:
+        return None
+    return float(slope), float(intercept)
 
 
 def lut_view(ds: Dataset, frame: int | None) -> Dataset:
@@ -201,37 +248,39 @@ def lut_view(ds: Dataset, frame: int | None) -> Dataset:
     """
     view = Dataset()
     for kw in ("PhotometricInterpretation", "BitsStored", "BitsAllocated", "PixelRepresentation"):
-        if kw in ds:
-            view[kw] = ds[kw]
+        tag = _tag(kw)
+        if tag in ds:
+            view[tag] = ds[tag]
     if hasattr(ds, "file_meta"):
         view.file_meta = ds.file_meta
     view.set_original_encoding(*getattr(ds, "original_encoding", (False, True)))
-    if ds.get("ModalityLUTSequence"):
-        view.ModalityLUTSequence = ds.ModalityLUTSequence
+    modality_lut = element_value(ds, "ModalityLUTSequence")
+    if modality_lut:
+        view.ModalityLUTSequence = modality_lut
     else:
-        slope = frame_attribute(ds, "PixelValueTransformationSequence", "RescaleSlope", frame)
-        intercept = frame_attribute(ds, "PixelValueTransformationSequence", "RescaleIntercept", frame)
-        if slope is not None and intercept is not None:
-            view.RescaleSlope = float(slope)
-            view.RescaleIntercept = float(intercept)
-    if ds.get("VOILUTSequence"):
-        view.VOILUTSequence = ds.VOILUTSequence
+        pair = rescale(ds, frame)
+        if pair is not None:
+            view[_tag("RescaleSlope")] = _element("RescaleSlope", pair[0])
+            view[_tag("RescaleIntercept")] = _element("RescaleIntercept", pair[1])
+    voi_lut = element_value(ds, "VOILUTSequence")
+    if voi_lut:
+        view.VOILUTSequence = voi_lut
     for kw in ("WindowCenter", "WindowWidth", "VOILUTFunction"):
         value = frame_attribute(ds, "FrameVOILUTSequence", kw, frame)
         if value is not None:
-            view[kw] = _element(kw, value)
+            view[_tag(kw)] = _element(kw, value)
     return view
 
 
-def _element(keyword: str, value: Any) -> Any:
-    d = Dataset()
-    setattr(d, keyword, value)
-    return d[keyword]
+def _element(keyword: str, value: Any) -> DataElement:
+    """A new element holding ``value`` with the keyword's dictionary VR (as ``setattr(ds, keyword, value)``)."""
+    tag = _tag(keyword)
+    return DataElement(tag, dictionary_VR(tag), value)
 
 
 def _stored_range(ds: Dataset) -> tuple[float, float]:
-    bits = int(ds.get("BitsStored") or ds.get("BitsAllocated") or 16)
-    if int(ds.get("PixelRepresentation") or 0) == 1:
+    bits = int(element_value(ds, "BitsStored") or element_value(ds, "BitsAllocated") or 16)
+    if int(element_value(ds, "PixelRepresentation") or 0) == 1:
         return float(-(2 ** (bits - 1))), float(2 ** (bits - 1) - 1)
     return 0.0, float(2**bits - 1)
 
@@ -336,10 +385,10 @@ def check_decodable(ds: Dataset) -> tuple[str, UID]:
             f"transfer syntax {ts.name} ({ts}) needs plugins that are not installed: {missing}",
         )
     for kw in ("Rows", "Columns", "BitsAllocated"):
-        if not ds.get(kw):
+        if not element_value(ds, kw):
             raise NormalisationError("decode_error", f"Image Pixel module attribute {kw} is missing or zero")
     if decoder.is_native:
-        value = ds[keyword].value or b""
+        value = ds[_tag(keyword)].value or b""
         try:
             expected = get_expected_length(ds, "bytes")
         except Exception as exc:  # noqa: BLE001 - pydicom raises several types for bad headers
@@ -357,7 +406,9 @@ def check_decodable(ds: Dataset) -> tuple[str, UID]:
     return keyword, ts
 
 
-def decode_image(ds: Dataset, frame: int | None = None) -> DecodedImage:
+def decode_image(
+    ds: Dataset, frame: int | None = None, *, out: np.ndarray | None = None, checked: UID | None = None
+) -> DecodedImage:
     """Decode one frame (or all frames) to physical values; see :func:`decode`.
 
     Parameters
@@ -367,6 +418,13 @@ def decode_image(ds: Dataset, frame: int | None = None) -> DecodedImage:
         tell truncation apart from a length mismatch).
     frame : int or None
         0-based frame to decode; None decodes every frame.
+    out : numpy.ndarray or None
+        float32 array to write grayscale values into, e.g. one slice ``volume[k]`` of a stack
+        (shape (rows, cols) for one frame); ``array`` of the result is then ``out`` itself. Not
+        written (``array`` is a new array) for colour images or when the decoded shape differs.
+    checked : pydicom.uid.UID or None
+        The transfer syntax :func:`check_decodable` returned for ``ds``, when the caller has already
+        run it (it is then not run again); None runs the check.
 
     Returns
     -------
@@ -378,23 +436,34 @@ def decode_image(ds: Dataset, frame: int | None = None) -> DecodedImage:
         See :func:`check_decodable`; ``decode_error`` when the codec fails, the frame index is out
         of range or the photometric interpretation is not supported.
     """
-    _, ts = check_decodable(ds)
+    ts = checked if checked is not None else check_decodable(ds)[1]
     frames = n_frames(ds)
     if frame is not None and not 0 <= frame < frames:
         raise NormalisationError("decode_error", f"frame index {frame} outside 0..{frames - 1}")
+    # grayscale pixels are only read from here on, so a native little-endian frame that needs no
+    # unused-bits correction (Bits Stored = Bits Allocated, whole bytes) may stay a read-only view on
+    # the dataset's Pixel Data: pydicom then skips its copy (and, thus limited, logs nothing)
+    bits = element_value(ds, "BitsAllocated")
+    view_only = (
+        ts.is_little_endian
+        and not ts.is_compressed
+        and bits in (8, 16, 32, 64)
+        and element_value(ds, "BitsStored") == bits
+        and str(element_value(ds, "PhotometricInterpretation") or "").startswith("MONOCHROME")
+    )
     try:
-        arr, meta = get_decoder(ts).as_array(ds, index=frame)
+        arr, meta = get_decoder(ts).as_array(ds, index=frame, view_only=view_only)
     except Exception as exc:  # noqa: BLE001 - codec plugins raise many exception types
         raise NormalisationError("decode_error", f"cannot decode {ts.name}: {_safe(exc)}") from None
 
     photometric = str(
-        meta.get("photometric_interpretation") or ds.get("PhotometricInterpretation") or ""
+        meta.get("photometric_interpretation") or element_value(ds, "PhotometricInterpretation") or ""
     ).strip()
     steps: list[dict[str, Any]] = [
         {
             "step": "decode",
             "transfer_syntax": str(ts),
-            "photometric_in": str(ds.get("PhotometricInterpretation") or ""),
+            "photometric_in": str(element_value(ds, "PhotometricInterpretation") or ""),
             "frame": frame,
             "n_frames": frames,
         }
@@ -421,7 +490,7 @@ def decode_image(ds: Dataset, frame: int | None = None) -> DecodedImage:
         arr = convert_color_space(arr, photometric, "RGB", per_frame=per_frame_axis)
         steps.append({"step": "color_space", "from": photometric, "to": "RGB", "by": "convert_color_space"})
         photometric = "RGB"
-    elif photometric != str(ds.get("PhotometricInterpretation") or photometric):
+    elif photometric != str(element_value(ds, "PhotometricInterpretation") or photometric):
         steps.append(
             {
                 "step": "color_space",
@@ -432,29 +501,69 @@ def decode_image(ds: Dataset, frame: int | None = None) -> DecodedImage:
         )
 
     if photometric == "RGB":
-        bits = int(meta.get("bits_stored") or ds.get("BitsStored") or 8)
+        bits = int(meta.get("bits_stored") or element_value(ds, "BitsStored") or 8)
         return DecodedImage(arr.astype(np.float32), "RGB", (0.0, float(2**bits - 1)), steps)
     if photometric not in ("MONOCHROME1", "MONOCHROME2"):
         raise NormalisationError("decode_error", f"photometric interpretation {photometric} is not supported")
 
     lo, hi = _stored_range(ds)
-    if frame is None and frames > 1 and ds.get("PerFrameFunctionalGroupsSequence"):
-        out = np.empty(arr.shape, dtype=np.float32)
+    target = out if out is not None and out.shape == arr.shape else np.empty(arr.shape, dtype=np.float32)
+    pair = None
+    if frame is None and frames > 1 and element_value(ds, "PerFrameFunctionalGroupsSequence"):
         pairs = []
         for i in range(frames):
             view = lut_view(ds, i)
-            out[i] = apply_modality_lut(arr[i], view)
+            target[i] = apply_modality_lut(arr[i], view)
             pairs.append(_modality_params(view))
         steps.append({"step": "modality_lut", "per_frame": pairs})
         view = lut_view(ds, 0)
-    else:
+    elif element_value(ds, "ModalityLUTSequence"):
         view = lut_view(ds, frame if frame is not None else 0)
-        out = np.asarray(apply_modality_lut(arr, view), dtype=np.float32)
+        target[...] = apply_modality_lut(arr, view)
         steps.append({"step": "modality_lut", **_modality_params(view)})
-    ends = np.asarray(apply_modality_lut(np.array([lo, hi], dtype=np.int64), view), dtype=np.float64)
-    return DecodedImage(
-        out.astype(np.float32, copy=False), photometric, (float(ends.min()), float(ends.max())), steps
-    )
+    else:
+        pair = rescale(ds, frame if frame is not None else 0)
+        _rescale_into(arr, pair, target)
+        params = {"identity": True} if pair is None else {"slope": pair[0], "intercept": pair[1]}
+        steps.append({"step": "modality_lut", **params})
+    if pair is not None:
+        ends = np.array([lo, hi], dtype=np.float64) * pair[0] + pair[1]
+    elif steps[-1].get("identity"):
+        ends = np.array([lo, hi], dtype=np.float64)
+    else:
+        ends = np.asarray(apply_modality_lut(np.array([lo, hi], dtype=np.int64), view), dtype=np.float64)
+    return DecodedImage(target, photometric, (float(ends.min()), float(ends.max())), steps)
+
+
+def _rescale_into(arr: np.ndarray, pair: tuple[float, float] | None, out: np.ndarray) -> None:
+    """``out = arr * slope + intercept`` (PS3.3 C.11.1.1.2), float32 ``out`` of ``arr``'s shape.
+
+    The values are those of pydicom's ``apply_modality_lut`` (float64) cast to float32. When that is
+    exact, i.e. stored integers of at most 16 bits and an integral slope and intercept that keep every
+    value within +-2**24, it is computed in float32 straight into ``out`` (one pass); otherwise in
+    float64 and cast. ``pair`` None is the identity (a cast to float32).
+    """
+    if pair is None:
+        np.copyto(out, arr, casting="unsafe")
+        return
+    slope, intercept = pair
+    if (
+        arr.dtype.kind in "iu"
+        and arr.dtype.itemsize <= 2
+        and slope.is_integer()
+        and intercept.is_integer()
+        and 2**16 * abs(slope) + abs(intercept) <= _FLOAT32_EXACT
+    ):
+        if slope == 1.0:
+            np.add(arr, np.float32(intercept), out=out, dtype=np.float32)
+        else:
+            np.multiply(arr, np.float32(slope), out=out, dtype=np.float32)
+            out += np.float32(intercept)
+        return
+    values = arr.astype(np.float64)
+    values *= slope
+    values += intercept
+    np.copyto(out, values, casting="same_kind")
 
 
 def _modality_params(view: Dataset) -> dict[str, Any]:

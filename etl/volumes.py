@@ -85,7 +85,16 @@ def direction_matrix(orientation: np.ndarray) -> np.ndarray:
     row = row / np.linalg.norm(row)
     col = col - np.dot(col, row) * row
     col = col / np.linalg.norm(col)
-    return np.stack([row, col, np.cross(row, col)], axis=1)
+    return np.stack([row, col, cross3(row, col)], axis=1)
+
+
+def cross3(a: Any, b: Any) -> np.ndarray:
+    """Cross product of two 3-vectors, float64 (3,): the same operations, in the same order, as
+    ``numpy.cross`` (a1 b2 - a2 b1, a2 b0 - a0 b2, a0 b1 - a1 b0), so the same values, at a
+    fraction of its cost for one pair of vectors."""
+    a0, a1, a2 = (float(v) for v in a)
+    b0, b1, b2 = (float(v) for v in b)
+    return np.array([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], dtype=np.float64)
 
 
 def exclude_outliers(slices: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
