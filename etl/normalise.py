@@ -13,6 +13,7 @@ that the ML user can tell exactly what was done to the pixels. Decoding itself l
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -290,9 +291,19 @@ def _npz(arrays: dict[str, np.ndarray]) -> bytes:
             # what np.lib.format.write_array writes (format 1.0 header, then the C-order bytes), the
             # bytes streamed from the array's own buffer: no intermediate copy of a large volume
             with zf.open(info, "w", force_zip64=True) as member:
-                np.lib.format.write_array_header_1_0(member, np.lib.format.header_data_from_array_1_0(array))
+                member.write(_npy_header(array.dtype.str, array.shape))
                 member.write(memoryview(array))
     return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=256)
+def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` format 1.0 header of a C-contiguous array (``numpy.lib.format``), by dtype and shape."""
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        out, np.lib.format.header_data_from_array_1_0(np.empty((0,), dtype=dtype)) | {"shape": shape}
+    )
+    return out.getvalue()
 
 
 def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
