@@ -280,9 +280,14 @@ def _png(unit: np.ndarray, bit_depth: int) -> tuple[bytes, dict[str, Any]]:
 
 def _npz(arrays: dict[str, np.ndarray]) -> bytes:
     """``numpy.savez`` equivalent with fixed zip timestamps (reproducible bytes); compression is left to the
-    Parquet column (zstd)."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=_NPZ_COMPRESSION) as zf:
+    Parquet column (zstd).
+
+    zipfile writes into a :class:`_Parts` recorder that keeps references to what it is given (the large
+    array buffers are not copied there); the payload ``bytes`` is then assembled once: each array's bytes
+    are copied exactly once, from the array into the payload.
+    """
+    parts = _Parts()
+    with zipfile.ZipFile(parts, "w", compression=_NPZ_COMPRESSION) as zf:
         for name in sorted(arrays):
             info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
             info.compress_type = _NPZ_COMPRESSION
@@ -293,7 +298,135 @@ def _npz(arrays: dict[str, np.ndarray]) -> bytes:
             with zf.open(info, "w", force_zip64=True) as member:
                 member.write(_npy_header(array.dtype.str, array.shape))
                 member.write(memoryview(array))
-    return buf.getvalue()
+    return parts.getvalue()
+
+
+class _Parts:
+    """A seekable, write-only file that records what is written where (``(offset, buffer)``, in order),
+    without copying the buffers; :meth:`getvalue` gives the file's bytes (later writes over earlier ones).
+
+    zipfile writes each member's local header, its data, then seeks back to write the header again
+    with the CRC and sizes; then the central directory.
+    """
+
+    def __init__(self) -> None:
+        self._writes: list[tuple[int, bytes | memoryview]] = []
+        self._pos = 0
+        self._size = 0
+
+    def write(self, data: Any) -> int:
+        if not isinstance(data, bytes):
+            data = memoryview(data)
+            if data.ndim != 1 or data.format != "B":
+                data = data.cast("B")
+        n = len(data)
+        self._writes.append((self._pos, data))
+        self._pos += n
+        self._size = max(self._size, self._pos)
+        return n
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = pos if whence == 0 else (self._pos + pos if whence == 1 else self._size + pos)
+        return self._pos
+
+    def flush(self) -> None:
+        pass
+
+    def getvalue(self) -> bytes:
+        segments = self._segments()
+        if segments is not None and (self._size < _HUGE_PAGE_MIN or _new_bytes is None):
+            return b"".join(segments)  # one copy of every byte
+        out = _new_bytes(self._size) if _new_bytes is not None else None
+        if out is None and segments is not None:
+            return b"".join(segments)
+        if out is None:
+            buf = bytearray(self._size)
+            for offset, data in self._writes:
+                buf[offset:offset + len(data)] = data
+            return bytes(buf)
+        payload, view = out
+        with view:
+            for offset, data in self._writes:
+                view[offset:offset + len(data)] = data
+        return payload
+
+    def _segments(self) -> list[bytes | memoryview] | None:
+        """The writes as consecutive, non-overlapping pieces, or None when a write covers part of another
+        (zipfile's header rewrites cover exactly the header written first)."""
+        pieces: dict[int, bytes | memoryview] = {}
+        for offset, data in self._writes:
+            if offset in pieces and len(pieces[offset]) != len(data):
+                return None
+            pieces[offset] = data
+        out, end = [], 0
+        for offset in sorted(pieces):
+            if offset != end:
+                return None
+            out.append(pieces[offset])
+            end = offset + len(pieces[offset])
+        return out if end == self._size else None
+
+
+#: payloads at least this large are built in memory advised for transparent huge pages (as numpy does
+#: for its own arrays): page faults on a fresh 100 MB buffer otherwise cost about as much as the copy
+_HUGE_PAGE_MIN = 4 << 20
+_PYBUF_WRITE = 0x200
+
+
+def _bytes_builder() -> Any:
+    """``new(size) -> (bytes, writable memoryview of its buffer) | None``, or None where unavailable.
+
+    The bytes object comes from ``PyBytes_FromStringAndSize(NULL, size)``, whose contents the C API lets
+    its creator fill before the object is shared (``PyBytes_AsString``), here through
+    ``PyMemoryView_FromMemory``; on Linux its pages are advised ``MADV_HUGEPAGE`` before they are first
+    touched.
+    """
+    import ctypes
+    import platform
+    import sys
+
+    if platform.python_implementation() != "CPython":
+        return None
+    api = ctypes.pythonapi
+    create = api.PyBytes_FromStringAndSize
+    create.restype, create.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
+    address_of = api.PyBytes_AsString
+    address_of.restype, address_of.argtypes = ctypes.c_void_p, [ctypes.py_object]
+    from_memory = api.PyMemoryView_FromMemory
+    from_memory.restype, from_memory.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
+    madvise = None
+    if sys.platform.startswith("linux"):
+        try:
+            madvise = ctypes.CDLL(None, use_errno=True).madvise
+            madvise.restype, madvise.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        except (OSError, AttributeError):
+            madvise = None
+    page = 4096
+    madv_hugepage = 14
+
+    def new(size: int) -> tuple[bytes, memoryview] | None:
+        try:
+            payload = create(None, size)
+            address = address_of(payload)
+        except (MemoryError, OSError, ctypes.ArgumentError):
+            return None
+        if madvise is not None:
+            start = (address + page - 1) // page * page
+            length = (address + size - start) // page * page
+            if length > 0:
+                madvise(start, length, madv_hugepage)  # advice only: its result does not matter
+        return payload, from_memory(address, size, _PYBUF_WRITE)
+
+    return new
+
+
+try:
+    _new_bytes = _bytes_builder()
+except Exception:  # noqa: BLE001 - no ctypes / no C API: the payload is assembled by plain copies
+    _new_bytes = None
 
 
 @functools.lru_cache(maxsize=256)

@@ -4,7 +4,8 @@
   ``apply_modality_lut`` in float64 cast to float32, on every real CT / MR file of ../shared/data/dicom
   (skipped when absent), on pydicom's bundled files, and on synthetic rescale values;
 * ``decode_image(out=..., checked=...)`` against a plain ``decode_image``;
-* the streamed ``.npz`` writer against ``numpy.lib.format.write_array``;
+* the streamed ``.npz`` writer against ``numpy.lib.format.write_array`` (payloads assembled in one
+  buffer, small and large, and its fallbacks);
 * ``cross3`` against ``numpy.cross``; ``element_value`` against ``Dataset.get``.
 
 Only values are checked here; speed lives in benchmarks/bench_normalise.py.
@@ -23,6 +24,7 @@ import pytest
 from pydicom.data import get_testdata_file
 from pydicom.pixels import apply_modality_lut
 
+from etl import normalise
 from etl.normalise import NormalisationError, _npz, image_kind, load_payload
 from etl.pixels import _rescale_into, check_decodable, decode_image, element_value, lut_view
 from etl.volumes import cross3
@@ -168,6 +170,47 @@ def test_npz_bytes_equal_write_array():
     for volume in (arrays["volume"][:, ::2, :], arrays["volume"][:1], np.zeros((1, 1, 4), dtype=np.float32)):
         other = {**arrays, "volume": volume}
         assert _npz(other) == _npz_reference(other)
+
+
+def test_npz_payload_built_in_one_buffer_equals_write_array(monkeypatch):
+    """Payloads of 4 MB and more are assembled in a fresh bytes object (huge-page advised); smaller ones by
+    a join; the bytearray fallback (overlapping writes) and the no-ctypes fallback give the same bytes."""
+    rng = np.random.default_rng(5)
+    small = {
+        "volume": rng.standard_normal((3, 8, 8)).astype(np.float32),
+        "spacing_mm": np.array([0.7, 0.7, 1.5]),
+        "origin_mm": np.array([np.nan] * 3),
+        "direction": np.eye(3).reshape(-1),
+    }
+    large = {**small, "volume": rng.standard_normal((5, 512, 512)).astype(np.float32)}  # 5 MB
+    assert normalise._HUGE_PAGE_MIN <= large["volume"].nbytes
+    for arrays in (small, large):
+        reference = _npz_reference(arrays)
+        payload = _npz(arrays)
+        assert type(payload) is bytes and payload == reference
+        assert np.array_equal(load_payload(payload, "npz"), arrays["volume"])
+        assert hash(payload) == hash(bytes(reference))  # an ordinary, immutable bytes object
+        monkeypatch.setattr(normalise._Parts, "_segments", lambda self: None)
+        assert _npz(arrays) == reference
+        monkeypatch.setattr(normalise, "_new_bytes", None)
+        assert _npz(arrays) == reference
+        monkeypatch.undo()
+
+
+def test_parts_recorder_applies_later_writes_over_earlier():
+    parts = normalise._Parts()
+    assert parts.write(b"abcdef") == 6
+    parts.write(memoryview(np.arange(3, dtype=np.uint16)))
+    assert parts.tell() == 12
+    parts.seek(2)
+    parts.write(b"XY")
+    parts.seek(0, 2)
+    parts.write(b"!")
+    expected = b"abXYef" + np.arange(3, dtype=np.uint16).tobytes() + b"!"
+    assert parts.getvalue() == expected
+    parts.seek(1)
+    parts.write(b"QQQ")  # covers parts of two earlier writes: the bytearray path
+    assert parts.getvalue() == b"aQQQef" + expected[6:]
 
 
 def test_cross3_equals_numpy_cross():
