@@ -3,10 +3,13 @@
 Generates the ``studies`` / ``images`` (view only) / ``study_labels`` / ``entity_mentions`` frames of a synthetic
 archive: 8 institutions, 4 modality families, 160,000 patients and about 690,000 images (DESIGN.md scale), then runs
 the build's own functions on them, in build order: :func:`etl.splits.assign_splits`, :func:`etl.pairs.build_pairs`,
-:func:`etl.vqa.build_vqa`, :func:`etl.retrieval.build_retrieval_targets` and
-:func:`etl.splits.check_split_integrity`. Each patient count (40k, 80k, 160k) runs in its own process so that peak
-memory is per size; inside it a thread samples the process RSS every 20 ms (polars allocates in Rust, which
-tracemalloc does not see) and each step reports its wall time and its peak RSS.
+:func:`etl.vqa.build_vqa` (with the mentions and image views, as ``assemble`` passes them),
+:func:`etl.retrieval.build_retrieval_targets`, :func:`etl.vqa.build_case_comparison_vqa` and
+:func:`etl.splits.check_split_integrity`. As in the build, the VQA items of each stage go to Parquet (a temporary
+folder, not timed) and are released, and the split check reads back only the columns it needs. Each patient count
+(40k, 80k, 160k) runs in its own process so that peak memory is per size; inside it a thread samples the process
+RSS every 20 ms (polars allocates in Rust, which tracemalloc does not see) and each step reports its wall time,
+the RSS when it starts and its peak RSS (inputs included: the peak is the process's, not the step's increment).
 
 Synthetic archive (rates chosen to resemble a hospital PACS; every draw from one seeded numpy Generator):
 
@@ -18,7 +21,7 @@ Synthetic archive (rates chosen to resemble a hospital PACS; every draw from one
 * 85 % of studies have a report; a report gives a ``study_labels`` row for every concept of the family (as
   :func:`entity_extraction.extract.study_labels` does) with state present 5 %, absent 7 %, uncertain 1 %, else
   not_mentioned; 30 % of present labels state a change; every mentioned label has one ``entity_mentions`` row with
-  laterality (30 %), severity (25 %) and its ontology anatomy.
+  laterality (30 %), severity (25 %), its ontology anatomy and a text (severity, a type word in 20 %, the name).
 
 Ends with ``BENCH pairs patients=160000 images=... total_s=... peak_gib=... growth_80k_to_160k=...`` where
 ``growth_80k_to_160k`` is total time at 160k over total time at 80k (linear = 2.0, n log n = 2.1).
@@ -30,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import datetime, timedelta
@@ -40,6 +45,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import psutil
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -51,6 +58,7 @@ FAMILY_P = (0.55, 0.20, 0.10, 0.15)
 MODALITY = {"2D-CXR": "DX", "3D-CT": "CT", "3D-Brain-MRI": "MR", "2D-Ultrasound": "US"}
 IMAGES_PER_STUDY = {"3D-CT": 3, "3D-Brain-MRI": 4, "2D-Ultrasound": 4}
 STATE_P = {"present": 0.05, "absent": 0.07, "uncertain": 0.01}
+TYPE_WORDS = ("patchy", "focal", "linear", "calcified", "interstitial")
 T0 = datetime(2030, 1, 1)
 
 
@@ -174,15 +182,19 @@ def generate(n_patients: int, seed: int = 20310304) -> dict[str, pl.DataFrame]:
         lat = np.where(rng.random(k) < 0.3, rng.choice(["left", "right", "bilateral"], size=k), None)
         sev = np.where(rng.random(k) < 0.25, rng.choice(["mild", "moderate", "severe", "small", "large"], size=k),
                        None)
+        names = np.array([c.preferred_name.lower() for c in concepts], dtype=object)[ent[mentioned]]
+        word = np.where(rng.random(k) < 0.2, rng.choice(TYPE_WORDS, size=k), "")
+        text = [" ".join(w for w in (s, t, nm) if w) for s, t, nm in zip(
+            np.where(sev == None, "", sev), word, names, strict=True)]  # noqa: E711
         men_parts.append(pl.DataFrame({
             "study_key": np.array(study_keys)[st_idx[mentioned]], "entity_id": ids[ent[mentioned]],
             "assertion": state[mentioned].tolist(), "temporality": np.full(k, "current"),
             "section": np.where(rng.random(k) < 0.6, "impression", "findings"),
             "laterality": lat.tolist(), "severity": sev.tolist(), "anatomy_id": anat[ent[mentioned]].tolist(),
-            "span_start": rng.integers(0, 2000, size=k).astype(np.int32),
+            "span_start": rng.integers(0, 2000, size=k).astype(np.int32), "text": text,
         }, schema={"study_key": pl.Utf8, "entity_id": pl.Utf8, "assertion": pl.Utf8, "temporality": pl.Utf8,
                    "section": pl.Utf8, "laterality": pl.Utf8, "severity": pl.Utf8, "anatomy_id": pl.Utf8,
-                   "span_start": pl.Int32}))
+                   "span_start": pl.Int32, "text": pl.Utf8}))
     labels = pl.concat(lab_parts)
     mentions = pl.concat(men_parts)
     mentions = mentions.with_columns(mention_id=pl.int_range(pl.len()).cast(pl.Utf8).str.zfill(12))
@@ -191,10 +203,18 @@ def generate(n_patients: int, seed: int = 20310304) -> dict[str, pl.DataFrame]:
 
 def run_size(n_patients: int) -> dict:
     """Generate one archive and time each build step on it; returns the figures as a dict."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench_pairs_"))
+    try:
+        return _run_size(n_patients, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_size(n_patients: int, tmp: Path) -> dict:
     from etl.pairs import build_pairs
     from etl.retrieval import build_retrieval_targets, load_similarity
     from etl.splits import assign_splits, check_split_integrity
-    from etl.vqa import build_vqa, load_templates
+    from etl.vqa import build_case_comparison_vqa, build_vqa, load_templates
     from schemas.config import PairingConfig, RetrievalConfig, SplitConfig, VQAConfig
     from schemas.ontology import load_ontology
 
@@ -208,9 +228,11 @@ def run_size(n_patients: int) -> dict:
 
     def step(name, fn):
         rss.reset()
+        start = rss.peak()
         t, c = time.perf_counter(), time.process_time()
         result = fn()
-        steps[name] = {"s": time.perf_counter() - t, "cpu_s": time.process_time() - c, "peak_gib": rss.peak() / 2**30}
+        steps[name] = {"s": time.perf_counter() - t, "cpu_s": time.process_time() - c, "peak_gib": rss.peak() / 2**30,
+                       "start_gib": start / 2**30}
         return result
 
     split_cfg = SplitConfig(train=0.8, val=0.1, test=0.1, external_test_institutions=["au-syd-west"])
@@ -220,15 +242,26 @@ def run_size(n_patients: int) -> dict:
     templates, onto = load_templates(), load_ontology()
     splits_df = pl.from_arrow(splits)
     vqa = step("vqa", lambda: build_vqa(pl.from_arrow(pairs), labels, studies, splits_df, VQAConfig(), templates,
-                                        onto))
+                                        onto, entity_mentions=mentions, images=images))
+    # as the build does, each stage's output goes to Parquet and is released; the split check reads it back
+    vqa_rows = vqa.num_rows
+    pq.write_table(vqa, tmp / "vqa-0.parquet")
+    del vqa
     similarity = load_similarity()
-    targets = step("retrieval", lambda: build_retrieval_targets(labels, mentions, splits_df, RetrievalConfig(),
-                                                                similarity))
+    # as etl/stages.py's retrieval stage: the targets as a polars frame, read by the two-case VQA items
+    targets = step("retrieval", lambda: pl.from_arrow(build_retrieval_targets(labels, mentions, splits_df,
+                                                                              RetrievalConfig(), similarity)))
+    case_vqa = step("case_vqa", lambda: build_case_comparison_vqa(
+        targets, labels, mentions, VQAConfig(), templates, onto, similarity["severity"]["ordinal"]))
+    case_rows = case_vqa.num_rows
+    pq.write_table(case_vqa, tmp / "vqa-1.parquet")
+    del case_vqa
     step("split_check", lambda: check_split_integrity(splits_df, studies=studies, pairs=pairs,
-                                                      retrieval_targets=targets, vqa=vqa))
+                                                      retrieval_targets=targets, vqa=ds.dataset(tmp, format="parquet")))
     rss.stop()
     out.update(patients=n_patients, studies=studies.height, images=images.height, study_labels=labels.height,
-               mentions=mentions.height, pairs=pairs.num_rows, vqa=vqa.num_rows, retrieval=targets.num_rows,
+               mentions=mentions.height, pairs=pairs.num_rows, vqa=vqa_rows, case_vqa=case_rows,
+               retrieval=targets.height,
                generate_s=gen_s, steps=steps, total_s=sum(s["s"] for s in steps.values()),
                peak_gib=max(s["peak_gib"] for s in steps.values()))
     return out
@@ -250,10 +283,12 @@ def main() -> int:
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         results[n] = r
         print(f"patients={n} studies={r['studies']} images={r['images']} study_labels={r['study_labels']} "
-              f"mentions={r['mentions']} -> pairs={r['pairs']} vqa={r['vqa']} retrieval={r['retrieval']} "
+              f"mentions={r['mentions']} -> pairs={r['pairs']} vqa={r['vqa']} case_vqa={r['case_vqa']} "
+              f"retrieval={r['retrieval']} "
               f"(generate {r['generate_s']:.1f} s)")
         for name, s in r["steps"].items():
-            print(f"  {name:<12} {s['s']:7.2f} s wall {s['cpu_s']:7.2f} s CPU  peak RSS {s['peak_gib']:.2f} GiB")
+            print(f"  {name:<12} {s['s']:7.2f} s wall {s['cpu_s']:7.2f} s CPU  RSS {s['start_gib']:.2f} GiB at start, "
+                  f"peak {s['peak_gib']:.2f} GiB")
         print(f"  {'total':<12} {r['total_s']:7.2f} s  peak RSS {r['peak_gib']:.2f} GiB")
     big, mid = results[SIZES[-1]], results[SIZES[-2]]
     growth = big["total_s"] / mid["total_s"]

@@ -34,7 +34,10 @@ import hashlib
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from etl.frame_keys import has_duplicate_keys
+from etl.shard_groups import DEFAULT_MAX_STUDIES, rows_of, shard_groups, study_keys_of
 from schemas.config import PairingConfig
 from schemas.pairs import SCHEMA
 from schemas.study_labels import STATES
@@ -140,7 +143,7 @@ def _labels(study_labels: pl.DataFrame) -> pl.DataFrame:
     if bad_change:
         raise PairingInputError("unknown_change", f"study_labels.change has unknown value(s) {bad_change}")
     lab = study_labels.select(_LABEL_COLUMNS)
-    if lab.select(pl.struct("study_key", "entity_id").is_duplicated().any()).item():
+    if has_duplicate_keys(lab, ("study_key", "entity_id")):
         raise PairingInputError("duplicate_label", "study_labels repeats an entity of a study")
     return lab
 
@@ -207,9 +210,10 @@ def _change_labels(pairs: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
 
 
 def build_pairs(
-    studies: pl.DataFrame, study_labels: pl.DataFrame, images: pl.DataFrame, cfg: PairingConfig
+    studies: pl.DataFrame, study_labels: pl.DataFrame, images: pl.DataFrame, cfg: PairingConfig,
+    max_studies: int = DEFAULT_MAX_STUDIES,
 ) -> pa.Table:
-    """Build the ``pairs`` table of one shard.
+    """Build the ``pairs`` table of one shard or many.
 
     Parameters
     ----------
@@ -226,6 +230,9 @@ def build_pairs(
     cfg : schemas.config.PairingConfig
         gap window in days (``min_gap_days``, ``max_gap_days``), ``frontal_only_cxr``, ``all_priors``,
         ``max_priors``.
+    max_studies : int
+        with more ``studies`` rows than this, pairs are built group by group of whole shards
+        (:func:`etl.shard_groups.shard_groups`): the same rows, with the peak memory of one group.
 
     Returns
     -------
@@ -247,11 +254,21 @@ def build_pairs(
     _no_null(studies, ("study_key", "patient_key", "modality", "shard"), "studies")
     if studies.get_column("study_key").n_unique() != studies.height:
         raise PairingInputError("duplicate_study_key", "studies repeats a study_key")
+    if studies.select(pl.col("shard").n_unique().over("patient_key").max()).item() > 1:
+        raise PairingInputError("patient_in_several_shards", "a patient's studies carry different shards")
+    groups = shard_groups(studies.get_column("shard").cast(pl.Int64), max_studies)
+    if len(groups) > 1:  # every patient lies in one shard: pairs and their labels are per shard
+        tables = []
+        for group in groups:
+            keys = study_keys_of(studies, group)
+            tables.append(build_pairs(studies.filter(pl.col("shard").is_in(group)),
+                                      rows_of(study_labels, "study_key", keys), rows_of(images, "study_key", keys),
+                                      cfg, max_studies=studies.height))
+        out = pa.concat_tables(tables)
+        return out.take(pc.sort_indices(out.column("pair_id")))
     labels = _labels(study_labels)
     views = _views(images)
     when = _study_times(studies)
-    if studies.select(pl.col("shard").n_unique().over("patient_key").max()).item() > 1:
-        raise PairingInputError("patient_in_several_shards", "a patient's studies carry different shards")
 
     st = (
         studies.lazy()

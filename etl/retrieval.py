@@ -51,6 +51,7 @@ import polars as pl
 import pyarrow as pa
 import yaml
 
+from etl.frame_keys import has_duplicate_keys
 from schemas.config import RetrievalConfig
 from schemas.retrieval_targets import SCHEMA
 
@@ -344,7 +345,7 @@ def build_retrieval_targets(
     for c in _LABEL_COLUMNS:
         if study_labels.get_column(c).null_count():
             raise RetrievalInputError("null_value", f"study_labels.{c} has null value(s)")
-    if study_labels.select(pl.struct("study_key", "entity_id").is_duplicated().any()).item():
+    if has_duplicate_keys(study_labels, ("study_key", "entity_id")):
         raise RetrievalInputError("duplicate_label", "study_labels repeats a (study, entity)")
     _require(splits, _SPLIT_COLUMNS, "splits")
     split_of = splits.select(_SPLIT_COLUMNS).unique()
@@ -365,6 +366,7 @@ def build_retrieval_targets(
     st = st.join(key_ids, on="study_key").with_columns(
         pid=pl.col("patient_key").rank("dense").cast(pl.UInt32)
     )
+    patient_of = st.get_column("patient_key").unique().sort()  # patient_of[pid - 1] = patient_key (dense rank)
     # the cap per (family, entity): lowest H first
     st = st.filter(
         pl.col("h").rank("ordinal").over("family", "entity_id") <= cfg.max_studies_per_entity
@@ -391,12 +393,16 @@ def build_retrieval_targets(
     pools = cand.select("family", "entity_id", "state", "split", "sig", "n").unique()
     queries = st.select("family", "entity_id", "state", "split", "sig", "sid", "pid", "h", "shard")
     out_parts = []
-    for (family,), q in queries.group_by("family", maintain_order=False):
+    # one (family, entity) at a time: candidates never cross entities, and the ring expansion of one entity is
+    # a bounded slice of the whole (peak memory of the largest entity, not of the archive)
+    cand_of = cand.partition_by("family", "entity_id", as_dict=True)
+    for (family, entity), q in queries.group_by("family", "entity_id", maintain_order=False):
         q = q.rename({"sig": "qsig", "sid": "q_sid", "pid": "q_pid", "h": "q_h"})
-        q = q.join(rel.filter(pl.col("family") == family), on=["family", "entity_id", "state", "qsig"], how="inner")
+        q = q.join(rel.filter((pl.col("family") == family) & (pl.col("entity_id") == entity)),
+                   on=["family", "entity_id", "state", "qsig"], how="inner")
         q = q.join(pools.rename({"sig": "csig"}), on=["family", "entity_id", "state", "split", "csig"], how="inner")
         # start = number of pool members with H < query H (the first member at or after the query on the ring)
-        c_f = cand.filter(pl.col("family") == family).rename({"sig": "csig"})
+        c_f = cand_of[(family, entity)].rename({"sig": "csig"})
         q = q.sort("q_h")
         starts = q.join_asof(
             c_f.select("entity_id", "state", "split", "csig", "h", "pos").sort("h"),
@@ -421,18 +427,17 @@ def build_retrieval_targets(
     if not out_parts:
         return SCHEMA.empty_table()
     out = pl.concat(out_parts)
-    names = key_ids.select("sid", "study_key")
-    patients = st.select("pid", "patient_key").unique()
-    out = (
-        out.join(names.rename({"sid": "q_sid", "study_key": "query_study_key"}), on="q_sid")
-        .join(names.rename({"study_key": "candidate_study_key"}), on="sid")
-        .join(patients.rename({"pid": "q_pid", "patient_key": "query_patient_key"}), on="q_pid")
-        .join(patients.rename({"patient_key": "candidate_patient_key"}), on="pid")
-        .select(
-            "query_study_key", "entity_id", "candidate_study_key", "rank",
-            pl.col("relevance").cast(pl.Float32), "family", "state", "query_patient_key",
-            "candidate_patient_key", "split", pl.col("shard").cast(pl.Int32),
-        )
-        .sort("query_study_key", "entity_id", "candidate_study_key")
+    del out_parts
+    # sid is the rank of study_key (keys are sorted), so sorting the integer ids sorts the keys: sort the narrow
+    # id columns, then look the strings up by position (no hash join, no sort of wide string rows)
+    out = out.sort("q_sid", "entity_id", "sid")
+    study_of = keys  # study_of[sid] = study_key
+    out = out.select(
+        query_study_key=study_of.gather(out.get_column("q_sid")), entity_id=pl.col("entity_id"),
+        candidate_study_key=study_of.gather(out.get_column("sid")), rank=pl.col("rank"),
+        relevance=pl.col("relevance").cast(pl.Float32), family=pl.col("family"), state=pl.col("state"),
+        query_patient_key=patient_of.gather(out.get_column("q_pid") - 1),
+        candidate_patient_key=patient_of.gather(out.get_column("pid") - 1), split=pl.col("split"),
+        shard=pl.col("shard").cast(pl.Int32),
     )
     return out.to_arrow().cast(SCHEMA)

@@ -20,6 +20,7 @@ import hashlib
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.dataset as ds
 
 from schemas.base import table_from_rows
 from schemas.config import SplitConfig
@@ -129,19 +130,24 @@ class SplitLeakError(RuntimeError):
         self.counts = counts
 
 
-def _frame(t: pa.Table | pl.DataFrame | None) -> pl.DataFrame | None:
+def _frame(t: pa.Table | pl.DataFrame | ds.Dataset | None, columns: tuple[str, ...]) -> pl.DataFrame | None:
+    """The ``columns`` of ``t`` that exist, as polars: only those are converted (or read, from a dataset)."""
     if t is None:
         return None
-    return t if isinstance(t, pl.DataFrame) else pl.from_arrow(t)
+    names = t.columns if isinstance(t, pl.DataFrame) else t.schema.names
+    keep = [c for c in columns if c in names]
+    if isinstance(t, pl.DataFrame):
+        return t.select(keep)
+    return pl.from_arrow(t.to_table(columns=keep) if isinstance(t, ds.Dataset) else t.select(keep))
 
 
 def check_split_integrity(
     splits: pa.Table | pl.DataFrame,
     *,
-    studies: pa.Table | pl.DataFrame | None = None,
-    pairs: pa.Table | pl.DataFrame | None = None,
-    retrieval_targets: pa.Table | pl.DataFrame | None = None,
-    vqa: pa.Table | pl.DataFrame | None = None,
+    studies: pa.Table | pl.DataFrame | ds.Dataset | None = None,
+    pairs: pa.Table | pl.DataFrame | ds.Dataset | None = None,
+    retrieval_targets: pa.Table | pl.DataFrame | ds.Dataset | None = None,
+    vqa: pa.Table | pl.DataFrame | ds.Dataset | None = None,
 ) -> dict[str, int]:
     """Prove that no patient is in two splits and that nothing links two splits; raise otherwise.
 
@@ -162,8 +168,9 @@ def check_split_integrity(
     ----------
     splits : pyarrow.Table or polars.DataFrame
         ``patient_key``, ``split`` (all shards).
-    studies, pairs, retrieval_targets, vqa : pyarrow.Table or polars.DataFrame, optional
-        the built tables (all shards); a table not given is not checked.
+    studies, pairs, retrieval_targets, vqa : pyarrow.Table, polars.DataFrame or pyarrow.dataset.Dataset, optional
+        the built tables (all shards); a table not given is not checked. Only the key and split columns are
+        converted (from a dataset, only they are read).
 
     Returns
     -------
@@ -175,14 +182,14 @@ def check_split_integrity(
     SplitLeakError
         when any count is not 0 (the build fails with it).
     """
-    sp = _frame(splits).select("patient_key", "split").unique()
+    sp = _frame(splits, ("patient_key", "split")).select("patient_key", "split").unique()
     counts = {"patients_in_several_splits": sp.group_by("patient_key").len().filter(pl.col("len") > 1).height}
     split_of = sp.unique("patient_key", keep="first")
-    st = _frame(studies)
+    st = _frame(studies, ("study_key", "patient_key"))
     if st is not None:
         missing = st.select("patient_key").unique().join(split_of, on="patient_key", how="anti")
         counts["study_patients_without_split"] = missing.height
-    pr = _frame(pairs)
+    pr = _frame(pairs, ("patient_key", "prior_study_key", "current_study_key"))
     if pr is not None:
         if st is not None:
             owner = st.select("study_key", pl.col("patient_key").alias("owner"))
@@ -192,7 +199,7 @@ def check_split_integrity(
                 bad += j.filter(pl.col("owner").is_null() | (pl.col("owner") != pl.col("patient_key"))).height
             counts["pairs_cross_patient"] = bad
         counts["pairs_without_split"] = pr.select("patient_key").join(split_of, on="patient_key", how="anti").height
-    rt = _frame(retrieval_targets)
+    rt = _frame(retrieval_targets, ("query_patient_key", "candidate_patient_key", "split"))
     if rt is not None:
         counts["retrieval_same_patient"] = rt.filter(
             pl.col("query_patient_key") == pl.col("candidate_patient_key")
@@ -208,7 +215,7 @@ def check_split_integrity(
             pl.col("q_split").is_null() | pl.col("c_split").is_null()
             | (pl.col("q_split") != pl.col("split")) | (pl.col("c_split") != pl.col("split"))
         ).height
-    vq = _frame(vqa)
+    vq = _frame(vqa, ("patient_key", "split", "reference_study_key"))
     if vq is not None:
         j = vq.select("patient_key", "split").join(split_of.rename({"split": "p_split"}), on="patient_key",
                                                    how="left")

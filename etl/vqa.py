@@ -54,6 +54,8 @@ import polars as pl
 import pyarrow as pa
 import yaml
 
+from etl.frame_keys import has_duplicate_keys
+from etl.shard_groups import DEFAULT_MAX_STUDIES, rows_of, shard_groups, study_keys_of
 from schemas.config import VQAConfig
 from schemas.ontology import Ontology
 from schemas.vqa import SCHEMA
@@ -346,7 +348,19 @@ _SALT_POSITION, _SALT_QUESTION, _SALT_DISTRACTOR = 1, 2, 3
 
 def item_seed(item_ids: list[str]) -> np.ndarray:
     """The seed of each item: its ``item_id`` (16 hex characters of sha256) read as an unsigned 64-bit integer."""
-    return np.array([int(i, 16) for i in item_ids], dtype=np.uint64)
+    if not item_ids:
+        return np.empty(0, dtype=np.uint64)
+    blob = "".join(item_ids)
+    if len(blob) != 16 * len(item_ids):
+        raise ValueError("an item_id is not 16 hex characters")
+    return np.frombuffer(bytes.fromhex(blob), dtype=">u8").astype(np.uint64)
+
+
+def item_ids(frame: pl.DataFrame, *columns: str) -> pl.Series:
+    """:func:`item_id` of every row: sha256 of the ``columns`` joined by ``|``, first 16 hex characters."""
+    joined = frame.select(pl.concat_str(list(columns), separator="|")).to_series().to_list()
+    sha = hashlib.sha256
+    return pl.Series("item_id", [sha(s.encode()).hexdigest()[:16] for s in joined], dtype=pl.Utf8)
 
 
 def draw_options(
@@ -477,13 +491,36 @@ def _questions(items: pl.DataFrame, types: dict, names: _NameTable) -> pl.DataFr
     ).drop("template", "entity_name")
 
 
+def _is_word_char(c: str) -> bool:
+    return c.isalnum() or c == "_"
+
+
+def _has_phrase(text: str, phrase: str) -> bool:
+    """True where ``phrase`` occurs in ``text`` case-insensitively with a word boundary (regex ``\\b``) at both
+    ends, as ``re.search(r"(?i)\\b" + re.escape(phrase) + r"\\b", text)`` decides, without compiling a pattern."""
+    t, p = text.lower(), phrase.lower()
+    if not p:
+        return False
+    start = t.find(p)
+    while start >= 0:
+        end = start + len(p)
+        left = start > 0 and _is_word_char(t[start - 1])
+        right = end < len(t) and _is_word_char(t[end])
+        if left != _is_word_char(p[0]) and right != _is_word_char(p[-1]):
+            return True
+        start = t.find(p, start + 1)
+    return False
+
+
 def _contains_answer(items: pl.DataFrame) -> pl.Series:
     """True where the answer text occurs in the question as whole words, case-insensitively."""
-    answers = items.get_column("answer_text").unique().to_list()
-    patterns = {a: r"(?i)\b" + re.escape(a) + r"\b" for a in answers}
-    return items.select(
-        pl.col("question").str.contains(pl.col("answer_text").replace_strict(patterns, return_dtype=pl.Utf8))
-    ).to_series()
+    # questions are templates filled with entity names: few distinct (question, answer) pairs, checked once each
+    pairs = items.select("question", "answer_text").unique()
+    hit = [_has_phrase(q, a) if q is not None and a is not None else None for q, a in pairs.iter_rows()]
+    pairs = pairs.with_columns(contains=pl.Series(hit, dtype=pl.Boolean))
+    return items.select("question", "answer_text").join(
+        pairs, on=["question", "answer_text"], how="left", nulls_equal=True, maintain_order="left"
+    ).get_column("contains")
 
 
 def _render_options(items: pl.DataFrame, types: dict, n: int, names: _NameTable) -> pl.DataFrame:
@@ -695,9 +732,15 @@ def _open_questions(items: pl.DataFrame, spec: dict, names: _NameTable) -> pl.Da
     """Add ``question``: the kind's paraphrase SplitMix64(seed, 2) mod count, the entity name filled in."""
     kinds = {k: qs for t in spec["open_ended"].values() for k, qs in t["kinds"].items()}
     pick = _mix(item_seed(items.get_column("item_id").to_list()), _SALT_QUESTION)
-    template = [kinds[k][int(h % np.uint64(len(kinds[k])))] for k, h in zip(items.get_column("kind").to_list(), pick,
-                                                                          strict=True)]
-    items = items.with_columns(template=pl.Series(template, dtype=pl.Utf8))
+    item_kinds = items.get_column("kind").to_numpy()
+    template = np.empty(len(items), dtype=object)
+    for kind, qs in kinds.items():
+        mask = item_kinds == kind
+        if mask.any():
+            template[mask] = np.array(qs, dtype=object)[(pick[mask] % np.uint64(len(qs))).astype(np.int64)]
+    if len(items) and any(t is None for t in template):
+        raise VQATemplateError("unknown_question_type", "an open-ended item kind has no question template")
+    items = items.with_columns(template=pl.Series(template.tolist(), dtype=pl.Utf8))
     items = items.join(names.names, on=["family", "entity_id"], how="left")
     return items.with_columns(
         question=pl.col("template").str.replace_all("{entity}", pl.col("entity_name").fill_null(""), literal=True)
@@ -739,8 +782,9 @@ def build_vqa(
     ontology: Ontology,
     entity_mentions: pl.DataFrame | None = None,
     images: pl.DataFrame | None = None,
+    max_studies: int = DEFAULT_MAX_STUDIES,
 ) -> pa.Table:
-    """Build the ``vqa`` items of one shard (vectorised with polars and numpy): multiple choice and open-ended.
+    """Build the ``vqa`` items of one shard or many (vectorised with polars and numpy): multiple choice and open-ended.
 
     Parameters
     ----------
@@ -767,11 +811,15 @@ def build_vqa(
     images : polars.DataFrame, optional
         ``images`` rows (``study_key``, ``view``) for the open-ended ``view`` questions (a study with exactly one
         distinct non-null view); without it no view item.
+    max_studies : int
+        with more ``studies`` rows than this, the items are built group by group of whole shards
+        (:func:`etl.shard_groups.shard_groups`), so that peak memory stays that of one group; every item is
+        per patient and yes/no balancing is per shard, so the result is the same as in one pass.
 
     Returns
     -------
     pyarrow.Table
-        :data:`schemas.vqa.SCHEMA`, sorted by ``item_id``. Pair items carry ``pair_id`` (``study_key``
+        :data:`schemas.vqa.SCHEMA`, sorted by ``shard``, then ``item_id``. Pair items carry ``pair_id`` (``study_key``
         null), single-study items carry ``study_key`` (``pair_id`` null). Multiple choice: ``answer`` is the
         letter (A-F) of ``answer_text`` in ``options``; ``entity_ids`` is ``[entity]`` or, for ``location``,
         ``[finding, anatomy]``. Open-ended (``question_type`` ``open_<type>``, module docstring): ``options``
@@ -792,6 +840,53 @@ def build_vqa(
         return SCHEMA.empty_table()
     templates = validate_templates(templates)
     _check_option_counts(templates, cfg.n_options)
+    groups = []
+    if studies.height > max_studies:
+        _require(studies, ("study_key", "patient_key", "shard"), "studies")
+        if pairs.height:
+            _require(pairs, _PAIR_COLUMNS, "pairs")
+        if study_labels.height:
+            _require(study_labels, _LABEL_COLUMNS, "study_labels")
+            unknown = study_labels.select("study_key").unique().join(studies.select("study_key"), on="study_key",
+                                                                     how="anti")
+            if unknown.height:
+                raise VQAInputError("unknown_study", f"{unknown.height} labelled study(ies) are not in studies")
+        all_shards = pl.concat([studies.get_column("shard").cast(pl.Int64),
+                                *([pairs.get_column("shard").unique().cast(pl.Int64)] if pairs.height else [])])
+        groups = shard_groups(all_shards, max_studies)  # ascending: the groups' outputs concatenate in shard order
+    if len(groups) <= 1:
+        return _build_vqa_group(pairs, study_labels, studies, splits, cfg, templates, ontology, entity_mentions,
+                                images)
+    tables = []
+    for group in groups:  # every patient lies in one shard: items, caps and yes/no balance are per shard
+        keys = study_keys_of(studies, group)
+        tables.append(_build_vqa_group(
+            pairs.filter(pl.col("shard").is_in(group)) if pairs.height else pairs,
+            rows_of(study_labels, "study_key", keys), studies.filter(pl.col("shard").is_in(group)), splits, cfg,
+            templates, ontology, rows_of(entity_mentions, "study_key", keys), rows_of(images, "study_key", keys)))
+    out = pa.concat_tables(tables)
+    del tables
+    ids = pl.from_arrow(out.column("item_id"))
+    if ids.is_duplicated().any():
+        raise VQAInputError("duplicate_item", f"item {ids.filter(ids.is_duplicated())[0]} generated twice "
+                                              "(a pair in two shards)")
+    return out
+
+
+def _build_vqa_group(
+    pairs: pl.DataFrame,
+    study_labels: pl.DataFrame,
+    studies: pl.DataFrame,
+    splits: pl.DataFrame,
+    cfg: VQAConfig,
+    templates: dict,
+    ontology: Ontology,
+    entity_mentions: pl.DataFrame | None,
+    images: pl.DataFrame | None,
+) -> pa.Table:
+    """:func:`build_vqa` on one group of whole shards (validated templates)."""
+    if pairs.height == 0 and studies.height == 0:
+        return SCHEMA.empty_table()
     types = {t: v for t, v in templates["question_types"].items() if v["scope"] != "case"}
     order = {t: i for i, t in enumerate(types)}
     order.update({OPEN_PREFIX + t: len(order) + i for i, t in enumerate(templates["open_ended"])})
@@ -801,7 +896,7 @@ def build_vqa(
     if study_labels.height:
         _require(study_labels, _LABEL_COLUMNS, "study_labels")
         labels = study_labels.select(*_LABEL_COLUMNS, *(["change"] if "change" in study_labels.columns else []))
-        if labels.select(pl.struct("study_key", "entity_id").is_duplicated().any()).item():
+        if has_duplicate_keys(labels, ("study_key", "entity_id")):
             raise VQAInputError("duplicate_label", "study_labels repeats an entity of a study")
     split_of = pl.DataFrame(schema={"patient_key": pl.Utf8, "split": pl.Utf8})
     if splits.height:
@@ -881,19 +976,15 @@ def build_vqa(
     frames = []
     if parts:
         items = pl.concat(parts)
-        ids = [item_id(a, t, e) for a, t, e in zip(items["anchor"].to_list(), items["question_type"].to_list(),
-                                                    items["entity_id"].to_list(), strict=True)]
-        items = items.with_columns(item_id=pl.Series(ids, dtype=pl.Utf8))
+        items = items.with_columns(item_id=item_ids(items, "anchor", "question_type", "entity_id"))
         items = _questions(items, types, names).with_columns(
             kind=pl.lit(None, pl.Utf8), answer_format=pl.lit("multiple_choice"), yes_no=pl.lit(False),
             mention_entities=pl.concat_list("entity_id"))
         frames.append(items)
     if open_items.height:
         names.check(open_items.filter(pl.col("entity_id") != "*").select("family", "entity_id").unique())
-        ids = [item_id(a, t, f"{e}|{k}") for a, t, e, k in zip(
-            open_items["anchor"].to_list(), open_items["question_type"].to_list(), open_items["entity_id"].to_list(),
-            open_items["kind"].to_list(), strict=True)]
-        op = open_items.with_columns(item_id=pl.Series(ids, dtype=pl.Utf8), answer_key=pl.lit(None, pl.Utf8))
+        op = open_items.with_columns(item_id=item_ids(open_items, "anchor", "question_type", "entity_id", "kind"),
+                                     answer_key=pl.lit(None, pl.Utf8))
         op = _open_questions(op, templates, names).with_columns(
             answer_format=pl.lit("open_ended"),
             yes_no=pl.col("kind").replace_strict({k: v[2] for k, v in OPEN_ANSWERS.items()}, return_dtype=pl.Boolean),
@@ -918,14 +1009,16 @@ def _cap(items: pl.DataFrame, cap: int) -> pl.DataFrame:
     """At most ``cap`` items per anchor and answer format: round-robin over the types in template order, each
     type's items in item_id order (multiple-choice and open-ended items are capped separately)."""
     group = ["anchor", "answer_format"] if "answer_format" in items.columns else ["anchor"]
-    return (
-        items.sort(*group, "type_order", "item_id")
+    keep = (  # decided on the key columns alone, then applied to the wide rows
+        items.select(*group, "type_order", "item_id").with_row_index("_row")
+        .sort(*group, "type_order", "item_id")
         .with_columns(_round=pl.int_range(pl.len()).over(*group, "type_order"))
         .sort(*group, "_round", "type_order")
         .filter(pl.int_range(pl.len()).over(group) < cap)
         .sort("item_id")
-        .drop("_round")
+        .get_column("_row")
     )
+    return items[keep]
 
 
 def _finish(items: pl.DataFrame, types: dict, n: int, names: _NameTable,
@@ -941,7 +1034,7 @@ def _finish(items: pl.DataFrame, types: dict, n: int, names: _NameTable,
                                       answer=pl.lit(None, pl.Utf8)))
     if not frames:
         return SCHEMA.empty_table()
-    out = pl.concat([f.select(frames[0].columns) for f in frames]).sort("item_id")
+    out = pl.concat([f.select(frames[0].columns) for f in frames]).sort("shard", "item_id")
     out = _with_mentions(out, entity_mentions)
     for c in ("reference_study_key", "reason"):
         if c not in out.columns:
@@ -968,6 +1061,7 @@ def build_case_comparison_vqa(
     templates: dict,
     ontology: Ontology,
     severity_grades: dict[str, float],
+    max_queries: int = 4 * DEFAULT_MAX_STUDIES,
 ) -> pa.Table:
     """Multiple-choice items comparing a query study with a reference case of another patient.
 
@@ -1004,11 +1098,14 @@ def build_case_comparison_vqa(
     ontology : schemas.ontology.Ontology
     severity_grades : dict of str to float
         ordinal grade per severity word (``severity.ordinal`` of ``config/retrieval_similarity.yaml``).
+    max_queries : int
+        items are built group by group of whole query shards holding at most this many rank-1 references
+        (:func:`etl.shard_groups.shard_groups`): the same items, with the peak memory of one group.
 
     Returns
     -------
     pyarrow.Table
-        :data:`schemas.vqa.SCHEMA`, sorted by ``item_id``: ``study_key`` = query, ``reference_study_key``,
+        :data:`schemas.vqa.SCHEMA`, sorted by ``shard``, then ``item_id``: ``study_key`` = query, ``reference_study_key``,
         ``study_keys`` = [reference, query], ``pair_id`` null, ``patient_key``/``split``/``shard`` of the query.
 
     Raises
@@ -1032,9 +1129,24 @@ def build_case_comparison_vqa(
         "shard")
     st = entity_states(study_labels, entity_mentions, ["present", "absent"]).select(
         "study_key", "entity_id", "state", "severity", "laterality", "mention_ids")
+    grades = pl.DataFrame({"sev": list(severity_grades), "g": [float(v) for v in severity_grades.values()]})
+    groups = shard_groups(refs.get_column("shard").cast(pl.Int64), max_queries) if refs.height else []
+    tables = []
+    for group in groups:  # items are per (query, reference) anchor: built group by group of the queries' shards
+        g_refs = refs.filter(pl.col("shard").is_in(group)) if len(groups) > 1 else refs
+        g_st = st.filter(pl.col("study_key").is_in(pl.concat([g_refs.get_column("q"), g_refs.get_column("r")])
+                                                   .unique().implode())) if len(groups) > 1 else st
+        tables.append(_case_items(g_refs, g_st, grades, types, templates, cfg, names))
+    tables = [t for t in tables if t.num_rows]
+    return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+
+
+def _case_items(refs: pl.DataFrame, st: pl.DataFrame, grades: pl.DataFrame, types: dict, templates: dict,
+                cfg: VQAConfig, names: _NameTable) -> pa.Table:
+    """Two-case items of ``refs`` (rank-1 references) from the entity states ``st``: :func:`build_case_comparison_vqa`
+    on one group of query shards, sorted by ``shard``, then ``item_id``."""
     q_st = st.rename({c: f"q_{c}" for c in st.columns if c not in ("entity_id",)})
     r_st = st.rename({c: f"r_{c}" for c in st.columns if c not in ("entity_id",)})
-    grades = pl.DataFrame({"sev": list(severity_grades), "g": [float(v) for v in severity_grades.values()]})
     parts = []
     linked = (refs.with_columns(entity_id=pl.col("link"))
               .join(q_st, left_on=["q", "entity_id"], right_on=["q_study_key", "entity_id"])
@@ -1071,10 +1183,8 @@ def build_case_comparison_vqa(
     items = pl.concat(parts)
     names.check(items.select("family", "entity_id").unique())
     items = items.with_columns(anchor=pl.concat_str("q", "r", separator="|"))
-    ids = [item_id(a, t, e) for a, t, e in zip(items["anchor"].to_list(), items["question_type"].to_list(),
-                                                items["entity_id"].to_list(), strict=True)]
     order = {t: i for i, t in enumerate(types)}
-    items = items.with_columns(item_id=pl.Series(ids, dtype=pl.Utf8),
+    items = items.with_columns(item_id=item_ids(items, "anchor", "question_type", "entity_id"),
                                type_order=pl.col("question_type").replace_strict(order, return_dtype=pl.Int32))
     items = _questions(items, types, names).join(names.names, on=["family", "entity_id"], how="left")
     reason = templates["case_reason"].split("{query}")
@@ -1095,4 +1205,4 @@ def build_case_comparison_vqa(
         .otherwise(pl.concat_list("entity_id")),
         mention_ids=pl.concat_list(pl.col("q_mention_ids").fill_null([]), pl.col("r_mention_ids").fill_null([]))
         .list.unique().list.sort())
-    return out.sort("item_id").select(SCHEMA.names).to_arrow().cast(SCHEMA)
+    return out.sort("shard", "item_id").select(SCHEMA.names).to_arrow().cast(SCHEMA)
