@@ -85,8 +85,8 @@ def _shard_table(ctx: BuildContext, table: str, schema: pa.Schema, shard: int) -
     return pa.concat_tables([ctx.storage.read_table(f, schema=schema) for f in files])
 
 
-def _all_shards(ctx: BuildContext, table: str, schema: pa.Schema) -> pa.Table:
-    return ctx.storage.read_table(f"curated/{table}", schema=schema)
+def _all_shards(ctx: BuildContext, table: str, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
+    return ctx.storage.read_table(f"curated/{table}", schema=schema, columns=columns)
 
 
 def _sorted(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -729,12 +729,14 @@ def retrieval(ctx: BuildContext) -> dict:
     for shard in range(ctx.cfg.shard_count):
         part = _sorted(case_vqa.filter(pl.col("shard") == shard).to_arrow().cast(vqa_schema.SCHEMA), vqa_schema.SCHEMA)
         ctx.storage.write_table(ctx.table_path("vqa", shard).replace("part-0.parquet", "part-1.parquet"), part)
-    counts = check_split_integrity(
+    n_case_vqa = case_vqa.height
+    del case_vqa
+    counts = check_split_integrity(  # only the key and split columns are read back
         splits,
-        studies=_all_shards(ctx, "studies", studies_schema.SCHEMA),
-        pairs=_all_shards(ctx, "pairs", pairs_schema.SCHEMA),
+        studies=_all_shards(ctx, "studies", studies_schema.SCHEMA, ["study_key", "patient_key"]),
+        pairs=_all_shards(ctx, "pairs", pairs_schema.SCHEMA, ["patient_key", "prior_study_key", "current_study_key"]),
         retrieval_targets=targets,
-        vqa=_all_shards(ctx, "vqa", vqa_schema.SCHEMA),
+        vqa=_all_shards(ctx, "vqa", vqa_schema.SCHEMA, ["patient_key", "split", "reference_study_key"]),
     )
     return {"retrieval_targets": total, "queries": targets.select("query_study_key", "entity_id").n_unique()
-            if targets.height else 0, "case_vqa": case_vqa.height, **counts}
+            if targets.height else 0, "case_vqa": n_case_vqa, **counts}

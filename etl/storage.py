@@ -200,10 +200,11 @@ class Storage:
                        row_group_size=row_group_size)
         self.write_bytes(rel, buf.getvalue())
 
-    def read_table(self, rel: str, schema: pa.Schema | None = None) -> pa.Table:
+    def read_table(self, rel: str, schema: pa.Schema | None = None, columns: list[str] | None = None) -> pa.Table:
         """Read one Parquet file, or every ``*.parquet`` under a folder, as one table.
 
-        A missing folder gives an empty table of ``schema`` (when given).
+        A missing folder gives an empty table of ``schema`` (when given). With ``columns``, only those columns
+        are decoded (in that order).
 
         Raises
         ------
@@ -211,13 +212,14 @@ class Storage:
             if nothing exists at ``rel`` and no schema is given.
         """
         if self.is_file(rel):
-            return pq.read_table(io.BytesIO(self.read_bytes(rel)), schema=schema)
+            return pq.read_table(io.BytesIO(self.read_bytes(rel)), schema=schema, columns=columns)
         files = [f for f in self.list_files(rel) if f.endswith(".parquet")]
         if not files:
             if schema is None:
                 raise StorageError(f"no Parquet files under {self.full_uri(rel)}")
-            return schema.empty_table()
-        tables = [pq.read_table(io.BytesIO(self.read_bytes(f)), schema=schema) for f in files]
+            empty = schema.empty_table()
+            return empty.select(columns) if columns is not None else empty
+        tables = [pq.read_table(io.BytesIO(self.read_bytes(f)), schema=schema, columns=columns) for f in files]
         return pa.concat_tables(tables, promote_options="default") if schema is None else pa.concat_tables(tables)
 
 

@@ -22,6 +22,10 @@ def _exercise(st: Storage) -> None:
     assert back.num_rows == 3 and sorted(back["k"].to_pylist()) == ["a", "b", "b"]
     schema = pa.schema([("k", pa.string()), ("v", pa.int64())])
     assert st.read_table("curated/missing", schema=schema).num_rows == 0
+    only_v = st.read_table("curated/t", schema=schema, columns=["v"])
+    assert only_v.schema.names == ["v"] and sorted(only_v["v"].to_pylist()) == [1, 2, 2]
+    assert st.read_table("curated/missing", schema=schema, columns=["k"]).schema.names == ["k"]
+    assert st.read_table("curated/t/shard=00001/part-0.parquet", columns=["k"]).to_pydict() == {"k": ["b"]}
     with pytest.raises(StorageError, match="no Parquet files"):
         st.read_table("curated/missing")
     with pytest.raises(StorageError, match="cannot read"):
