@@ -69,16 +69,19 @@ class PeakRSS:
         self._proc = psutil.Process()
         self._peak = 0
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
         self._thread.start()
 
     def _run(self, interval_s: float) -> None:
         while not self._stop.is_set():
-            self._peak = max(self._peak, self._proc.memory_info().rss)
+            with self._lock:  # a sample taken before a reset must not land after it
+                self._peak = max(self._peak, self._proc.memory_info().rss)
             time.sleep(interval_s)
 
     def reset(self) -> None:
-        self._peak = self._proc.memory_info().rss
+        with self._lock:
+            self._peak = self._proc.memory_info().rss
 
     def peak(self) -> int:
         return max(self._peak, self._proc.memory_info().rss)
