@@ -61,6 +61,20 @@ def _compile(data: dict, key: str) -> re.Pattern[str] | list[re.Pattern[str]]:
     return re.compile(value, flags)
 
 
+def _address_regex(data: dict) -> re.Pattern[str]:
+    """The street address with what may follow it (``address_locality``: city, US state, ZIP or postcode) as one
+    pattern, so ``"123 Main Street, Boston MA 02115"`` is one ``[ADDRESS]``; a state code alone is never matched."""
+    street = data["address"]
+    locality = data.get("address_locality")
+    if not locality:
+        return _compile(data, "address")
+    states = data["us_states"]
+    alt = "|".join(re.escape(s) for s in sorted([*states["codes"], *states["names"]], key=len, reverse=True))
+    tail = locality.replace("{STATE}", alt).replace("{POSTCODE}", data["postcode"])
+    flags = 0 if "address" in data.get("case_sensitive", []) else re.IGNORECASE
+    return re.compile(rf"(?:{street})(?:{tail})?", flags)
+
+
 @lru_cache(maxsize=4)
 def _load(path: str | None = None, language: str = "en") -> _Patterns:
     data = json.loads(Path(path or PATTERNS_FILE).read_text(encoding="utf-8"))
@@ -71,6 +85,7 @@ def _load(path: str | None = None, language: str = "en") -> _Patterns:
                 "title_before_name", "label_before_name", "degree_after_name", "name_word", "date_of_birth",
                 "age_over_89")
         regex = {k: _compile(data, k) for k in keys}
+        regex["address"] = _address_regex(data)
         tokens = dict(data["tokens"])
         stop = frozenset(w.lower() for w in data["name_stopwords"])
     except (KeyError, TypeError, re.error) as exc:
@@ -371,9 +386,11 @@ def deidentify_text(
     groups.append(_date_hits(text, p, date_shift_days, day_first))
     groups.append(_regex_hits(text, p.regex["labelled_id"], "ID", tok["ID"]))
     groups.append(_regex_hits(text, p.regex["phone"], "PHONE", tok["PHONE"]))
+    # a street address with its city, state and ZIP is one hit, taken before long numbers (a ZIP+4
+    # "02115-1234" would otherwise be an [ID] and leave the street and city behind)
+    groups.append(_regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"]))
     groups.append(_regex_hits(text, p.regex["long_number"], "ID", tok["ID"]))
     groups.append(_regex_hits(text, p.regex["organization"], "ORGANIZATION", tok["ORGANIZATION"]))
-    groups.append(_regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"]))
     groups.append(_regex_hits(text, p.regex["postcode"], "ADDRESS", tok["ADDRESS"]))
     # every name finding competes in one group, longest span first, so "Walker, Matilda R." (known from
     # the header) wins over the shorter "Walker" found after a "PATIENT:" label

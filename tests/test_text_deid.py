@@ -202,3 +202,47 @@ def test_name_run_stops_before_a_date():
 def test_name_after_the_word_patient_without_a_colon(text, expected):
     """Found by a trial of `medreco reports annotate` (a report with no header values to match)."""
     assert deid(text, known=[])[0] == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "counts"),
+    [
+        ("Seen at Boston General Hospital, 123 Main Street, Boston MA.",
+         "Seen at [ORGANIZATION], [ADDRESS].", {"ADDRESS": 1, "ORGANIZATION": 1}),
+        ("Lives at 123 Main Street, Boston, MA.", "Lives at [ADDRESS].", {"ADDRESS": 1}),
+        ("Lives at 45 Oak Avenue, Springfield, Illinois.", "Lives at [ADDRESS].", {"ADDRESS": 1}),
+        ("Lives at 45 Oak Avenue, Albany, New York. PA and lateral views.",
+         "Lives at [ADDRESS]. PA and lateral views.", {"ADDRESS": 1}),
+        ("Address: 123 Main Street, Boston MA 02115. LA enlargement.",
+         "Address: [ADDRESS]. LA enlargement.", {"ADDRESS": 1}),
+        ("Address: 123 Main Street, Boston, MA 02115-1234. MR 3 cm.",
+         "Address: [ADDRESS]. MR 3 cm.", {"ADDRESS": 1}),
+        ("Home: 9 Elm Road, St. Louis, MO 63101", "Home: [ADDRESS]", {"ADDRESS": 1}),
+        ("123 Main Street\nBoston MA 02115\nFINDINGS: LA enlargement.",
+         "[ADDRESS]\nFINDINGS: LA enlargement.", {"ADDRESS": 1}),
+        ("Lives at 123 Main Street, Boston. Right lower lobe, PA and lateral views.",
+         "Lives at [ADDRESS]. Right lower lobe, PA and lateral views.", {"ADDRESS": 1}),
+        ("Flat 2, 10 Downing Street, London SW1A 2AA.", "Flat 2, [ADDRESS].", {"ADDRESS": 1}),
+        ("10 Downing Street, London, SW1A 2AA", "[ADDRESS]", {"ADDRESS": 1}),
+        ("Lives at 12 Oak Lane, Boston MA, PA and lateral views.",
+         "Lives at [ADDRESS], PA and lateral views.", {"ADDRESS": 1}),
+    ],
+)
+def test_street_address_with_city_state_zip_is_one_address(text, expected, counts):
+    """HIPAA Safe Harbor: city, state and ZIP after a street address go with it (a user found "Boston MA" left)."""
+    assert deid(text, known=[]) == (expected, counts)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Right lower lobe, PA and lateral views.",
+        "Mild LA enlargement. Normal RV size. RUL and RLL clear. AP portable film.",
+        "MR 3 cm jet. Mild MR, PA pressure 40 mmHg.",
+        "Tube current 200 mA, 120 kVp. Boston MA.",
+        "Reviewed in Boston, MA and New York, NY.",
+    ],
+)
+def test_state_codes_and_clinical_abbreviations_alone_are_kept(text):
+    """A two-letter state code (LA, PA, MA, AP...) is part of an address only after a street address."""
+    assert deid(text, known=[]) == (text, {})
