@@ -45,6 +45,7 @@ from pydicom.tag import Tag
 from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID, ExplicitVRLittleEndian, UID_dictionary
 
 from etl.deid_policy import Policy, build_policy
+from etl.dicom_integrity import last_element_cut
 from etl.keys import PseudonymKey
 from schemas.config import PixelCleaningRule
 
@@ -731,6 +732,9 @@ def deidentify_dataset(
         ``deidentification_error`` (anything unexpected while walking or writing the file).
     """
     policy = policy or build_policy()
+    cut = last_element_cut(ds)
+    if cut is not None:  # a file cut before its pixel data reads as a complete, pixel-less object
+        raise DeidentificationError("truncated_file", f"the file ends inside element {cut}: it is cut short")
     patient_id, issuer = _identity(ds)
     if not patient_id:
         raise DeidentificationError("missing_patient_id", "PatientID is empty or absent")

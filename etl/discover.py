@@ -27,6 +27,7 @@ import pydicom
 from pydicom.errors import InvalidDicomError
 
 from etl.deid import patient_key_for
+from etl.dicom_integrity import last_element_cut
 from etl.keys import PseudonymKey
 from etl.storage import Storage
 from schemas.config import Institution, PipelineConfig
@@ -101,7 +102,7 @@ def classify_dicom(data: bytes, uids: dict | None = None) -> tuple[str | None, s
 
     ``reason`` is None when the file is a DICOM instance with a PatientID; else a reason code:
     ``not_dicom`` (no DICOM structure at all), ``unreadable_dicom`` (a parse error),
-    ``missing_patient_id``. When ``uids`` is given it receives StudyInstanceUID, SeriesInstanceUID and
+    ``truncated_file`` (the header is cut inside an element), ``missing_patient_id``. When ``uids`` is given it receives StudyInstanceUID, SeriesInstanceUID and
     SOPInstanceUID (raw values: callers pseudonymise them at once).
     """
     try:
@@ -115,6 +116,9 @@ def classify_dicom(data: bytes, uids: dict | None = None) -> tuple[str | None, s
         return None, "unreadable_dicom", f"{type(err).__name__} while reading the header"
     if not elems or not any(k in ds for k in ("SOPInstanceUID", "SOPClassUID", "Modality")):
         return None, "not_dicom", "no DICOM identifying elements (SOPInstanceUID, SOPClassUID, Modality)"
+    cut = last_element_cut(ds)
+    if cut is not None:
+        return None, "truncated_file", f"the file ends inside element {cut} of its header"
     if uids is not None:
         for kw in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "IssuerOfPatientID"):
             uids[kw] = str(ds.get(kw, "") or "").strip()

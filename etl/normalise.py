@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 from pydicom.dataset import Dataset
 from pydicom.pixels import apply_voi, apply_voi_lut
+from pydicom.uid import UID
 
 from etl.pixels import (
     NormalisationError,
@@ -114,6 +115,25 @@ def image_kind(ds: Dataset) -> str:
         if "LOCALIZER" not in image_type and not sop.startswith(_SECONDARY_CAPTURE_PREFIX):
             return "3d_slice"
     return "2d"
+
+
+def check_image_has_pixels(ds: Dataset) -> None:
+    """Raise when an image object (its SOP Class is an *Image Storage* class, PS3.4 Annex B) has no pixel element.
+
+    Such a file (cut before its Pixel Data, or sent without it) would otherwise take no part in normalisation
+    and disappear from its series without a trace; non-image objects (SR, PR, KO, documents) pass.
+
+    Raises
+    ------
+    etl.pixels.NormalisationError
+        ``no_pixel_data``.
+    """
+    if pixel_keyword(ds) is not None:
+        return
+    sop = str(ds.get("SOPClassUID") or "")
+    name = UID(sop).name if sop else ""
+    if "Image Storage" in name:
+        raise NormalisationError("no_pixel_data", f"{name} object without a pixel data element")
 
 
 # ------------------------------------------------------------------------------------------ helpers

@@ -305,7 +305,13 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     2D objects give one image row each; CT/MR slices of one series are stacked into one volume row.
     Decode failures are quarantined (events name the source file through the de-identification events).
     """
-    from etl.normalise import NormalisationError, image_kind, normalise_2d, normalise_volume
+    from etl.normalise import (
+        NormalisationError,
+        check_image_has_pixels,
+        image_kind,
+        normalise_2d,
+        normalise_volume,
+    )
 
     digest = _digest("normalise", _deid_digest(ctx, shard))
     done = _resume(ctx, "normalise", shard, digest)
@@ -334,6 +340,12 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
             quarantine([row["sop_key"]], err, "truncated_file")
             continue
         kind = image_kind(ds)
+        if kind == "none":
+            try:  # an image object without pixels must not vanish from its series
+                check_image_has_pixels(ds)
+            except NormalisationError as err:
+                quarantine([row["sop_key"]], err, err.reason)
+                continue
         series_meta.setdefault(row["series_key"], {**row, "n": 0})
         series_meta[row["series_key"]]["n"] += 1
         if kind == "3d_slice":

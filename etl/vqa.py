@@ -21,7 +21,8 @@ distractors come from the same vocabulary minus options confusable with the answ
 ``n - 1`` with the smallest hash; the answer's position is hash mod ``n_options``, which makes answer letters
 uniform over items; the question paraphrase is hash mod the number of paraphrases. The shown order is recorded
 in ``option_keys`` (vocabulary keys, anatomy ids for ``location``). An item whose question contains its answer
-text as whole words (case-insensitive) is dropped. ``study_keys`` names the images' studies and ``mention_ids``
+text as whole words (case-insensitive) is dropped, and so is a location item whose question shares a word stem
+with its anatomy answer ("pleural effusion" -> "pleura": :func:`_shares_stem`). ``study_keys`` names the images' studies and ``mention_ids``
 the ``entity_mentions`` of the entity in those studies (when mentions are given). Item format after the MedReCo
 comparative VQA release (two images, question, entity, options A-D, answer letter) and the MIMIC-Diff-VQA
 question set (Hu et al., KDD 2023).
@@ -512,15 +513,38 @@ def _has_phrase(text: str, phrase: str) -> bool:
     return False
 
 
+#: question types whose answer is an anatomy name: a question sharing a word stem with it gives it away
+#: ("Where is the pleural effusion?" -> "pleura")
+_STEM_CHECKED_TYPES = frozenset({"location", OPEN_PREFIX + "location"})
+
+
+def _word_stem(word: str) -> str:
+    """A crude stem for the giveaway check: the word less its last two letters, at least four letters."""
+    return word[: max(4, len(word) - 2)]
+
+
+def _shares_stem(question: str, answer: str) -> bool:
+    """True where a word of ``answer`` of four or more letters has its :func:`_word_stem` at the start of a
+    word of ``question`` (case-insensitive): "pleural" gives away "pleura", "hepatic parenchymal" gives away
+    "hepatic parenchyma", "lungs" gives away "lung"."""
+    words = re.findall(r"[^\W\d_]+", question.lower())
+    return any(
+        any(w.startswith(_word_stem(a)) for w in words)
+        for a in re.findall(r"[^\W\d_]+", answer.lower()) if len(a) >= 4
+    )
+
+
 def _contains_answer(items: pl.DataFrame) -> pl.Series:
-    """True where the answer text occurs in the question as whole words, case-insensitively."""
+    """True where the answer text occurs in the question as whole words, case-insensitively, or, for the
+    anatomy answers of :data:`_STEM_CHECKED_TYPES`, where the question shares a word stem with the answer."""
     # questions are templates filled with entity names: few distinct (question, answer) pairs, checked once each
-    pairs = items.select("question", "answer_text").unique()
-    hit = [_has_phrase(q, a) if q is not None and a is not None else None for q, a in pairs.iter_rows()]
+    keys = ["question", "answer_text", "question_type"]
+    pairs = items.select(keys).unique()
+    hit = [None if q is None or a is None else
+           _has_phrase(q, a) or (t in _STEM_CHECKED_TYPES and _shares_stem(q, a)) for q, a, t in pairs.iter_rows()]
     pairs = pairs.with_columns(contains=pl.Series(hit, dtype=pl.Boolean))
-    return items.select("question", "answer_text").join(
-        pairs, on=["question", "answer_text"], how="left", nulls_equal=True, maintain_order="left"
-    ).get_column("contains")
+    return items.select(keys).join(pairs, on=keys, how="left", nulls_equal=True, maintain_order="left"
+                                   ).get_column("contains")
 
 
 def _render_options(items: pl.DataFrame, types: dict, n: int, names: _NameTable) -> pl.DataFrame:

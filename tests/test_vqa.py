@@ -130,14 +130,30 @@ def test_presence_items_skip_not_mentioned_and_keep_uncertain():
 
 def test_location_item_answer_is_findings_anatomy():
     st, lab = two_studies()
+    lab = pl.concat([lab, labels([("cu", "F007", "present", "none")])])
     t = build(st, lab)
     locs = by(t, question_type="location")
-    # F029 pleural effusion is present in both studies; C006 is a condition (no anatomy); F019 is uncertain
-    assert sorted(r["study_key"] for r in locs) == ["cu", "pr"]
-    for r in locs:
-        assert r["entity_ids"] == ["F029", "A009"] and r["answer_text"] == "pleura"
+    # F007 lung consolidation lies in the pulmonary parenchyma; F029 pleural effusion is present in both studies
+    # but its question would give "pleura" away (word stem), so it gets none (nor does F016 "solitary pulmonary
+    # nodule" -> "pulmonary parenchyma"); C006 is a condition (no anatomy); F019 is uncertain
+    assert [(r["study_key"], r["entity_ids"], r["answer_text"]) for r in locs] == [
+        ("cu", ["F007", "A001"], "pulmonary parenchyma")]
     cxr_anatomy = {ONTO.concepts[a].preferred_name.lower() for a in ONTO.families["2D-CXR"]["anatomy"]}
     assert all(set(r["options"]) <= cxr_anatomy for r in locs)
+
+
+def test_no_question_shares_a_word_stem_with_its_anatomy_answer():
+    from etl.vqa import _shares_stem
+
+    assert _shares_stem("Where in the image is the pleural effusion located?", "pleura")
+    assert _shares_stem("Where is the decreased hepatic parenchymal density?", "hepatic parenchyma")
+    assert _shares_stem("Where are the nodules in the lungs?", "lung")
+    assert _shares_stem("Where is the solitary pulmonary nodule located?", "pulmonary parenchyma")
+    assert not _shares_stem("Where is the lung consolidation located?", "pulmonary parenchyma")
+    assert not _shares_stem("Where is the cardiomegaly?", "heart")
+    st, lab = two_studies()
+    for r in by(build(st, lab), question_type="location"):
+        assert not _shares_stem(r["question"], r["answer_text"])
 
 
 def test_brain_mri_location_falls_back_to_other_anatomy():
@@ -212,6 +228,7 @@ def test_two_and_six_options():
     with pytest.raises(VQATemplateError) as err:
         build(st, lab, cfg=VQAConfig(n_options=6))
     assert err.value.reason == "too_few_options"
+    lab = pl.concat([lab, labels([("cu", "F007", "present", "none")])])  # lung consolidation: locatable
     keep = ("change", "location")
     chosen = {"question_types": {k: v for k, v in TEMPLATES["question_types"].items() if k in keep}}
     t5 = build(st, lab, cfg=VQAConfig(n_options=5), templates=chosen)
@@ -339,8 +356,8 @@ def test_open_ended_answers_from_structured_state():
     pid = hashlib.sha256(b"pr|cu").hexdigest()[:16]
     assert got[("open_level", "cu", ("F029",))] == "moderate"
     assert got[("open_type", "cu", ("F029",))] == "layering"
-    assert got[("open_location", "cu", ("F029", "A009"))] == "left pleura"
-    assert got[("open_location", "pr", ("F029", "A009"))] == "pleura"
+    # "Where is the pleural effusion?" would give "(left) pleura" away by its word stem: no location item
+    assert not [k for k in got if k[0] == "open_location"]
     assert got[("open_abnormality", "pr", ("F029", "C006"))] == "pleural effusion, pneumonia"
     assert got[("open_abnormality", "cu", ("F029",))] == "pleural effusion"
     assert got[("open_difference", pid, ("F029", "C006"))] == "increased pleural effusion; resolved pneumonia"
@@ -354,6 +371,18 @@ def test_open_ended_answers_from_structured_state():
     (m1,) = [r for r in t.to_pylist() if r["question_type"] == "open_level"]
     assert m1["question"] == "What level is the pleural effusion?" and m1["mention_ids"] == ["m1"]
     assert m1["item_id"] == item_id("cu", "open_level", "F029|severity")
+
+
+def test_open_location_answer_is_laterality_and_anatomy():
+    st = studies([("s1", "p1", "2D-CXR", "DX", 0)])
+    lab = labels([("s1", "F007", "present", "none")])
+    men = mentions([("m1", "s1", "F007", "present", "right", None, "right lung consolidation")])
+    t = build_vqa(pl.DataFrame(), lab, st, splits_for(["p1"]), VQAConfig(max_items_per_pair=20), TEMPLATES, ONTO,
+                  entity_mentions=men)
+    got = {(q, a, e): ans for (q, a, e, _), ans in open_items(t).items()}
+    assert got[("open_location", "s1", ("F007", "A001"))] == "right pulmonary parenchyma"
+    (mc,) = by(t, question_type="location")
+    assert mc["answer_text"] == "pulmonary parenchyma" and mc["entity_ids"] == ["F007", "A001"]
 
 
 def test_open_presence_yes_no_balanced_per_split_and_type():
