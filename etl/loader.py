@@ -42,7 +42,9 @@ def load_image(row: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
         HU for CT (clipped), 0..1 for MR. Metadata: ``spacing_mm`` ([row, col] for 2D, [row, col,
         slice] for volumes, mm), ``origin_mm`` (LPS mm, volumes), ``direction`` (9 row-major
         direction cosines, volumes), ``view``, ``recipe`` (parsed JSON), ``payload_format``.
-        For volumes spacing, origin and direction are read from the payload itself.
+        For volumes spacing, origin and direction are read from the payload itself. PNG images also get
+        ``image_spacing_mm``, the spacing of the stored (resized) pixels (:func:`png_spacing_mm`); their
+        ``spacing_mm`` is the source PixelSpacing.
 
     Raises
     ------
@@ -71,9 +73,26 @@ def load_image(row: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
                         meta[key] = _vector(npz[key], size)
         except (OSError, ValueError, zipfile.BadZipFile) as exc:
             raise ValueError(f"payload is not a readable npz: {exc}") from None
-    elif meta["spacing_mm"] is not None:
-        meta["spacing_mm"] = [float(v) for v in meta["spacing_mm"]]
+    else:
+        if meta["spacing_mm"] is not None:
+            meta["spacing_mm"] = [float(v) for v in meta["spacing_mm"]]
+        meta["image_spacing_mm"] = png_spacing_mm(meta["spacing_mm"], meta["recipe"])
     return array, meta
+
+
+def png_spacing_mm(spacing_mm: list[float] | None, recipe: dict | None) -> list[float] | None:
+    """Pixel spacing of the stored PNG, [row, col] mm: the source ``spacing_mm`` (PixelSpacing, kept as the
+    images table stores it) scaled by the recipe's ``resize`` step (``from`` / ``to`` per axis; padding adds
+    pixels, not scale). None when the source spacing is unknown.
+    """
+    if spacing_mm is None:
+        return None
+    steps = (recipe or {}).get("steps", []) if isinstance(recipe, dict) else []
+    for step in steps:
+        if step.get("step") == "resize":
+            (r0, c0), (r1, c1) = step["from"], step["to"]
+            return [float(spacing_mm[0]) * r0 / r1, float(spacing_mm[1]) * c0 / c1]
+    return [float(v) for v in spacing_mm]
 
 
 def to_tensor(row: dict[str, Any]) -> Any:

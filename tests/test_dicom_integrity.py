@@ -62,3 +62,4 @@ def test_image_object_without_pixels_is_no_pixel_data():
     sr = Dataset()
     sr.SOPClassUID = UID("1.2.840.10008.5.1.4.1.1.88.11")  # Basic Text SR: not an image
     check_image_has_pixels(sr)
+
