@@ -88,7 +88,9 @@ def _console_errors(driver) -> list[str]:
 
 
 def test_curator_rejects_with_a_click_and_the_next_run_honours_it(browser, served, tmp_path):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     base, st = served["url"], served["storage"]
     browser.get(f"{base}/review")
@@ -98,9 +100,18 @@ def test_curator_rejects_with_a_click_and_the_next_run_honours_it(browser, serve
     oid = pending[0].get_attribute("id").removeprefix("item-")
     assert len(oid) == 12
     browser.find_element(By.ID, f"reject-{oid}").click()
-    cell = browser.find_element(By.CSS_SELECTOR, f"#item-{oid} td[data-decision]")
-    assert cell.get_attribute("data-decision") == "reject"
-    assert f"{oid}: reject recorded" in browser.find_element(By.CSS_SELECTOR, "p[role=status]").text
+
+    def decision(driver):  # the page re-renders the row after the POST: find it afresh on every poll
+        try:
+            cell = driver.find_element(By.CSS_SELECTOR, f"#item-{oid} td[data-decision]")
+            status = driver.find_element(By.CSS_SELECTOR, "p[role=status]").text
+            return (cell.get_attribute("data-decision"), status)
+        except StaleElementReferenceException:
+            return False
+
+    got = WebDriverWait(browser, 10).until(
+        lambda d: (lambda v: v if v and v[0] == "reject" and "recorded" in v[1] else False)(decision(d)))
+    assert got[0] == "reject" and f"{oid}: reject recorded" in got[1]
     browser.save_screenshot(str(tmp_path / "review.png"))
     assert (tmp_path / "review.png").stat().st_size > 10_000
     assert _console_errors(browser) == []
