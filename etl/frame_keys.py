@@ -25,8 +25,7 @@ def has_duplicate_keys(df: pl.DataFrame, columns: list[str] | tuple[str, ...]) -
     """
     if df.height < 2:
         return False
-    hashed = df.select(pl.struct(list(columns)).hash().alias("h")).get_column("h")
-    if not hashed.is_duplicated().any():
+    suspects = df.select(pl.struct(list(columns)).hash().is_duplicated()).to_series()
+    if not suspects.any():
         return False
-    suspects = hashed.is_duplicated()
     return bool(df.filter(suspects).select(pl.struct(list(columns)).is_duplicated().any()).item())

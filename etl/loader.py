@@ -87,8 +87,7 @@ def png_spacing_mm(spacing_mm: list[float] | None, recipe: dict | None) -> list[
     """
     if spacing_mm is None:
         return None
-    steps = (recipe or {}).get("steps", []) if isinstance(recipe, dict) else []
-    for step in steps:
+    for step in recipe.get("steps", []) if isinstance(recipe, dict) else []:
         if step.get("step") == "resize":
             (r0, c0), (r1, c1) = step["from"], step["to"]
             return [float(spacing_mm[0]) * r0 / r1, float(spacing_mm[1]) * c0 / c1]

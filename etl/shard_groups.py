@@ -9,8 +9,6 @@ peak memory of one group instead of one that grows with the archive.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import polars as pl
 
 #: default bound on the studies of one group (about 1.3 M ``study_labels`` rows for a 2D-CXR archive)
@@ -57,12 +55,6 @@ def shard_groups(shards: pl.Series, max_rows: int = DEFAULT_MAX_STUDIES) -> list
 def study_keys_of(studies: pl.DataFrame, group: list[int]) -> pl.Series:
     """The ``study_key`` values of ``studies`` whose ``shard`` is in ``group``."""
     return studies.filter(pl.col("shard").is_in(group)).get_column("study_key")
-
-
-def iter_groups(studies: pl.DataFrame, max_rows: int = DEFAULT_MAX_STUDIES) -> Iterator[tuple[list[int], pl.Series]]:
-    """Yield ``(shards, study_keys)`` per group of :func:`shard_groups` over ``studies["shard"]``."""
-    for group in shard_groups(studies.get_column("shard"), max_rows):
-        yield group, study_keys_of(studies, group)
 
 
 def rows_of(df: pl.DataFrame | None, column: str, keys: pl.Series) -> pl.DataFrame | None:

@@ -893,7 +893,7 @@ def build_vqa(
     ids = pl.from_arrow(out.column("item_id"))
     if ids.is_duplicated().any():
         raise VQAInputError("duplicate_item", f"item {ids.filter(ids.is_duplicated())[0]} generated twice "
-                                              "(a pair in two shards)")
+                                              "(a study or pair under two shards)")
     return out
 
 

@@ -29,8 +29,6 @@ from etl.normalise import NormalisationError, _npz, image_kind, load_payload
 from etl.pixels import _rescale_into, check_decodable, decode_image, element_value, lut_view
 from etl.volumes import cross3
 
-DICOM = Path(__file__).resolve().parents[2] / "shared" / "data" / "dicom"
-
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
@@ -50,21 +48,18 @@ def _reference(ds: pydicom.Dataset) -> np.ndarray:
     return np.asarray(apply_modality_lut(ds.pixel_array, lut_view(ds, 0)), dtype=np.float32)
 
 
-def _volume_files() -> list[Path]:
-    if not DICOM.is_dir():
-        return []
+def _volume_files(dicom: Path) -> list[Path]:
     out = []
-    for path in sorted(DICOM.rglob("*.dcm")):
+    for path in sorted(dicom.rglob("*.dcm")):
         ds = pydicom.dcmread(path, stop_before_pixels=True)
         if str(ds.get("Modality")) in ("CT", "MR") and int(ds.get("NumberOfFrames") or 1) == 1:
             out.append(path)
     return out
 
 
-@pytest.mark.skipif(not _volume_files(), reason="shared DICOM data absent")
-def test_float32_modality_lut_equals_float64_path_on_real_files():
+def test_float32_modality_lut_equals_float64_path_on_real_files(shared_data):
     checked = 0
-    for path in _volume_files():
+    for path in _volume_files(shared_data / "dicom"):
         ds = pydicom.dcmread(path)
         if image_kind(ds) == "none" or not str(ds.get("PhotometricInterpretation", "")).startswith("MONO"):
             continue
@@ -81,8 +76,7 @@ def test_float32_modality_lut_equals_float64_path_on_real_files():
 @pytest.mark.parametrize("name", ["CT_small.dcm", "MR_small.dcm", "mlut_18.dcm"])
 def test_modality_lut_equals_float64_path_on_bundled_files(name):
     path = get_testdata_file(name, download=False)
-    if path is None:
-        pytest.skip(f"pydicom test file {name} not installed")
+    assert path is not None, f"pydicom test file {name} missing: pydicom and pydicom-data are pinned dependencies"
     ds = pydicom.dcmread(path)
     assert np.array_equal(decode_image(ds).array, _reference(ds))
 
