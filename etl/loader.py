@@ -1,8 +1,9 @@
 """Loader for ML users: one row of the ``images`` table -> numpy array (or torch tensor) + metadata.
 
-A row is a dict with at least ``payload`` (bytes) and ``payload_format`` (``"png"`` or ``"npz"``), as
-read from the Parquet table (``pyarrow.Table.to_pylist()`` or ``polars.DataFrame.iter_rows(named=True)``).
-Arrays come back exactly as the normaliser computed them (PNG and ``.npz`` are lossless).
+A row is a dict with at least ``payload`` (bytes) and ``payload_format`` (``"png"``, ``"npy"``, or ``"npz"``
+in snapshots of images schema 1.1), as read from the Parquet table (``pyarrow.Table.to_pylist()`` or
+``polars.DataFrame.iter_rows(named=True)``). Arrays come back exactly as the normaliser computed them (PNG
+and ``.npy`` are lossless).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from etl.normalise import load_payload
+from etl.normalise import VOLUME_FORMATS, load_payload
 
 
 def _vector(value: Any, size: int) -> list[float] | None:
@@ -38,11 +39,12 @@ def load_image(row: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
     Returns
     -------
     (numpy.ndarray, dict)
-        ``png``: uint8/uint16 (rows, cols) or (rows, cols, 3); ``npz``: float32 (slices, rows, cols),
+        ``png``: uint8/uint16 (rows, cols) or (rows, cols, 3); ``npy`` / ``npz``: float32 (slices, rows, cols),
         HU for CT (clipped), 0..1 for MR. Metadata: ``spacing_mm`` ([row, col] for 2D, [row, col,
         slice] for volumes, mm), ``origin_mm`` (LPS mm, volumes), ``direction`` (9 row-major
         direction cosines, volumes), ``view``, ``recipe`` (parsed JSON), ``payload_format``.
-        For volumes spacing, origin and direction are read from the payload itself. PNG images also get
+        Volumes take spacing, origin and direction from the row (an ``npz`` payload of schema 1.1 also
+        holds them, and those are used). PNG images also get
         ``image_spacing_mm``, the spacing of the stored (resized) pixels (:func:`png_spacing_mm`); their
         ``spacing_mm`` is the source PixelSpacing.
 
@@ -73,6 +75,10 @@ def load_image(row: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
                         meta[key] = _vector(npz[key], size)
         except (OSError, ValueError, zipfile.BadZipFile) as exc:
             raise ValueError(f"payload is not a readable npz: {exc}") from None
+    elif fmt in VOLUME_FORMATS:
+        for key in ("spacing_mm", "origin_mm", "direction"):
+            if meta[key] is not None:
+                meta[key] = [None if v is None else float(v) for v in meta[key]]
     else:
         if meta["spacing_mm"] is not None:
             meta["spacing_mm"] = [float(v) for v in meta["spacing_mm"]]
@@ -112,7 +118,7 @@ def to_tensor(row: dict[str, Any]) -> Any:
     import torch
 
     array, _ = load_image(row)
-    if row["payload_format"] == "npz":
+    if row["payload_format"] in VOLUME_FORMATS:
         return torch.from_numpy(np.ascontiguousarray(array))
     scale = 255.0 if array.dtype == np.uint8 else 65535.0
     unit = array.astype(np.float32) / np.float32(scale)

@@ -4,7 +4,7 @@
   inversion, scaling to 8 or 16 bits, resize with aspect-preserving zero padding, PNG.
 * 3D series (CT, MR slices): ordered along the slice normal, Modality LUT per slice, CT clipped
   to a HU window, MR clipped to the 1st-99th percentile of non-zero voxels and scaled to 0..1,
-  stored as ``volume`` (float32, slices x rows x cols) in a deterministic compressed ``.npz``.
+  stored as one float32 array (slices x rows x cols) in a ``.npy`` payload (:mod:`etl.npy_payload`).
 
 Every payload comes with a ``recipe``: canonical JSON listing each step and its parameters, so
 that the ML user can tell exactly what was done to the pixels. Decoding itself lives in
@@ -13,7 +13,6 @@ that the ML user can tell exactly what was done to the pixels. Decoding itself l
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import json
@@ -27,6 +26,7 @@ from pydicom.dataset import Dataset
 from pydicom.pixels import apply_voi, apply_voi_lut
 from pydicom.uid import UID
 
+from etl.npy_payload import NpyPayload, encode_npy, read_npy
 from etl.pixels import (
     NormalisationError,
     check_decodable,
@@ -74,11 +74,8 @@ _PLANE_COS = math.cos(math.radians(30.0))
 _ORIENTATION_TOL = 1e-3
 _POSITION_TOL_MM = 1e-3
 _SPACING_TOL_MM = 1e-3
-#: .npz payloads are stored uncompressed (ZIP_STORED): the images table's payload column is zstd-compressed
-#: by Parquet, which is several times faster than zip deflate on float32 volumes and compresses as well
-_NPZ_COMPRESSION = zipfile.ZIP_STORED
-#: fixed zip member timestamp (the zip format's epoch) so that .npz bytes are reproducible
-_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+#: payload formats of 3D volumes: ``npy`` (images schema 1.2 on), ``npz`` (read for schema 1.1 snapshots)
+VOLUME_FORMATS = frozenset({"npy", "npz"})
 
 _VOLUME_MODALITIES = {"CT", "MR"}
 #: objects that carry PixelData but are not images of the patient (segmentations, dose grids)
@@ -298,167 +295,6 @@ def _png(unit: np.ndarray, bit_depth: int) -> tuple[bytes, dict[str, Any]]:
     }
 
 
-def _npz(arrays: dict[str, np.ndarray]) -> bytes:
-    """``numpy.savez`` equivalent with fixed zip timestamps (reproducible bytes); compression is left to the
-    Parquet column (zstd).
-
-    zipfile writes into a :class:`_Parts` recorder that keeps references to what it is given (the large
-    array buffers are not copied there); the payload ``bytes`` is then assembled once: each array's bytes
-    are copied exactly once, from the array into the payload.
-    """
-    parts = _Parts()
-    with zipfile.ZipFile(parts, "w", compression=_NPZ_COMPRESSION) as zf:
-        for name in sorted(arrays):
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
-            info.compress_type = _NPZ_COMPRESSION
-            info.external_attr = 0o644 << 16
-            array = np.ascontiguousarray(arrays[name])
-            # what np.lib.format.write_array writes (format 1.0 header, then the C-order bytes), the
-            # bytes streamed from the array's own buffer: no intermediate copy of a large volume
-            with zf.open(info, "w", force_zip64=True) as member:
-                member.write(_npy_header(array.dtype.str, array.shape))
-                member.write(memoryview(array))
-    return parts.getvalue()
-
-
-class _Parts:
-    """A seekable, write-only file that records what is written where (``(offset, buffer)``, in order),
-    without copying the buffers; :meth:`getvalue` gives the file's bytes (later writes over earlier ones).
-
-    zipfile writes each member's local header, its data, then seeks back to write the header again
-    with the CRC and sizes; then the central directory.
-    """
-
-    def __init__(self) -> None:
-        self._writes: list[tuple[int, bytes | memoryview]] = []
-        self._pos = 0
-        self._size = 0
-
-    def write(self, data: Any) -> int:
-        if not isinstance(data, bytes):
-            data = memoryview(data)
-            if data.ndim != 1 or data.format != "B":
-                data = data.cast("B")
-        n = len(data)
-        self._writes.append((self._pos, data))
-        self._pos += n
-        self._size = max(self._size, self._pos)
-        return n
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self._pos = pos if whence == 0 else (self._pos + pos if whence == 1 else self._size + pos)
-        return self._pos
-
-    def flush(self) -> None:
-        pass
-
-    def getvalue(self) -> bytes:
-        segments = self._segments()
-        if segments is not None and (self._size < _HUGE_PAGE_MIN or _new_bytes is None):
-            return b"".join(segments)  # one copy of every byte
-        out = _new_bytes(self._size) if _new_bytes is not None else None
-        if out is None and segments is not None:
-            return b"".join(segments)
-        if out is None:
-            buf = bytearray(self._size)
-            for offset, data in self._writes:
-                buf[offset:offset + len(data)] = data
-            return bytes(buf)
-        payload, view = out
-        with view:
-            for offset, data in self._writes:
-                view[offset:offset + len(data)] = data
-        return payload
-
-    def _segments(self) -> list[bytes | memoryview] | None:
-        """The writes as consecutive, non-overlapping pieces, or None when a write covers part of another
-        (zipfile's header rewrites cover exactly the header written first)."""
-        pieces: dict[int, bytes | memoryview] = {}
-        for offset, data in self._writes:
-            if offset in pieces and len(pieces[offset]) != len(data):
-                return None
-            pieces[offset] = data
-        out, end = [], 0
-        for offset in sorted(pieces):
-            if offset != end:
-                return None
-            out.append(pieces[offset])
-            end = offset + len(pieces[offset])
-        return out if end == self._size else None
-
-
-#: payloads at least this large are built in memory advised for transparent huge pages (as numpy does
-#: for its own arrays): page faults on a fresh 100 MB buffer otherwise cost about as much as the copy
-_HUGE_PAGE_MIN = 4 << 20
-_PYBUF_WRITE = 0x200
-
-
-def _bytes_builder() -> Any:
-    """``new(size) -> (bytes, writable memoryview of its buffer) | None``, or None where unavailable.
-
-    The bytes object comes from ``PyBytes_FromStringAndSize(NULL, size)``, whose contents the C API lets
-    its creator fill before the object is shared (``PyBytes_AsString``), here through
-    ``PyMemoryView_FromMemory``; on Linux its pages are advised ``MADV_HUGEPAGE`` before they are first
-    touched.
-    """
-    import ctypes
-    import platform
-    import sys
-
-    if platform.python_implementation() != "CPython":
-        return None
-    api = ctypes.pythonapi
-    create = api.PyBytes_FromStringAndSize
-    create.restype, create.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
-    address_of = api.PyBytes_AsString
-    address_of.restype, address_of.argtypes = ctypes.c_void_p, [ctypes.py_object]
-    from_memory = api.PyMemoryView_FromMemory
-    from_memory.restype, from_memory.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
-    madvise = None
-    if sys.platform.startswith("linux"):
-        try:
-            madvise = ctypes.CDLL(None, use_errno=True).madvise
-            madvise.restype, madvise.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        except (OSError, AttributeError):
-            madvise = None
-    page = 4096
-    madv_hugepage = 14
-
-    def new(size: int) -> tuple[bytes, memoryview] | None:
-        try:
-            payload = create(None, size)
-            address = address_of(payload)
-        except (MemoryError, OSError, ctypes.ArgumentError):
-            return None
-        if madvise is not None:
-            start = (address + page - 1) // page * page
-            length = (address + size - start) // page * page
-            if length > 0:
-                madvise(start, length, madv_hugepage)  # advice only: its result does not matter
-        return payload, from_memory(address, size, _PYBUF_WRITE)
-
-    return new
-
-
-try:
-    _new_bytes = _bytes_builder()
-except Exception:  # noqa: BLE001 - no ctypes / no C API: the payload is assembled by plain copies
-    _new_bytes = None
-
-
-@functools.lru_cache(maxsize=256)
-def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
-    """The ``.npy`` format 1.0 header of a C-contiguous array (``numpy.lib.format``), by dtype and shape."""
-    out = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        out, np.lib.format.header_data_from_array_1_0(np.empty((0,), dtype=dtype)) | {"shape": shape}
-    )
-    return out.getvalue()
-
-
 def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
     """Decode an ``images.payload`` back to an array (the inverse of the normalisers, for ML users).
 
@@ -467,13 +303,15 @@ def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
     payload : bytes
         The ``payload`` column value.
     payload_format : str
-        ``"png"`` or ``"npz"`` (the ``payload_format`` column).
+            ``"png"``, ``"npy"`` or ``"npz"`` (the ``payload_format`` column; ``npz`` is the volume
+        format of images schema 1.1, still read).
 
     Returns
     -------
     numpy.ndarray
         ``png``: uint8 or uint16, shape (rows, cols) for grayscale or (rows, cols, 3) for RGB.
-        ``npz``: the float32 ``volume`` of shape (slices, rows, cols) (HU for CT, 0..1 for MR).
+        ``npy``: the float32 volume of shape (slices, rows, cols) (HU for CT, 0..1 for MR);
+        ``npz``: its ``volume`` member, the same array.
 
     Raises
     ------
@@ -488,13 +326,15 @@ def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
                 return np.array(image)
         except OSError as exc:
             raise ValueError(f"payload is not a readable PNG: {exc}") from None
+    if payload_format == "npy":
+        return read_npy(payload)
     if payload_format == "npz":
         try:
             with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
                 return npz["volume"]
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
             raise ValueError(f"payload is not an npz holding 'volume': {exc}") from None
-    raise ValueError(f"unknown payload_format {payload_format!r}; expected 'png' or 'npz'")
+    raise ValueError(f"unknown payload_format {payload_format!r}; expected 'png', 'npy' or 'npz'")
 
 
 def _result(
@@ -676,9 +516,19 @@ def _order_by_instance(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
     )
 
 
-def _decode_stack(ordered: list[dict[str, Any]], steps: list[dict[str, Any]]) -> np.ndarray:
-    """Decode slices in order into one float32 (n, rows, cols) array; records decode / modality_lut."""
-    volume = np.empty((len(ordered), ordered[0]["rows"], ordered[0]["cols"]), dtype=np.float32)
+def _decode_stack(
+    ordered: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+    volume: np.ndarray | None = None,
+    clip: tuple[float, float] | None = None,
+) -> np.ndarray:
+    """Decode slices in order into one float32 (n, rows, cols) array (``volume`` when given, e.g. the array
+    of an :class:`etl.npy_payload.NpyPayload`, else a new one); records decode / modality_lut.
+
+    ``clip`` (low, high): each slice clipped as soon as it is decoded, while it is in cache (the values of
+    clipping the whole stack afterwards; only where no step between needs the unclipped values)."""
+    if volume is None:
+        volume = np.empty((len(ordered), ordered[0]["rows"], ordered[0]["cols"]), dtype=np.float32)
     syntaxes: set[str] = set()
     modality_luts: list[dict[str, Any]] = []
     for k, s in enumerate(ordered):
@@ -686,6 +536,8 @@ def _decode_stack(ordered: list[dict[str, Any]], steps: list[dict[str, Any]]) ->
         decoded = decode_image(s["ds"], s["frame"], out=row, checked=s["ts"])  # checked in _slices
         if decoded.array is not row:
             row[...] = decoded.array
+        if clip is not None:
+            np.clip(row, clip[0], clip[1], out=row)
         for step in decoded.steps:
             if step["step"] == "decode":
                 syntaxes.add(step["transfer_syntax"])
@@ -698,11 +550,15 @@ def _decode_stack(ordered: list[dict[str, Any]], steps: list[dict[str, Any]]) ->
     return volume
 
 
-def _intensity(volume: np.ndarray, modality: str, cfg: NormalisationConfig) -> tuple[np.ndarray, dict[str, Any]]:
-    """CT: clip to ``cfg.ct_hu_window`` (HU). MR: 1st-99th percentile of non-zero voxels -> 0..1."""
+def _intensity(
+    volume: np.ndarray, modality: str, cfg: NormalisationConfig, clipped: bool = False
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """CT: clip to ``cfg.ct_hu_window`` (HU; ``clipped``: already done slice by slice, see
+    :func:`_decode_stack`). MR: 1st-99th percentile of non-zero voxels -> 0..1."""
     if modality == "CT":
         lo, hi = (float(v) for v in cfg.ct_hu_window)
-        np.clip(volume, lo, hi, out=volume)
+        if not clipped:
+            np.clip(volume, lo, hi, out=volume)
         return volume, {"step": "clip", "unit": "HU", "low": lo, "high": hi}
     nonzero = volume[volume != 0]
     lo, hi = (float(v) for v in np.percentile(nonzero, MR_PERCENTILES)) if nonzero.size else (0.0, 0.0)
@@ -721,7 +577,7 @@ def normalise_volume(
     cfg: NormalisationConfig,
     target_spacing_mm: tuple[float, float, float] | list[float] | None = None,
 ) -> dict[str, Any]:
-    """Normalise a CT or MR series to a float32 volume in a compressed ``.npz``.
+    """Normalise a CT or MR series to a float32 volume, stored as one ``.npy`` payload.
 
     Steps (each recorded in ``recipe``): every slice checked before any decoding (pixel data,
     transfer syntax, length; one modality, CT or MR); localizers / scouts (ImageType LOCALIZER)
@@ -753,9 +609,8 @@ def normalise_volume(
     -------
     dict
         ``rows``, ``cols`` (pixels), ``n_slices``, ``shape`` ([slices, rows, cols]), ``dtype``
-        ("float32"), ``kind`` ("3d"), ``payload`` (``.npz`` with ``volume`` float32 (slices, rows,
-        cols), ``spacing_mm`` float64 (3,) [row, col, slice], ``origin_mm`` float64 (3,) and
-        ``direction`` float64 (9,), NaN where unknown), ``payload_format`` ("npz"),
+        ("float32"), ``kind`` ("3d"), ``payload`` (``.npy`` of the float32 (slices, rows, cols)
+        volume, :mod:`etl.npy_payload`; the geometry is in the fields below), ``payload_format`` ("npy"),
         ``payload_sha256``, ``spacing_mm`` ([row, col, slice] mm; slice = median step between
         positions, else SliceThickness; None without PixelSpacing; slice entry None when
         unknown), ``origin_mm`` (LPS position of voxel (0, 0, 0), mm, or None), ``direction``
@@ -788,41 +643,50 @@ def normalise_volume(
         steps.append({"step": "exclude", "slices": excluded})
     in_plane = slices[0]["spacing"]
     origin = direction = None
-    if _has_positions(slices):
-        geo = slice_geometry(slices)
-        ordered = [slices[i] for i in geo["order"]]
+    geo = slice_geometry(slices) if _has_positions(slices) else None
+    ordered = [slices[i] for i in geo["order"]] if geo is not None else _order_by_instance(slices)
+    duplicates = geo is not None and any(len(g) > 1 for g in geo["groups"])
+    # one slice per position: the geometry is known before decoding (an irregular series configured
+    # for quarantine fails before its pixels are decoded)
+    info = _assess(ordered, geo, cfg) if geo is not None and not duplicates and n > 1 else None
+    regularised = info is not None and _irregular(info) and in_plane is not None
+    resampled = target_spacing_mm is not None and geo is not None and in_plane is not None and n > 1
+    # the volume is decoded straight into the payload's memory, and CT clipped slice by slice as it is
+    # decoded, unless a later step needs the unclipped values or gives the volume another shape
+    in_place = not (duplicates or regularised or resampled)
+    payload_buffer = NpyPayload((n, rows, cols)) if in_place else None
+    stack = payload_buffer.array if payload_buffer is not None else None
+    clip = (float(cfg.ct_hu_window[0]), float(cfg.ct_hu_window[1])) if in_place and modality == "CT" else None
+    if geo is not None:
         steps.append({"step": "sort", "by": "ImagePositionPatient.normal"})
-        volume = _decode_stack(ordered, steps)
-        rank = {i: k for k, i in enumerate(geo["order"])}
-        keep, dup_warnings = dedupe(
-            [[rank[i] for i in g] for g in geo["groups"]], [volume[k] for k in range(len(ordered))]
-        )
-        if dup_warnings:
-            steps.append({"step": "dedupe", "warnings": dup_warnings, "kept": len(keep)})
-            volume = volume[keep]
-        ordered = [ordered[k] for k in keep]
+        volume = _decode_stack(ordered, steps, stack, clip)
+        if duplicates:
+            rank = {i: k for k, i in enumerate(geo["order"])}
+            keep, dup_warnings = dedupe(
+                [[rank[i] for i in g] for g in geo["groups"]], [volume[k] for k in range(len(ordered))]
+            )
+            if dup_warnings:
+                steps.append({"step": "dedupe", "warnings": dup_warnings, "kept": len(keep)})
+                volume = volume[keep]
+            ordered = [ordered[k] for k in keep]
+            info = _assess(ordered, geo, cfg) if len(ordered) > 1 else None
         along = np.array([float(np.dot(s["position"], geo["normal"])) for s in ordered])
         matrix = geo["matrix"]
         origin = [float(v) for v in ordered[0]["position"]]
         direction = [float(v) for v in matrix.reshape(-1)]
-        if len(ordered) > 1:
-            info = assess(np.stack([s["position"] for s in ordered]), along, matrix)
+        if info is not None:
             slice_mm: float | None = info["step_mm"]
-            check = {
-                "step": "geometry",
-                "step_mm": info["step_mm"],
-                "uniform": info["uniform"],
-                "missing_slices": info["missing"],
-                "gantry_tilt_deg": round(info["tilt_deg"], 6),
-            }
-            steps.append(check)
-            if (not info["uniform"] or info["tilt_deg"] > 0) and cfg.irregular_slices == "quarantine":
-                raise NormalisationError(
-                    "irregular_slice_geometry",
-                    f"missing slices or non-uniform spacing or gantry tilt ({info['missing']} missing, "
-                    f"tilt {info['tilt_deg']:.2f} deg) and the configuration quarantines such series",
-                )
-            if (not info["uniform"] or info["tilt_deg"] > 0) and in_plane is not None:
+            steps.append(
+                {
+                    "step": "geometry",
+                    "step_mm": info["step_mm"],
+                    "uniform": info["uniform"],
+                    "missing_slices": info["missing"],
+                    "gantry_tilt_deg": round(info["tilt_deg"], 6),
+                }
+            )
+            if _irregular(info) and in_plane is not None:
+                assert clip is None, "regularisation must see unclipped values"
                 volume = regularise(volume, along, info["offsets"], tuple(in_plane), info["step_mm"])
                 steps.append(
                     {"step": "regularise", "interpolation": "linear", "step_mm": info["step_mm"],
@@ -832,9 +696,8 @@ def normalise_volume(
         else:
             slice_mm, slice_from = _thickness(ordered[0]), "SliceThickness"
     else:
-        ordered = _order_by_instance(slices)
         steps.append({"step": "sort", "by": "InstanceNumber"})
-        volume = _decode_stack(ordered, steps)
+        volume = _decode_stack(ordered, steps, stack, clip)
         slice_mm, slice_from = _thickness(ordered[0]), "SliceThickness"
         if slices[0]["orientation"] is not None:
             direction = [float(v) for v in direction_matrix(slices[0]["orientation"]).reshape(-1)]
@@ -848,6 +711,7 @@ def normalise_volume(
         if spacing is None or slice_mm is None or origin is None or volume.shape[0] < 2:
             steps.append({"step": "resample", "skipped": "geometry unknown or one slice", "target_mm": target})
         else:
+            assert clip is None, "resampling must see unclipped values"
             default = float(cfg.ct_hu_window[0]) if modality == "CT" else 0.0
             geometry = Geometry(spacing, origin, direction)
             volume, geometry = resample(volume, geometry, target, default)
@@ -857,30 +721,17 @@ def normalise_volume(
                  "target_mm": target, "shape": list(volume.shape)}
             )
 
-    volume, intensity_step = _intensity(volume, modality, cfg)
+    volume, intensity_step = _intensity(volume, modality, cfg, clipped=clip is not None)
     steps.append(intensity_step)
 
-    def stored(values: list[float | None] | None, size: int) -> np.ndarray:
-        return np.array(
-            [np.nan if v is None else v for v in (values or [None] * size)], dtype=np.float64
-        )
-
-    payload = _npz(
-        {
-            "volume": volume,
-            "spacing_mm": stored(spacing, 3),
-            "origin_mm": stored(origin, 3),
-            "direction": stored(direction, 9),
-        }
-    )
-    steps.append(
-        {"step": "encode", "format": "npz", "array": "volume", "dtype": "float32", "axes": "slice,row,col"}
-    )
+    volume = np.ascontiguousarray(volume, dtype=np.float32)
+    payload = payload_buffer.finish(volume) if payload_buffer is not None else encode_npy(volume)
+    steps.append({"step": "encode", "format": "npy", "dtype": "float32", "axes": "slice,row,col"})
     orientation = _plane(slices[0]["orientation"]) if slices[0]["orientation"] is not None else None
     out_slices, out_rows, out_cols = (int(v) for v in volume.shape)
     return _result(
         payload,
-        "npz",
+        "npy",
         "3d",
         steps,
         rows=out_rows,
@@ -895,6 +746,24 @@ def normalise_volume(
         view=orientation,
         excluded=excluded,
     )
+
+
+def _assess(ordered: list[dict[str, Any]], geo: dict[str, Any], cfg: NormalisationConfig) -> dict[str, Any]:
+    """:func:`etl.volumes.assess` of slices in order (one per position); raises ``irregular_slice_geometry``
+    when the series is irregular and ``cfg.irregular_slices`` is ``"quarantine"``."""
+    along = np.array([float(np.dot(s["position"], geo["normal"])) for s in ordered])
+    info = assess(np.stack([s["position"] for s in ordered]), along, geo["matrix"])
+    if _irregular(info) and cfg.irregular_slices == "quarantine":
+        raise NormalisationError(
+            "irregular_slice_geometry",
+            f"missing slices or non-uniform spacing or gantry tilt ({info['missing']} missing, "
+            f"tilt {info['tilt_deg']:.2f} deg) and the configuration quarantines such series",
+        )
+    return info
+
+
+def _irregular(info: dict[str, Any]) -> bool:
+    return not info["uniform"] or info["tilt_deg"] > 0
 
 
 def _thickness(s: dict[str, Any]) -> float | None:

@@ -1,8 +1,10 @@
 """``images``: normalised pixel payloads.
 
 2D objects (CR, DX, MG, US, single frames): one row per image, ``payload`` = PNG bytes of
-``rows x cols`` (after resize/pad). 3D series (CT, MR): one row per series, ``payload`` = a compressed
-``.npz`` holding ``volume`` (float32, HU for CT) of shape (slices, rows, cols).
+``rows x cols`` (after resize/pad). 3D series (CT, MR): one row per series, ``payload`` = one ``.npy``
+(NumPy format 1.0) of the float32 volume (HU for CT) of shape (slices, rows, cols); its geometry is in
+``spacing_mm`` / ``origin_mm`` / ``direction``. 1.2.0: ``npy`` replaced the ``.npz`` of 1.1.0 (which held
+the same array as ``volume`` and the geometry again); loaders read both.
 """
 
 import pyarrow as pa
@@ -11,7 +13,7 @@ from schemas.base import versioned
 
 SCHEMA = versioned(
     "images",
-    "1.1.0",
+    "1.2.0",
     [
         pa.field("image_key", pa.string(), nullable=False),
         pa.field("series_key", pa.string(), nullable=False),
@@ -25,7 +27,7 @@ SCHEMA = versioned(
         pa.field("cols", pa.int32(), nullable=False),
         pa.field("n_slices", pa.int32(), nullable=False),
         pa.field("spacing_mm", pa.list_(pa.float64())),  # original spacing [row, col(, slice)] mm
-        pa.field("payload_format", pa.string(), nullable=False),  # png | npz
+        pa.field("payload_format", pa.string(), nullable=False),  # png | npy (npz in 1.1.0)
         pa.field("payload", pa.binary(), nullable=False),
         pa.field("payload_sha256", pa.string(), nullable=False),
         pa.field("shape", pa.list_(pa.int32())),  # payload array shape: (rows, cols[, 3]) or (slices, rows, cols)

@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import random
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -434,10 +433,16 @@ def test_2d_is_deterministic_and_recipe_is_canonical():
 # ----------------------------------------------------------------------------------------------- 3D
 
 
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
 def test_ct_volume_sorted_along_normal_with_spacing_and_roundtrip():
     datasets = ct5n()
     out = normalise_volume(datasets, CFG)
-    vol = load_payload(out["payload"], "npz")
+    vol = load_payload(out["payload"], "npy")
     assert vol.dtype == np.float32 and vol.shape == (5, 16, 16) == (out["n_slices"], out["rows"], out["cols"])
     # normal of [1,0,0, 0,1,0] is +z: ascending z = descending InstanceNumber here
     by_z = sorted(datasets, key=lambda d: float(d.ImagePositionPatient[2]))
@@ -446,9 +451,8 @@ def test_ct_volume_sorted_along_normal_with_spacing_and_roundtrip():
         hu = raw_stored(ds).astype(np.float64) * float(ds.RescaleSlope) + float(ds.RescaleIntercept)
         np.testing.assert_array_equal(vol[k], np.clip(hu, lo, hi).astype(np.float32))
     assert out["spacing_mm"] == pytest.approx([0.488281, 0.488281, 2.5])
-    assert out["orientation"] == "AXIAL" and out["payload_format"] == "npz"
-    with np.load(io.BytesIO(out["payload"])) as npz:
-        np.testing.assert_allclose(npz["spacing_mm"], out["spacing_mm"])
+    assert out["orientation"] == "AXIAL" and out["payload_format"] == "npy"
+    assert out["payload"] == _npy_bytes(vol)  # exactly numpy.save of the volume: nothing else in the payload
 
 
 def test_volume_bytes_are_deterministic_whatever_the_input_order():
@@ -458,10 +462,8 @@ def test_volume_bytes_are_deterministic_whatever_the_input_order():
     random.Random(7).shuffle(shuffled)
     again = normalise_volume(shuffled, CFG)
     assert first["payload"] == again["payload"] and first["recipe"] == again["recipe"]
-    # zip member timestamps are fixed, so bytes do not change from one second to the next
-    with zipfile.ZipFile(io.BytesIO(first["payload"])) as zf:
-        assert sorted(zf.namelist()) == ["direction.npy", "origin_mm.npy", "spacing_mm.npy", "volume.npy"]
-        assert {info.date_time for info in zf.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    # the payload is numpy.save of the volume alone: no timestamps or member records to vary
+    assert first["payload"] == _npy_bytes(load_payload(first["payload"], "npy"))
 
 
 def test_volume_falls_back_to_instance_number():
@@ -470,7 +472,7 @@ def test_volume_falls_back_to_instance_number():
         del ds.ImagePositionPatient
     out = normalise_volume(datasets, CFG)
     assert json.loads(out["recipe"])["steps"][0]["by"] == "InstanceNumber"
-    vol = load_payload(out["payload"], "npz")
+    vol = load_payload(out["payload"], "npy")
     first = min(datasets, key=lambda d: int(d.InstanceNumber))
     np.testing.assert_array_equal(vol[0], np.clip(decode(first), *CFG.ct_hu_window))
     assert out["spacing_mm"][2] == pytest.approx(float(first.SliceThickness))
@@ -501,7 +503,7 @@ def test_slice_unlike_the_majority_is_excluded_and_listed():
     if max(np.diff(z)) > 1.5 * np.median(np.diff(z)):  # the excluded slice was inside: a gap, interpolated
         assert geometry["missing_slices"] == 1 and not geometry["uniform"]
         assert out["n_slices"] == 5 and out["shape"] == [5, 16, 16]
-        vol = load_payload(out["payload"], "npz")
+        vol = load_payload(out["payload"], "npy")
         gap = int(np.argmax(np.diff(z)))
         hu = [np.clip(decode(d), *CFG.ct_hu_window) for d in kept]
         np.testing.assert_allclose(vol[gap + 1], (hu[gap] + hu[gap + 1]) / 2, rtol=0, atol=1e-3)
@@ -530,7 +532,7 @@ def test_mr_series_is_clipped_to_nonzero_percentiles_and_scaled():
     series = sorted((DICOM / "mr" / "dcm_qa_nih_ge_study_4_series" / "mr_0004").iterdir())
     datasets = [read(p) for p in series]
     out = normalise_volume(datasets, CFG)
-    vol = load_payload(out["payload"], "npz")
+    vol = load_payload(out["payload"], "npy")
     assert vol.shape == (len(datasets), 64, 64)
     stacked = np.stack([decode(d) for d in sorted(datasets, key=lambda d: float(d.ImagePositionPatient[2]))])
     lo, hi = np.percentile(stacked[stacked != 0], [1, 99])
@@ -545,7 +547,7 @@ def test_enhanced_ct_uses_functional_group_geometry_and_rescale():
     ds = read(DICOM / "ct-other" / "pydicom_eCT_Supplemental_enhanced_ct.dcm")
     assert "RescaleSlope" not in ds  # only in the Shared Functional Groups
     out = normalise_volume([ds], CFG)
-    vol = load_payload(out["payload"], "npz")
+    vol = load_payload(out["payload"], "npy")
     assert vol.shape == (2, 512, 512)
     shared = ds.SharedFunctionalGroupsSequence[0]
     pvt = shared.PixelValueTransformationSequence[0]
@@ -571,3 +573,5 @@ def test_load_payload_rejects_unknown_or_wrong_format():
         load_payload(b"not a png", "png")
     with pytest.raises(ValueError):
         load_payload(b"not a zip", "npz")
+    with pytest.raises(ValueError):
+        load_payload(b"not an npy", "npy")

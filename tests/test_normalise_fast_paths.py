@@ -4,8 +4,7 @@
   ``apply_modality_lut`` in float64 cast to float32, on every real CT / MR file of ../shared/data/dicom
   (skipped when absent), on pydicom's bundled files, and on synthetic rescale values;
 * ``decode_image(out=..., checked=...)`` against a plain ``decode_image``;
-* the streamed ``.npz`` writer against ``numpy.lib.format.write_array`` (payloads assembled in one
-  buffer, small and large, and its fallbacks);
+* (the ``.npy`` payload writer is checked in test_npy_payload.py);
 * ``cross3`` against ``numpy.cross``; ``element_value`` against ``Dataset.get``.
 
 Only values are checked here; speed lives in benchmarks/bench_normalise.py.
@@ -14,8 +13,7 @@ Only values are checked here; speed lives in benchmarks/bench_normalise.py.
 from __future__ import annotations
 
 import copy
-import io
-import zipfile
+import json
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +22,7 @@ import pytest
 from pydicom.data import get_testdata_file
 from pydicom.pixels import apply_modality_lut
 
-from etl import normalise
-from etl.normalise import NormalisationError, _npz, image_kind, load_payload
+from etl.normalise import NormalisationError, image_kind
 from etl.pixels import _rescale_into, check_decodable, decode_image, element_value, lut_view
 from etl.volumes import cross3
 
@@ -136,77 +133,6 @@ def test_rescale_values_per_slice_match_synthetic_headers():
         assert decoded.steps[-1] == {"step": "modality_lut", "slope": float(slope), "intercept": float(intercept)}
 
 
-def _npz_reference(arrays: dict[str, np.ndarray]) -> bytes:
-    """The former writer: numpy.lib.format.write_array into each stored zip member."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name in sorted(arrays):
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_STORED
-            info.external_attr = 0o644 << 16
-            with zf.open(info, "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.ascontiguousarray(arrays[name]), allow_pickle=False)
-    return buf.getvalue()
-
-
-def test_npz_bytes_equal_write_array():
-    rng = np.random.default_rng(3)
-    arrays = {
-        "volume": rng.standard_normal((5, 17, 13)).astype(np.float32),
-        "spacing_mm": np.array([0.7, 0.7, np.nan]),
-        "origin_mm": np.array([-1.0, 2.0, 3.5]),
-        "direction": np.eye(3).reshape(-1),
-    }
-    payload = _npz(arrays)
-    assert payload == _npz_reference(arrays)
-    assert np.array_equal(load_payload(payload, "npz"), arrays["volume"])
-    # a non-contiguous volume is written in C order as well; one slice and a both-C-and-F-contiguous shape
-    for volume in (arrays["volume"][:, ::2, :], arrays["volume"][:1], np.zeros((1, 1, 4), dtype=np.float32)):
-        other = {**arrays, "volume": volume}
-        assert _npz(other) == _npz_reference(other)
-
-
-def test_npz_payload_built_in_one_buffer_equals_write_array(monkeypatch):
-    """Payloads of 4 MB and more are assembled in a fresh bytes object (huge-page advised); smaller ones by
-    a join; the bytearray fallback (overlapping writes) and the no-ctypes fallback give the same bytes."""
-    rng = np.random.default_rng(5)
-    small = {
-        "volume": rng.standard_normal((3, 8, 8)).astype(np.float32),
-        "spacing_mm": np.array([0.7, 0.7, 1.5]),
-        "origin_mm": np.array([np.nan] * 3),
-        "direction": np.eye(3).reshape(-1),
-    }
-    large = {**small, "volume": rng.standard_normal((5, 512, 512)).astype(np.float32)}  # 5 MB
-    assert normalise._HUGE_PAGE_MIN <= large["volume"].nbytes
-    for arrays in (small, large):
-        reference = _npz_reference(arrays)
-        payload = _npz(arrays)
-        assert type(payload) is bytes and payload == reference
-        assert np.array_equal(load_payload(payload, "npz"), arrays["volume"])
-        assert hash(payload) == hash(bytes(reference))  # an ordinary, immutable bytes object
-        monkeypatch.setattr(normalise._Parts, "_segments", lambda self: None)
-        assert _npz(arrays) == reference
-        monkeypatch.setattr(normalise, "_new_bytes", None)
-        assert _npz(arrays) == reference
-        monkeypatch.undo()
-
-
-def test_parts_recorder_applies_later_writes_over_earlier():
-    parts = normalise._Parts()
-    assert parts.write(b"abcdef") == 6
-    parts.write(memoryview(np.arange(3, dtype=np.uint16)))
-    assert parts.tell() == 12
-    parts.seek(2)
-    parts.write(b"XY")
-    parts.seek(0, 2)
-    parts.write(b"!")
-    expected = b"abXYef" + np.arange(3, dtype=np.uint16).tobytes() + b"!"
-    assert parts.getvalue() == expected
-    parts.seek(1)
-    parts.write(b"QQQ")  # covers parts of two earlier writes: the bytearray path
-    assert parts.getvalue() == b"aQQQef" + expected[6:]
-
-
 def test_cross3_equals_numpy_cross():
     rng = np.random.default_rng(11)
     for _ in range(2000):
@@ -220,3 +146,48 @@ def test_element_value_equals_dataset_get():
     for keyword in ("Rows", "PixelSpacing", "ImagePositionPatient", "RescaleSlope", "ImageType",
                     "PerFrameFunctionalGroupsSequence", "WindowCenter", "NumberOfFrames"):
         assert element_value(ds, keyword) == ds.get(keyword), keyword
+
+
+def test_volumes_built_in_place_equal_the_straightforward_stack_on_real_series(shared_data):
+    """normalise_volume decodes a regular series straight into its payload and clips CT slice by slice; the
+    payload must be numpy.save of the plain computation: decode each slice, sort along the normal, stack,
+    clip (CT) or percentile-scale (MR). Every real CT/MR series of ../shared/data/dicom, bit for bit."""
+    import io
+    from collections import defaultdict
+
+    from etl.normalise import MR_PERCENTILES, decode, normalise_volume
+    from schemas.config import NormalisationConfig
+
+    cfg = NormalisationConfig()
+    series: dict[str, list[pydicom.Dataset]] = defaultdict(list)
+    for path in _volume_files(shared_data / "dicom"):
+        ds = pydicom.dcmread(path)
+        if image_kind(ds) == "3d_slice":
+            series[str(ds.SeriesInstanceUID)].append(ds)
+    checked = slices = 0
+    for members in series.values():
+        try:
+            out = normalise_volume(members, cfg)
+        except NormalisationError:
+            continue  # deliberately broken files, mixed series: other tests
+        steps = [s["step"] for s in json.loads(out["recipe"])["steps"]]
+        if {"exclude", "dedupe", "regularise"} & set(steps) or "ImagePositionPatient" not in members[0]:
+            continue
+        normal = np.cross(*np.asarray(members[0].ImageOrientationPatient, dtype=np.float64).reshape(2, 3))
+        ordered = sorted(members, key=lambda d: float(np.dot(np.asarray(d.ImagePositionPatient, float), normal)))
+        stack = np.stack([decode(d) for d in ordered]).astype(np.float32)
+        if members[0].Modality == "CT":
+            expected = np.clip(stack, *cfg.ct_hu_window)
+        else:
+            nonzero = stack[stack != 0]
+            lo, hi = np.percentile(nonzero, MR_PERCENTILES)
+            expected = (np.clip(stack, lo, hi) - np.float32(lo)) / np.float32(hi - lo)
+        buf = io.BytesIO()
+        np.save(buf, expected.astype(np.float32))
+        if members[0].Modality == "CT":
+            assert out["payload"] == buf.getvalue(), members[0].SeriesInstanceUID
+        else:  # the normaliser scales in place in float32 (x -= lo; x /= hi - lo): equal to the float32 ulp
+            np.testing.assert_allclose(np.load(io.BytesIO(out["payload"])), expected, rtol=0, atol=1e-6)
+        checked += 1
+        slices += len(members)
+    assert checked >= 55 and slices >= 70, (checked, slices)  # 61 series, 73 slices in shared/data today

@@ -67,7 +67,7 @@ def test_f17_signed_12bit_sign_extended_high_bits_ignored(cases):
     ds = pydicom.dcmread(folder / "signed12.dcm")
     np.testing.assert_array_equal(decode(ds), expected)
     # the same values reach the volume path (MR, one slice): percentile scaling of exactly these values
-    vol = np.load(io.BytesIO(normalise_volume([ds], CFG)["payload"]))["volume"]
+    vol = np.load(io.BytesIO(normalise_volume([ds], CFG)["payload"]))
     nonzero = expected[expected != 0]
     lo, hi = np.percentile(nonzero, [1, 99])
     np.testing.assert_allclose(vol[0], (np.clip(expected, lo, hi) - lo) / (hi - lo), atol=1e-6)
@@ -103,7 +103,7 @@ def test_f20_sorted_by_position_exact_duplicate_dropped(cases):
     datasets = [pydicom.dcmread(folder / name) for name in case["files"]]
     out = normalise_volume(datasets, CFG)
     slope, intercept = float(datasets[0].RescaleSlope), float(datasets[0].RescaleIntercept)
-    vol = np.load(io.BytesIO(out["payload"]))["volume"]
+    vol = np.load(io.BytesIO(out["payload"]))
     assert out["shape"] == [4, 4, 4] and out["spacing_mm"][2] == pytest.approx(2.5)
     for k, v in enumerate(values):
         np.testing.assert_array_equal(vol[k], np.float32(np.clip(v * slope + intercept, *CFG.ct_hu_window)))

@@ -59,7 +59,7 @@ def clean_rows() -> dict[str, list[dict]]:
              institution=se["institution"], modality=se["modality"], view=se["view_position"],
              kind="2d" if se["modality"] == "CR" else "3d", rows=256, cols=256,
              n_slices=1 if se["modality"] == "CR" else 40, spacing_mm=se["spacing_mm"],
-             payload_format="png" if se["modality"] == "CR" else "npz", payload=_payload(i),
+             payload_format="png" if se["modality"] == "CR" else "npy", payload=_payload(i),
              payload_sha256=hashlib.sha256(_payload(i)).hexdigest(),
              recipe=json.dumps({"resize": [256, 256], "window": [-1000, 400]}),
              transfer_syntax="1.2.840.10008.1.2.4.50", shard=se["shard"])

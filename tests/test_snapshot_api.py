@@ -1,6 +1,6 @@
 """Loading releases: the Python API, DuckDB and polars on the pinned files, and the torch datasets.
 
-The fast tests use hand-built curated tables (test_snapshots.write_institution: real PNG and npz payloads
+The fast tests use hand-built curated tables (test_snapshots.write_institution: real PNG and npy payloads
 whose pixels are known); the slow ones build the demo corpus twice through the Airflow DAG, the second
 time with one more institution, and read the real releases.
 """
@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pytest
 import torch
 import yaml
-from test_snapshots import do_publish, npz_payload, png_payload, write_institution
+from test_snapshots import do_publish, npy_payload, png_payload, write_institution
 
 from etl.snapshots import SnapshotError, load_snapshot
 from etl.storage import Storage
@@ -108,7 +108,7 @@ def test_image_dataset_decodes_png_and_volume_rows(released):
     assert torch.equal(png["image"][0], torch.from_numpy(arr.astype(np.float32) / 255.0))
     assert (png["split"], png["modality"], png["kind"]) == ("test", "CR", "2d")
     vol = by_key["gb-b-ct-v"]
-    _, expected = npz_payload(zlib.crc32(b"gb-b"))
+    _, expected = npy_payload(zlib.crc32(b"gb-b"))
     assert vol["image"].shape == (3, 8, 8) and torch.equal(vol["image"], torch.from_numpy(expected))
     assert len(ImageDataset(snap, split="train")) == 6 and len(ImageDataset(snap, modality="CT")) == 2
     assert len(ImageDataset(snap, split=["train", "test"], modality=("CR",))) == 8

@@ -1,6 +1,6 @@
 """Snapshots: Delta-backed immutable releases, semantic versions, reproducible content, diff and verify.
 
-Curated tables are written by hand here (one shard partition per institution, real PNG/npz payloads), so
+Curated tables are written by hand here (one shard partition per institution, real PNG/npy payloads), so
 every release is fast to publish; the end-to-end checks on a real build are in test_snapshot_api.py.
 """
 
@@ -56,11 +56,11 @@ def png_payload(seed: int, shape: tuple[int, int] = (24, 32)) -> tuple[bytes, np
     return buf.getvalue(), arr
 
 
-def npz_payload(seed: int, shape: tuple[int, int, int] = (3, 8, 8)) -> tuple[bytes, np.ndarray]:
-    """A random float32 volume (HU-like) as the normaliser's npz layout (``volume`` + geometry)."""
+def npy_payload(seed: int, shape: tuple[int, int, int] = (3, 8, 8)) -> tuple[bytes, np.ndarray]:
+    """A random float32 volume (HU-like) as the normaliser stores it (one ``.npy``)."""
     vol = np.random.default_rng(seed).uniform(-1000, 1000, shape).astype(np.float32)
     buf = io.BytesIO()
-    np.savez(buf, volume=vol, spacing_mm=np.array([0.7, 0.7, 1.5]), origin_mm=np.zeros(3), direction=np.eye(3).ravel())
+    np.save(buf, vol)
     return buf.getvalue(), vol
 
 
@@ -125,12 +125,12 @@ def institution_rows(inst: str, shard: int) -> dict[str, list[dict]]:
                          "options": ["yes", "no"], "answer": "A", "answer_text": "yes", "entity_ids": ["F001"],
                          "split": "train" if j == 0 else "test", "shard": shard})
     ct_study, patient = f"{inst}-ct", f"{inst}-p0"
-    payload, _ = npz_payload(zlib.crc32(inst.encode()))
+    payload, _ = npy_payload(zlib.crc32(inst.encode()))
     t["studies"].append({"study_key": ct_study, "patient_key": patient, "institution": inst, "country": "US",
                          "modality": "CT", "n_series": 1, "n_images": 1, "shard": shard})
     t["images"].append({"image_key": f"{ct_study}-v", "series_key": f"{ct_study}-se", "study_key": ct_study,
                         "patient_key": patient, "institution": inst, "modality": "CT", "view": None, "kind": "3d",
-                        "rows": 8, "cols": 8, "n_slices": 3, "spacing_mm": [0.7, 0.7, 1.5], "payload_format": "npz",
+                        "rows": 8, "cols": 8, "n_slices": 3, "spacing_mm": [0.7, 0.7, 1.5], "payload_format": "npy",
                         "payload": payload, "payload_sha256": hashlib.sha256(payload).hexdigest(),
                         "shape": [3, 8, 8], "dtype": "float32", "recipe": "{}", "transfer_syntax": "1.2.840.10008.1.2",
                         "shard": shard})

@@ -38,14 +38,14 @@ def _png(states: dict[str, str], rng: np.random.Generator, size: int = 32) -> by
     return buf.getvalue()
 
 
-def _npz(states: dict[str, str], rng: np.random.Generator) -> bytes:
+def _npy(states: dict[str, str], rng: np.random.Generator) -> bytes:
     vol = rng.normal(-800, 50, (5, 16, 16)).astype(np.float32)
     for e, st in states.items():
         if st == "present":
             r, c = SPOTS[e]
             vol[1:4, r // 2:r // 2 + 5, c // 2:c // 2 + 5] = 200.0
     buf = io.BytesIO()
-    np.savez(buf, volume=vol, spacing_mm=np.array([1.0, 1.0, 2.0]))
+    np.save(buf, vol)
     return buf.getvalue()
 
 
@@ -115,10 +115,10 @@ def _rows(seed: int = 3, targets: bool = True) -> dict[str, list[dict]]:
             states = {e: pick.choice(["present", "absent"]) for e in ENTITIES}
             t["studies"].append({"study_key": sk, "patient_key": pk, "institution": "inst-a", "country": "US",
                                  "modality": "CT", "family": "3D-CT", "n_series": 1, "n_images": 5, "shard": 0})
-            payload = _npz(states, rng)
+            payload = _npy(states, rng)
             t["images"].append({"image_key": f"{sk}-v", "series_key": f"{sk}-se", "study_key": sk, "patient_key": pk,
                                 "institution": "inst-a", "modality": "CT", "view": "AXIAL", "kind": "3d", "rows": 16,
-                                "cols": 16, "n_slices": 5, "payload_format": "npz", "payload": payload,
+                                "cols": 16, "n_slices": 5, "payload_format": "npy", "payload": payload,
                                 "payload_sha256": hashlib.sha256(payload).hexdigest(), "recipe": "[]",
                                 "transfer_syntax": "1.2.840.10008.1.2.1", "shard": 0})
             for e, st in states.items():

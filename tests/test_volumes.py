@@ -141,8 +141,7 @@ def test_parquet_round_trip_is_bit_exact(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "images.parquet", compression="zstd")
     back = pq.read_table(tmp_path / "images.parquet").to_pylist()
     vol, meta = load_image(back[0])
-    with np.load(io.BytesIO(vol_res["payload"])) as npz:
-        expected = npz["volume"]
+    expected = np.load(io.BytesIO(vol_res["payload"]))
     assert vol.dtype == expected.dtype and vol.tobytes() == expected.tobytes()
     assert meta["spacing_mm"] == vol_res["spacing_mm"] and meta["recipe"] == json.loads(vol_res["recipe"])
     img, meta2 = load_image(back[1])

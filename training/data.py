@@ -9,7 +9,7 @@ common layout ``(slices, channels, size, size)`` float32 in 0..1:
 
 * 2D (PNG): one slice; 8/16-bit scaled to 0..1 by the loader; RGB -> grey by ITU-R BT.601 luma weights
   when the backbone takes one channel, grey repeated when it takes three.
-* 3D (npz volume, HU for CT): ``max_slices`` slices sampled evenly (``linspace`` over the slice axis),
+* 3D (npy volume, HU for CT): ``max_slices`` slices sampled evenly (``linspace`` over the slice axis),
   then min-max scaled per volume to 0..1 (CT HU and MR intensities alike).
 * resized with bilinear, anti-aliased interpolation (``torch.nn.functional.interpolate``).
 """
@@ -148,9 +148,10 @@ def image_tensor(row: dict, size: int, channels: int, max_slices: int):
     import torch.nn.functional as F
 
     from etl.loader import to_tensor
+    from etl.normalise import VOLUME_FORMATS
 
     x = to_tensor(row)
-    if row["payload_format"] == "npz":
+    if row["payload_format"] in VOLUME_FORMATS:
         n = x.shape[0]
         idx = np.unique(np.linspace(0, n - 1, min(n, max_slices)).round().astype(int))
         x = x[torch.from_numpy(idx)].float()
