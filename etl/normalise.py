@@ -332,7 +332,7 @@ def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
         try:
             with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
                 return npz["volume"]
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
             raise ValueError(f"payload is not an npz holding 'volume': {exc}") from None
     raise ValueError(f"unknown payload_format {payload_format!r}; expected 'png', 'npy' or 'npz'")
 
@@ -529,12 +529,18 @@ def _decode_stack(
     clipping the whole stack afterwards; only where no step between needs the unclipped values)."""
     if volume is None:
         volume = np.empty((len(ordered), ordered[0]["rows"], ordered[0]["cols"]), dtype=np.float32)
+    # every element is written below (a payload buffer starts uninitialised): one slice per row, each
+    # decoded into its row or copied there whole
+    if volume.shape != (len(ordered), ordered[0]["rows"], ordered[0]["cols"]):
+        raise ValueError(f"stack of shape {volume.shape} for {len(ordered)} slices of the series' size")
     syntaxes: set[str] = set()
     modality_luts: list[dict[str, Any]] = []
     for k, s in enumerate(ordered):
         row = volume[k]
         decoded = decode_image(s["ds"], s["frame"], out=row, checked=s["ts"])  # checked in _slices
         if decoded.array is not row:
+            if decoded.array.shape != row.shape:
+                raise NormalisationError("inconsistent_series", "a slice decodes to another shape than its Rows x Columns")
             row[...] = decoded.array
         if clip is not None:
             np.clip(row, clip[0], clip[1], out=row)

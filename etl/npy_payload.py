@@ -26,6 +26,7 @@ import numpy as np
 _HUGE_PAGE_MIN = 4 << 20
 _PAGE = 4096
 _MADV_HUGEPAGE = 14
+_MAGIC = b"\x93NUMPY"
 
 
 @functools.lru_cache(maxsize=256)
@@ -51,24 +52,31 @@ def npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
 
 
 def encode_npy(array: np.ndarray) -> bytes:
-    """``.npy`` bytes of ``array`` (equal to ``numpy.save`` of it), the array's bytes copied once.
+    """``.npy`` bytes of ``array`` in C order: equal to ``numpy.save`` of the array (of a C-ordered copy when it
+    is not C-contiguous).
+
+    Numeric arrays of at least one dimension and element (every volume) are copied once, straight into
+    the payload; anything else goes through ``numpy.save``.
 
     Raises
     ------
     ValueError
-        For object arrays (``.npy`` of those needs pickle, which payloads never hold).
+        For object arrays (their ``.npy`` needs pickle, which payloads never hold).
     """
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
     if array.dtype.hasobject:
         raise ValueError("object arrays cannot be stored as an .npy payload")
-    header = npy_header(array.dtype.str, array.shape)
-    made = _new_bytes(len(header) + array.nbytes) if _new_bytes is not None else None
-    if made is None:
-        return header + array.tobytes()
-    payload, view = made
-    view[: len(header)] = header
-    view[len(header):] = memoryview(array).cast("B")
-    return payload
+    if array.dtype.kind not in "biufc" or array.ndim == 0 or array.size == 0:
+        out = io.BytesIO()
+        np.save(out, array, allow_pickle=False)
+        return out.getvalue()
+    if _new_bytes is None:
+        return npy_header(array.dtype.str, array.shape) + array.tobytes()
+    buffer = NpyPayload(array.shape, array.dtype.str)
+    buffer.array[...] = array
+    return buffer.finish(buffer.array)
 
 
 def read_npy(payload: bytes) -> np.ndarray:
@@ -77,8 +85,10 @@ def read_npy(payload: bytes) -> np.ndarray:
     Raises
     ------
     ValueError
-        When ``payload`` is not a ``.npy`` or holds objects.
+        When ``payload`` is not a ``.npy`` (an ``.npz`` included) or holds objects.
     """
+    if not bytes(payload[:6]) == _MAGIC:
+        raise ValueError("payload is not an .npy array: it does not start with the .npy magic string")
     try:
         return np.load(io.BytesIO(payload), allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
@@ -94,8 +104,10 @@ class NpyPayload:
     shape), :meth:`finish` encodes that one instead (one copy).
 
     The bytes object comes from ``PyBytes_FromStringAndSize(NULL, size)``, which the C API lets its
-    creator fill before the object is shared (CPython's own ``bytes`` constructors do so); it is not
-    shared before :meth:`finish`, and ``array`` keeps it alive. Elsewhere (another interpreter, no
+    creator fill before the object is shared (CPython's own ``bytes`` constructors do so). Its memory
+    is not initialised: the caller writes every element of ``array`` before :meth:`finish`. ``array``
+    keeps the bytes alive; :meth:`finish` makes it and the arrays below it read-only (views taken
+    from ``array`` before that stay writable: do not keep any). Elsewhere (another interpreter, no
     ctypes) ``array`` is a plain array and :meth:`finish` copies it.
 
     Parameters
@@ -106,17 +118,18 @@ class NpyPayload:
     """
 
     def __init__(self, shape: tuple[int, ...], dtype: str = "<f4") -> None:
-        self._header = npy_header(dtype, tuple(int(v) for v in shape))
+        shape = tuple(int(v) for v in shape)
+        header = npy_header(dtype, shape)
         size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        made = _new_bytes(len(self._header) + size) if _new_bytes is not None else None
+        made = _new_bytes(len(header) + size) if _new_bytes is not None else None
         self._payload: bytes | None = None
         if made is None:
             self.array = np.empty(shape, dtype=dtype)
             return
-        payload, view = made
-        view[: len(self._header)] = self._header
-        data = np.asarray(_Owner(payload, view, len(self._header), size))
-        self.array = data.view(dtype).reshape(shape)
+        payload, address = made
+        whole = np.asarray(_Owner(payload, address, len(header) + size))
+        whole[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+        self.array = whole[len(header):].view(dtype).reshape(shape)
         self._payload = payload
 
     def finish(self, volume: np.ndarray) -> bytes:
@@ -124,60 +137,63 @@ class NpyPayload:
         encoding of ``volume`` (:func:`encode_npy`). After this, :attr:`array` is read-only."""
         if self._payload is not None and volume is self.array:
             payload, self._payload = self._payload, None
-            self.array.flags.writeable = False
+            base: Any = self.array
+            while isinstance(base, np.ndarray):  # down to the owner: none of them can be made writable again
+                base.flags.writeable = False
+                base = base.base
             return payload
         self._payload = None
         return encode_npy(volume)
 
 
 class _Owner:
-    """Exposes ``size`` bytes of a payload from ``offset`` through ``__array_interface__``; the array made
-    from it keeps this object, hence the payload, alive."""
+    """Exposes the ``size`` bytes of a new payload through ``__array_interface__``; the array made from it
+    keeps this object, hence the payload, alive."""
 
-    def __init__(self, payload: bytes, view: memoryview, offset: int, size: int) -> None:
-        self.payload, self.view = payload, view
-        address = ctypes.addressof(ctypes.c_char.from_buffer(view)) + offset
+    def __init__(self, payload: bytes, address: int, size: int) -> None:
+        self.payload = payload
         self.__array_interface__ = {"data": (address, False), "shape": (size,), "typestr": "|u1", "version": 3}
 
 
-def _bytes_builder() -> Callable[[int], tuple[bytes, memoryview] | None] | None:
-    """``new(size) -> (bytes, writable memoryview of its buffer) | None``, or None where unavailable.
+def _bytes_builder() -> Callable[[int], tuple[bytes, int] | None] | None:
+    """``new(size) -> (bytes, address of its buffer) | None``, or None where unavailable.
 
     The bytes object comes from ``PyBytes_FromStringAndSize(NULL, size)``, whose contents the C API lets
-    its creator fill before the object is shared (``PyBytes_AsString``), here through
-    ``PyMemoryView_FromMemory``; on Linux pages of buffers of at least 4 MB are advised ``MADV_HUGEPAGE``
-    before they are first touched.
+    its creator fill before the object is shared (``PyBytes_AsString`` gives the address). The C functions
+    are bound through private prototypes, so that nothing else in the process that sets
+    ``ctypes.pythonapi``'s argument or result types can change them. On Linux the pages of buffers of at
+    least 4 MB are advised ``MADV_HUGEPAGE`` before they are first touched.
     """
     if platform.python_implementation() != "CPython":
         return None
     api = ctypes.pythonapi
-    create = api.PyBytes_FromStringAndSize
-    create.restype, create.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
-    address_of = api.PyBytes_AsString
-    address_of.restype, address_of.argtypes = ctypes.c_void_p, [ctypes.py_object]
-    from_memory = api.PyMemoryView_FromMemory
-    from_memory.restype, from_memory.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
+    create = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t)(
+        ("PyBytes_FromStringAndSize", api)
+    )
+    address_of = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(("PyBytes_AsString", api))
     madvise: Any = None
     if sys.platform.startswith("linux"):
         try:
-            madvise = ctypes.CDLL(None, use_errno=True).madvise
-            madvise.restype, madvise.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            madvise = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)(
+                ("madvise", ctypes.CDLL(None, use_errno=True))
+            )
         except (OSError, AttributeError):
             madvise = None
-    pybuf_write = 0x200
 
-    def new(size: int) -> tuple[bytes, memoryview] | None:
+    def new(size: int) -> tuple[bytes, int] | None:
         try:
             payload = create(None, size)
             address = address_of(payload)
         except (MemoryError, OSError, ctypes.ArgumentError):
+            return None
+        if not address:
             return None
         if madvise is not None and size >= _HUGE_PAGE_MIN:
             start = (address + _PAGE - 1) // _PAGE * _PAGE
             length = (address + size - start) // _PAGE * _PAGE
             if length > 0:
                 madvise(start, length, _MADV_HUGEPAGE)  # advice only: its result does not matter
-        return payload, from_memory(address, size, pybuf_write)
+        return payload, address
 
     return new
 

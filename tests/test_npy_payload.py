@@ -4,6 +4,7 @@ fallbacks, and the format's use by normalise_volume and the loader."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import io
 import weakref
 
@@ -55,6 +56,53 @@ def test_payload_computed_in_place_equals_numpy_save(shape):
     assert not buffer.array.flags.writeable  # the shared bytes can no longer be written through it
 
 
+def test_finished_payload_cannot_be_written_through_its_arrays():
+    buffer = NpyPayload((2, 3, 4))
+    buffer.array[...] = 1.0
+    payload = buffer.finish(buffer.array)
+    digest = hashlib.sha256(payload).hexdigest()
+    base = buffer.array
+    while isinstance(base, np.ndarray):
+        assert not base.flags.writeable
+        with pytest.raises(ValueError):
+            base.flags.writeable = True  # numpy refuses: the owner below exposes read-only memory
+        base = base.base
+    with pytest.raises(ValueError):
+        buffer.array[0, 0, 0] = 99.0
+    assert hashlib.sha256(payload).hexdigest() == digest and payload == _save(np.ones((2, 3, 4), np.float32))
+
+
+def test_payloads_do_not_depend_on_pythonapi_prototypes(monkeypatch):
+    """Another library in the process may set ``ctypes.pythonapi``'s prototypes to other types (as fsspec
+    does for some of them): the payload builder binds its own."""
+    import ctypes
+
+    monkeypatch.setattr(ctypes.pythonapi.PyBytes_AsString, "restype", ctypes.c_char_p)
+    monkeypatch.setattr(ctypes.pythonapi.PyBytes_FromStringAndSize, "restype", ctypes.c_void_p)
+    buffer = NpyPayload((2, 4, 4))
+    buffer.array[...] = 1.5
+    assert buffer.finish(buffer.array) == _save(np.full((2, 4, 4), 1.5, np.float32))
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.zeros((0, 3), np.float32),
+        np.array(3.0),
+        np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")]),
+        np.arange(12, dtype=np.int16).reshape(3, 4).T,  # Fortran order: written in C order
+        np.arange(4, dtype=">f4"),
+        np.array(["2026-12-01"], dtype="datetime64[D]"),
+    ],
+    ids=["zero-size", "0-d", "structured", "fortran", "big-endian", "datetime"],
+)
+def test_encode_npy_of_other_arrays_equals_numpy_save(array):
+    c_order = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+    assert encode_npy(array) == _save(c_order)
+    back = read_npy(encode_npy(array))
+    assert back.dtype == array.dtype and back.shape == array.shape and back.tobytes() == c_order.tobytes()
+
+
 def test_finish_of_another_array_encodes_that_one():
     buffer = NpyPayload((2, 4, 4))
     buffer.array[...] = 1.0
@@ -96,6 +144,14 @@ def test_read_npy_refuses_other_bytes_and_pickles():
     np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError):
         read_npy(buf.getvalue())
+    npz = io.BytesIO()
+    np.savez(npz, volume=np.zeros(3))
+    with pytest.raises(ValueError, match="magic"):
+        read_npy(npz.getvalue())  # np.load would hand back an NpzFile
+    from etl.normalise import load_payload
+
+    with pytest.raises(ValueError):
+        load_payload(_save(np.zeros((1, 2, 2), np.float32)), "npz")  # an npy labelled npz
     with pytest.raises(ValueError, match="object arrays"):
         encode_npy(np.array([None], dtype=object))
 
