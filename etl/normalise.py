@@ -303,7 +303,7 @@ def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
     payload : bytes
         The ``payload`` column value.
     payload_format : str
-            ``"png"``, ``"npy"`` or ``"npz"`` (the ``payload_format`` column; ``npz`` is the volume
+        ``"png"``, ``"npy"`` or ``"npz"`` (the ``payload_format`` column; ``npz`` is the volume
         format of images schema 1.1, still read).
 
     Returns
@@ -676,10 +676,8 @@ def normalise_volume(
                 volume = volume[keep]
             ordered = [ordered[k] for k in keep]
             info = _assess(ordered, geo, cfg) if len(ordered) > 1 else None
-        along = np.array([float(np.dot(s["position"], geo["normal"])) for s in ordered])
-        matrix = geo["matrix"]
         origin = [float(v) for v in ordered[0]["position"]]
-        direction = [float(v) for v in matrix.reshape(-1)]
+        direction = [float(v) for v in geo["matrix"].reshape(-1)]
         if info is not None:
             slice_mm: float | None = info["step_mm"]
             steps.append(
@@ -693,7 +691,7 @@ def normalise_volume(
             )
             if _irregular(info) and in_plane is not None:
                 assert clip is None, "regularisation must see unclipped values"
-                volume = regularise(volume, along, info["offsets"], tuple(in_plane), info["step_mm"])
+                volume = regularise(volume, info["along"], info["offsets"], tuple(in_plane), info["step_mm"])
                 steps.append(
                     {"step": "regularise", "interpolation": "linear", "step_mm": info["step_mm"],
                      "n_slices": int(volume.shape[0])}
@@ -755,10 +753,11 @@ def normalise_volume(
 
 
 def _assess(ordered: list[dict[str, Any]], geo: dict[str, Any], cfg: NormalisationConfig) -> dict[str, Any]:
-    """:func:`etl.volumes.assess` of slices in order (one per position); raises ``irregular_slice_geometry``
-    when the series is irregular and ``cfg.irregular_slices`` is ``"quarantine"``."""
+    """:func:`etl.volumes.assess` of slices in order (one per position), with ``along`` (their distance along
+    the normal, mm) added; raises ``irregular_slice_geometry`` when the series is irregular and
+    ``cfg.irregular_slices`` is ``"quarantine"``."""
     along = np.array([float(np.dot(s["position"], geo["normal"])) for s in ordered])
-    info = assess(np.stack([s["position"] for s in ordered]), along, geo["matrix"])
+    info = {**assess(np.stack([s["position"] for s in ordered]), along, geo["matrix"]), "along": along}
     if _irregular(info) and cfg.irregular_slices == "quarantine":
         raise NormalisationError(
             "irregular_slice_geometry",
