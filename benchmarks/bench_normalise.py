@@ -10,8 +10,7 @@ series have hundreds of slices; per-voxel costs weigh here), at native spacing a
 default 0.75 x 0.75 x 1.5 mm (1.4x as many voxels out as in: SimpleITK's linear resampling on one core
 then costs several decode floors). Files are read into memory first; timings cover reading + decoding
 + normalisation, on one core (SimpleITK limited to one thread). Peak memory (tracemalloc) is measured
-on a separate pass. Ends with one
-``BENCH normalise ...`` line.
+on a separate pass. Ends with one ``BENCH normalise ...`` line.
 Usage: ``python benchmarks/bench_normalise.py [repeats]``.
 """
 
@@ -83,21 +82,21 @@ def main(repeats: int = 5) -> None:
                     normalise_2d(ds, cfg)
         return time.perf_counter() - t
 
-    def paired(floor: Callable[[], float], run: Callable[[], float]) -> tuple[float, float]:
-        """Best of ``repeats`` of each, the floor and the run alternating, so that both see the same
-        machine (on a shared virtual machine the speed drifts by tens of percent within a minute)."""
-        floors, runs = [], []
+    def paired(floor: Callable[[], float], *runs: Callable[[], float]) -> list[float]:
+        """Best of ``repeats`` of the floor and of each run, taken in turn, so that all see the same machine
+        (on a shared virtual machine the speed drifts by tens of percent within a minute)."""
+        times: list[list[float]] = [[] for _ in range(1 + len(runs))]
         for _ in range(repeats):
-            floors.append(floor())
-            runs.append(run())
-        return min(floors), min(runs)
+            for t, f in zip(times, (floor, *runs)):
+                t.append(f())
+        return [min(t) for t in times]
 
     all_ct = [b for v in series.values() for b in v]
     t_xr_dec, t_xr = paired(lambda: decode_floor(xr), run_2d)
     t_ct_dec, t_ct = paired(lambda: decode_floor(all_ct), run_ct)
-    t_long_dec, t_long = paired(lambda: decode_floor(long_series), run_long)
-    t_long_dec_r, t_long_resampled = paired(lambda: decode_floor(long_series), lambda: run_long(cfg.ct_spacing_mm))
-    t_long_dec = min(t_long_dec, t_long_dec_r)
+    t_long_dec, t_long, t_long_resampled = paired(
+        lambda: decode_floor(long_series), run_long, lambda: run_long(cfg.ct_spacing_mm)
+    )
     tracemalloc.start()
     run_2d()
     run_ct()
