@@ -21,8 +21,8 @@ from pathlib import Path
 import pydicom
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from etl.deid import DeidentificationError, deidentify_dataset  # noqa: E402
-from etl.deid_policy import build_policy  # noqa: E402
+from etl.deid.dicom import DeidentificationError, deidentify_dataset  # noqa: E402
+from etl.deid.policy import build_policy  # noqa: E402
 from etl.keys import PseudonymKey  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "dicom"

@@ -1,8 +1,8 @@
 """Benchmark: normalisation vs the decode floor (pydicom ``pixel_array`` on the same files, same run).
 
-2D: every CR/DX file under ../shared/data/dicom/chest-cr-dx through :func:`etl.normalise.normalise_2d`.
+2D: every CR/DX file under ../shared/data/dicom/chest-cr-dx through :func:`etl.pixels.normalise.normalise_2d`.
 CT: every CT slice under chest-ct and longitudinal-chest-ct-covid19-ny-sbu, grouped by
-SeriesInstanceUID, through :func:`etl.normalise.normalise_volume` with the default configuration's
+SeriesInstanceUID, through :func:`etl.pixels.normalise.normalise_volume` with the default configuration's
 ``ct_spacing_mm`` as the normalise stage passes it (46 slices in 42 series, most of one slice, so
 per-series costs weigh heavily; resampling applies to the three series of two or three slices). Long
 CT series: one real 512 x 512 native CT slice of that set written 120 times at 1.25 mm steps (real
@@ -28,7 +28,7 @@ import pydicom
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from etl.normalise import NormalisationError, image_kind, normalise_2d, normalise_volume  # noqa: E402
+from etl.pixels.normalise import NormalisationError, image_kind, normalise_2d, normalise_volume  # noqa: E402
 from schemas.config import NormalisationConfig  # noqa: E402
 
 DICOM = Path(__file__).resolve().parents[2] / "shared" / "data" / "dicom"

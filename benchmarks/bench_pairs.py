@@ -2,10 +2,10 @@
 
 Generates the ``studies`` / ``images`` (view only) / ``study_labels`` / ``entity_mentions`` frames of a synthetic
 archive: 8 institutions, 4 modality families, 160,000 patients and about 690,000 images (DESIGN.md scale), then runs
-the build's own functions on them, in build order: :func:`etl.splits.assign_splits`, :func:`etl.pairs.build_pairs`,
-:func:`etl.vqa.build_vqa` (with the mentions and image views, as ``assemble`` passes them),
-:func:`etl.retrieval.build_retrieval_targets`, :func:`etl.vqa.build_case_comparison_vqa` and
-:func:`etl.splits.check_split_integrity`. As in the build, the VQA items of each stage go to Parquet (a temporary
+the build's own functions on them, in build order: :func:`etl.assemble.splits.assign_splits`, :func:`etl.assemble.pairs.build_pairs`,
+:func:`etl.assemble.vqa.build_vqa` (with the mentions and image views, as ``assemble`` passes them),
+:func:`etl.assemble.retrieval.build_retrieval_targets`, :func:`etl.assemble.vqa.build_case_comparison_vqa` and
+:func:`etl.assemble.splits.check_split_integrity`. As in the build, the VQA items of each stage go to Parquet (a temporary
 folder, not timed) and are released, and the split check reads back only the columns it needs. Each patient count
 (40k, 80k, 160k) runs in its own process so that peak memory is per size; inside it a thread samples the process
 RSS every 20 ms (polars allocates in Rust, which tracemalloc does not see) and each step reports its wall time,
@@ -214,10 +214,10 @@ def run_size(n_patients: int) -> dict:
 
 
 def _run_size(n_patients: int, tmp: Path) -> dict:
-    from etl.pairs import build_pairs
-    from etl.retrieval import build_retrieval_targets, load_similarity
-    from etl.splits import assign_splits, check_split_integrity
-    from etl.vqa import build_case_comparison_vqa, build_vqa, load_templates
+    from etl.assemble.pairs import build_pairs
+    from etl.assemble.retrieval import build_retrieval_targets, load_similarity
+    from etl.assemble.splits import assign_splits, check_split_integrity
+    from etl.assemble.vqa import build_case_comparison_vqa, build_vqa, load_templates
     from schemas.config import PairingConfig, RetrievalConfig, SplitConfig, VQAConfig
     from schemas.ontology import load_ontology
 
@@ -251,7 +251,7 @@ def _run_size(n_patients: int, tmp: Path) -> dict:
     pq.write_table(vqa, tmp / "vqa-0.parquet")
     del vqa
     similarity = load_similarity()
-    # as etl/stages.py's retrieval stage: the targets as a polars frame, read by the two-case VQA items
+    # as etl/build/stages.py's retrieval stage: the targets as a polars frame, read by the two-case VQA items
     targets = step("retrieval", lambda: pl.from_arrow(build_retrieval_targets(labels, mentions, splits_df,
                                                                               RetrievalConfig(), similarity)))
     case_vqa = step("case_vqa", lambda: build_case_comparison_vqa(

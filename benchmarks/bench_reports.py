@@ -41,7 +41,7 @@ WARMUP = 20
 
 def openi_texts(path: Path = OPENI) -> list[str]:
     """One report text per row of the Open-i CSV, with section headers (see the module docstring)."""
-    from etl.report_sources import OPENI_SECTIONS
+    from etl.sources.reports import OPENI_SECTIONS
 
     with path.open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))

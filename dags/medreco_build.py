@@ -1,7 +1,7 @@
 """The MedReCo-DB build DAG: sources -> ledger/quarantine -> curated tables -> quality -> snapshot.
 
-Wiring only: every task calls one function of ``etl.stages`` / ``etl.ledger`` / ``quality.gate`` /
-``etl.publish``. Per-shard stages are dynamically mapped over batches of patient-hash shards (never more
+Wiring only: every task calls one function of ``etl.build.stages`` / ``etl.build.ledger`` / ``quality.gate`` /
+``etl.build.publish_stage``. Per-shard stages are dynamically mapped over batches of patient-hash shards (never more
 than ``max_map_length`` mapped tasks). The last task emits the ``medreco://snapshot`` Asset whose extra
 carries the published version; the training DAG is scheduled on it.
 """
@@ -12,7 +12,7 @@ import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
 from dags.assets import SNAPSHOT_ASSET, any_delivery
-from etl.runtime import default_config_path, task_context
+from etl.build.runtime import default_config_path, task_context
 
 DEFAULT_ARGS = {"retries": 2, "retry_delay": pendulum.duration(seconds=30)}
 
@@ -38,39 +38,39 @@ def medreco_build():
 
     @task(map_index_template="{{ task.op_kwargs['institution'] }}")
     def discover(institution: str) -> dict:
-        from etl.stages import discover as run
+        from etl.build.stages import discover as run
 
         return run(task_context(), institution)
 
     @task
     def plan() -> list[list[int]]:
-        from etl.stages import plan as run
+        from etl.build.stages import plan as run
 
         return run(task_context())
 
     @task
     def deidentify(batch: list[int]) -> list[dict]:
-        from etl.stages import deidentify_shard
+        from etl.build.stages import deidentify_shard
 
         ctx = task_context()
         return [deidentify_shard(ctx, s) for s in batch]
 
     @task
     def normalise(batch: list[int]) -> list[dict]:
-        from etl.stages import normalise_shard
+        from etl.build.stages import normalise_shard
 
         ctx = task_context()
         return [normalise_shard(ctx, s) for s in batch]
 
     @task
     def reports() -> dict:
-        from etl.stages import reports as run
+        from etl.build.stages import reports as run
 
         return run(task_context())
 
     @task
     def entities(batch: list[int]) -> list[dict]:
-        from etl.stages import entities_shard
+        from etl.build.stages import entities_shard
 
         ctx = task_context()
         return [entities_shard(ctx, s) for s in batch]
@@ -78,7 +78,7 @@ def medreco_build():
     @task
     def assemble(batch: list[int]) -> list[dict]:
         """Studies, splits, longitudinal pairs and VQA items of each shard."""
-        from etl.stages import assemble_shard
+        from etl.build.stages import assemble_shard
 
         ctx = task_context()
         return [assemble_shard(ctx, s) for s in batch]
@@ -86,13 +86,13 @@ def medreco_build():
     @task
     def retrieval() -> dict:
         """Cross-patient retrieval targets (all shards) and the split leak check that fails the build."""
-        from etl.stages import retrieval as run
+        from etl.build.stages import retrieval as run
 
         return run(task_context())
 
     @task
     def ledger() -> dict:
-        from etl.ledger import finalise
+        from etl.build.ledger import finalise
 
         return finalise(task_context())
 
@@ -104,7 +104,7 @@ def medreco_build():
 
     @task(outlets=[SNAPSHOT_ASSET])
     def snapshot() -> dict:
-        from etl.publish import publish_stage
+        from etl.build.publish_stage import publish_stage
 
         result = publish_stage(task_context())
         get_current_context()["outlet_events"][SNAPSHOT_ASSET].extra = {

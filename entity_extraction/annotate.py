@@ -4,7 +4,7 @@ The per-line logic of ``medreco reports annotate IN.jsonl OUT.jsonl`` (DESIGN.md
 record ``{"id", "input"}`` (optionally ``"family"``, or ``"modality"`` and ``"body_part"``; other keys are
 ignored) becomes ``{"id", "deidentified_text", "sections", "entities": [...]}`` plus ``"family"`` (the
 vocabulary used) and ``"deidentification"`` (what text de-identification could use and how much it
-replaced). The steps are those of the build (``etl.stages.reports`` and the entity stage):
+replaced). The steps are those of the build (``etl.build.stages.reports`` and the entity stage):
 
 1. :func:`entity_extraction.text_deid.deidentify_text` with the pattern rules only: a line of a JSONL file
    has no linked DICOM header, so no known names or ids, and no patient date offset, so every date becomes
@@ -23,6 +23,7 @@ import json
 from entity_extraction.extract import EntityExtractor
 from entity_extraction.sections import split_sections
 from entity_extraction.text_deid import deidentify_text
+from schemas.errors import ReasonCodedError
 from schemas.ontology import FAMILIES, modality_family
 
 #: keys of one output entity, in output order (DESIGN.md, ``medreco reports annotate``).
@@ -36,7 +37,7 @@ NO_HEADER_NOTE = ("none available: pattern rules only (no known names or ids); d
                   "(no patient date offset)")
 
 
-class AnnotateInputError(ValueError):
+class AnnotateInputError(ReasonCodedError, ValueError):
     """An input line that cannot be annotated.
 
     Attributes
@@ -46,9 +47,7 @@ class AnnotateInputError(ValueError):
         column 1)"``, ``"missing or empty 'input'"``, ``"unknown family (not one of 2D-CXR, ...)"``).
     """
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    message_format = "{reason}"
 
 
 def parse_line(line: str) -> dict | None:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from schemas.errors import ReasonCodedError
 from schemas.ontology import Ontology, load_ontology
 
 MESH_MAP_FILE = Path(__file__).with_name("openi_mesh_map.yaml")
@@ -43,13 +44,9 @@ SECTION_COLUMNS = (("indication", "INDICATION"), ("comparison", "COMPARISON"), (
 LABEL_SETS = ("mesh", "negbio")
 
 
-class EvaluationDataError(ValueError):
+class EvaluationDataError(ReasonCodedError, ValueError):
     """A labelled directory or a label map cannot be used (``reason``: ``not_a_directory``,
     ``missing_reports``, ``missing_columns``, ``missing_labels``, ``invalid_map``, ``unknown_label_set``)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
 
 
 def _norm(term: str) -> str:

@@ -41,6 +41,7 @@ from spacy.tokens import Doc, Span
 from spacy.util import compile_prefix_regex
 
 from entity_extraction.sections import section_at, section_body_spans, section_spans
+from schemas.errors import ReasonCodedError
 from schemas.ontology import (
     FAMILIES,
     Ontology,
@@ -78,13 +79,9 @@ _LIST_ITEM = re.compile(r"^(?:\d{1,2}[.)]|[-*\u2022])$")
 _SECTION_SENTS = "medreco_section_sentences"
 
 
-class ExtractorConfigError(ValueError):
+class ExtractorConfigError(ReasonCodedError, ValueError):
     """The extractor cannot be built (``reason``: ``unknown_family``, ``unsupported_language``,
     ``invalid_context_rules``)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
 
 
 def _section_sentences(doc: Doc, rules_path: str | None = None) -> Doc:

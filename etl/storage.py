@@ -22,13 +22,12 @@ import posixpath
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-
-ZONES = ("sources", "quarantine", "ledger", "curated", "snapshots", "reports")
 
 
 class StorageError(RuntimeError):
@@ -237,3 +236,93 @@ def read_uri(uri: str, *, endpoint_url: str | None = None, region: str = "us-eas
             return f.read()
     except (FileNotFoundError, OSError) as err:
         raise StorageError(f"cannot read {uri}: {err}") from None
+
+
+# ---- object-store clients and create-if-absent -----------------------------------------------------------
+
+
+def delta_storage_options(storage: Storage) -> dict[str, str] | None:
+    """``storage_options`` for ``deltalake``/``polars`` (object_store keys) matching a :class:`Storage`.
+
+    None for a local folder. For S3: region, endpoint (``aws_endpoint_url``, with ``aws_allow_http`` for
+    ``http://`` endpoints such as moto or MinIO) and explicit keys when the filesystem was given any; other
+    credentials come from the standard AWS environment, as for pyarrow. The settings are read from the
+    pyarrow ``S3FileSystem`` itself (its pickled constructor arguments), so one opened storage root
+    configures every client.
+    """
+    if storage.is_local:
+        return None
+    reduced = storage.fs.__reduce__()
+    kwargs: dict[str, Any] = reduced[1][0] if len(reduced) > 1 and reduced[1] and isinstance(reduced[1][0], dict) else {}
+    opts = {"aws_region": kwargs.get("region") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"}
+    endpoint = kwargs.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get(
+        "AWS_ENDPOINT_URL_S3")
+    if endpoint:
+        url = endpoint if "://" in endpoint else f"{kwargs.get('scheme') or 'https'}://{endpoint}"
+        opts["aws_endpoint_url"] = url
+        if url.startswith("http://"):
+            opts["aws_allow_http"] = "true"
+    for src, dst in (("access_key", "aws_access_key_id"), ("secret_key", "aws_secret_access_key"),
+                     ("session_token", "aws_session_token")):
+        if kwargs.get(src):
+            opts[dst] = kwargs[src]
+    return opts
+
+
+def s3_client(storage: Storage) -> Any:
+    """A boto3 S3 client configured like the storage's pyarrow filesystem (:func:`delta_storage_options`)."""
+    import boto3
+
+    opts = delta_storage_options(storage) or {}
+    return boto3.client("s3", region_name=opts.get("aws_region"), endpoint_url=opts.get("aws_endpoint_url"),
+                        aws_access_key_id=opts.get("aws_access_key_id"),
+                        aws_secret_access_key=opts.get("aws_secret_access_key"),
+                        aws_session_token=opts.get("aws_session_token"))
+
+
+#: S3 error codes of a conditional put refused because the key exists: 412 PreconditionFailed (AWS, MinIO,
+#: moto), 409 ConditionalRequestConflict (AWS, when a concurrent conditional write to the same key is in flight)
+_EXISTS_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412", "409"})
+
+
+def put_if_absent(storage: Storage, rel: str, data: bytes) -> bool:
+    """Create a file only if no file exists at ``rel`` (atomic); False, writing nothing, if one does.
+
+    The project's one create-if-absent: the mutual exclusion of a Delta commit (two writers never both
+    create version N) and of the build lock. Local: the bytes go to a temporary file beside the target's
+    folder (fsynced), which is hard-linked to the target (``link`` fails if the target exists; readers see
+    the whole file or none). S3: ``PutObject`` with ``If-None-Match: *`` (conditional write, honoured by S3
+    since August 2024; pyarrow's S3 filesystem cannot send it, so boto3 does), refused with 412 or 409
+    (:data:`_EXISTS_CODES`) when the key exists.
+
+    Raises
+    ------
+    OSError, botocore.exceptions.ClientError
+        for other storage errors.
+    """
+    target = storage.path(rel)
+    if storage.is_local:
+        parent = posixpath.dirname(target)
+        storage.fs.create_dir(parent, recursive=True)
+        tmp = f"{posixpath.dirname(parent)}/.tmp-{uuid.uuid4().hex}-{posixpath.basename(target)}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
+    from botocore.exceptions import ClientError
+
+    bucket, _, key = target.partition("/")
+    try:
+        s3_client(storage).put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in _EXISTS_CODES:
+            return False
+        raise
+    return True

@@ -16,7 +16,7 @@ URL_PREFIX = "/medreco"
 
 
 def _storage():
-    from etl.runtime import default_config_path
+    from etl.build.runtime import default_config_path
     from etl.storage import Storage
     from schemas.config import load_config
 

@@ -33,74 +33,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from quality.results import QUALITY_SCHEMA, SEVERITIES, CheckResult, QualityInputError  # noqa: F401  (public names of the checks)
 from schemas.ledger import STATUSES
 from schemas.tables import SCHEMAS
 
 RULES_FILE = Path(__file__).with_name("rules.yaml")
-SEVERITIES = ("critical", "warning")
-
-QUALITY_SCHEMA = pa.schema(
-    [
-        pa.field("table", pa.string(), nullable=False),
-        pa.field("check", pa.string(), nullable=False),
-        pa.field("severity", pa.string(), nullable=False),
-        pa.field("passed", pa.bool_(), nullable=False),
-        pa.field("observed", pa.string(), nullable=False),  # JSON
-        pa.field("message", pa.string(), nullable=False),
-    ]
-)
-
-
-class QualityInputError(ValueError):
-    """Bad input to :func:`run_checks`; ``reason`` is a machine-readable code.
-
-    Reason codes: ``unknown_table``, ``schema_mismatch``, ``bad_rules``, ``bad_observed``.
-    """
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """Outcome of one check on one table.
-
-    Attributes
-    ----------
-    table : str
-        table name (``"images"``); ``"*"`` for checks spanning tables.
-    check : str
-        check name, e.g. ``"key_unique_non_null"``, ``"range:rows"``, ``"phi_patterns:text"``.
-    severity : {"critical", "warning"}
-    passed : bool
-    observed : dict
-        JSON-able, PHI-free counts (never values from text columns).
-    message : str
-        one line for the curator.
-
-    Raises
-    ------
-    QualityInputError
-        ``bad_observed`` if ``severity`` is unknown or ``observed`` is not JSON-serialisable.
-    """
-
-    table: str
-    check: str
-    severity: str
-    passed: bool
-    observed: dict
-    message: str
-
-    def __post_init__(self) -> None:
-        if self.severity not in SEVERITIES:
-            raise QualityInputError("bad_observed", f"severity {self.severity!r} not in {SEVERITIES}")
-        try:
-            json.dumps(self.observed, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise QualityInputError("bad_observed", f"{self.table}/{self.check}: {exc}") from exc
-
-
 @dataclass
 class QualityReport:
     """All check results of one run, in check order."""
@@ -450,7 +387,7 @@ def check_review(ledger: pa.Table, review: list[dict] | None, run_id: str | None
 
     A reject decision is matched to ledger rows by sha256 (the full digest or its first >= 12 hex digits).
     The ledger stage records a rejected file that is quarantined again as ``curator_rejected``
-    (:func:`etl.ledger.apply_review`); a rejected file that a stage ingested (say after a configuration
+    (:func:`etl.build.ledger.apply_review`); a rejected file that a stage ingested (say after a configuration
     change) is in the curated tables and must not reach a snapshot until the decision is withdrawn.
     ``observed`` counts decisions and files, never a path.
     """

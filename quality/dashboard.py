@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from quality.checks import QualityReport
+from schemas.errors import ReasonCodedError
 from schemas.ledger import STATUSES
 from schemas.ontology import load_ontology
 from schemas.splits import SPLITS
@@ -51,12 +52,8 @@ _NONE = "(none)"
 _HERE = ' class="here"'
 
 
-class DashboardInputError(ValueError):
+class DashboardInputError(ReasonCodedError, ValueError):
     """Bad input to :func:`build_dashboard`; ``reason`` is ``missing_run_id``, ``bad_history`` or ``bad_review``."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
 
 
 class _Html(str):

@@ -15,14 +15,15 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from etl.context import BuildContext
-from etl.ledger import load_review
+from etl import zones
+from etl.build.context import BuildContext
+from etl.build.ledger import load_review
 from etl.storage import Storage
 from schemas.ontology import load_ontology
 from schemas.tables import SCHEMAS
 
-GX_DIR = "reports/gx"
-DATA_DOCS_DIR = "reports/data_docs"
+GX_DIR = zones.GX_DIR
+DATA_DOCS_DIR = zones.DATA_DOCS_DIR
 
 
 class QualityGateError(RuntimeError):
@@ -31,7 +32,7 @@ class QualityGateError(RuntimeError):
 
 def load_tables(ctx: BuildContext) -> dict:
     """All curated tables of the storage root plus this run's ledger, as pyarrow Tables."""
-    tables = {t: ctx.storage.read_table(f"curated/{t}", schema=s) for t, s in SCHEMAS.items() if t != "ledger"}
+    tables = {t: ctx.storage.read_table(zones.curated_table(t), schema=s) for t, s in SCHEMAS.items() if t != "ledger"}
     # tables read back with the schema's columns only (Delta/Parquet readers may add partition columns)
     tables = {t: tab.select(SCHEMAS[t].names) for t, tab in tables.items()}
     tables["ledger"] = ctx.storage.read_table(ctx.ledger_path, schema=SCHEMAS["ledger"])
@@ -49,7 +50,7 @@ def deid_audit(ctx: BuildContext) -> dict[str, int]:
 def _history(ctx: BuildContext) -> list[dict]:
     """Earlier runs' ledger counts and table sizes, flat, oldest first (from ``reports/history/``)."""
     out = []
-    for p in ctx.storage.list_files("reports/history"):
+    for p in ctx.storage.list_files(zones.HISTORY_DIR):
         if p.endswith(".json"):
             h = json.loads(ctx.storage.read_text(p))
             statuses = {k: h["ledger"].get(k, 0) for k in ("ingested", "quarantined", "duplicate", "skipped")}
@@ -108,7 +109,7 @@ def quality_stage(ctx: BuildContext, keep_runs: int | None = None) -> dict:
 
     Parameters
     ----------
-    ctx : etl.context.BuildContext
+    ctx : etl.build.context.BuildContext
     keep_runs : int, optional
         validation results kept for Data Docs, in runs (default: ``data_docs.keep_runs`` of
         ``quality/expectations.yaml``, 20).
@@ -143,8 +144,8 @@ def quality_stage(ctx: BuildContext, keep_runs: int | None = None) -> dict:
         if before is not None:
             _push(st, GX_DIR, project / "gx", {k: v for k, v in before.items() if k.startswith(GX_DIR + "/")})
             _push(st, DATA_DOCS_DIR, docs, {k: v for k, v in before.items() if k.startswith(DATA_DOCS_DIR + "/")})
-    st.write_text(f"reports/quality/{ctx.run_id}.json", report.to_json())
-    st.write_text("reports/quality/latest_run.json", json.dumps({"run_id": ctx.run_id}))
+    st.write_text(zones.quality_report(ctx.run_id), report.to_json())
+    st.write_text(zones.LATEST_QUALITY_RUN, json.dumps({"run_id": ctx.run_id}))
     balance = json.loads(st.read_text(f"{ctx.run_dir}/ledger_balance.json"))
     run_info = {"run_id": ctx.run_id, "deid_audit": deid_audit(ctx), "ledger": balance,
                 "config": ctx.cfg.name}
@@ -155,11 +156,11 @@ def quality_stage(ctx: BuildContext, keep_runs: int | None = None) -> dict:
         index = build_dashboard(tables, report, run_info, Path(tmp), history=history, review=review,
                                 data_docs_href="../data_docs/index.html")
         base = Path(tmp)
-        st.delete("reports/dashboard")
+        st.delete(zones.DASHBOARD_DIR)
         for f in sorted(base.rglob("*")):
             if f.is_file():
-                st.write_bytes(f"reports/dashboard/{f.relative_to(base).as_posix()}", f.read_bytes())
-        index_rel = f"reports/dashboard/{Path(index).relative_to(base).as_posix()}"
-    raise_on_critical(report, st.full_uri(f"reports/quality/{ctx.run_id}.json"))
+                st.write_bytes(f"{zones.DASHBOARD_DIR}/{f.relative_to(base).as_posix()}", f.read_bytes())
+        index_rel = f"{zones.DASHBOARD_DIR}/{Path(index).relative_to(base).as_posix()}"
+    raise_on_critical(report, st.full_uri(zones.quality_report(ctx.run_id)))
     return {"checks": len(report.results), "warnings": len(report.warnings), "critical_failures": 0,
             "dashboard": st.full_uri(index_rel), "data_docs": st.full_uri(f"{DATA_DOCS_DIR}/index.html")}

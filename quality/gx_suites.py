@@ -30,13 +30,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
-from quality.checks import CheckResult, QualityInputError
+from quality.results import CheckResult, QualityInputError
 from schemas.base import key_columns
+from schemas.config import PROJECT_ROOT
 from schemas.tables import SCHEMAS
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # never phone home (set before GE is imported)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SUITES_FILE = Path(__file__).with_name("expectations.yaml")
 DATASOURCE = "medreco"
 SITE_NAME = "medreco_data_docs"

@@ -1,7 +1,7 @@
 """Quarantine review: the quarantined files of the latest run and the decisions curators record on them.
 
-Decisions go to ``reports/quarantine_review.json`` (:data:`etl.ledger.REVIEW_FILE`), which the next run's
-ledger honours (:func:`etl.ledger.apply_review`). Items are shown by opaque id (the first 12 hex digits
+Decisions go to ``reports/quarantine_review.json`` (:data:`etl.build.ledger.REVIEW_FILE`), which the next run's
+ledger honours (:func:`etl.build.ledger.apply_review`). Items are shown by opaque id (the first 12 hex digits
 of the file's SHA-256) with institution, stage, reason code and the PHI-scrubbed detail of
 :func:`quality.dashboard.safe_ledger`: never a source path, never a value from a file.
 """
@@ -14,23 +14,21 @@ import re
 
 import pyarrow as pa
 
-from etl.ledger import REVIEW_DECISIONS, REVIEW_FILE, load_review
+from etl import zones
+from etl.build.ledger import REVIEW_DECISIONS, REVIEW_FILE, load_review
 from etl.storage import Storage
+from schemas.errors import ReasonCodedError
 from schemas.ledger import SCHEMA as LEDGER_SCHEMA
 
 _NOTE_MAX = 200
 _NOTE_OK = re.compile(r"^[A-Za-z .,;:()/_+-]*$")  # no digits, no @, no ^: nothing shaped like a date, id or name
 
 
-class ReviewError(ValueError):
+class ReviewError(ReasonCodedError, ValueError):
     """A decision that cannot be recorded; ``reason``: ``unknown_item``, ``bad_decision`` or ``bad_note``."""
 
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
 
-
-LATEST_RUN_FILE = "reports/quality/latest_run.json"
+LATEST_RUN_FILE = zones.LATEST_QUALITY_RUN
 
 
 def latest_ledger_path(storage: Storage) -> str | None:
@@ -38,8 +36,8 @@ def latest_ledger_path(storage: Storage) -> str | None:
     stage), else of the greatest run id; None when no run has a ledger."""
     if storage.is_file(LATEST_RUN_FILE):
         run = json.loads(storage.read_text(LATEST_RUN_FILE))["run_id"]
-        if storage.is_file(f"ledger/run_id={run}/ledger.parquet"):
-            return f"ledger/run_id={run}/ledger.parquet"
+        if storage.is_file(zones.ledger_file(run)):
+            return zones.ledger_file(run)
     runs = [p for p in storage.list_files("ledger") if p.endswith("/ledger.parquet") and "run_id=" in p]
     return max(runs) if runs else None
 

@@ -25,10 +25,11 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from etl import zones
 from etl.storage import Storage, StorageError
 from quality.review import ReviewError, quarantine_items, record_decision
 
-_ZONES = {"dashboard": "reports/dashboard", "data_docs": "reports/data_docs"}
+_ZONES = {"dashboard": zones.DASHBOARD_DIR, "data_docs": zones.DATA_DOCS_DIR}
 _STYLE = """body{margin:0;font:14px/1.45 system-ui,sans-serif;color:#1d2430;background:#f6f7fa}
 header{background:#18263d;color:#fff;padding:12px 24px}header h1{font-size:18px;margin:0}
 nav{background:#223554;padding:0 24px}nav a{color:#d6e0f0;text-decoration:none;display:inline-block;padding:8px 12px}

@@ -19,6 +19,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+#: the project's checkout (the folder holding ``etl/``, ``schemas/``, ``config/``): the one place it is computed
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+#: the project's config folder (demo config, VQA templates, retrieval similarity, training jobs)
+CONFIG_DIR = PROJECT_ROOT / "config"
+#: environment variable naming the config file of a deployment (else :data:`DEFAULT_CONFIG`)
+CONFIG_ENV = "MEDRECO_CONFIG"
+#: the embedded default's config
+DEFAULT_CONFIG = CONFIG_DIR / "demo.yaml"
+
 #: Airflow's default ``[core] max_map_length``: a mapped task may not fan out wider than this.
 AIRFLOW_MAX_MAP_LENGTH = 1024
 
@@ -178,7 +187,7 @@ class SplitConfig(_Strict):
 
 
 class RetrievalConfig(_Strict):
-    """Entity-conditioned reference-case retrieval targets (``etl.retrieval``).
+    """Entity-conditioned reference-case retrieval targets (``etl.assemble.retrieval``).
 
     Defaults after MedReCo: a candidate is relevant to a query when its per-entity similarity exceeds 0.9,
     and at most 30,000 studies per (family, entity) take part.

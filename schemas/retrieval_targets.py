@@ -1,6 +1,6 @@
 """``retrieval_targets``: per (query study, entity), its top-k relevant studies of other patients (sparse).
 
-Built by :func:`etl.retrieval.build_retrieval_targets` across all shards; stored in the query study's shard.
+Built by :func:`etl.assemble.retrieval.build_retrieval_targets` across all shards; stored in the query study's shard.
 Query and candidate are in the same split and the same modality family, never of the same patient.
 """
 

@@ -45,7 +45,7 @@ def test_burned_in_annotation_is_quarantined(demo_build):
 
 
 def test_shards_batched_and_empty_shards_are_no_ops(demo_build):
-    from etl.discover import shard_batches
+    from etl.sources.discover import shard_batches
 
     assert shard_batches(32, 8) == [list(range(i, i + 4)) for i in range(0, 32, 4)]
     st = demo_build["storage"]
@@ -101,7 +101,7 @@ def test_rerun_gives_same_snapshot(demo_build):
 def test_real_shared_data_build(shared_data, tmp_path_factory, airflow_home):
     """The real public data: images without reports and reports without images flow on; edge cases are
     quarantined with reasons and the ledger balances."""
-    from etl.airflow_runner import run_build
+    from etl.cli.embedded import run_build
 
     root = tmp_path_factory.mktemp("real") / "root"
     data = yaml.safe_load((PROJECT_ROOT / "config" / "shared-real.yaml").read_text())

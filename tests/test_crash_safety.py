@@ -18,13 +18,13 @@ import pytest
 from conftest import PROJECT_ROOT, config_for
 from test_incremental import build
 
-from etl.ledger import BUILD_LOCK, BuildLock, BuildLockHeldError
+from etl.build.lock import BUILD_LOCK, BuildLock, BuildLockHeldError
 from etl.storage import Storage
 
 KILL_STAGE = textwrap.dedent("""
     import sys
-    from etl.context import BuildContext
-    from etl.stages import deidentify_shard
+    from etl.build.context import BuildContext
+    from etl.build.stages import deidentify_shard
     ctx = BuildContext.from_config_file(sys.argv[1], run_id=sys.argv[2])
     deidentify_shard(ctx, 0)
 """)
@@ -32,7 +32,7 @@ KILL_STAGE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    from etl.demo_corpus import generate_corpus
+    from etl.demo.corpus import generate_corpus
 
     base = tmp_path_factory.mktemp("crash")
     generate_corpus(base / "template", seed=11, n_patients=8)
@@ -46,8 +46,8 @@ def _root(corpus: Path, name: str) -> Path:
 
 
 def test_worker_killed_mid_shard_then_retried_equals_a_clean_run(corpus):
-    from etl import stages
-    from etl.context import BuildContext
+    from etl.build import stages
+    from etl.build.context import BuildContext
 
     clean = build(config_for(_root(corpus, "clean"), shard_count=1), "clean")
     cfg = config_for(_root(corpus, "crashed"), shard_count=1)
@@ -123,7 +123,7 @@ def test_heartbeat_keeps_a_live_lock(tmp_path):
 
 RACE = textwrap.dedent("""
     import sys, time
-    from etl.ledger import BuildLock, BuildLockHeldError
+    from etl.build.lock import BuildLock, BuildLockHeldError
     from etl.storage import Storage
     st = Storage.open(sys.argv[1])
     while time.time() < float(sys.argv[2]):
@@ -149,7 +149,7 @@ def test_simultaneous_acquirers_exactly_one_wins(tmp_path):
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from etl.ledger import BuildLock
+    from etl.build.lock import BuildLock
     from etl.storage import Storage
     BuildLock(Storage.open(sys.argv[1]), owner="medreco build of another.yaml").acquire()
     print("held", flush=True)

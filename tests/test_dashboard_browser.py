@@ -18,8 +18,8 @@ import pytest
 import uvicorn
 import yaml
 
-from etl.context import BuildContext
-from etl.ledger import REJECTED_REASON, finalise
+from etl.build.context import BuildContext
+from etl.build.ledger import REJECTED_REASON, finalise
 from etl.storage import Storage
 from quality.dashboard import PAGES
 from quality.gate import quality_stage

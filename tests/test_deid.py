@@ -13,7 +13,7 @@ from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence
 
-from etl.deid import DeidentificationError, deidentify_dataset, shift_date, shift_datetime
+from etl.deid.dicom import DeidentificationError, deidentify_dataset, shift_date, shift_datetime
 
 
 @pytest.fixture()
@@ -124,7 +124,7 @@ def test_output_reads_back(ct, key):
 
 
 def test_retain_safe_private_keeps_only_allow_listed(ct, key):
-    from etl.deid_policy import build_policy
+    from etl.deid.policy import build_policy
     from schemas.config import DeidConfig
 
     block = ct.private_block(0x0019, "Agfa ADC NX", create=True)
@@ -143,7 +143,7 @@ def test_retain_safe_private_keeps_only_allow_listed(ct, key):
 
 
 def test_device_identity_is_an_option(ct, key):
-    from etl.deid_policy import build_policy
+    from etl.deid.policy import build_policy
     from schemas.config import DeidConfig
 
     ct.StationName = "CTSCANNER7"

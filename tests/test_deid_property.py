@@ -17,7 +17,7 @@ from pydicom.filebase import DicomBytesIO
 from pydicom.filewriter import write_dataset
 from pydicom.sequence import Sequence
 
-from etl.deid import DeidentificationError, deidentify_dataset
+from etl.deid.dicom import DeidentificationError, deidentify_dataset
 from etl.keys import PseudonymKey
 
 KEY = PseudonymKey(b"property-test-secret-0123456789abcdef")

@@ -14,9 +14,9 @@ import pydicom
 import pytest
 from helpers import decode_strictly
 
-from etl.deid import DeidentificationError, deidentify_dataset
-from etl.deid_policy import build_policy
-from etl.discover import classify_dicom
+from etl.deid.dicom import DeidentificationError, deidentify_dataset
+from etl.deid.policy import build_policy
+from etl.sources.discover import classify_dicom
 
 SPECIFIC_REASONS = {"missing_patient_id", "missing_uid", "truncated_file", "burned_in_annotation_risk",
                     "unparseable_date", "verification_failed", "pixel_cleaning_failed"}

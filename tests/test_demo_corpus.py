@@ -1,4 +1,4 @@
-"""Tests of the synthetic demo corpus generator (etl/demo_corpus.py, etl/demo_reports.py)."""
+"""Tests of the synthetic demo corpus generator (etl/demo/corpus.py, etl/demo/reports.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pydicom
 import pytest
 from pydicom.tag import Tag
 
-from etl.demo_corpus import DEMO_INSTITUTIONS, FAMILIES, DemoCorpusError, generate_corpus
-from etl.demo_reports import CHANGES, DemoReportError, family_phrases, load_phrases, plan_entities
-from etl.report_sources import REPORT_FIELDS
+from etl.demo.corpus import DEMO_INSTITUTIONS, FAMILIES, DemoCorpusError, generate_corpus
+from etl.demo.reports import CHANGES, DemoReportError, family_phrases, load_phrases, plan_entities
+from etl.sources.reports import REPORT_FIELDS
 from schemas.config import load_config
 from schemas.ontology import load_ontology, modality_family
 

@@ -14,7 +14,7 @@ from entity_extraction.text_deid import deidentify_text
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from etl.demo_corpus import generate_corpus
+    from etl.demo.corpus import generate_corpus
 
     root = tmp_path_factory.mktemp("demo48") / "root"
     generate_corpus(root, seed=0, n_patients=48)

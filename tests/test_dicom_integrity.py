@@ -11,11 +11,11 @@ import pytest
 from pydicom.dataset import Dataset
 from pydicom.uid import UID
 
-from etl.deid import DeidentificationError, deidentify_dataset
-from etl.dicom_integrity import last_element_cut
-from etl.discover import classify_dicom
+from etl.deid.dicom import DeidentificationError, deidentify_dataset
 from etl.keys import PseudonymKey
-from etl.normalise import NormalisationError, check_image_has_pixels
+from etl.pixels.normalise import NormalisationError, check_image_has_pixels
+from etl.sources.dicom_integrity import last_element_cut
+from etl.sources.discover import classify_dicom
 
 MR_FILE = Path("dicom/mr/dcm_qa_nih_ge_study_4_series/mr_0005/axial_epi_fmri_sequential_i_to_s-00002.dcm")
 KEY = PseudonymKey(b"integrity-test-secret-0123456789abcdef")

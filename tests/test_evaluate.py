@@ -17,7 +17,7 @@ from entity_extraction.evaluate import (
     mesh_heads,
     render_table,
 )
-from etl.cli_eval import app
+from etl.cli.eval import app
 from schemas.ontology import load_ontology
 
 OPENI = Path(__file__).resolve().parents[2] / "shared" / "data" / "openi"

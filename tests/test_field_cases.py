@@ -18,7 +18,7 @@ import pytest
 import yaml
 from helpers import decode_strictly
 
-from etl.deid import shift_date, shift_datetime
+from etl.deid.dicom import shift_date, shift_datetime
 
 TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "dicom_field_cases.py"
 
@@ -30,9 +30,9 @@ def run(tmp_path_factory, key):
     base = tmp_path_factory.mktemp("field_cases")
     cases = base / "cases"
     subprocess.run([sys.executable, str(TOOL), str(cases), "--check"], check=True, capture_output=True)
-    from etl import stages
-    from etl.context import BuildContext
-    from etl.ledger import finalise
+    from etl.build import stages
+    from etl.build.context import BuildContext
+    from etl.build.ledger import finalise
     from schemas.config import parse_config
 
     cfg = parse_config(yaml.safe_load(f"""

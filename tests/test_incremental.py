@@ -24,10 +24,10 @@ def build(cfg_path: Path, run_id: str) -> dict:
     The quality gate is left out (it is tested on the whole DAG in test_build_e2e); returns the per-shard
     stage results and the run summary.
     """
-    from etl import stages
-    from etl.context import BuildContext
-    from etl.ledger import finalise
-    from etl.publish import publish_stage
+    from etl.build import stages
+    from etl.build.context import BuildContext
+    from etl.build.ledger import finalise
+    from etl.build.publish_stage import publish_stage
 
     ctx = BuildContext.from_config_file(cfg_path, run_id=run_id)
     ctx.check_key()
@@ -82,7 +82,7 @@ def _deliver_second(root: Path, staged: Path, study_rel: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from etl.demo_corpus import generate_corpus
+    from etl.demo.corpus import generate_corpus
 
     base = tmp_path_factory.mktemp("incremental")
     template = base / "template"
@@ -143,7 +143,7 @@ def test_second_run_ingests_exactly_the_new_files(runs):
 
 
 def test_untouched_shards_are_kept(runs):
-    from etl.stages import _deid_inputs
+    from etl.build.stages import _deid_inputs
 
     ctx = runs["second"]["ctx"]
     plan = _deid_inputs(ctx, 0).to_arrow().schema  # the plan exists for the run
@@ -152,7 +152,7 @@ def test_untouched_shards_are_kept(runs):
     new = {f"{inc}/{f}" for f in runs["new_files"] if f.endswith(".dcm")}
     import polars as pl
 
-    from etl.stages import _plan
+    from etl.build.stages import _plan
 
     dirty = set(_plan(ctx).filter(pl.col("source_uri").is_in(list(new)))["shard"].to_list())
     assert len(dirty) == 1

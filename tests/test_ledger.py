@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from etl.context import EVENT_SCHEMA
-from etl.discover import PLAN_SCHEMA, mark_duplicates, shard_batches
-from etl.ledger import balance, build_ledger
+from etl.build.context import EVENT_SCHEMA
+from etl.build.ledger import balance, build_ledger
+from etl.sources.discover import PLAN_SCHEMA, mark_duplicates, shard_batches
 
 
 def _plan(rows: list[dict]) -> pa.Table:
@@ -67,7 +67,7 @@ def test_shard_batches_respect_max_map_length():
 
 
 def test_seen_content_is_a_duplicate_in_the_run_ledger_and_keeps_its_outcome_in_the_clean_view():
-    from etl.discover import SEEN_SCHEMA, mark_seen, update_seen_index
+    from etl.sources.discover import SEEN_SCHEMA, mark_seen, update_seen_index
 
     run1 = _plan([{"source_uri": "/s/a", "sha256": "a"}, {"source_uri": "/s/q", "sha256": "q"}])
     ev1 = pa.Table.from_pylist([

@@ -1,4 +1,4 @@
-"""Tests for etl.pixels / etl.normalise on real DICOM files.
+"""Tests for etl.pixels.decode / etl.pixels.normalise on real DICOM files.
 
 Sources: pydicom's bundled test files (always present with pydicom) and the public collection under
 ../shared/data/dicom and ../shared/data/dicom-edge (skipped cleanly when absent); the latter are
@@ -21,7 +21,8 @@ from PIL import Image
 from pydicom.data import get_testdata_file
 from pydicom.encaps import encapsulate
 
-from etl.normalise import (
+from etl.pixels.decode import decode_image
+from etl.pixels.normalise import (
     NormalisationError,
     decode,
     image_kind,
@@ -29,7 +30,6 @@ from etl.normalise import (
     normalise_2d,
     normalise_volume,
 )
-from etl.pixels import decode_image
 from schemas.config import NormalisationConfig
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

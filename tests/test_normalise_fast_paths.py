@@ -1,4 +1,4 @@
-"""The fast paths of etl.pixels / etl.normalise give the values of the straightforward ones.
+"""The fast paths of etl.pixels.decode / etl.pixels.normalise give the values of the straightforward ones.
 
 * Modality LUT: slope/intercept in float32 straight into the stack (when exact) against pydicom's
   ``apply_modality_lut`` in float64 cast to float32, on every real CT / MR file of ../shared/data/dicom
@@ -22,9 +22,9 @@ import pytest
 from pydicom.data import get_testdata_file
 from pydicom.pixels import apply_modality_lut
 
-from etl.normalise import NormalisationError, image_kind
-from etl.pixels import _rescale_into, check_decodable, decode_image, element_value, lut_view
-from etl.volumes import cross3
+from etl.pixels.decode import _rescale_into, check_decodable, decode_image, element_value, lut_view
+from etl.pixels.normalise import NormalisationError, image_kind
+from etl.pixels.volumes import cross3
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -155,7 +155,7 @@ def test_volumes_built_in_place_equal_the_straightforward_stack_on_real_series(s
     import io
     from collections import defaultdict
 
-    from etl.normalise import MR_PERCENTILES, decode, normalise_volume
+    from etl.pixels.normalise import MR_PERCENTILES, decode, normalise_volume
     from schemas.config import NormalisationConfig
 
     cfg = NormalisationConfig()

@@ -17,8 +17,8 @@ import pydicom
 import pytest
 from PIL import Image
 
-from etl.normalise import NormalisationError, normalise_2d, normalise_volume
-from etl.pixels import decode, decode_image
+from etl.pixels.decode import decode, decode_image
+from etl.pixels.normalise import NormalisationError, normalise_2d, normalise_volume
 from schemas.config import NormalisationConfig
 
 TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "dicom_field_cases.py"

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 
 import pydicom
 
-from etl.normalise import NormalisationError, image_kind, normalise_2d, normalise_volume
+from etl.pixels.normalise import NormalisationError, image_kind, normalise_2d, normalise_volume
 from schemas.config import NormalisationConfig
 
 #: transfer syntaxes the installed plugins cannot decode for some sample precisions: 12-bit JPEG Extended

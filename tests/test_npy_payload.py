@@ -1,4 +1,4 @@
-"""``.npy`` volume payloads (etl/npy_payload.py): bytes equal to ``numpy.save``, arrays computed in place,
+"""``.npy`` volume payloads (etl/pixels/npy_payload.py): bytes equal to ``numpy.save``, arrays computed in place,
 fallbacks, and the format's use by normalise_volume and the loader."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import weakref
 import numpy as np
 import pytest
 
-from etl import npy_payload
-from etl.npy_payload import NpyPayload, encode_npy, npy_header, read_npy
+from etl.pixels import npy_payload
+from etl.pixels.npy_payload import NpyPayload, encode_npy, npy_header, read_npy
 
 
 def _save(array: np.ndarray) -> bytes:
@@ -148,7 +148,7 @@ def test_read_npy_refuses_other_bytes_and_pickles():
     np.savez(npz, volume=np.zeros(3))
     with pytest.raises(ValueError, match="magic"):
         read_npy(npz.getvalue())  # np.load would hand back an NpzFile
-    from etl.normalise import load_payload
+    from etl.pixels.normalise import load_payload
 
     with pytest.raises(ValueError):
         load_payload(_save(np.zeros((1, 2, 2), np.float32)), "npz")  # an npy labelled npz
@@ -159,7 +159,7 @@ def test_read_npy_refuses_other_bytes_and_pickles():
 def test_loader_reads_schema_1_1_npz_rows_and_npy_rows_alike():
     """Snapshots published before images schema 1.2 hold ``.npz`` volumes (``volume`` + geometry members):
     the loader gives the same array and metadata for such a row as for the ``npy`` row of today."""
-    from etl.loader import load_image, to_tensor
+    from etl.snapshots.loader import load_image, to_tensor
 
     volume = np.random.default_rng(9).uniform(-1000, 1000, (3, 6, 5)).astype(np.float32)
     spacing, origin, direction = [0.7, 0.7, 1.5], [-10.0, 2.5, 30.0], list(np.eye(3).ravel())

@@ -1,4 +1,4 @@
-"""Tests for etl.pairs.build_pairs: pairing rule, views, change labels, conflicts, determinism."""
+"""Tests for etl.assemble.pairs.build_pairs: pairing rule, views, change labels, conflicts, determinism."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from helpers import LABEL_SCHEMA, STUDY_SCHEMA, T0  # noqa: E402
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from etl.pairs import PairingInputError, build_pairs, pair_id
+from etl.assemble.pairs import PairingInputError, build_pairs, pair_id
 from schemas.config import PairingConfig
 from schemas.pairs import SCHEMA
 
@@ -296,10 +296,10 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "dicom"
 
 
 def _real_studies(folders: list[Path]) -> pl.DataFrame:
-    """One row per real study, built from the headers the way the build does (etl.stages)."""
+    """One row per real study, built from the headers the way the build does (etl.build.stages)."""
     import pydicom
 
-    from etl.stages import _study_datetime
+    from etl.build.stages import _study_datetime
     from schemas.ontology import infer_body_part, modality_family
 
     rows = {}

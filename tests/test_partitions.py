@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import yaml
 
-from etl.context import BuildContext
-from etl.stages import _shard_table, write_partition
+from etl.build.context import BuildContext
+from etl.build.stages import _shard_table, write_partition
 from schemas import images as images_schema
 from schemas.config import parse_config
 

@@ -347,7 +347,7 @@ def scheduled(services, corpus, tmp_path_factory):
 @pytest.fixture(scope="module")
 def embedded(corpus, tmp_path_factory, airflow_home):
     """The same corpus/config/key through the embedded ``dag.test()`` runner."""
-    from etl.airflow_runner import run_build
+    from etl.cli.embedded import run_build
 
     work = tmp_path_factory.mktemp("rs_embedded")
     return run_build(_config(work, corpus))

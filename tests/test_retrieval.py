@@ -1,11 +1,11 @@
-"""Tests for etl.retrieval: similarity formula, exact top-k targets, split/patient rules, cap, determinism."""
+"""Tests for etl.assemble.retrieval: similarity formula, exact top-k targets, split/patient rules, cap, determinism."""
 
 from __future__ import annotations
 
 import polars as pl
 import pytest
 
-from etl.retrieval import (
+from etl.assemble.retrieval import (
     RetrievalInputError,
     attribute_distance,
     build_retrieval_targets,
@@ -13,7 +13,7 @@ from etl.retrieval import (
     relevance,
     study_hash,
 )
-from etl.splits import SplitLeakError, check_split_integrity
+from etl.assemble.splits import SplitLeakError, check_split_integrity
 from schemas.config import RetrievalConfig
 from schemas.retrieval_targets import SCHEMA
 

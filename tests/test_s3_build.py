@@ -58,8 +58,8 @@ def builds(tmp_path_factory, airflow_home, moto_endpoint, aws_env):
     """The demo corpus built twice: on a local folder and on ``s3://BUCKET/PREFIX`` (sources uploaded)."""
     import boto3
 
-    from etl.airflow_runner import run_build
-    from etl.demo_corpus import generate_corpus
+    from etl.cli.embedded import run_build
+    from etl.demo.corpus import generate_corpus
 
     base = tmp_path_factory.mktemp("s3build")
     local_root = base / "root"

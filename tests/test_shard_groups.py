@@ -1,4 +1,4 @@
-"""Group-by-shard processing (etl.shard_groups) gives exactly the one-pass result; cheap key checks; the VQA
+"""Group-by-shard processing (etl.assemble.shard_groups) gives exactly the one-pass result; cheap key checks; the VQA
 answer-in-question check equals its regex definition; the split check reads datasets column by column."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from etl.frame_keys import has_duplicate_keys
-from etl.pairs import build_pairs
-from etl.retrieval import build_retrieval_targets, load_similarity
-from etl.shard_groups import rows_of, shard_groups
-from etl.splits import SplitLeakError, assign_splits, check_split_integrity
-from etl.vqa import _has_phrase, build_case_comparison_vqa, build_vqa, load_templates
+from etl.assemble.frame_keys import has_duplicate_keys
+from etl.assemble.pairs import build_pairs
+from etl.assemble.retrieval import build_retrieval_targets, load_similarity
+from etl.assemble.shard_groups import rows_of, shard_groups
+from etl.assemble.splits import SplitLeakError, assign_splits, check_split_integrity
+from etl.assemble.vqa import _has_phrase, build_case_comparison_vqa, build_vqa, load_templates
 from schemas.config import PairingConfig, RetrievalConfig, SplitConfig, VQAConfig
 from schemas.ontology import load_ontology
 
@@ -96,7 +96,7 @@ def test_case_vqa_in_query_shard_groups_equal_one_pass(archive):
 
 def test_vqa_duplicate_label_and_unknown_study_still_raise_when_grouped(archive):
     data, splits, pairs = archive
-    from etl.vqa import VQAInputError
+    from etl.assemble.vqa import VQAInputError
 
     lab = data["study_labels"]
     args = (pl.from_arrow(pairs), None, data["studies"], splits, VQAConfig(), load_templates(), load_ontology())

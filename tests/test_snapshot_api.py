@@ -21,8 +21,8 @@ import yaml
 from test_snapshots import do_publish, npy_payload, png_payload, write_institution
 
 from etl.snapshots import SnapshotError, load_snapshot
+from etl.snapshots.torch_data import ImageDataset, PairDataset, VQADataset, collate
 from etl.storage import Storage
-from etl.torch_data import ImageDataset, PairDataset, VQADataset, collate
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,8 +181,8 @@ def _build_config(base: Path, root: Path, with_new_institution: bool) -> Path:
 
 @pytest.fixture(scope="module")
 def two_builds(tmp_path_factory, airflow_home):
-    from etl.airflow_runner import run_build
-    from etl.demo_corpus import generate_corpus
+    from etl.cli.embedded import run_build
+    from etl.demo.corpus import generate_corpus
 
     base = tmp_path_factory.mktemp("snapbuild")
     root = base / "root"
@@ -216,8 +216,8 @@ def _release_files(st: Storage, version: str) -> dict[str, bytes]:
 def test_clean_rebuild_of_the_same_inputs_config_and_key_is_byte_identical(two_builds, tmp_path, monkeypatch):
     """The first build again, in a fresh root from a fresh copy of the corpus, at the same SOURCE_DATE_EPOCH:
     the same release 0.1.0, byte for byte (manifest.sha256, card, data files, Delta commits)."""
-    from etl.airflow_runner import run_build
-    from etl.demo_corpus import generate_corpus
+    from etl.cli.embedded import run_build
+    from etl.demo.corpus import generate_corpus
     from etl.snapshots import read_publish_log
 
     root = tmp_path / "root"

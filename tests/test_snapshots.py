@@ -33,12 +33,11 @@ from etl.snapshots import (
     diff,
     list_versions,
     publish,
-    put_if_absent,
     read_manifest,
     read_publish_log,
     verify,
 )
-from etl.storage import Storage
+from etl.storage import Storage, put_if_absent
 from schemas.tables import SCHEMAS, SNAPSHOT_TABLES
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -305,7 +304,7 @@ def test_a_schema_change_commits_new_delta_metadata_and_protocol(store, monkeypa
     commit carries a metaData (same table id, new schema) and an upgraded protocol; old versions still read."""
     from deltalake import DeltaTable
 
-    import etl.snapshots as snapshots
+    from schemas import tables as snapshots
 
     first = do_publish(store)
     assert first.manifest["tables"]["pairs"]["delta_version"] == 1
@@ -379,7 +378,7 @@ def test_metadata_only_change_is_a_patch_and_schema_change_a_major(store, monkey
         {t: v["delta_version"] for t, v in first.manifest["tables"].items()}
     assert do_publish(store, config_hash="d" * 64).created is False
 
-    import etl.snapshots as snapshots
+    from schemas import tables as snapshots
 
     bumped = SCHEMAS["pairs"].with_metadata({**SCHEMAS["pairs"].metadata, b"medreco.schema_version": b"2.0.0"})
     monkeypatch.setitem(snapshots.SCHEMAS, "pairs", bumped)
@@ -509,7 +508,7 @@ def test_verify_and_read_refuse_an_unknown_release(store):
 def cli(store, tmp_path):
     from typer.testing import CliRunner
 
-    from etl.cli import app
+    from etl.cli.app import app
 
     data = yaml.safe_load((PROJECT_ROOT / "config" / "demo.yaml").read_text())
     data["storage"]["root"] = store.root

@@ -1,4 +1,4 @@
-"""Tests for etl.splits.assign_splits: fractions, external test, order independence, errors."""
+"""Tests for etl.assemble.splits.assign_splits: fractions, external test, order independence, errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from etl.splits import SplitInputError, assign_splits, hashed_split, split_fraction
+from etl.assemble.splits import SplitInputError, assign_splits, hashed_split, split_fraction
 from schemas.config import SplitConfig
 from schemas.splits import SCHEMA
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import yaml
 from test_training_data import build_training_snapshot
 
-from etl.runtime import PROJECT_ROOT
+from schemas.config import PROJECT_ROOT
 
 
 def test_snapshot_version_comes_from_the_asset_event():

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from test_training_data import build_training_snapshot
 
-from etl.runtime import PROJECT_ROOT
+from schemas.config import PROJECT_ROOT
 from training.config import KubernetesConfig, LaunchConfig, SageMakerConfig, load_job_config
 from training.launchers import LaunchRequest
 

@@ -11,7 +11,7 @@ import torch
 import yaml
 from test_training_data import build_training_snapshot
 
-from etl.runtime import PROJECT_ROOT
+from schemas.config import PROJECT_ROOT
 
 
 @pytest.fixture(scope="module")

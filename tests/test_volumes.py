@@ -18,9 +18,9 @@ import pytest
 import SimpleITK as sitk
 from pydicom.data import get_testdata_file
 
-from etl.loader import load_image, to_tensor
-from etl.normalise import DEFAULT_CT_SPACING_MM, normalise_2d, normalise_volume
-from etl.pixels import decode
+from etl.pixels.decode import decode
+from etl.pixels.normalise import DEFAULT_CT_SPACING_MM, normalise_2d, normalise_volume
+from etl.snapshots.loader import load_image, to_tensor
 from schemas.config import NormalisationConfig
 
 LONGITUDINAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "dicom" / "longitudinal-chest-ct-covid19-ny-sbu"
@@ -99,7 +99,7 @@ def test_gantry_tilt_detected_and_slices_realigned():
 
 
 def test_irregular_geometry_can_be_quarantined_instead():
-    from etl.normalise import NormalisationError
+    from etl.pixels.normalise import NormalisationError
     from schemas.config import NormalisationConfig
 
     datasets = [pydicom.dcmread(p) for p in ct5n_paths()]

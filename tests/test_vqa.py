@@ -1,4 +1,4 @@
-"""Tests for etl.vqa: templates, item generation, options, answer letters, caps, splits."""
+"""Tests for etl.assemble.vqa: templates, item generation, options, answer letters, caps, splits."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import polars as pl
 import pyarrow.compute as pc
 import pytest
 
-from etl.pairs import build_pairs
-from etl.vqa import (
+from etl.assemble.pairs import build_pairs
+from etl.assemble.vqa import (
     DEFAULT_TEMPLATES,
     LETTERS,
     VQAInputError,
@@ -143,7 +143,7 @@ def test_location_item_answer_is_findings_anatomy():
 
 
 def test_no_question_shares_a_word_stem_with_its_anatomy_answer():
-    from etl.vqa import _shares_stem
+    from etl.assemble.vqa import _shares_stem
 
     assert _shares_stem("Where in the image is the pleural effusion located?", "pleura")
     assert _shares_stem("Where is the decreased hepatic parenchymal density?", "hepatic parenchyma")
@@ -469,7 +469,7 @@ def test_case_comparison_letters_uniform_over_many_queries():
 
 @pytest.mark.slow
 def test_demo_build_has_every_question_type(demo_build):
-    from etl.retrieval import entity_states
+    from etl.assemble.retrieval import entity_states
 
     storage = demo_build["storage"]
     vqa = storage.read_table("curated/vqa", schema=SCHEMA)

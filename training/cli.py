@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from etl.runtime import default_config_path
+from etl.build.runtime import default_config_path
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="train the encoder or the VLM on a snapshot")
 

@@ -18,6 +18,7 @@ import numpy as np
 import yaml
 from PIL import Image
 
+from etl import zones
 from etl.snapshots import publish
 from etl.storage import Storage
 from schemas.base import table_from_rows
@@ -51,7 +52,7 @@ def synthetic_snapshot(root: Path, n_patients: int = 64, size: int = 224, seed: 
                                 "transfer_syntax": "1.2.840.10008.1.2.1", "shard": 0})
     st = Storage.open(str(root))
     for name, rows in t.items():
-        st.write_table(f"curated/{name}/shard=00000/part-0.parquet", table_from_rows(rows, SCHEMAS[name]))
+        st.write_table(zones.curated_partition(name, 0), table_from_rows(rows, SCHEMAS[name]))
     publish(st, config_hash="gpu-check", ontology_version="synthetic", run_id="gpu-check", key_fingerprint="none")
     return st
 

@@ -19,8 +19,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from etl.runtime import PROJECT_ROOT
+from etl import zones
 from etl.storage import Storage
+from schemas.config import PROJECT_ROOT
 from training.config import JobConfig, load_job_config
 from training.data import open_snapshot
 
@@ -78,7 +79,7 @@ def run_dir_for(job: JobConfig, version: str, storage: Storage, output: str | No
 
 def lineage_path(version: str, job: JobConfig) -> str:
     """Root-relative path of a run's lineage record."""
-    return f"reports/training/{version}/{job.job}-{job.name}.json"
+    return zones.training_job_record(version, job.job, job.name)
 
 
 def run_job(kind: str, snapshot: str | None, config: str | Path, *, pipeline_config: str | None = None,
@@ -125,7 +126,7 @@ def run_job(kind: str, snapshot: str | None, config: str | Path, *, pipeline_con
     record = {
         "job": job.job, "name": job.name,
         "snapshot_version": ref.version, "content_hash": ref.content_hash,
-        "snapshot_uri": storage.full_uri(f"snapshots/{ref.version}"),
+        "snapshot_uri": storage.full_uri(zones.release_dir(ref.version)),
         "config": job.model_dump(mode="json"), "config_file": str(config),
         "code_version": code_version(),
         "metrics": metrics,

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from etl.runtime import PROJECT_ROOT
+from schemas.config import PROJECT_ROOT
 from training.config import KubernetesConfig, LaunchConfig, SageMakerConfig
 
 #: label and annotation keys on Kubernetes objects (app.kubernetes.io recommended labels)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from etl.runtime import PROJECT_ROOT
+from etl import zones
+from schemas.config import PROJECT_ROOT
 from training.config import effective_launch, load_job_config
 from training.data import open_snapshot
 from training.jobs import lineage_path, open_storage
@@ -105,5 +106,5 @@ def record_runs(pipeline_config: str | Path, handles: list[dict]) -> dict:
         lin = json.loads(storage.read_text(h["lineage"])) if h["lineage"] and storage.is_file(h["lineage"]) else None
         jobs[h["job"]] = {**h, "lineage_record": lin}
     record = {"snapshot_version": version, "content_hash": handles[0]["content_hash"], "jobs": jobs}
-    storage.write_text(f"reports/training/{version}.json", json.dumps(record, indent=1, sort_keys=True))
+    storage.write_text(zones.training_record(version), json.dumps(record, indent=1, sort_keys=True))
     return record

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from schemas.errors import ReasonCodedError
+
 ONTOLOGY_FILE = Path(__file__).with_name("medreco_ontology.json")
 FAMILIES = ("2D-CXR", "3D-CT", "3D-Brain-MRI", "2D-Ultrasound")
 CATEGORIES = ("anatomy", "finding", "condition")
@@ -55,12 +57,8 @@ LEXICON_PATH_ENV = "MEDRECO_LEXICON_PATH"
 _LANGUAGE_CODE = re.compile(r"^[a-z]{2,3}(?:-[A-Za-z0-9]{2,8})?$")
 
 
-class OntologyError(ValueError):
+class OntologyError(ReasonCodedError, ValueError):
     """A language file does not fit the ontology (``reason``: ``invalid_synonyms``)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
 
 
 def language_search_path(search_path: str | Path | list | tuple | None = None,

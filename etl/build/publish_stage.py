@@ -1,0 +1,62 @@
+"""The build's last stage: publish the snapshot and record the run's summary for people and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+from etl import zones
+from etl.build.context import BuildContext
+from etl.snapshots import MANIFEST_SHA, publish
+from schemas.ontology import load_ontology
+
+
+def run_summary_path(run_id: str) -> str:
+    """Where a run's summary is kept (reports zone, PHI-free)."""
+    return zones.run_summary(run_id)
+
+
+def publish_stage(ctx: BuildContext) -> dict:
+    """Publish the curated tables as a snapshot (:func:`etl.snapshots.publish`); write and return the run summary.
+
+    The de-identification method codes recorded in the release come from the run's ``deid`` config (the
+    same codes the de-identifier writes into every DICOM file); lineage is this run's ledger (its path- and
+    run-free hash in the manifest, this run's id in the release's ``publish_log.json``). The release time
+    is ``SOURCE_DATE_EPOCH`` when set, else the clock (:func:`etl.snapshots.release_epoch`): a build with
+    the same inputs, config, key and ``SOURCE_DATE_EPOCH`` publishes a byte-identical release.
+
+    Returns
+    -------
+    dict
+        ``version``, ``parent``, ``change`` (initial | major | minor | patch, or the existing release's),
+        ``uri``, ``content_hash``, ``manifest_sha256``, ``created_at`` (the release time, ISO 8601 UTC),
+        ``created``, ``tables`` (rows per table), ``delta_versions`` (pinned
+        Delta table version per table), ``ledger`` (balance), ``dashboard`` (path of index.html).
+        ``version``, ``content_hash`` and ``uri`` are what the build DAG puts in the
+        ``medreco://snapshot`` Asset event's extra.
+    """
+    from etl.deid.policy import build_policy
+
+    st = ctx.storage
+    release = publish(
+        st, config_hash=ctx.cfg.config_hash(), ontology_version=load_ontology().version, run_id=ctx.run_id,
+        key_fingerprint=ctx.key.fingerprint(), deid_method_codes=build_policy(ctx.cfg.deid).method_codes,
+    )
+    balance = json.loads(st.read_text(f"{ctx.run_dir}/ledger_balance.json"))
+    summary = {
+        "run_id": ctx.run_id,
+        "version": release.version,
+        "created": release.created,
+        "parent": release.manifest.get("parent"),
+        "change": release.manifest.get("change"),
+        "uri": release.path,
+        "content_hash": release.manifest["content_hash"],
+        "manifest_sha256": st.read_text(f"{zones.release_dir(release.version)}/{MANIFEST_SHA}").strip(),
+        "created_at": release.manifest.get("created_at"),
+        "tables": {t: v["rows"] for t, v in release.manifest["tables"].items()},
+        "delta_versions": {t: v.get("delta_version") for t, v in release.manifest["tables"].items()},
+        "ledger": balance,
+        "dashboard": st.full_uri(zones.DASHBOARD_INDEX),
+        "quarantined_by_reason": balance.get("quarantine_reasons", {}),
+    }
+    st.write_text(run_summary_path(ctx.run_id), json.dumps(summary, indent=1, sort_keys=True))
+    return summary

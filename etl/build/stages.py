@@ -1,0 +1,756 @@
+"""The build stages: each a function of (context, input partition) -> output partition.
+
+Airflow tasks in ``dags/`` call these and nothing else. Every per-shard stage reads and writes only its
+own shard partitions (``curated/<table>/shard=NNNNN/part-0.parquet``), writes atomically, and writes an
+empty partition for an empty shard, so a re-run of the same inputs writes the same bytes and an
+interrupted run can simply be retried.
+
+Incremental runs. Each per-shard stage (de-identify, normalise, entities, assemble) records, after all its
+writes, the digest of what its outputs were built from (``ledger/incremental/<stage>/shard=N.json``: the
+shard's clean-view input files, the upstream partitions it reads, and the build fingerprint of config, key
+and code). A later run whose digest is the same skips the shard: its partitions are kept and its events and
+audit counts are carried into the new run from the run that built them. A shard with any new, removed or
+re-classified input file is rebuilt from all its files, so the curated tables equal a clean build's of
+everything under the sources. A stage killed part-way never recorded its digest, so the next attempt
+rebuilds the shard whole (every partition is rewritten atomically; stale files of the shard are removed).
+The cross-shard stages (reports, retrieval) run in full every time: a study delivered later links a report
+delivered earlier.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+import logging
+import warnings
+from collections import Counter
+
+import polars as pl
+import pyarrow as pa
+import pydicom
+
+from etl import zones
+from etl.build.context import EVENT_SCHEMA, BuildContext
+from etl.deid.dicom import DeidentificationError, deidentify_dataset, patient_key_for
+from etl.deid.policy import build_policy
+from etl.sources.discover import (
+    PLAN_SCHEMA,
+    discover_institution,
+    load_seen_index,
+    mark_duplicates,
+    mark_seen,
+    shard_batches,
+)
+from etl.storage import read_uri
+from schemas import deid_audit as deid_audit_schema
+from schemas import entity_mentions as entity_mentions_schema
+from schemas import images as images_schema
+from schemas import instances as instances_schema
+from schemas import reports as reports_schema
+from schemas import series as series_schema
+from schemas import studies as studies_schema
+from schemas import study_labels as study_labels_schema
+from schemas.base import table_from_rows
+from schemas.config import CONFIG_DIR
+from schemas.ontology import infer_body_part, modality_family
+
+log = logging.getLogger(__name__)
+DEID_AUDIT_COUNTS = deid_audit_schema.COUNTS
+
+
+def _read_events(ctx: BuildContext, stage: str, shard: int | None = None) -> pa.Table:
+    path = ctx.events_path(stage, shard)
+    return ctx.storage.read_table(path, schema=EVENT_SCHEMA) if ctx.storage.is_file(path) else EVENT_SCHEMA.empty_table()
+
+
+#: tables stored partitioned by institution and modality inside each shard (large binary payloads):
+#: ``curated/<table>/institution=<id>/modality=<code>/shard=NNNNN.parquet``
+INSTITUTION_MODALITY_PARTITIONED = frozenset({"images"})
+#: rows per Parquet row group for tables of large binary values (keeps a row group to tens of MB)
+PAYLOAD_ROW_GROUP_ROWS = 64
+
+
+def _shard_files(ctx: BuildContext, table: str, shard: int) -> list[str]:
+    if table not in INSTITUTION_MODALITY_PARTITIONED:
+        path = ctx.table_path(table, shard)
+        return [path] if ctx.storage.is_file(path) else []
+    suffix = f"/shard={shard:05d}.parquet"
+    return [f for f in ctx.storage.list_files(zones.curated_table(table)) if f.endswith(suffix)]
+
+
+def _shard_table(ctx: BuildContext, table: str, schema: pa.Schema, shard: int) -> pa.Table:
+    files = _shard_files(ctx, table, shard)
+    if not files:
+        return schema.empty_table()
+    return pa.concat_tables([ctx.storage.read_table(f, schema=schema) for f in files])
+
+
+def _all_shards(ctx: BuildContext, table: str, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
+    return ctx.storage.read_table(zones.curated_table(table), schema=schema, columns=columns)
+
+
+def _sorted(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    keys = schema.metadata[b"medreco.key"].decode().split(",")
+    return table.sort_by([(k, "ascending") for k in keys]) if table.num_rows else table
+
+
+def write_partition(ctx: BuildContext, table: str, schema: pa.Schema, shard: int, rows: list[dict] | pa.Table) -> int:
+    """Write one shard partition of a curated table, sorted by key; returns the row count.
+
+    Tables in :data:`INSTITUTION_MODALITY_PARTITIONED` are split further by institution and modality
+    (Hive-style folders) with small row groups; this shard's files from earlier runs that the new content
+    no longer has are removed, so a re-run leaves exactly the new partition.
+    """
+    t = rows if isinstance(rows, pa.Table) else table_from_rows(rows, schema)
+    t = _sorted(t.cast(schema), schema)
+    if table not in INSTITUTION_MODALITY_PARTITIONED:
+        ctx.storage.write_table(ctx.table_path(table, shard), t)
+        return t.num_rows
+    stale = set(_shard_files(ctx, table, shard))
+    df = pl.from_arrow(t)
+    for (institution, modality), part in sorted(df.group_by(["institution", "modality"]), key=lambda kv: kv[0]):
+        path = zones.curated_modality_partition(table, institution, modality, shard)
+        ctx.storage.write_table(path, _sorted(part.to_arrow().cast(schema), schema), row_group_size=PAYLOAD_ROW_GROUP_ROWS)
+        stale.discard(path)
+    for path in sorted(stale):
+        ctx.storage.delete(path)
+    return t.num_rows
+
+
+# ---- discover / plan -----------------------------------------------------------------------------
+
+def discover(ctx: BuildContext, institution: str) -> dict:
+    """Hash and classify one institution's delivery into its plan file. Returns counts per kind/status."""
+    inst = ctx.cfg.institution(institution)
+    plan = discover_institution(ctx.cfg, inst, ctx.storage, ctx.key)
+    ctx.storage.write_table(ctx.plan_path(institution), plan)
+    return dict(Counter(f"{k}:{s}" for k, s in zip(plan["kind"].to_pylist(), plan["status"].to_pylist())))
+
+
+def plan(ctx: BuildContext) -> list[list[int]]:
+    """Merge the institutions' plans, mark duplicates, and return the shard batches to map over."""
+    parts = [ctx.storage.read_table(ctx.plan_path(i.id), schema=PLAN_SCHEMA) for i in ctx.cfg.institutions]
+    merged = mark_duplicates(pa.concat_tables(parts) if parts else PLAN_SCHEMA.empty_table())
+    merged = mark_seen(merged, load_seen_index(ctx.storage))
+    ctx.storage.write_table(ctx.plan_path(), merged)
+    return shard_batches(ctx.cfg.shard_count, ctx.cfg.max_map_length)
+
+
+def _plan(ctx: BuildContext) -> pl.DataFrame:
+    return pl.from_arrow(ctx.storage.read_table(ctx.plan_path(), schema=PLAN_SCHEMA))
+
+
+# ---- incremental state ---------------------------------------------------------------------------
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def _deid_inputs(ctx: BuildContext, shard: int) -> pl.DataFrame:
+    return _plan(ctx).filter((pl.col("kind") == "dicom") & (pl.col("status") == "pending") & (pl.col("shard") == shard))
+
+
+def _deid_digest(ctx: BuildContext, shard: int, inputs: pl.DataFrame | None = None) -> str:
+    p = (_deid_inputs(ctx, shard) if inputs is None else inputs).sort("source_uri")
+    files = list(zip(p["source_uri"].to_list(), p["sha256"].to_list(), p["institution"].to_list()))
+    return _digest("deidentify", ctx.build_fingerprint(), shard, files)
+
+
+def _file_sha256(ctx: BuildContext, rel: str) -> str | None:
+    return hashlib.sha256(ctx.storage.read_bytes(rel)).hexdigest() if ctx.storage.is_file(rel) else None
+
+
+#: a partition each per-shard stage always writes (empty ones too): its absence means the shard was not built
+STAGE_OUTPUT = {"deidentify": "instances", "normalise": "series", "entities": "study_labels", "assemble": "studies"}
+
+
+def _carried_files(ctx: BuildContext, stage: str, shard: int) -> list[str]:
+    """Run-folder files a stage writes for a shard (carried into a run that skips the shard)."""
+    if stage == "deidentify":
+        return [ctx.events_path(stage, shard), ctx.audit_path(stage, shard)]
+    if stage == "normalise":
+        return [ctx.events_path(stage, shard)]
+    return []
+
+
+def _resume(ctx: BuildContext, stage: str, shard: int, digest: str) -> dict | None:
+    """The recorded result when ``stage`` already built ``shard`` from inputs with this ``digest``.
+
+    Carries the run-folder files of the run that built it (events, audit counts) into this run; None (so
+    the shard is rebuilt) when there is no matching state or those files are gone.
+    """
+    path = ctx.stage_state_path(stage, shard)
+    if not ctx.storage.is_file(path):
+        return None
+    state = json.loads(ctx.storage.read_text(path))
+    if state.get("digest") != digest or not ctx.storage.is_file(ctx.table_path(STAGE_OUTPUT[stage], shard)):
+        return None
+    here = _carried_files(ctx, stage, shard)
+    there = [p.replace(ctx.run_dir, zones.run_dir(state["run_id"]), 1) for p in here]
+    if not all(ctx.storage.is_file(p) for p in there):
+        return None
+    for src, dst in zip(there, here):
+        if src != dst:
+            ctx.storage.write_bytes(dst, ctx.storage.read_bytes(src))
+    return {**state["result"], "skipped": True}
+
+
+def _record(ctx: BuildContext, stage: str, shard: int, digest: str, result: dict) -> dict:
+    """Record a shard's digest after every output of the stage is written (the stage's commit point)."""
+    ctx.storage.write_text(ctx.stage_state_path(stage, shard),
+                           json.dumps({"digest": digest, "run_id": ctx.run_id, "result": result}, sort_keys=True))
+    return {**result, "skipped": False}
+
+
+# ---- de-identification ---------------------------------------------------------------------------
+
+def _study_datetime(ds: pydicom.Dataset) -> dt.datetime | None:
+    date = str(ds.get("StudyDate", "") or "").strip()
+    if len(date) != 8:
+        return None
+    time = str(ds.get("StudyTime", "") or "").strip().split(".")[0].ljust(6, "0")[:6]
+    try:
+        return dt.datetime.strptime(date + (time if time.isdigit() else "000000"), "%Y%m%d%H%M%S")
+    except ValueError:
+        return dt.datetime.strptime(date, "%Y%m%d")
+
+
+def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
+    """De-identify every pending DICOM file of one shard.
+
+    Writes the de-identified files to ``curated/dicom/shard=N/<sop_key>.dcm``, the ``instances``
+    partition, the stage's events (restricted) and audit counts. Files that cannot be de-identified
+    with certainty get a ``quarantined`` event with the reason code and are not written.
+
+    Skipped (result ``skipped: True``) when the shard's input files are those it was last built from (see
+    the module docstring).
+    """
+    p = _deid_inputs(ctx, shard)
+    digest = _deid_digest(ctx, shard, p)
+    done = _resume(ctx, "deidentify", shard, digest)
+    if done is not None:
+        return done
+    policy = build_policy(ctx.cfg.deid)
+    events, instances, audit, audit_rows = [], [], Counter(), []
+    written: set[str] = set()
+    for row in p.sort("source_uri").iter_rows(named=True):
+        inst = ctx.cfg.institution(row["institution"])
+        event = {"source_uri": row["source_uri"], "sha256": row["sha256"], "stage": "deidentify"}
+        try:
+            data = read_uri(row["source_uri"], endpoint_url=ctx.cfg.storage.s3_endpoint_url)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ds = pydicom.dcmread(io.BytesIO(data), force=True)
+                body_part = infer_body_part(  # from the source descriptors, before they are cleaned
+                    str(ds.get("BodyPartExamined", "") or ""),
+                    [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")],
+                )
+                result = deidentify_dataset(ds, ctx.key, inst.id, policy, pixel_cleaning=ctx.cfg.deid.pixel_cleaning,
+                                            default_issuer=inst.patient_id_issuer)
+                payload = result.to_bytes()
+        except DeidentificationError as err:
+            events.append({**event, "status": "quarantined", "reason": err.reason, "detail": str(err)})
+            audit[f"quarantined:{err.reason}"] += 1
+            continue
+        except Exception as err:  # noqa: BLE001  a file pydicom cannot fully parse or write: fail closed
+            events.append({**event, "status": "quarantined", "reason": "unreadable_dicom",
+                           "detail": f"{type(err).__name__} while de-identifying"})
+            audit["quarantined:unreadable_dicom"] += 1
+            continue
+        if result.sop_key in written:
+            events.append({**event, "status": "quarantined", "reason": "duplicate_sop_instance_uid",
+                           "detail": "another file of this run has the same SOPInstanceUID"})
+            audit["quarantined:duplicate_sop_instance_uid"] += 1
+            continue
+        written.add(result.sop_key)
+        out = result.dataset
+        audit_rows.append({"sop_key": result.sop_key, "study_key": result.study_key, "institution": inst.id,
+                           **{k: int(result.audit.get(k, 0)) for k in DEID_AUDIT_COUNTS}, "shard": shard})
+        path = f"{ctx.dicom_dir(shard)}/{result.sop_key}.dcm"
+        ctx.storage.write_bytes(path, payload)
+        audit.update(result.audit)
+        modality = str(out.get("Modality", "") or "OT").strip() or "OT"
+        instances.append({
+            "sop_key": result.sop_key, "series_key": result.series_key, "study_key": result.study_key,
+            "patient_key": result.patient_key, "accession_key": result.accession_key,
+            "institution": inst.id, "country": inst.country, "modality": modality, "body_part": body_part,
+            "family": modality_family(modality, body_part),
+            "view_position": str(out.get("ViewPosition", "") or "").strip().upper() or None,
+            "study_datetime": _study_datetime(out),
+            "instance_number": int(out.InstanceNumber) if str(out.get("InstanceNumber", "") or "").strip() else None,
+            "manufacturer": str(out.get("Manufacturer", "") or "") or None,
+            "model": str(out.get("ManufacturerModelName", "") or "") or None,
+            "transfer_syntax": str(out.file_meta.TransferSyntaxUID), "dicom_path": path, "shard": shard,
+        })
+        events.append({**event, "status": "ingested", "reason": None, "detail": None,
+                       "sop_key": result.sop_key, "study_key": result.study_key})
+    # remove de-identified files of this shard that this run did not write (re-runs with fewer inputs)
+    for stale in ctx.storage.list_files(ctx.dicom_dir(shard)):
+        if stale.rsplit("/", 1)[-1].removesuffix(".dcm") not in written:
+            ctx.storage.delete(stale)
+    n = write_partition(ctx, "instances", instances_schema.SCHEMA, shard, instances)
+    write_partition(ctx, "deid_audit", deid_audit_schema.SCHEMA, shard, audit_rows)
+    ctx.storage.write_table(ctx.events_path("deidentify", shard), table_from_rows(events, EVENT_SCHEMA))
+    ctx.storage.write_text(ctx.audit_path("deidentify", shard), json.dumps(dict(sorted(audit.items()))))
+    return _record(ctx, "deidentify", shard, digest,
+                   {"shard": shard, "instances": n, "quarantined": sum(e["status"] == "quarantined" for e in events)})
+
+
+
+# ---- normalisation -------------------------------------------------------------------------------
+
+def normalise_shard(ctx: BuildContext, shard: int) -> dict:
+    """Decode and normalise one shard's de-identified instances into ``images`` and ``series`` partitions.
+
+    2D objects give one image row each; CT/MR slices of one series are stacked into one volume row.
+    Decode failures are quarantined (events name the source file through the de-identification events).
+    """
+    from etl.pixels.normalise import (
+        NormalisationError,
+        check_image_has_pixels,
+        image_kind,
+        normalise_2d,
+        normalise_volume,
+    )
+
+    digest = _digest("normalise", _deid_digest(ctx, shard))
+    done = _resume(ctx, "normalise", shard, digest)
+    if done is not None:
+        return done
+    inst = pl.from_arrow(_shard_table(ctx, "instances", instances_schema.SCHEMA, shard))
+    src = pl.from_arrow(_read_events(ctx, "deidentify", shard)).filter(pl.col("status") == "ingested")
+    source_of = dict(zip(src["sop_key"].to_list(), zip(src["source_uri"].to_list(), src["sha256"].to_list())))
+    cfg = ctx.cfg.normalisation
+    images, events = [], []
+    by_series: dict[str, list[tuple[dict, pydicom.Dataset]]] = {}
+    series_meta: dict[str, dict] = {}
+
+    def quarantine(sop_keys: list[str], err: Exception, reason: str) -> None:
+        for k in sop_keys:
+            uri, sha = source_of[k]
+            events.append({"source_uri": uri, "sha256": sha, "stage": "normalise", "status": "quarantined",
+                           "reason": reason, "detail": str(err)[:300], "sop_key": k})
+
+    for row in inst.sort("sop_key").iter_rows(named=True):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ds = pydicom.dcmread(io.BytesIO(ctx.storage.read_bytes(row["dicom_path"])), force=True)
+        except Exception as err:  # noqa: BLE001  any parse failure of our own output is quarantined
+            quarantine([row["sop_key"]], err, "truncated_file")
+            continue
+        kind = image_kind(ds)
+        if kind == "none":
+            try:  # an image object without pixels must not vanish from its series
+                check_image_has_pixels(ds)
+            except NormalisationError as err:
+                quarantine([row["sop_key"]], err, err.reason)
+                continue
+        series_meta.setdefault(row["series_key"], {**row, "n": 0})
+        series_meta[row["series_key"]]["n"] += 1
+        if kind == "3d_slice":
+            by_series.setdefault(row["series_key"], []).append((row, ds))
+        elif kind == "2d":
+            try:
+                res = normalise_2d(ds, cfg)
+            except NormalisationError as err:
+                quarantine([row["sop_key"]], err, err.reason)
+                continue
+            images.append(_image_row(row, res, row["sop_key"], "2d"))
+    for series_key, members in sorted(by_series.items()):
+        sops = [r["sop_key"] for r, _ in members]
+        try:
+            if len(members) == 1:
+                res, kind = normalise_2d(members[0][1], cfg), "2d"
+            else:
+                target = cfg.ct_spacing_mm if members[0][0]["modality"] == "CT" else None
+                res, kind = normalise_volume([d for _, d in members], cfg, target_spacing_mm=target), "3d"
+        except NormalisationError as err:
+            if err.reason != "inconsistent_series":
+                quarantine(sops, err, err.reason)
+                continue
+            # slices that do not stack (repeated positions, re-encoded copies): keep each as a 2D image
+            for r, d in members:
+                try:
+                    images.append(_image_row(r, normalise_2d(d, cfg), r["sop_key"], "2d"))
+                except NormalisationError as err2:
+                    quarantine([r["sop_key"]], err2, err2.reason)
+            continue
+        image_key = hashlib.sha256(("volume|" + series_key).encode()).hexdigest()[:16] if kind == "3d" else sops[0]
+        images.append(_image_row(members[0][0], res, image_key, kind))
+        # slices left out of the volume (localizers, another matrix or orientation) become 2D images
+        for ex in {e["index"]: e for e in res.get("excluded") or [] if e.get("frame") in (None, 0)}.values():
+            r, d = members[ex["index"]]
+            try:
+                images.append(_image_row(r, normalise_2d(d, cfg), r["sop_key"], "2d"))
+            except NormalisationError as err2:
+                quarantine([r["sop_key"]], err2, err2.reason)
+    series_rows = []
+    for key, m in sorted(series_meta.items()):
+        spacing = next((img["spacing_mm"] for img in images if img["series_key"] == key), None)
+        series_rows.append({
+            "series_key": key, "study_key": m["study_key"], "patient_key": m["patient_key"],
+            "institution": m["institution"], "modality": m["modality"], "view_position": m["view_position"],
+            "orientation": next((img.get("_orientation") for img in images if img["series_key"] == key), None),
+            "spacing_mm": spacing, "n_instances": m["n"], "manufacturer": m["manufacturer"], "model": m["model"],
+            "shard": shard,
+        })
+    for img in images:
+        img.pop("_orientation", None)
+    n_img = write_partition(ctx, "images", images_schema.SCHEMA, shard, images)
+    write_partition(ctx, "series", series_schema.SCHEMA, shard, series_rows)
+    quarantined_keys = {e["sop_key"] for e in events}
+    for k, (uri, sha) in sorted(source_of.items()):
+        if k not in quarantined_keys:
+            events.append({"source_uri": uri, "sha256": sha, "stage": "normalise", "status": "ingested", "sop_key": k})
+    ctx.storage.write_table(ctx.events_path("normalise", shard), table_from_rows(events, EVENT_SCHEMA))
+    return _record(ctx, "normalise", shard, digest,
+                   {"shard": shard, "images": n_img, "quarantined": sum(e["status"] == "quarantined" for e in events)})
+
+
+def _image_row(row: dict, res: dict, image_key: str, kind: str) -> dict:
+    return {
+        "image_key": image_key, "series_key": row["series_key"], "study_key": row["study_key"],
+        "patient_key": row["patient_key"], "institution": row["institution"], "modality": row["modality"],
+        "view": res.get("view") or (res.get("orientation") if kind == "3d" else None), "kind": kind,
+        "rows": res["rows"], "cols": res["cols"], "n_slices": res.get("n_slices", 1),
+        "spacing_mm": res.get("spacing_mm"), "payload_format": res["payload_format"], "payload": res["payload"],
+        "payload_sha256": res.get("payload_sha256") or hashlib.sha256(res["payload"]).hexdigest(),
+        "shape": res.get("shape"), "dtype": res.get("dtype"), "origin_mm": res.get("origin_mm"),
+        "direction": res.get("direction"),
+        "recipe": res["recipe"], "transfer_syntax": row["transfer_syntax"], "shard": row["shard"],
+        "_orientation": res.get("orientation"),
+    }
+
+
+# ---- reports -------------------------------------------------------------------------------------
+
+#: header elements whose values are PHI to redact from the text of a report linked to that study
+REPORT_PHI_KEYWORDS = (
+    "PatientName", "OtherPatientNames", "PatientBirthName", "PatientMotherBirthName", "PatientID",
+    "OtherPatientIDs", "AccessionNumber", "ReferringPhysicianName", "PerformingPhysicianName", "OperatorsName",
+    "PatientAddress", "PatientTelephoneNumbers", "InstitutionName",
+)
+
+
+def _header_phi(uri: str, ctx: BuildContext) -> list[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = pydicom.dcmread(io.BytesIO(read_uri(uri, endpoint_url=ctx.cfg.storage.s3_endpoint_url)),
+                             stop_before_pixels=True, force=True)
+    out = []
+    for kw in REPORT_PHI_KEYWORDS:
+        v = ds.get(kw)
+        if v in (None, ""):
+            continue
+        for item in (v if isinstance(v, (list, pydicom.multival.MultiValue)) else [v]):
+            if str(item).strip():
+                out.append(str(item).strip())
+    return out
+
+
+_SOURCE_DATE_PATTERNS: list | None = None
+
+
+def surviving_source_dates(source: str, deidentified: str) -> int:
+    """Number of date strings of the source text still present verbatim in the de-identified text.
+
+    Uses the quality gate's date patterns (``quality/rules.yaml``), an implementation independent of the
+    text de-identifier's, so a date the de-identifier missed is caught here (fail-closed).
+    """
+    import re
+
+    global _SOURCE_DATE_PATTERNS
+    if _SOURCE_DATE_PATTERNS is None:
+        from quality.checks import load_rules
+
+        _SOURCE_DATE_PATTERNS = [re.compile(p["regex"], re.IGNORECASE) for p in load_rules()["phi"]["patterns"]
+                                 if p["name"].startswith("date_")]
+    found = {m.group(0).strip(" ,.;:()") for rx in _SOURCE_DATE_PATTERNS for m in rx.finditer(source)}
+    return sum(1 for d in found if len(d) >= 6 and d in deidentified)
+
+
+def _parse_report_datetime(value: str | None) -> dt.date | None:
+    if not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(str(value).strip()).date()
+    except ValueError:
+        return None
+
+
+def reports(ctx: BuildContext) -> dict:
+    """Ingest every report file of the run: parse, link to studies, de-identify, split into sections.
+
+    Links by StudyInstanceUID or AccessionNumber through the same keyed pseudonyms as the images, so the
+    link survives de-identification. Writes the ``reports`` partition of every shard (empty ones too).
+    A report file that cannot be parsed is quarantined whole (reason ``malformed_report_record``).
+    """
+    from entity_extraction.sections import split_sections
+    from entity_extraction.text_deid import deidentify_text
+    from etl.sources.reports import ReportSourceError, iter_report_source
+
+    key, shard_count = ctx.key, ctx.cfg.shard_count
+    instances = pl.from_arrow(_all_shards(ctx, "instances", instances_schema.SCHEMA))
+    by_study = {r["study_key"]: r for r in instances.unique("study_key", keep="first").iter_rows(named=True)}
+    by_accession = {
+        (r["institution"], r["accession_key"]): r
+        for r in instances.filter(pl.col("accession_key").is_not_null()).sort("study_key")
+        .unique(["institution", "accession_key"], keep="first").iter_rows(named=True)
+    }
+    dev = pl.concat([pl.from_arrow(_read_events(ctx, "deidentify", s)) for s in range(shard_count)])
+    dev = dev.filter(pl.col("status") == "ingested").sort("source_uri")
+    study_source = dict(zip(dev["study_key"].to_list(), dev["source_uri"].to_list()))
+
+    files = _plan(ctx).filter((pl.col("kind") == "report") & (pl.col("status") == "pending")).sort("source_uri")
+    rows_by_shard: dict[int, list[dict]] = {s: [] for s in range(shard_count)}
+    events, seen_ids, withheld = [], set(), []
+    phi_cache: dict[str, list[str]] = {}
+    for f in files.iter_rows(named=True):
+        inst = ctx.cfg.institution(f["institution"])
+        event = {"source_uri": f["source_uri"], "sha256": f["sha256"], "stage": "reports"}
+        try:
+            data = read_uri(f["source_uri"], endpoint_url=ctx.cfg.storage.s3_endpoint_url)
+            items = list(iter_report_source(data, inst.report_format, f["source_uri"].rsplit("/", 1)[-1]))
+        except ReportSourceError as err:
+            events.append({**event, "status": "quarantined", "reason": err.reason, "detail": str(err)[:300]})
+            continue
+        records = [r for r in items if not isinstance(r, ReportSourceError)]
+        for bad in (r for r in items if isinstance(r, ReportSourceError)):
+            withheld.append({"run_id": ctx.run_id, "source_uri": f["source_uri"], "record": None,
+                             "reason": bad.reason, "detail": str(bad)[:300]})
+        if items and not records:
+            events.append({**event, "status": "quarantined", "reason": "malformed_report_record",
+                           "detail": "no record of the file could be read"})
+            continue
+        for rec in records:
+            report_id = key.pseudonym("report", f"{inst.id}|{rec['report_id']}")
+            if report_id in seen_ids:
+                continue  # the same report delivered twice in one file: first wins (deterministic order)
+            seen_ids.add(report_id)
+            study = None
+            if rec.get("study_instance_uid"):
+                study = by_study.get(key.pseudonym("study", str(rec["study_instance_uid"]).strip()))
+            if study is None and rec.get("accession_number"):
+                acc = key.pseudonym("accession", f"{inst.id}|{str(rec['accession_number']).strip()}")
+                study = by_accession.get((inst.id, acc))
+            known_phi = [str(rec[k]) for k in ("patient_id", "patient_name", "accession_number") if rec.get(k)]
+            if study is not None:
+                patient_key, link = study["patient_key"], "linked"
+                uri = study_source.get(study["study_key"])
+                if uri and uri not in phi_cache:
+                    phi_cache[uri] = _header_phi(uri, ctx)
+                known_phi += phi_cache.get(uri, [])
+            elif rec.get("patient_id"):
+                patient_key = patient_key_for(key, inst.id, str(rec["patient_id"]), inst.patient_id_issuer)
+                link = "no_study"
+            else:
+                patient_key, link = None, "report_only_source" if not inst.dicom else "no_study"
+            shift = key.date_shift_days(patient_key) if patient_key else None
+            text, counts = deidentify_text(rec["text"], known_phi=known_phi, date_shift_days=shift,
+                                           day_first=inst.reads_day_first)
+            if surviving_source_dates(rec["text"], text):
+                # fail closed: the report is withheld and a PHI-free quarantine record names it
+                withheld.append({"run_id": ctx.run_id, "source_uri": f["source_uri"], "record": rec["report_id"],
+                                 "reason": "verification_failed",
+                                 "detail": "a date of the source text survived text de-identification"})
+                continue
+            sections = split_sections(text)
+            rdate = _parse_report_datetime(rec.get("report_datetime"))
+            shard = key.shard(patient_key or report_id, shard_count)
+            rows_by_shard[shard].append({
+                "report_id": report_id, "study_key": study["study_key"] if study else None,
+                "patient_key": patient_key, "institution": inst.id, "language": rec.get("language") or inst.language,
+                "link_status": link, **{k: sections.get(k) or None for k in ("indication", "comparison", "findings", "impression")},
+                "text": text, "redactions": int(sum(counts.values())),
+                "redaction_counts": json.dumps(dict(sorted(counts.items()))),
+                "report_date_shifted": (rdate + dt.timedelta(days=shift)) if (rdate and shift is not None) else None,
+                "shard": shard,
+            })
+        events.append({**event, "status": "ingested"})
+    total = 0
+    for shard, rows in rows_by_shard.items():
+        total += write_partition(ctx, "reports", reports_schema.SCHEMA, shard, rows)
+    ctx.storage.write_table(ctx.events_path("reports"), table_from_rows(events, EVENT_SCHEMA))
+    ctx.storage.write_text(f"{ctx.run_dir}/withheld_reports.json", json.dumps(withheld, indent=1))
+    links = Counter(r["link_status"] for rows in rows_by_shard.values() for r in rows)
+    return {"reports": total, "withheld": len(withheld), **{f"link:{k}": v for k, v in sorted(links.items())}}
+
+
+# ---- entities ------------------------------------------------------------------------------------
+
+_EXTRACTORS: dict[str, object] = {}
+
+
+def _extractor(language: str):
+    from entity_extraction.extract import EntityExtractor
+
+    if language not in _EXTRACTORS:
+        _EXTRACTORS[language] = EntityExtractor(language=language)
+    return _EXTRACTORS[language]
+
+
+def entities_shard(ctx: BuildContext, shard: int) -> dict:
+    """Extract entity mentions (with assertion, temporality, change, laterality, severity) from one
+    shard's reports and derive per-study entity states (``study_labels``)."""
+    from entity_extraction.extract import study_labels
+    from schemas.ontology import load_ontology
+
+    digest = _digest("entities", _deid_digest(ctx, shard), _file_sha256(ctx, ctx.table_path("reports", shard)))
+    done = _resume(ctx, "entities", shard, digest)
+    if done is not None:
+        return done
+    ontology = load_ontology()
+    reps = pl.from_arrow(_shard_table(ctx, "reports", reports_schema.SCHEMA, shard))
+    inst = pl.from_arrow(_shard_table(ctx, "instances", instances_schema.SCHEMA, shard))
+    family_of = dict(zip(inst["study_key"].to_list(), inst["family"].to_list()))
+    mentions, labels = [], []
+    labelled: set[str] = set()
+    for r in reps.sort("report_id").iter_rows(named=True):
+        family = family_of.get(r["study_key"]) if r["study_key"] else ctx.cfg.institution(r["institution"]).report_family
+        if family is None:
+            continue
+        found = _extractor(r["language"]).extract(r["text"], family)
+        for m in found:
+            mid = hashlib.sha256(f"{r['report_id']}|{m['span_start']}|{m['span_end']}|{m['entity_id']}".encode()).hexdigest()[:16]
+            mentions.append({**m, "mention_id": mid, "report_id": r["report_id"], "study_key": r["study_key"],
+                             "patient_key": r["patient_key"], "shard": shard})
+        if r["study_key"] and r["study_key"] not in labelled:
+            labelled.add(r["study_key"])
+            for lab in study_labels(found, family, ontology):
+                labels.append({**lab, "study_key": r["study_key"], "patient_key": r["patient_key"],
+                               "family": family, "shard": shard})
+    n_m = write_partition(ctx, "entity_mentions", entity_mentions_schema.SCHEMA, shard,
+                          [{k: m.get(k) for k in entity_mentions_schema.SCHEMA.names} for m in mentions])
+    n_l = write_partition(ctx, "study_labels", study_labels_schema.SCHEMA, shard,
+                          [{k: m.get(k) for k in study_labels_schema.SCHEMA.names} for m in labels])
+    return _record(ctx, "entities", shard, digest, {"shard": shard, "entity_mentions": n_m, "study_labels": n_l})
+
+
+# ---- studies, pairs, splits, VQA ----------------------------------------------------------------
+
+def _studies(inst: pl.DataFrame, images: pl.DataFrame, reps: pl.DataFrame, shard: int) -> list[dict]:
+    n_img = Counter(images["study_key"].to_list())
+    report_of: dict[str, str] = {}
+    for r in reps.filter(pl.col("study_key").is_not_null()).sort("report_id").iter_rows(named=True):
+        report_of.setdefault(r["study_key"], r["report_id"])
+    out = []
+    for study_key, g in sorted(inst.group_by("study_key"), key=lambda kv: kv[0][0]):
+        g = g.sort("sop_key")
+        first = g.row(0, named=True)
+        modalities = Counter(g["modality"].to_list()).most_common()
+        modality = min(modalities, key=lambda kv: (-kv[1], kv[0]))[0]
+        dts = [d for d in g["study_datetime"].to_list() if d is not None]
+        sdt = min(dts) if dts else None
+        out.append({
+            "study_key": study_key[0], "patient_key": first["patient_key"], "accession_key": first["accession_key"],
+            "institution": first["institution"], "country": first["country"], "modality": modality,
+            "body_part": first["body_part"], "family": modality_family(modality, first["body_part"]),
+            "study_datetime": sdt, "study_date_shifted": sdt.date() if sdt else None,
+            "n_series": g["series_key"].n_unique(), "n_images": n_img.get(study_key[0], 0),
+            "report_id": report_of.get(study_key[0]), "shard": shard,
+        })
+    return out
+
+
+def assemble_shard(ctx: BuildContext, shard: int) -> dict:
+    """Build one shard's ``studies``, ``splits``, longitudinal ``pairs`` and ``vqa`` partitions."""
+    from etl.assemble.pairs import build_pairs
+    from etl.assemble.splits import assign_splits
+    from etl.assemble.vqa import build_vqa, load_templates
+    from schemas import pairs as pairs_schema
+    from schemas import splits as splits_schema
+    from schemas import vqa as vqa_schema
+    from schemas.ontology import load_ontology
+
+    digest = _digest("assemble", _deid_digest(ctx, shard), _file_sha256(ctx, ctx.table_path("reports", shard)))
+    done = _resume(ctx, "assemble", shard, digest)
+    if done is not None:
+        return done
+    inst = pl.from_arrow(_shard_table(ctx, "instances", instances_schema.SCHEMA, shard))
+    images = pl.from_arrow(_shard_table(ctx, "images", images_schema.SCHEMA, shard).drop_columns(["payload"]))
+    reps = pl.from_arrow(_shard_table(ctx, "reports", reports_schema.SCHEMA, shard))
+    labels = pl.from_arrow(_shard_table(ctx, "study_labels", study_labels_schema.SCHEMA, shard))
+    studies_rows = _studies(inst, images, reps, shard)
+    write_partition(ctx, "studies", studies_schema.SCHEMA, shard, studies_rows)
+    studies = pl.from_arrow(table_from_rows(studies_rows, studies_schema.SCHEMA))
+    patients = studies.select("patient_key", "institution", "shard").unique().sort("patient_key", "institution")
+    splits = assign_splits(patients, ctx.cfg.splits)
+    write_partition(ctx, "splits", splits_schema.SCHEMA, shard, splits)
+    pairs = build_pairs(studies, labels, images, ctx.cfg.pairing)
+    write_partition(ctx, "pairs", pairs_schema.SCHEMA, shard, pairs)
+    templates = load_templates(_config_file(ctx, ctx.cfg.vqa.templates))
+    mentions = pl.from_arrow(_shard_table(ctx, "entity_mentions", entity_mentions_schema.SCHEMA, shard))
+    vqa = build_vqa(pl.from_arrow(pairs), labels, studies, pl.from_arrow(splits), ctx.cfg.vqa, templates, load_ontology(),
+                    entity_mentions=mentions, images=images)
+    write_partition(ctx, "vqa", vqa_schema.SCHEMA, shard, vqa)
+    return _record(ctx, "assemble", shard, digest,
+                   {"shard": shard, "studies": len(studies_rows), "pairs": pairs.num_rows, "vqa": vqa.num_rows})
+
+
+def _config_file(ctx: BuildContext, name: str) -> str:
+    """A data file named in the config: relative to the config's folder, else the project's config/."""
+    from pathlib import Path
+
+    for base in (Path(ctx.cfg.base_dir), CONFIG_DIR):
+        if (base / name).is_file():
+            return str(base / name)
+    raise FileNotFoundError(f"data file {name!r} not found next to the config or in config/")
+
+
+# ---- retrieval targets and the split check (cross-patient: after every shard is assembled) ---------------
+
+def retrieval(ctx: BuildContext) -> dict:
+    """Build the cross-patient ``retrieval_targets`` table and prove the splits leak-free.
+
+    Reads every shard's ``study_labels``, ``entity_mentions`` and ``splits`` (entity-conditioned retrieval
+    links studies of different patients, so it is not shard-local), writes ``retrieval_targets`` partitioned by
+    the query study's shard (every shard, empty ones too, so a re-run leaves exactly the new content), writes the
+    two-case VQA items (:func:`etl.assemble.vqa.build_case_comparison_vqa`) as ``curated/vqa/shard=N/part-1.parquet`` of
+    every shard (``assemble_shard`` writes ``part-0``; readers of the whole table see both), then runs
+    :func:`etl.assemble.splits.check_split_integrity` over studies, pairs, retrieval targets and VQA items.
+
+    Raises
+    ------
+    etl.assemble.splits.SplitLeakError
+        when a patient is in two splits or any table links two splits: the build fails.
+    """
+    from etl.assemble.retrieval import build_retrieval_targets, load_similarity
+    from etl.assemble.splits import check_split_integrity
+    from schemas import pairs as pairs_schema
+    from schemas import retrieval_targets as retrieval_schema
+    from schemas import splits as splits_schema
+    from schemas import vqa as vqa_schema
+
+    labels = pl.from_arrow(_all_shards(ctx, "study_labels", study_labels_schema.SCHEMA))
+    mentions = pl.from_arrow(_all_shards(ctx, "entity_mentions", entity_mentions_schema.SCHEMA))
+    splits = pl.from_arrow(_all_shards(ctx, "splits", splits_schema.SCHEMA))
+    similarity = load_similarity(_config_file(ctx, ctx.cfg.retrieval.similarity))
+    targets = pl.from_arrow(build_retrieval_targets(labels, mentions, splits, ctx.cfg.retrieval, similarity))
+    total = 0
+    for shard in range(ctx.cfg.shard_count):
+        part = targets.filter(pl.col("shard") == shard).to_arrow()
+        total += write_partition(ctx, "retrieval_targets", retrieval_schema.SCHEMA, shard, part)
+    # two-case VQA items (query vs reference case): a second part file of every vqa shard partition
+    from etl.assemble.vqa import build_case_comparison_vqa, load_templates
+    from schemas.ontology import load_ontology
+
+    case_vqa = pl.from_arrow(build_case_comparison_vqa(
+        targets, labels, mentions, ctx.cfg.vqa, load_templates(_config_file(ctx, ctx.cfg.vqa.templates)),
+        load_ontology(), similarity["severity"]["ordinal"]))
+    for shard in range(ctx.cfg.shard_count):
+        part = _sorted(case_vqa.filter(pl.col("shard") == shard).to_arrow().cast(vqa_schema.SCHEMA), vqa_schema.SCHEMA)
+        ctx.storage.write_table(ctx.table_path("vqa", shard).replace("part-0.parquet", "part-1.parquet"), part)
+    n_case_vqa = case_vqa.height
+    del case_vqa
+    counts = check_split_integrity(  # only the key and split columns are read back
+        splits,
+        studies=_all_shards(ctx, "studies", studies_schema.SCHEMA, ["study_key", "patient_key"]),
+        pairs=_all_shards(ctx, "pairs", pairs_schema.SCHEMA, ["patient_key", "prior_study_key", "current_study_key"]),
+        retrieval_targets=targets,
+        vqa=_all_shards(ctx, "vqa", vqa_schema.SCHEMA, ["patient_key", "split", "reference_study_key"]),
+    )
+    return {"retrieval_targets": total, "queries": targets.select("query_study_key", "entity_id").n_unique()
+            if targets.height else 0, "case_vqa": n_case_vqa, **counts}

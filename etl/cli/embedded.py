@@ -1,0 +1,127 @@
+"""Run the build DAG on the embedded default: Airflow ``dag.test()`` on SQLite, in this process.
+
+Airflow reads its configuration from the environment at import time, so :func:`prepare_airflow_env`
+must run before the first ``import airflow``. ``AIRFLOW_HOME`` defaults to ``<project>/.airflow``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from etl import zones
+from schemas.config import PROJECT_ROOT
+
+
+class BuildFailedError(RuntimeError):
+    """Raised when the build DAG run does not end in success."""
+
+
+class BuildLockedError(BuildFailedError):
+    """Raised at once, before any work, when another build holds the storage root's lock."""
+
+
+def prepare_airflow_env(airflow_home: str | Path | None = None) -> Path:
+    """Set the Airflow environment for an embedded run (SQLite, no examples, our dags folder) and migrate
+    the metadata database once per Airflow version. Returns AIRFLOW_HOME."""
+    home = Path(airflow_home or os.environ.get("AIRFLOW_HOME") or PROJECT_ROOT / ".airflow").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["AIRFLOW_HOME"] = str(home)
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(PROJECT_ROOT / "dags"))
+    os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+    os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
+    from importlib import metadata
+
+    marker = home / f".migrated-{metadata.version('apache-airflow')}"
+    if not marker.exists():
+        proc = subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True, env=os.environ.copy()
+        )
+        if proc.returncode != 0:
+            raise BuildFailedError(f"airflow db migrate failed: {proc.stderr.strip().splitlines()[-1:]}")
+        marker.write_text("ok\n")
+    return home
+
+
+def run_build(config_path: str | Path) -> dict:
+    """Run the ``medreco_build`` DAG once with ``dag.test()`` and return the run summary.
+
+    Raises
+    ------
+    BuildFailedError
+        naming the failed tasks when the run does not succeed.
+    BuildLockedError
+        before any work, naming the holder, when another build holds the root's lock
+        (:class:`etl.build.ledger.BuildLock`): two builds on one root never interleave.
+    ConfigError, MissingKeyError, KeyMismatchError
+        before any work.
+    """
+    prepare_airflow_env()
+    from etl.build.runtime import quiet_library_logs
+
+    quiet_library_logs()
+    from dags.medreco_build import build_dag
+    from etl.build.context import BuildContext
+    from etl.build.lock import BuildLock, BuildLockHeldError
+    from etl.build.publish_stage import run_summary_path
+    from schemas.config import load_config
+
+    cfg_path = str(Path(config_path).resolve())
+    # fail before any work on a bad config, a missing key or a key other than the root's
+    pre = BuildContext.from_config(load_config(cfg_path), run_id="precheck")
+    pre.check_key()
+    lock = BuildLock(pre.storage, owner=f"medreco build of {cfg_path}", endpoint_url=pre.cfg.storage.s3_endpoint_url,
+                     region=pre.cfg.storage.s3_region)
+    try:
+        lock.acquire()
+    except BuildLockHeldError as err:
+        raise BuildLockedError(str(err)) from None
+    try:
+        dagrun = build_dag.test(run_conf={"config": cfg_path})
+    finally:
+        lock.release()
+    state = str(getattr(dagrun, "state", ""))
+    if not state.endswith("success"):
+        failed = sorted({ti.task_id for ti in dagrun.get_task_instances() if str(ti.state).endswith("failed")})
+        raise BuildFailedError(f"build run {dagrun.run_id} ended {state}; failed tasks: {', '.join(failed) or '?'}")
+    ctx = BuildContext.from_config_file(cfg_path, run_id=dagrun.run_id)
+    import json
+
+    return json.loads(ctx.storage.read_text(run_summary_path(ctx.run_id)))
+
+
+def run_training(config_path: str | Path, version: str) -> dict:
+    """Run the ``medreco_training`` DAG once with ``dag.test()`` on one snapshot version, as the snapshot
+    Asset event would, and return the training record (``reports/training/<version>.json``).
+
+    Parameters
+    ----------
+    config_path : str or Path
+        the pipeline config (its ``training`` section selects launcher and job configs).
+    version : str
+        the published snapshot version the build just emitted.
+
+    Raises
+    ------
+    BuildFailedError
+        naming the failed tasks when the run does not succeed.
+    """
+    prepare_airflow_env()
+    from etl.build.runtime import quiet_library_logs
+
+    quiet_library_logs()
+    from dags.medreco_training import training_dag
+    from training.jobs import open_storage
+
+    cfg_path = str(Path(config_path).resolve())
+    dagrun = training_dag.test(run_conf={"config": cfg_path, "snapshot": version})
+    state = str(getattr(dagrun, "state", ""))
+    if not state.endswith("success"):
+        failed = sorted({ti.task_id for ti in dagrun.get_task_instances() if str(ti.state).endswith("failed")})
+        raise BuildFailedError(f"training run {dagrun.run_id} ended {state}; failed tasks: {', '.join(failed) or '?'}")
+    import json
+
+    return json.loads(open_storage(cfg_path).read_text(zones.training_record(version)))

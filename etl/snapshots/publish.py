@@ -1,0 +1,207 @@
+"""Publishing a release: every curated table committed to its Delta table, then the manifest (the commit point),
+its sha256, the dataset card and the publish log (see :mod:`etl.snapshots`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from etl import zones
+from etl.snapshots.card import card_facts, dataset_card
+from etl.snapshots.delta import (
+    commit_table,
+    curated_table,
+    delta_files,
+    delta_log_path,
+    encode_data_files,
+    table_data_sha256,
+)
+from etl.snapshots.manifest import (
+    CARD,
+    FORMAT,
+    MANIFEST,
+    MANIFEST_SHA,
+    PUBLISH_LOG,
+    TABLES_DIR,
+    Release,
+    SnapshotError,
+    bump_version,
+    change_kind,
+    code_version,
+    content_hash,
+    input_ledger_summary,
+    latest_ledger_run,
+    list_versions,
+    read_manifest,
+    resolve_version,
+    sha256_file,
+)
+from etl.snapshots.verify import verify
+from etl.storage import Storage
+from schemas.base import key_columns, schema_version
+from schemas.tables import SCHEMAS, SNAPSHOT_TABLES
+
+
+def release_epoch(source_date_epoch: int | str | None = None) -> tuple[int, str]:
+    """The release time in whole seconds since the Unix epoch (UTC), and where it came from.
+
+    ``source_date_epoch`` when given, else the ``SOURCE_DATE_EPOCH`` environment variable (the
+    reproducible-builds.org convention, https://reproducible-builds.org/specs/source-date-epoch/), else the
+    clock. Every time written into a release (manifest ``created_at``, Delta commit timestamps) is this one,
+    so two publishes of the same content at the same ``SOURCE_DATE_EPOCH`` write the same bytes.
+
+    Returns
+    -------
+    (int, str)
+        seconds; ``"argument"``, ``"SOURCE_DATE_EPOCH"`` or ``"clock"``.
+
+    Raises
+    ------
+    SnapshotError
+        when the value is not a non-negative integer (the specification asks a build to fail then).
+    """
+    if source_date_epoch is None and os.environ.get("SOURCE_DATE_EPOCH", "") != "":
+        value, origin = os.environ["SOURCE_DATE_EPOCH"], "SOURCE_DATE_EPOCH"
+    elif source_date_epoch is not None:
+        value, origin = source_date_epoch, "argument"
+    else:
+        return int(dt.datetime.now(dt.UTC).timestamp()), "clock"
+    text = str(value).strip()
+    if not text.isascii() or not text.isdigit():
+        raise SnapshotError(f"{origin} must be a whole number of seconds since 1970-01-01T00:00:00Z, got {value!r}")
+    return int(text), origin
+
+
+def read_publish_log(storage: Storage, version: str) -> dict | None:
+    """The publish log of a release (``snapshots/<version>/publish_log.json``), None if it has none.
+
+    Not part of the release's identity: it records what differs from one publish of the same content to
+    another (wall-clock publish time, the publishing run, the runs and ledger it came from), so it is not
+    hashed in the manifest (:func:`verify` only checks that it names its release).
+    """
+    version = resolve_version(storage, version)
+    rel = f"{zones.release_dir(version)}/{PUBLISH_LOG}"
+    return json.loads(storage.read_text(rel)) if storage.is_file(rel) else None
+
+
+def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id: str, key_fingerprint: str,
+            deid_method_codes: Sequence[Sequence[str]] = (), ledger_run_id: str | None = None,
+            run_ids: Sequence[str] | None = None, source_date_epoch: int | str | None = None) -> Release:
+    """Publish the curated tables as a release, or return the latest one if the content is unchanged.
+
+    The release's bytes (``manifest.json``, hence ``manifest.sha256``, ``DATASET_CARD.md``, data files and
+    Delta commit files) depend only on the curated tables, the parameters that enter the content hash, the
+    release history of the root and the release time (:func:`release_epoch`). Run ids and the wall-clock
+    time go to the unhashed ``publish_log.json`` (:func:`read_publish_log`).
+
+    Parameters
+    ----------
+    storage : Storage
+        the storage root (local or S3); tables are read from ``curated/<table>/``.
+    config_hash, ontology_version, key_fingerprint : str
+        recorded and part of the content hash; ``key_fingerprint`` also names the Delta tables
+        (:func:`delta_table_id`).
+    run_id : str
+        the publishing run (publish log).
+    deid_method_codes : sequence of (CodeValue, CodeMeaning)
+        DeidentificationMethodCodeSequence codes (CID 7050) of the de-identification that made the data.
+    ledger_run_id : str, optional
+        run whose ledger describes the inputs (default: ``run_id`` when it has a ledger, else the most
+        recently written ledger); its path- and run-free hash is in the manifest's lineage.
+    run_ids : sequence of str, optional
+        every run that contributed (publish log; default: ``[run_id]``).
+    source_date_epoch : int or str, optional
+        the release time in seconds since the epoch (default: ``SOURCE_DATE_EPOCH``, else the clock); to
+        rebuild a release byte for byte, pass its manifest's ``source_date_epoch``.
+
+    Returns
+    -------
+    Release
+        ``created`` is False when the latest release already has this content hash.
+
+    Raises
+    ------
+    SnapshotError
+        when the latest release fails :func:`verify` (nothing is published on top of a damaged release),
+        when another writer commits to a Delta table during the publish, or for a malformed
+        ``source_date_epoch``/``SOURCE_DATE_EPOCH``.
+    """
+    epoch, epoch_origin = release_epoch(source_date_epoch)
+    published_at = dt.datetime.now(dt.UTC)
+    data = {t: curated_table(storage, t) for t in SNAPSHOT_TABLES}
+    files = {t: encode_data_files(tbl) for t, tbl in data.items()}
+    tables: dict[str, dict] = {}
+    for t, fs in files.items():
+        entries = [{"path": f.name, "sha256": f.sha256, "rows": f.rows, "bytes": len(f.data)} for f in fs]
+        tables[t] = {"uri": f"{TABLES_DIR}/{t}", "schema_version": schema_version(SCHEMAS[t]),
+                     "key": key_columns(SCHEMAS[t]), "rows": data[t].num_rows,
+                     "sha256": table_data_sha256(entries), "files": entries}
+    if ledger_run_id is None:
+        ledger_run_id = run_id if storage.is_file(zones.ledger_file(run_id)) else latest_ledger_run(storage)
+    inputs = input_ledger_summary(storage, ledger_run_id)
+    lineage = {k: v for k, v in (inputs or {"input_ledger_sha256": None}).items() if k != "ledger_run_id"}
+    manifest: dict[str, Any] = {
+        "format": FORMAT, "config_hash": config_hash, "ontology_version": ontology_version,
+        "code_version": code_version(), "key_fingerprint": key_fingerprint,
+        "deid_method_codes": [list(c) for c in deid_method_codes],
+        "schema_versions": {t: v["schema_version"] for t, v in tables.items()},
+        "lineage": lineage,
+        "tables": tables,
+    }
+    manifest["content_hash"] = content_hash(manifest)
+
+    versions = list_versions(storage)
+    parent = versions[-1] if versions else None
+    if parent:
+        problems = verify(storage, parent)
+        if problems:
+            raise SnapshotError(f"latest snapshot {parent} failed verification, refusing to publish on top of it: "
+                                + "; ".join(problems))
+        latest = read_manifest(storage, parent)
+        if latest["content_hash"] == manifest["content_hash"]:
+            return Release(parent, storage.full_uri(zones.release_dir(parent)), latest, created=False)
+        change = change_kind(latest["tables"], tables)
+    else:
+        change = "initial"
+    version = bump_version(parent, change)
+
+    epoch_ms = epoch * 1000
+    for t, fs in files.items():
+        for f in fs:
+            rel = f"{TABLES_DIR}/{t}/{f.name}"
+            if not (storage.is_file(rel) and sha256_file(storage, rel) == f.sha256):
+                storage.write_bytes(rel, f.data)
+        delta_version, names = delta_files(storage, t)
+        if delta_version is None or names != sorted(f.name for f in fs):
+            delta_version = commit_table(storage, t, fs, version, epoch_ms, key_fingerprint)
+        log = delta_log_path(t, delta_version)
+        tables[t]["delta_version"] = delta_version
+        tables[t]["delta_log"] = {"path": log.removeprefix(f"{TABLES_DIR}/{t}/"), "sha256": sha256_file(storage, log)}
+
+    manifest.update(version=version, parent=parent, change=change, source_date_epoch=epoch,
+                    created_at=dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds"),
+                    table_format="delta")
+    base = zones.release_dir(version)
+    card = dataset_card(manifest, card_facts(data, inputs)).encode()
+    manifest["card_sha256"] = hashlib.sha256(card).hexdigest()
+    storage.write_bytes(f"{base}/{CARD}", card)
+    log_record = {"version": version, "published_at": published_at.isoformat(timespec="seconds"),
+                  "publish_run_id": run_id, "run_ids": list(run_ids or [run_id]), "ledger_run_id": ledger_run_id,
+                  "source_date_epoch": epoch, "source_date_epoch_from": epoch_origin}
+    storage.write_text(f"{base}/{PUBLISH_LOG}", json.dumps(log_record, indent=1, sort_keys=True))
+    text = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    storage.write_bytes(f"{base}/{MANIFEST}", text)
+    storage.write_text(f"{base}/{MANIFEST_SHA}", hashlib.sha256(text).hexdigest() + "\n")
+    if storage.is_local:  # immutable on disk too: read-only files (Delta only ever adds files)
+        pinned = [f"{base}/{n}" for n in (CARD, PUBLISH_LOG, MANIFEST, MANIFEST_SHA)]
+        for t, v in tables.items():
+            pinned += [f"{TABLES_DIR}/{t}/{f['path']}" for f in v["files"]]
+            pinned += [delta_log_path(t, n) for n in range(v["delta_version"] + 1)
+                       if storage.is_file(delta_log_path(t, n))]
+        for rel in pinned:
+            os.chmod(storage.path(rel), 0o444)
+    return Release(version, storage.full_uri(base), manifest, created=True)

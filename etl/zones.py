@@ -1,0 +1,131 @@
+"""Every zone path under a storage root, named once.
+
+Paths are relative to the storage root (:class:`etl.storage.Storage`), ``/``-separated. Restricted zones
+(:data:`RESTRICTED`) may hold PHI or name source paths; only de-identified data is written elsewhere::
+
+    sources/<institution>/     raw deliveries, read-only to the pipeline (restricted)
+    ledger/                    one row per input file per run, run folders, incremental state, lock (restricted)
+    quarantine/<run>/          one record per quarantined file: source path + reason code, never a value (restricted)
+    curated/<table>/           de-identified Parquet tables, one partition per patient-hash shard
+    snapshots/                 Delta tables shared by releases, one folder per release
+    reports/                   dashboard, quality results, Data Docs, curator decisions, training lineage
+"""
+
+from __future__ import annotations
+
+SOURCES = "sources"
+LEDGER = "ledger"
+QUARANTINE = "quarantine"
+CURATED = "curated"
+SNAPSHOTS = "snapshots"
+REPORTS = "reports"
+#: every zone, in the order of the data flow
+ZONES = (SOURCES, QUARANTINE, LEDGER, CURATED, SNAPSHOTS, REPORTS)
+#: zones that may hold PHI or source paths
+RESTRICTED = (SOURCES, LEDGER, QUARANTINE)
+
+# ---- ledger/ (restricted) ----------------------------------------------------------------------------------
+
+#: fingerprint of the pseudonymisation key the root was first built with (never the key)
+KEY_FINGERPRINT_FILE = f"{LEDGER}/key_fingerprint.json"
+#: every input file ever seen, by sha256 (incremental runs: re-deliveries are ``duplicate``)
+SEEN_INDEX = f"{LEDGER}/seen_index.parquet"
+#: the lock object of a storage root's build (PHI-free: run id, host, pid, times)
+BUILD_LOCK = f"{LEDGER}/build.lock"
+
+
+def run_dir(run_id: str) -> str:
+    """Folder of one run's plan, per-stage events and audit counts: ``ledger/runs/<run>``."""
+    return f"{LEDGER}/runs/{run_id}"
+
+
+def ledger_file(run_id: str) -> str:
+    """The run's ledger (one row per input file): ``ledger/run_id=<run>/ledger.parquet``."""
+    return f"{LEDGER}/run_id={run_id}/ledger.parquet"
+
+
+def inputs_file(run_id: str) -> str:
+    """The run's cumulative input view (every file of every run): ``ledger/run_id=<run>/inputs.parquet``."""
+    return f"{LEDGER}/run_id={run_id}/inputs.parquet"
+
+
+def incremental_state(stage: str, shard: int) -> str:
+    """Resume record of one stage and shard (input digest, outputs): ``ledger/incremental/<stage>/shard=N.json``."""
+    return f"{LEDGER}/incremental/{stage}/shard={shard:05d}.json"
+
+
+def delivery_state(institution: str) -> str:
+    """Content hashes of an institution's last checked delivery: ``ledger/deliveries/<institution>.json``."""
+    return f"{LEDGER}/deliveries/{institution}.json"
+
+
+def quarantine_dir(run_id: str) -> str:
+    """Quarantine records of one run: ``quarantine/<run>``."""
+    return f"{QUARANTINE}/{run_id}"
+
+
+# ---- curated/ ------------------------------------------------------------------------------------------------
+
+def curated_table(table: str) -> str:
+    """Folder of a curated table (all its partitions): ``curated/<table>``."""
+    return f"{CURATED}/{table}"
+
+
+def curated_partition(table: str, shard: int) -> str:
+    """One shard's partition file: ``curated/<table>/shard=N/part-0.parquet``."""
+    return f"{CURATED}/{table}/shard={shard:05d}/part-0.parquet"
+
+
+def curated_modality_partition(table: str, institution: str, modality: str, shard: int) -> str:
+    """One shard's partition of a table partitioned by institution and modality (``images``)."""
+    return f"{CURATED}/{table}/institution={institution}/modality={modality}/shard={shard:05d}.parquet"
+
+
+def curated_dicom(shard: int) -> str:
+    """De-identified DICOM files of one shard (what the normaliser reads): ``curated/dicom/shard=N``."""
+    return f"{CURATED}/dicom/shard={shard:05d}"
+
+
+# ---- snapshots/ ------------------------------------------------------------------------------------------------
+
+#: one Delta Lake table per curated table, shared by all releases
+TABLES_DIR = f"{SNAPSHOTS}/tables"
+
+
+def release_dir(version: str) -> str:
+    """Folder of one release: ``snapshots/<version>``."""
+    return f"{SNAPSHOTS}/{version}"
+
+
+# ---- reports/ ---------------------------------------------------------------------------------------------------
+
+DASHBOARD_DIR = f"{REPORTS}/dashboard"
+DASHBOARD_INDEX = f"{DASHBOARD_DIR}/index.html"
+#: Great Expectations file context and its Data Docs site (last runs)
+GX_DIR = f"{REPORTS}/gx"
+DATA_DOCS_DIR = f"{REPORTS}/data_docs"
+#: curator decisions on quarantined items
+REVIEW_FILE = f"{REPORTS}/quarantine_review.json"
+LATEST_QUALITY_RUN = f"{REPORTS}/quality/latest_run.json"
+HISTORY_DIR = f"{REPORTS}/history"
+TRAINING_DIR = f"{REPORTS}/training"
+
+
+def quality_report(run_id: str) -> str:
+    """Quality results of one run: ``reports/quality/<run>.json``."""
+    return f"{REPORTS}/quality/{run_id}.json"
+
+
+def run_summary(run_id: str) -> str:
+    """The run summary the CLI prints (and the dashboard's trend reads): ``reports/history/<run>.json``."""
+    return f"{HISTORY_DIR}/{run_id}.json"
+
+
+def training_record(version: str) -> str:
+    """Training lineage of one snapshot: ``reports/training/<version>.json``."""
+    return f"{TRAINING_DIR}/{version}.json"
+
+
+def training_job_record(version: str, job: str, name: str) -> str:
+    """Result record of one training job: ``reports/training/<version>/<job>-<name>.json``."""
+    return f"{TRAINING_DIR}/{version}/{job}-{name}.json"
