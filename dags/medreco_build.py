@@ -36,7 +36,7 @@ def medreco_build():
         ctx.check_key()
         return [i.id for i in ctx.cfg.institutions]
 
-    @task(map_index_template="{{ task.op_kwargs['institution'] }}")
+    @task(multiple_outputs=True, map_index_template="{{ task.op_kwargs['institution'] }}")
     def discover(institution: str) -> dict:
         from etl.build.stages import discover as run
 
@@ -62,7 +62,7 @@ def medreco_build():
         ctx = task_context()
         return [normalise_shard(ctx, s) for s in batch]
 
-    @task
+    @task(multiple_outputs=True)
     def reports() -> dict:
         from etl.build.stages import reports as run
 
@@ -83,28 +83,28 @@ def medreco_build():
         ctx = task_context()
         return [assemble_shard(ctx, s) for s in batch]
 
-    @task
+    @task(multiple_outputs=True)
     def retrieval() -> dict:
         """Cross-patient retrieval targets (all shards) and the split leak check that fails the build."""
         from etl.build.stages import retrieval as run
 
         return run(task_context())
 
-    @task
+    @task(multiple_outputs=True)
     def ledger() -> dict:
-        from etl.build.ledger import finalise
+        from etl.build.stages import finalise
 
         return finalise(task_context())
 
-    @task
+    @task(multiple_outputs=True)
     def quality() -> dict:
         from quality.gate import quality_stage
 
         return quality_stage(task_context())
 
-    @task(outlets=[SNAPSHOT_ASSET])
+    @task(multiple_outputs=True, outlets=[SNAPSHOT_ASSET])
     def snapshot() -> dict:
-        from etl.build.publish_stage import publish_stage
+        from etl.build.stages import publish_stage
 
         result = publish_stage(task_context())
         get_current_context()["outlet_events"][SNAPSHOT_ASSET].extra = {

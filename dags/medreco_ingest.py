@@ -33,9 +33,9 @@ def make_ingest_dag(institution: str):
         doc_md=__doc__,
     )
     def ingest():
-        @task(outlets=[source_asset(institution)])
+        @task(multiple_outputs=True, outlets=[source_asset(institution)])
         def check_delivery() -> dict:
-            from etl.build.ingest import check_delivery as run
+            from etl.build.stages import check_delivery as run
 
             result = run(task_context(), institution)
             if not result["changed"]:

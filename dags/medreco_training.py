@@ -37,7 +37,7 @@ def _config() -> str:
     doc_md=__doc__,
 )
 def medreco_training():
-    @task
+    @task(multiple_outputs=True)
     def launch(job: str) -> dict:
         from training.pipeline import snapshot_from_events, start_job
 
@@ -54,7 +54,7 @@ def medreco_training():
             raise LauncherError(f"{handle['job']} training failed: {handle.get('stderr_tail') or handle.get('name')}")
         return PokeReturnValue(is_done=status in ("succeeded", "disabled"), xcom_value=handle)
 
-    @task
+    @task(multiple_outputs=True)
     def record(handles: list[dict]) -> dict:
         from training.pipeline import record_runs
 

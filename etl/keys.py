@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,3 +139,24 @@ def demo_key(path: Path) -> str:
         path.write_text(secrets.token_hex(32))
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+# ---- patient identifiers ---------------------------------------------------------------------------------
+
+def normalise_patient_id(value: str) -> str:
+    """PatientID (or issuer) as compared across deliveries: trailing ``^`` and padding removed, inner
+    whitespace collapsed, upper case. ``" ab 12^ "`` and ``"AB 12"`` are one patient."""
+    return re.sub(r"\s+", " ", str(value).strip().rstrip("^").strip()).upper()
+
+
+def patient_value(institution: str, patient_id: str, issuer: str | None = None) -> str:
+    """The string pseudonymised for a patient: institution, issuer of the ID, normalised PatientID.
+
+    PatientID is unique only within its issuer, and issuers only within an institution's namespace.
+    """
+    return f"{institution}|{normalise_patient_id(issuer or '')}|{normalise_patient_id(patient_id)}"
+
+
+def patient_key_for(key: PseudonymKey, institution: str, patient_id: str, issuer: str | None = None) -> str:
+    """The patient pseudonym (HMAC-SHA256, 64 bits hex) used everywhere: tables, shards, date shifts."""
+    return key.pseudonym("patient", patient_value(institution, patient_id, issuer))

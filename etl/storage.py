@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from schemas.config import PipelineConfig
+
 
 class StorageError(RuntimeError):
     """Raised for a storage URI that cannot be opened or a missing object."""
@@ -100,6 +102,13 @@ class Storage:
             fs.create_dir(root, recursive=True)
             uri = root
         return cls(fs=fs, root=root, uri=uri)
+
+    @classmethod
+    def from_config(cls, cfg: PipelineConfig) -> Storage:
+        """Open a pipeline config's storage root (``storage.root``, its S3 endpoint and region; a relative
+        local root is resolved from the config file's folder). The one place a root is opened from a config."""
+        return cls.open(cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region,
+                        base_dir=cfg.base_dir)
 
     @property
     def is_local(self) -> bool:

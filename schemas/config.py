@@ -199,11 +199,11 @@ class RetrievalConfig(_Strict):
         default=30_000, ge=2, description="cap on studies per (family, entity), lowest hash first (MedReCo: 30,000)"
     )
     states: list[Literal["present", "absent", "uncertain"]] = Field(
-        default_factory=lambda: ["present"], min_length=1,
+        default=["present"], min_length=1,
         description="entity states whose studies are queries and candidates (not_mentioned never is)",
     )
     weights: dict[Literal["laterality", "severity", "anatomy", "change"], float] = Field(
-        default_factory=lambda: {"laterality": 0.3, "severity": 0.3, "anatomy": 0.2, "change": 0.2},
+        default={"laterality": 0.3, "severity": 0.3, "anatomy": 0.2, "change": 0.2},
         description="attribute weights of the similarity (summing to 1); the assertion must match exactly",
     )
     similarity: str = Field(

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from schemas.config import PROJECT_ROOT
+
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 TEST_KEY = "medreco-test-secret-0123456789abcdef0123456789abcdef"
 

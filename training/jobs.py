@@ -54,8 +54,7 @@ def open_storage(pipeline_config: str | None = None, root: str | None = None) ->
         from schemas.config import load_config
 
         cfg = load_config(pipeline_config)
-        return Storage.open(cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region,
-                            base_dir=cfg.base_dir)
+        return Storage.from_config(cfg)
     if root:
         return Storage.open(root)
     raise ValueError("give the pipeline config or the storage root")

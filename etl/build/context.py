@@ -82,11 +82,7 @@ class BuildContext:
     @classmethod
     def from_config(cls, cfg: PipelineConfig, run_id: str, key: PseudonymKey | None = None) -> BuildContext:
         """As :meth:`from_config_file` for an already validated config."""
-        storage = Storage.open(
-            cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region,
-            base_dir=cfg.base_dir,
-        )
-        return cls(cfg=cfg, storage=storage, key=key or load_key(), run_id=safe_run_id(run_id))
+        return cls(cfg=cfg, storage=Storage.from_config(cfg), key=key or load_key(), run_id=safe_run_id(run_id))
 
     def check_key(self) -> None:
         """Bind the storage root to the key's (non-secret) fingerprint on first use; refuse another key later.

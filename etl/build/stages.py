@@ -1,6 +1,10 @@
 """The build stages: each a function of (context, input partition) -> output partition.
 
-Airflow tasks in ``dags/`` call these and nothing else. Every per-shard stage reads and writes only its
+Airflow tasks in ``dags/`` call these and nothing else: the stages defined here, the ledger, delivery check and
+publish stages re-exported from their modules (:func:`finalise`, :func:`check_delivery`, :func:`publish_stage`),
+and the quality gate (:func:`quality.gate.quality_stage`, which lives above ``etl`` because it runs the quality
+package). Each stage reads its inputs, calls pure functions of the step's package (``etl.sources``,
+``etl.deid``, ``etl.pixels``, ``etl.assemble``, ``entity_extraction``) and writes. Every per-shard stage reads and writes only its
 own shard partitions (``curated/<table>/shard=NNNNN/part-0.parquet``), writes atomically, and writes an
 empty partition for an empty shard, so a re-run of the same inputs writes the same bytes and an
 interrupted run can simply be retried.
@@ -33,7 +37,10 @@ import pydicom
 
 from etl import zones
 from etl.build.context import EVENT_SCHEMA, BuildContext
-from etl.deid.dicom import DeidentificationError, deidentify_dataset, patient_key_for
+from etl.build.ingest import check_delivery
+from etl.build.ledger import finalise
+from etl.build.publish_stage import publish_stage
+from etl.deid.dicom import DeidentificationError, deidentify_dataset
 from etl.deid.policy import build_policy
 from etl.sources.discover import (
     PLAN_SCHEMA,
@@ -55,6 +62,11 @@ from schemas import study_labels as study_labels_schema
 from schemas.base import table_from_rows
 from schemas.config import CONFIG_DIR
 from schemas.ontology import infer_body_part, modality_family
+
+__all__ = [
+    "assemble_shard", "check_delivery", "deidentify_shard", "discover", "entities_shard", "finalise", "normalise_shard",
+    "plan", "publish_stage", "reports", "retrieval",
+]
 
 log = logging.getLogger(__name__)
 DEID_AUDIT_COUNTS = deid_audit_schema.COUNTS
@@ -304,16 +316,11 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
 def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     """Decode and normalise one shard's de-identified instances into ``images`` and ``series`` partitions.
 
-    2D objects give one image row each; CT/MR slices of one series are stacked into one volume row.
-    Decode failures are quarantined (events name the source file through the de-identification events).
+    The series rules (which instances become a volume, which stay 2D, fallbacks) are
+    :func:`etl.pixels.series.normalise_instances`. Failures are quarantined (events name the source file
+    through the de-identification events).
     """
-    from etl.pixels.normalise import (
-        NormalisationError,
-        check_image_has_pixels,
-        image_kind,
-        normalise_2d,
-        normalise_volume,
-    )
+    from etl.pixels.series import normalise_instances
 
     digest = _digest("normalise", _deid_digest(ctx, shard))
     done = _resume(ctx, "normalise", shard, digest)
@@ -322,85 +329,25 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     inst = pl.from_arrow(_shard_table(ctx, "instances", instances_schema.SCHEMA, shard))
     src = pl.from_arrow(_read_events(ctx, "deidentify", shard)).filter(pl.col("status") == "ingested")
     source_of = dict(zip(src["sop_key"].to_list(), zip(src["source_uri"].to_list(), src["sha256"].to_list())))
-    cfg = ctx.cfg.normalisation
-    images, events = [], []
-    by_series: dict[str, list[tuple[dict, pydicom.Dataset]]] = {}
-    series_meta: dict[str, dict] = {}
 
-    def quarantine(sop_keys: list[str], err: Exception, reason: str) -> None:
-        for k in sop_keys:
-            uri, sha = source_of[k]
-            events.append({"source_uri": uri, "sha256": sha, "stage": "normalise", "status": "quarantined",
-                           "reason": reason, "detail": str(err)[:300], "sop_key": k})
-
-    for row in inst.sort("sop_key").iter_rows(named=True):
+    def read(row: dict) -> pydicom.Dataset | Exception:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                ds = pydicom.dcmread(io.BytesIO(ctx.storage.read_bytes(row["dicom_path"])), force=True)
+                return pydicom.dcmread(io.BytesIO(ctx.storage.read_bytes(row["dicom_path"])), force=True)
         except Exception as err:  # noqa: BLE001  any parse failure of our own output is quarantined
-            quarantine([row["sop_key"]], err, "truncated_file")
-            continue
-        kind = image_kind(ds)
-        if kind == "none":
-            try:  # an image object without pixels must not vanish from its series
-                check_image_has_pixels(ds)
-            except NormalisationError as err:
-                quarantine([row["sop_key"]], err, err.reason)
-                continue
-        series_meta.setdefault(row["series_key"], {**row, "n": 0})
-        series_meta[row["series_key"]]["n"] += 1
-        if kind == "3d_slice":
-            by_series.setdefault(row["series_key"], []).append((row, ds))
-        elif kind == "2d":
-            try:
-                res = normalise_2d(ds, cfg)
-            except NormalisationError as err:
-                quarantine([row["sop_key"]], err, err.reason)
-                continue
-            images.append(_image_row(row, res, row["sop_key"], "2d"))
-    for series_key, members in sorted(by_series.items()):
-        sops = [r["sop_key"] for r, _ in members]
-        try:
-            if len(members) == 1:
-                res, kind = normalise_2d(members[0][1], cfg), "2d"
-            else:
-                target = cfg.ct_spacing_mm if members[0][0]["modality"] == "CT" else None
-                res, kind = normalise_volume([d for _, d in members], cfg, target_spacing_mm=target), "3d"
-        except NormalisationError as err:
-            if err.reason != "inconsistent_series":
-                quarantine(sops, err, err.reason)
-                continue
-            # slices that do not stack (repeated positions, re-encoded copies): keep each as a 2D image
-            for r, d in members:
-                try:
-                    images.append(_image_row(r, normalise_2d(d, cfg), r["sop_key"], "2d"))
-                except NormalisationError as err2:
-                    quarantine([r["sop_key"]], err2, err2.reason)
-            continue
-        image_key = hashlib.sha256(("volume|" + series_key).encode()).hexdigest()[:16] if kind == "3d" else sops[0]
-        images.append(_image_row(members[0][0], res, image_key, kind))
-        # slices left out of the volume (localizers, another matrix or orientation) become 2D images
-        for ex in {e["index"]: e for e in res.get("excluded") or [] if e.get("frame") in (None, 0)}.values():
-            r, d = members[ex["index"]]
-            try:
-                images.append(_image_row(r, normalise_2d(d, cfg), r["sop_key"], "2d"))
-            except NormalisationError as err2:
-                quarantine([r["sop_key"]], err2, err2.reason)
-    series_rows = []
-    for key, m in sorted(series_meta.items()):
-        spacing = next((img["spacing_mm"] for img in images if img["series_key"] == key), None)
-        series_rows.append({
-            "series_key": key, "study_key": m["study_key"], "patient_key": m["patient_key"],
-            "institution": m["institution"], "modality": m["modality"], "view_position": m["view_position"],
-            "orientation": next((img.get("_orientation") for img in images if img["series_key"] == key), None),
-            "spacing_mm": spacing, "n_instances": m["n"], "manufacturer": m["manufacturer"], "model": m["model"],
-            "shard": shard,
-        })
-    for img in images:
-        img.pop("_orientation", None)
-    n_img = write_partition(ctx, "images", images_schema.SCHEMA, shard, images)
-    write_partition(ctx, "series", series_schema.SCHEMA, shard, series_rows)
+            return err
+
+    rows = inst.sort("sop_key").iter_rows(named=True)
+    result = normalise_instances(((row, read(row)) for row in rows), ctx.cfg.normalisation)
+    n_img = write_partition(ctx, "images", images_schema.SCHEMA, shard, [img.row for img in result.images])
+    write_partition(ctx, "series", series_schema.SCHEMA, shard, result.series_rows(shard))
+    events = []
+    for failure in result.failures:
+        for k in failure.sop_keys:
+            uri, sha = source_of[k]
+            events.append({"source_uri": uri, "sha256": sha, "stage": "normalise", "status": "quarantined",
+                           "reason": failure.reason, "detail": failure.detail, "sop_key": k})
     quarantined_keys = {e["sop_key"] for e in events}
     for k, (uri, sha) in sorted(source_of.items()):
         if k not in quarantined_keys:
@@ -410,76 +357,7 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
                    {"shard": shard, "images": n_img, "quarantined": sum(e["status"] == "quarantined" for e in events)})
 
 
-def _image_row(row: dict, res: dict, image_key: str, kind: str) -> dict:
-    return {
-        "image_key": image_key, "series_key": row["series_key"], "study_key": row["study_key"],
-        "patient_key": row["patient_key"], "institution": row["institution"], "modality": row["modality"],
-        "view": res.get("view") or (res.get("orientation") if kind == "3d" else None), "kind": kind,
-        "rows": res["rows"], "cols": res["cols"], "n_slices": res.get("n_slices", 1),
-        "spacing_mm": res.get("spacing_mm"), "payload_format": res["payload_format"], "payload": res["payload"],
-        "payload_sha256": res.get("payload_sha256") or hashlib.sha256(res["payload"]).hexdigest(),
-        "shape": res.get("shape"), "dtype": res.get("dtype"), "origin_mm": res.get("origin_mm"),
-        "direction": res.get("direction"),
-        "recipe": res["recipe"], "transfer_syntax": row["transfer_syntax"], "shard": row["shard"],
-        "_orientation": res.get("orientation"),
-    }
-
-
 # ---- reports -------------------------------------------------------------------------------------
-
-#: header elements whose values are PHI to redact from the text of a report linked to that study
-REPORT_PHI_KEYWORDS = (
-    "PatientName", "OtherPatientNames", "PatientBirthName", "PatientMotherBirthName", "PatientID",
-    "OtherPatientIDs", "AccessionNumber", "ReferringPhysicianName", "PerformingPhysicianName", "OperatorsName",
-    "PatientAddress", "PatientTelephoneNumbers", "InstitutionName",
-)
-
-
-def _header_phi(uri: str, ctx: BuildContext) -> list[str]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ds = pydicom.dcmread(io.BytesIO(read_uri(uri, endpoint_url=ctx.cfg.storage.s3_endpoint_url)),
-                             stop_before_pixels=True, force=True)
-    out = []
-    for kw in REPORT_PHI_KEYWORDS:
-        v = ds.get(kw)
-        if v in (None, ""):
-            continue
-        for item in (v if isinstance(v, (list, pydicom.multival.MultiValue)) else [v]):
-            if str(item).strip():
-                out.append(str(item).strip())
-    return out
-
-
-_SOURCE_DATE_PATTERNS: list | None = None
-
-
-def surviving_source_dates(source: str, deidentified: str) -> int:
-    """Number of date strings of the source text still present verbatim in the de-identified text.
-
-    Uses the quality gate's date patterns (``quality/rules.yaml``), an implementation independent of the
-    text de-identifier's, so a date the de-identifier missed is caught here (fail-closed).
-    """
-    import re
-
-    global _SOURCE_DATE_PATTERNS
-    if _SOURCE_DATE_PATTERNS is None:
-        from quality.checks import load_rules
-
-        _SOURCE_DATE_PATTERNS = [re.compile(p["regex"], re.IGNORECASE) for p in load_rules()["phi"]["patterns"]
-                                 if p["name"].startswith("date_")]
-    found = {m.group(0).strip(" ,.;:()") for rx in _SOURCE_DATE_PATTERNS for m in rx.finditer(source)}
-    return sum(1 for d in found if len(d) >= 6 and d in deidentified)
-
-
-def _parse_report_datetime(value: str | None) -> dt.date | None:
-    if not value:
-        return None
-    try:
-        return dt.datetime.fromisoformat(str(value).strip()).date()
-    except ValueError:
-        return None
-
 
 def reports(ctx: BuildContext) -> dict:
     """Ingest every report file of the run: parse, link to studies, de-identify, split into sections.
@@ -490,19 +368,19 @@ def reports(ctx: BuildContext) -> dict:
     """
     from entity_extraction.sections import split_sections
     from entity_extraction.text_deid import deidentify_text
+    from etl.sources.report_linking import (
+        StudyIndex,
+        header_phi,
+        link_report,
+        parse_report_datetime,
+        surviving_source_dates,
+    )
     from etl.sources.reports import ReportSourceError, iter_report_source
 
     key, shard_count = ctx.key, ctx.cfg.shard_count
     instances = pl.from_arrow(_all_shards(ctx, "instances", instances_schema.SCHEMA))
-    by_study = {r["study_key"]: r for r in instances.unique("study_key", keep="first").iter_rows(named=True)}
-    by_accession = {
-        (r["institution"], r["accession_key"]): r
-        for r in instances.filter(pl.col("accession_key").is_not_null()).sort("study_key")
-        .unique(["institution", "accession_key"], keep="first").iter_rows(named=True)
-    }
     dev = pl.concat([pl.from_arrow(_read_events(ctx, "deidentify", s)) for s in range(shard_count)])
-    dev = dev.filter(pl.col("status") == "ingested").sort("source_uri")
-    study_source = dict(zip(dev["study_key"].to_list(), dev["source_uri"].to_list()))
+    index = StudyIndex.build(instances, dev.filter(pl.col("status") == "ingested"))
 
     files = _plan(ctx).filter((pl.col("kind") == "report") & (pl.col("status") == "pending")).sort("source_uri")
     rows_by_shard: dict[int, list[dict]] = {s: [] for s in range(shard_count)}
@@ -530,24 +408,13 @@ def reports(ctx: BuildContext) -> dict:
             if report_id in seen_ids:
                 continue  # the same report delivered twice in one file: first wins (deterministic order)
             seen_ids.add(report_id)
-            study = None
-            if rec.get("study_instance_uid"):
-                study = by_study.get(key.pseudonym("study", str(rec["study_instance_uid"]).strip()))
-            if study is None and rec.get("accession_number"):
-                acc = key.pseudonym("accession", f"{inst.id}|{str(rec['accession_number']).strip()}")
-                study = by_accession.get((inst.id, acc))
+            link = link_report(rec, inst, key, index)
+            patient_key = link.patient_key
             known_phi = [str(rec[k]) for k in ("patient_id", "patient_name", "accession_number") if rec.get(k)]
-            if study is not None:
-                patient_key, link = study["patient_key"], "linked"
-                uri = study_source.get(study["study_key"])
-                if uri and uri not in phi_cache:
-                    phi_cache[uri] = _header_phi(uri, ctx)
-                known_phi += phi_cache.get(uri, [])
-            elif rec.get("patient_id"):
-                patient_key = patient_key_for(key, inst.id, str(rec["patient_id"]), inst.patient_id_issuer)
-                link = "no_study"
-            else:
-                patient_key, link = None, "report_only_source" if not inst.dicom else "no_study"
+            uri = index.study_source.get(link.study_key) if link.study_key else None
+            if uri and uri not in phi_cache:
+                phi_cache[uri] = header_phi(read_uri(uri, endpoint_url=ctx.cfg.storage.s3_endpoint_url))
+            known_phi += phi_cache.get(uri, []) if uri else []
             shift = key.date_shift_days(patient_key) if patient_key else None
             text, counts = deidentify_text(rec["text"], known_phi=known_phi, date_shift_days=shift,
                                            day_first=inst.reads_day_first)
@@ -558,12 +425,12 @@ def reports(ctx: BuildContext) -> dict:
                                  "detail": "a date of the source text survived text de-identification"})
                 continue
             sections = split_sections(text)
-            rdate = _parse_report_datetime(rec.get("report_datetime"))
+            rdate = parse_report_datetime(rec.get("report_datetime"))
             shard = key.shard(patient_key or report_id, shard_count)
             rows_by_shard[shard].append({
-                "report_id": report_id, "study_key": study["study_key"] if study else None,
+                "report_id": report_id, "study_key": link.study_key,
                 "patient_key": patient_key, "institution": inst.id, "language": rec.get("language") or inst.language,
-                "link_status": link, **{k: sections.get(k) or None for k in ("indication", "comparison", "findings", "impression")},
+                "link_status": link.link_status, **{k: sections.get(k) or None for k in ("indication", "comparison", "findings", "impression")},
                 "text": text, "redactions": int(sum(counts.values())),
                 "redaction_counts": json.dumps(dict(sorted(counts.items()))),
                 "report_date_shifted": (rdate + dt.timedelta(days=shift)) if (rdate and shift is not None) else None,

@@ -42,8 +42,7 @@ def _storage(config: Path):
         cfg = load_config(config)
     except ConfigError as err:
         _fail(str(err))
-    return cfg, Storage.open(cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url,
-                             region=cfg.storage.s3_region, base_dir=cfg.base_dir)
+    return cfg, Storage.from_config(cfg)
 
 
 def _print_summary(summary: dict, quiet: bool = False) -> None:
@@ -134,11 +133,12 @@ def demo(
     from etl.build.context import BuildContext
     from etl.cli.embedded import run_training
 
-    existing = zones.training_record(summary["version"])
+    version = str(summary["version"])
+    existing = zones.training_record(version)
     storage = BuildContext.from_config_file(str(DEMO_CONFIG), run_id="demo-training").storage
     try:
         record = (json.loads(storage.read_text(existing)) if not summary["created"] and storage.is_file(existing)
-                  else run_training(DEMO_CONFIG, summary["version"]))
+                  else run_training(DEMO_CONFIG, version))
     except BuildFailedError as err:
         _fail(str(err))
     _print_training(record)
@@ -312,9 +312,10 @@ def dashboard(
     uvicorn.run(create_app(st), host="127.0.0.1", port=port, log_level="warning")
 
 
-def main() -> None:  # pragma: no cover
-    """Entry point for ``python -m etl.cli``."""
+def main() -> int:  # pragma: no cover
+    """Entry point for ``python -m etl.cli`` (Typer exits with the command's status itself)."""
     app()
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

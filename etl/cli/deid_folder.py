@@ -45,7 +45,9 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
     (out / "files").mkdir(parents=True, exist_ok=True)
     cfg = deid_cfg or DeidConfig()
     policy = build_policy(cfg)
-    rows, seen, written = [], {}, {}
+    rows: list[dict] = []
+    seen: dict[str, str] = {}
+    written: dict[str, str] = {}
     for path in sorted(p for p in Path(src).rglob("*") if p.is_file()):
         data = path.read_bytes()
         sha = hashlib.sha256(data).hexdigest()

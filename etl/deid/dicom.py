@@ -45,7 +45,7 @@ from pydicom.tag import Tag
 from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID, ExplicitVRLittleEndian, UID_dictionary
 
 from etl.deid.policy import Policy, build_policy
-from etl.keys import PseudonymKey
+from etl.keys import PseudonymKey, patient_key_for
 from etl.sources.dicom_integrity import last_element_cut
 from schemas.config import PixelCleaningRule
 from schemas.errors import ReasonCodedError
@@ -112,27 +112,6 @@ class DeidResult:
     def to_bytes(self) -> bytes:
         """The de-identified, verified file (Part 10, with preamble and file meta)."""
         return self.payload
-
-
-# ---- identifiers ---------------------------------------------------------------------------------
-
-def normalise_patient_id(value: str) -> str:
-    """PatientID (or issuer) as compared across deliveries: trailing ``^`` and padding removed, inner
-    whitespace collapsed, upper case. ``" ab 12^ "`` and ``"AB 12"`` are one patient."""
-    return re.sub(r"\s+", " ", str(value).strip().rstrip("^").strip()).upper()
-
-
-def patient_value(institution: str, patient_id: str, issuer: str | None = None) -> str:
-    """The string pseudonymised for a patient: institution, issuer of the ID, normalised PatientID.
-
-    PatientID is unique only within its issuer, and issuers only within an institution's namespace.
-    """
-    return f"{institution}|{normalise_patient_id(issuer or '')}|{normalise_patient_id(patient_id)}"
-
-
-def patient_key_for(key: PseudonymKey, institution: str, patient_id: str, issuer: str | None = None) -> str:
-    """The patient pseudonym (HMAC-SHA256, 64 bits hex) used everywhere: tables, shards, date shifts."""
-    return key.pseudonym("patient", patient_value(institution, patient_id, issuer))
 
 
 # ---- dates ---------------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ from etl.snapshots.api import Snapshot, load_snapshot
 from etl.snapshots.card import card_facts, dataset_card
 from etl.snapshots.delta import delta_table_id, encode_data_files
 from etl.snapshots.diff import TableDiff, diff
+from etl.snapshots.loader import load_image, to_tensor
 from etl.snapshots.manifest import (
     CARD,
     FORMAT,
@@ -87,6 +88,6 @@ __all__ = [
     "CARD", "FORMAT", "MANIFEST", "MANIFEST_SHA", "PUBLISH_LOG", "READ_FORMATS", "TABLES_DIR", "Release", "Snapshot",
     "SnapshotError", "TableDiff", "bump_version", "card_facts", "change_kind", "code_version", "content_hash",
     "dataset_card", "delta_table_id", "diff", "encode_data_files", "input_ledger_summary", "latest_ledger_run",
-    "list_versions", "load_snapshot", "publish", "read_manifest", "read_publish_log", "read_snapshot_table",
-    "release_epoch", "release_files", "resolve_version", "table_counts", "table_uri", "verify",
+    "list_versions", "load_image", "load_snapshot", "publish", "read_manifest", "read_publish_log", "read_snapshot_table",
+    "release_epoch", "release_files", "resolve_version", "table_counts", "table_uri", "to_tensor", "verify",
 ]

@@ -145,7 +145,7 @@ def _delta_table_template(table: str) -> tuple[dict, dict]:
     return _protocol_action(actions["protocol"]), actions["metaData"]
 
 
-def _metadata_action(template: dict, table_id: str, created_ms: int) -> dict:
+def _metadata_action(template: dict, table_id: str | int, created_ms: int) -> dict:
     """A Delta ``metaData`` action in a fixed key order from ``deltalake``'s (``id``/``createdTime`` replaced)."""
     return {"id": table_id, "name": template.get("name"), "description": template.get("description"),
             "format": {"provider": "parquet", "options": {}}, "schemaString": template["schemaString"],

@@ -18,7 +18,7 @@ import numpy as np
 from etl.pixels.normalise import VOLUME_FORMATS, load_payload
 
 
-def _vector(value: Any, size: int) -> list[float] | None:
+def _vector(value: Any, size: int) -> list[float | None] | None:
     if value is None:
         return None
     arr = np.asarray(value, dtype=np.float64).reshape(-1)

@@ -67,7 +67,7 @@ def release_epoch(source_date_epoch: int | str | None = None) -> tuple[int, str]
     if source_date_epoch is None and os.environ.get("SOURCE_DATE_EPOCH", "") != "":
         value, origin = os.environ["SOURCE_DATE_EPOCH"], "SOURCE_DATE_EPOCH"
     elif source_date_epoch is not None:
-        value, origin = source_date_epoch, "argument"
+        value, origin = str(source_date_epoch), "argument"
     else:
         return int(dt.datetime.now(dt.UTC).timestamp()), "clock"
     text = str(value).strip()

@@ -269,11 +269,12 @@ class VQADataset(_Base):
             studies = q.get("study_keys") or (
                 [p["prior_study_key"], p["current_study_key"]] if p else [q["study_key"]] if q.get("study_key") else [])
             modality, view = (p["modality"], p["view"]) if p else (None, None)
-            picks = [self.store.pick(sk, modality, view) for sk in studies] or [None]
-            if any(i is None for i in picks):
+            picks = [self.store.pick(sk, modality, view) for sk in studies]
+            found = [i for i in picks if i is not None]
+            if not picks or len(found) < len(picks):
                 self.excluded.append(q["item_id"])
                 continue
-            self.items.append((q, picks))
+            self.items.append((q, found))
 
     def __len__(self) -> int:
         return len(self.items)

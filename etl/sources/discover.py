@@ -27,8 +27,7 @@ import pydicom
 from pydicom.errors import InvalidDicomError
 
 from etl import zones
-from etl.deid.dicom import patient_key_for
-from etl.keys import PseudonymKey
+from etl.keys import PseudonymKey, patient_key_for
 from etl.sources.dicom_integrity import last_element_cut
 from etl.storage import Storage
 from schemas.config import Institution, PipelineConfig
@@ -170,8 +169,8 @@ def discover_institution(
             row["kind"] = "dicom"
             uids: dict = {}
             pid, reason, detail = classify_dicom(data, uids)
-            if reason:
-                row.update(status="quarantined", reason=reason, detail=detail)
+            if reason or pid is None:
+                row.update(status="quarantined", reason=reason or "missing_patient_id", detail=detail)
             else:
                 patient_key = patient_key_for(key, inst.id, pid, uids["IssuerOfPatientID"] or inst.patient_id_issuer)
                 row.update(

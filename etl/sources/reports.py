@@ -43,7 +43,7 @@ import datetime as dt
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import PurePosixPath
 
 from schemas.errors import ReasonCodedError
@@ -106,7 +106,7 @@ def _clean_value(value: object, key: str, where: str) -> str | None:
     return value if value.strip() else None
 
 
-def _record(raw: dict[str, object], where: str) -> dict[str, str | None]:
+def _record(raw: Mapping[str, object], where: str) -> dict[str, str | None]:
     unknown = sorted(k for k in raw if k not in RECORD_FIELDS)
     if unknown:
         raise ReportSourceError("malformed_report_record", f"{where}: unknown field(s) {unknown}")
@@ -323,7 +323,7 @@ class _Hl7Message:
             if parts[0] or parts[1]:
                 names.append((self.component(rep, 7).upper() == "L", "^".join(parts).rstrip("^")))
         legal = [pn for is_legal, pn in names if is_legal]
-        return (legal or [pn for _, pn in names] or [None])[0]
+        return next(iter(legal or [pn for _, pn in names]), None)
 
     def text(self, raw: str) -> str:
         """A whole text value (TX/FT/ST): unescaped; a stray component separator is kept as text."""

@@ -1,0 +1,192 @@
+"""A shard's de-identified instances to image rows: the series rules between the instances and the images table.
+
+Which instances become one volume and which stay 2D images is decided here, not in the stage:
+
+- 2D objects (CR, DX, MG, US, XA, RF, single frames: :func:`etl.pixels.normalise.image_kind` ``2d``) give one
+  image each (:func:`etl.pixels.normalise.normalise_2d`);
+- CT/MR slices (``3d_slice``) are grouped by series; a series of several slices becomes one volume
+  (:func:`etl.pixels.normalise.normalise_volume`, CT resampled to ``ct_spacing_mm``), a one-slice series a 2D image;
+- a series whose slices do not stack (``inconsistent_series``: repeated positions, re-encoded copies) falls back
+  to one 2D image per slice; slices the volume left out (localizers, another matrix or orientation) become 2D
+  images too, so no decodable instance vanishes;
+- an image object without pixels (``none`` kind of an Image Storage class) and any normalisation error are
+  failures with the reason code of :class:`etl.pixels.decode.NormalisationError`, for the quarantine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydicom.dataset import Dataset
+
+from etl.pixels.normalise import (
+    NormalisationError,
+    check_image_has_pixels,
+    image_kind,
+    normalise_2d,
+    normalise_volume,
+)
+from schemas.config import NormalisationConfig
+
+
+@dataclass(frozen=True)
+class NormalisedImage:
+    """One row of the ``images`` table and the anatomical plane of its series.
+
+    Attributes
+    ----------
+    row : dict
+        the images-table row (columns of :mod:`schemas.images`; ``payload`` holds the PNG or ``.npy`` bytes).
+    orientation : str or None
+        ``axial`` / ``coronal`` / ``sagittal`` of a volume's slices (for the ``series`` table), else None.
+    """
+
+    row: dict[str, Any]
+    orientation: str | None = None
+
+
+@dataclass(frozen=True)
+class PixelFailure:
+    """Instances that cannot be normalised: their ``sop_key``s, the reason code and a PHI-free detail."""
+
+    sop_keys: tuple[str, ...]
+    reason: str
+    detail: str
+
+
+@dataclass
+class ShardPixels:
+    """What :func:`normalise_instances` made of one shard: image rows, failures and per-series instance counts."""
+
+    images: list[NormalisedImage] = field(default_factory=list)
+    failures: list[PixelFailure] = field(default_factory=list)
+    #: series_key -> the first instance row of the series, with ``n`` its number of instances
+    series: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def fail(self, sop_keys: Iterable[str], err: Exception, reason: str) -> None:
+        """Record a failure (the detail is the error's message, cut to 300 characters)."""
+        self.failures.append(PixelFailure(tuple(sop_keys), reason, str(err)[:300]))
+
+    def series_rows(self, shard: int) -> list[dict[str, Any]]:
+        """Rows of the ``series`` table (:mod:`schemas.series`), sorted by ``series_key``; spacing and orientation
+        from the series' first image row."""
+        first: dict[str, NormalisedImage] = {}
+        for img in self.images:
+            first.setdefault(img.row["series_key"], img)
+        rows = []
+        for key, m in sorted(self.series.items()):
+            img = first.get(key)
+            rows.append({
+                "series_key": key, "study_key": m["study_key"], "patient_key": m["patient_key"],
+                "institution": m["institution"], "modality": m["modality"], "view_position": m["view_position"],
+                "orientation": img.orientation if img else None, "spacing_mm": img.row["spacing_mm"] if img else None,
+                "n_instances": m["n"], "manufacturer": m["manufacturer"], "model": m["model"], "shard": shard,
+            })
+        return rows
+
+
+def volume_image_key(series_key: str) -> str:
+    """``image_key`` of a series' volume: the first 16 hex digits of sha256(``"volume|" + series_key``)."""
+    return hashlib.sha256(("volume|" + series_key).encode()).hexdigest()[:16]
+
+
+def image_row(instance: dict[str, Any], res: dict[str, Any], image_key: str, kind: str) -> NormalisedImage:
+    """The images-table row of one normalisation result.
+
+    Parameters
+    ----------
+    instance : dict
+        the ``instances`` row the image comes from (the first slice's for a volume).
+    res : dict
+        the result of :func:`etl.pixels.normalise.normalise_2d` or :func:`~etl.pixels.normalise.normalise_volume`.
+    image_key : str
+        the SOP key of a 2D image, :func:`volume_image_key` of a volume.
+    kind : {"2d", "3d"}
+    """
+    row = {
+        "image_key": image_key, "series_key": instance["series_key"], "study_key": instance["study_key"],
+        "patient_key": instance["patient_key"], "institution": instance["institution"],
+        "modality": instance["modality"],
+        "view": res.get("view") or (res.get("orientation") if kind == "3d" else None), "kind": kind,
+        "rows": res["rows"], "cols": res["cols"], "n_slices": res.get("n_slices", 1),
+        "spacing_mm": res.get("spacing_mm"), "payload_format": res["payload_format"], "payload": res["payload"],
+        "payload_sha256": res.get("payload_sha256") or hashlib.sha256(res["payload"]).hexdigest(),
+        "shape": res.get("shape"), "dtype": res.get("dtype"), "origin_mm": res.get("origin_mm"),
+        "direction": res.get("direction"),
+        "recipe": res["recipe"], "transfer_syntax": instance["transfer_syntax"], "shard": instance["shard"],
+    }
+    return NormalisedImage(row, res.get("orientation"))
+
+
+def _as_2d(out: ShardPixels, instance: dict[str, Any], ds: Dataset, cfg: NormalisationConfig) -> None:
+    try:
+        out.images.append(image_row(instance, normalise_2d(ds, cfg), instance["sop_key"], "2d"))
+    except NormalisationError as err:
+        out.fail([instance["sop_key"]], err, err.reason)
+
+
+def _series(out: ShardPixels, series_key: str, members: list[tuple[dict[str, Any], Dataset]],
+            cfg: NormalisationConfig) -> None:
+    sops = [r["sop_key"] for r, _ in members]
+    if len(members) == 1:
+        _as_2d(out, members[0][0], members[0][1], cfg)
+        return
+    target = cfg.ct_spacing_mm if members[0][0]["modality"] == "CT" else None
+    try:
+        res = normalise_volume([d for _, d in members], cfg, target_spacing_mm=target)
+    except NormalisationError as err:
+        if err.reason != "inconsistent_series":
+            out.fail(sops, err, err.reason)
+            return
+        for r, d in members:  # slices that do not stack: keep each as a 2D image
+            _as_2d(out, r, d, cfg)
+        return
+    out.images.append(image_row(members[0][0], res, volume_image_key(series_key), "3d"))
+    # slices left out of the volume (localizers, another matrix or orientation) become 2D images
+    for ex in {e["index"]: e for e in res.get("excluded") or [] if e.get("frame") in (None, 0)}.values():
+        r, d = members[ex["index"]]
+        _as_2d(out, r, d, cfg)
+
+
+def normalise_instances(items: Iterable[tuple[dict[str, Any], Dataset | Exception]],
+                        cfg: NormalisationConfig) -> ShardPixels:
+    """Normalise a shard's de-identified instances into image rows (the rules of the module docstring).
+
+    Parameters
+    ----------
+    items : iterable of (instance row, dataset or exception)
+        each ``instances`` row (sorted by ``sop_key`` for a deterministic result) with its parsed de-identified
+        dataset, or the exception raised while reading it (recorded as ``truncated_file``).
+    cfg : NormalisationConfig
+
+    Returns
+    -------
+    ShardPixels
+        image rows in order (2D images as met, then volumes and their fallbacks by ``series_key``), failures,
+        and the instance count of every series with at least one readable instance.
+    """
+    out = ShardPixels()
+    by_series: dict[str, list[tuple[dict[str, Any], Dataset]]] = {}
+    for row, ds in items:
+        if isinstance(ds, Exception):  # our own output that does not parse
+            out.fail([row["sop_key"]], ds, "truncated_file")
+            continue
+        kind = image_kind(ds)
+        if kind == "none":
+            try:  # an image object without pixels must not vanish from its series
+                check_image_has_pixels(ds)
+            except NormalisationError as err:
+                out.fail([row["sop_key"]], err, err.reason)
+                continue
+        meta = out.series.setdefault(row["series_key"], {**row, "n": 0})
+        meta["n"] += 1
+        if kind == "3d_slice":
+            by_series.setdefault(row["series_key"], []).append((row, ds))
+        elif kind == "2d":
+            _as_2d(out, row, ds, cfg)
+    for series_key, members in sorted(by_series.items()):
+        _series(out, series_key, members, cfg)
+    return out

@@ -1,0 +1,208 @@
+"""Tests for entity_extraction.evaluate (harness math, label maps) and the ``eval entities`` sub-command."""
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from entity_extraction.evaluate import (
+    NEGBIO_MAP_FILE,
+    EvaluationDataError,
+    evaluate,
+    load_label_map,
+    load_mesh_map,
+    load_openi_dir,
+    mesh_heads,
+    render_table,
+)
+from etl.cli.eval import app
+from schemas.config import PROJECT_ROOT
+from schemas.ontology import load_ontology
+
+OPENI = PROJECT_ROOT.parent / "shared" / "data" / "openi"
+CXR = "2D-CXR"
+LABELS = ["Atelectasis", "Cardiomegaly", "Effusion", "Infiltration", "Mass", "Nodule", "Pneumonia", "Pneumothorax",
+          "Consolidation", "Edema", "Emphysema", "Fibrosis", "Pleural_Thickening", "Hernia"]
+
+# uid, MeSH, indication, findings, impression, NegBio positives
+ROWS = [
+    ("1", "Cardiomegaly/mild;Pleural Effusion/right", "", "Mild cardiomegaly. No pleural effusion.", "",
+     {"Cardiomegaly", "Effusion"}),
+    ("2", "normal", "", "Small left pleural effusion.", "", set()),
+    ("3", "No Indexing", "", "Stable cardiomegaly.", "", {"Cardiomegaly"}),
+    ("4", "Pulmonary Atelectasis/base/left;Catheters, Indwelling", "", "", "Left basilar atelectasis.",
+     {"Atelectasis"}),
+    ("5", "Emphysema;Opacity/lung/round", "", "Emphysema. Nodule in the right upper lobe.", "",
+     {"Emphysema", "Nodule"}),
+    ("6", "Calcified Granuloma/lung", "Pneumonia.", "Calcified granuloma.", "No acute disease.", set()),
+]
+
+
+def write_dir(root: Path, negbio: bool = True) -> Path:
+    with (root / "indiana_reports.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["uid", "MeSH", "Problems", "image", "indication", "comparison", "findings", "impression"])
+        for uid, mesh, ind, fin, imp, _ in ROWS:
+            w.writerow([uid, mesh, "", "", ind, "", fin, imp])
+    if negbio:
+        with (root / "negbio_openi_gold14_labels.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["uid", "filename", *LABELS, "normal"])
+            for uid, *_, pos in ROWS:
+                w.writerow([uid, f"CXR{uid}", *[int(lab in pos) for lab in LABELS], int(not pos)])
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_dir(tmp_path_factory.mktemp("openi"))
+
+
+@pytest.fixture(scope="module")
+def results(tiny):
+    return evaluate(tiny)
+
+
+def counts(result):
+    return {i: (s.tp, s.fp, s.fn) for i, s in result.per_entity.items() if s.tp or s.fp or s.fn}
+
+
+def test_load_dir_builds_sectioned_text(tiny):
+    reports = {r.uid: r for r in load_openi_dir(tiny)}
+    assert reports["6"].text == "INDICATION: Pneumonia.\nFINDINGS: Calcified granuloma.\nIMPRESSION: No acute disease."
+    assert reports["4"].text == "IMPRESSION: Left basilar atelectasis."
+    assert reports["1"].mesh == ("Cardiomegaly/mild", "Pleural Effusion/right")
+    assert reports["5"].labels["Emphysema"] == 1 and reports["5"].labels["Hernia"] == 0
+
+
+def test_mesh_counts_and_figures(results):
+    r = results["mesh"]
+    # F018 r1 TP; F029 r1 FN (negated) + r2 FP ('normal'); F019 r4 TP (impression); F016 r5 TP (round opacity
+    # + nodule) and r6 TP (calcified granuloma); r3 ('No Indexing' only) not scored; pneumonia in INDICATION
+    # of r6 predicts nothing; emphysema (r5) is a 3D-CT concept: out of family, not scored.
+    assert counts(r) == {"F018": (1, 0, 0), "F029": (0, 1, 1), "F019": (1, 0, 0), "F016": (2, 0, 0)}
+    assert (r.n_reports, r.n_excluded) == (6, 1)
+    assert r.micro == pytest.approx((0.8, 0.8, 0.8))
+    assert r.macro == pytest.approx((0.75, 0.75, 0.75))  # mean over the 4 entities with gold positives
+    assert r.out_of_family == {"F032": 1}
+    assert sorted(r.errors) == [("1", "F029", "FN"), ("2", "F029", "FP")]
+    assert r.per_entity["F029"].f1 == 0.0 and r.per_entity["F016"].precision == 1.0
+
+
+def test_negbio_counts_and_figures(results):
+    r = results["negbio"]
+    # r3 has NegBio labels (scored here); r6 granuloma is F016 but NegBio 'Nodule' is 0 -> FP.
+    assert counts(r) == {"F018": (2, 0, 0), "F029": (0, 1, 1), "F019": (1, 0, 0), "F016": (1, 1, 0)}
+    assert r.n_excluded == 0
+    assert r.micro == pytest.approx((4 / 6, 4 / 5, 8 / 11))
+    # labels with no positive in the set are not scored (their concepts leave the universe)
+    assert "C006" not in r.per_entity and "F027" not in r.per_entity
+    assert any("Hernia" in n and "Pneumonia" in n for n in r.notes)
+    # the bound NegBio's narrower labels set: MeSH gold as the prediction (r6 calcified granuloma -> FP)
+    assert any(n.startswith("ceiling (NLM MeSH gold") and "micro precision" in n for n in r.notes)
+    assert r.out_of_family == {"F032": 1}
+
+
+def test_render_table_last_line(results):
+    text = render_table(results["mesh"])
+    lines = text.splitlines()
+    assert lines[-1] == "micro P=0.800 R=0.800 F1=0.800 | macro P=0.750 R=0.750 F1=0.750"
+    assert any(line.startswith("F029 ") and line.split()[-4:-3] == ["1"] for line in lines)
+    assert "F032 Emphysema 1" in text
+
+
+def test_cli_entities(tiny, tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(app, ["entities", "--openi", str(tiny), "--labels", "mesh"])
+    assert out.exit_code == 0, out.output
+    assert out.output.strip().splitlines()[-1] == "micro P=0.800 R=0.800 F1=0.800 | macro P=0.750 R=0.750 F1=0.750"
+    both = runner.invoke(app, ["entities", "--openi", str(tiny)])
+    assert both.exit_code == 0 and both.output.count("micro P=") == 2
+    bad = runner.invoke(app, ["entities", "--openi", str(tmp_path / "missing")])
+    assert bad.exit_code == 1 and len(bad.output.strip().splitlines()) == 1 and "not_a_directory" in bad.output
+    no_neg = write_dir(tmp_path, negbio=False)
+    assert runner.invoke(app, ["entities", "--openi", str(no_neg)]).output.count("micro P=") == 1
+    r = runner.invoke(app, ["entities", "--openi", str(no_neg), "--labels", "negbio"])
+    assert r.exit_code == 1 and "missing_labels" in r.output
+    (tmp_path / "empty").mkdir()
+    r = runner.invoke(app, ["entities", "--openi", str(tmp_path / "empty")])
+    assert r.exit_code == 1 and "missing_reports" in r.output
+
+
+def test_bad_dir_and_label_set(tmp_path):
+    (tmp_path / "indiana_reports.csv").write_text("uid,findings\n1,x\n")
+    with pytest.raises(EvaluationDataError) as err:
+        load_openi_dir(tmp_path)
+    assert err.value.reason == "missing_columns"
+    write_dir(tmp_path)
+    with pytest.raises(EvaluationDataError) as err:
+        evaluate(tmp_path, ("chexpert",))
+    assert err.value.reason == "unknown_label_set"
+
+
+def test_mesh_map_rules():
+    m = load_mesh_map()
+    assert m.family == CXR
+    assert m.concepts("Opacity/lung/base/bilateral/interstitial") == ("F003",)
+    assert m.concepts("Opacity/lung/base/left/streaky") == ()  # nonspecific opacity: no concept
+    assert m.concepts("Aorta, Thoracic/tortuous") == ("F014",)
+    assert m.concepts("Calcinosis/aorta") == ("F020",)
+    assert m.concepts("Calcinosis/lung/hilum/lymph nodes") == ()
+    assert m.concepts("Fractures, Bone/ribs/healed/multiple") == ("F010",)
+    assert m.concepts("Fractures, Bone/ribs/right") == ("F006",)
+    assert m.concepts("Fractures, Bone/clavicle") == ()
+    assert m.concepts("Thoracic vertebrae/degenerative") == ("C017",)
+    assert m.concepts("Subcutaneous  Emphysema/right") == ()
+    assert m.concepts("Pneumothorax/apex") == ()
+    assert m.concepts("Something New") is None
+
+
+def test_bad_maps_rejected(tmp_path):
+    bad = tmp_path / "m.yaml"
+    bad.write_text(yaml.safe_dump({"family": CXR, "mapped": {"X": [{"ids": ["F999"]}]}}))
+    with pytest.raises(EvaluationDataError):
+        load_mesh_map(bad)
+    bad.write_text(yaml.safe_dump({"family": CXR, "mapped": {"X": [{"ids": ["F018"], "reason": "r"}]}}))
+    with pytest.raises(EvaluationDataError):
+        load_mesh_map(bad)
+    bad.write_text(yaml.safe_dump({"family": CXR, "mapped": {"X": [{"qualifiers": ["a"], "ids": ["F018"]}]}}))
+    with pytest.raises(EvaluationDataError):  # no catch-all rule
+        load_mesh_map(bad)
+    bad.write_text(yaml.safe_dump({"family": CXR, "mapped": {"Nodule": ["F016"]}, "unmapped": {"Nodule": "x"}}))
+    with pytest.raises(EvaluationDataError):
+        load_label_map(bad)
+
+
+def test_mesh_map_covers_every_openi_head_term():
+    onto = load_ontology()
+    m = load_mesh_map()
+    heads = mesh_heads(OPENI / "indiana_reports.csv")
+    assert len(heads) >= 115  # 119 distinct heads (case/spacing normalised) in the shared partition
+    assert [h for h in heads if not m.known(h)] == []
+    for head, reason in m.unmapped.items():
+        assert reason.strip(), head
+    for head, rules in m.mapped.items():
+        assert any(r.ids for r in rules), head  # a mapped head names at least one concept
+        for rule in rules:
+            assert all(i in onto.concepts for i in rule.ids)
+            assert rule.ids or rule.reason.strip()
+    # hard but valid terms stay mapped
+    for head in ("opacity", "markings", "density", "cicatrix", "calcinosis", "infiltrate", "emphysema"):
+        assert head in m.mapped
+
+
+def test_negbio_map_covers_all_14_labels():
+    onto = load_ontology()
+    lm = load_label_map()
+    with (OPENI / "negbio_openi_gold14_labels.csv").open() as f:
+        header = next(csv.reader(f))
+    labels = [h for h in header if h not in ("uid", "filename", "normal")]
+    assert labels == LABELS
+    assert sorted(lm.mapped) + sorted(lm.unmapped) and set(lm.mapped) | set(lm.unmapped) == set(LABELS)
+    assert not set(lm.mapped) & set(lm.unmapped)
+    assert all(i in onto.concepts for ids in lm.mapped.values() for i in ids)
+    assert set(lm.unmapped) == {"Pneumothorax", "Edema"}
+    assert lm.mapped["Infiltration"] == ("F007",) and lm.mapped["Emphysema"] == ("F032",)
+    assert NEGBIO_MAP_FILE.is_file()
