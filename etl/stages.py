@@ -302,7 +302,10 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
 def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     """Decode and normalise one shard's de-identified instances into ``images`` and ``series`` partitions.
 
-    2D objects give one image row each; CT/MR slices of one series are stacked into one volume row.
+    2D objects give one image row each; CT/MR slices of one series are stacked into one volume row, and so
+    is an enhanced multi-frame CT/MR object (one file, the whole volume: every frame, placed by its Plane
+    Position / Orientation functional groups). A multi-frame object whose frames do not stack (e.g. several
+    frames at one position) keeps its middle frame as a 2D image, like slices that do not stack.
     Decode failures are quarantined (events name the source file through the de-identification events).
     """
     from etl.normalise import (
@@ -312,6 +315,7 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
         normalise_2d,
         normalise_volume,
     )
+    from etl.pixels import n_frames
 
     digest = _digest("normalise", _deid_digest(ctx, shard))
     done = _resume(ctx, "normalise", shard, digest)
@@ -360,7 +364,7 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     for series_key, members in sorted(by_series.items()):
         sops = [r["sop_key"] for r, _ in members]
         try:
-            if len(members) == 1:
+            if len(members) == 1 and n_frames(members[0][1]) < 2:  # one classic slice
                 res, kind = normalise_2d(members[0][1], cfg), "2d"
             else:
                 target = cfg.ct_spacing_mm if members[0][0]["modality"] == "CT" else None
