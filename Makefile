@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 LOCK   := constraints/requirements.lock
 
-.PHONY: install browser demo test test-fast bench lint clean
+.PHONY: install browser tools demo test test-fast bench lint clean
 
 $(BIN)/.installed: pyproject.toml $(LOCK)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
@@ -27,10 +27,19 @@ browser:
 	    || echo "warning: could not install chromium/chromium-driver; the browser test will fail naming them" >&2; \
 	fi
 
+# the DICOM conformance test runs dicom3tools' dciodvfy on de-identified files; dcm2niix is the reference
+# for volume geometry (Debian packages dicom3tools, dcm2niix)
+tools:
+	@if ! command -v dciodvfy >/dev/null 2>&1 || ! command -v dcm2niix >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO="sudo"; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dicom3tools dcm2niix; } \
+	    || echo "warning: could not install dicom3tools/dcm2niix; the dciodvfy test will be skipped naming them" >&2; \
+	fi
+
 demo: install
 	$(BIN)/medreco demo
 
-test: install browser
+test: install browser tools
 	$(BIN)/python -m pytest -q
 
 test-fast: install

@@ -199,6 +199,7 @@ class _Walker:
         self.audit: Counter = Counter()
         self.phi: set[tuple[str, str]] = set()  # (kind, value) identifying values of the input
         self._known_parts: set[str] | None = None
+        self.top: dict[int, str] = {}  # top-level actions resolved by Type in the IOD (set by deidentify_dataset)
 
     # remember identifying values of an element before it is changed or removed
     def _collect(self, vr: str, values: list[str], kind: str | None = None, keyword: str = "") -> None:
@@ -254,7 +255,9 @@ class _Walker:
                 # a public attribute this reader cannot type: cannot be vetted, so removed (fail closed)
                 self._remove(ds, tag, elem)
                 continue
-            action = self.p.action_for(tag)
+            action = self.top.get(tag) if depth == 0 else None  # typed per IOD (etl.deid.types)
+            if action is None:
+                action = self.p.action_for(tag)
             if action is None:
                 action = self._unlisted(vr)
             self._apply(ds, tag, vr, action, depth)
@@ -292,7 +295,10 @@ class _Walker:
     def _collect_sequence(self, elem: DataElement) -> None:
         for item in elem.value or []:
             for sub in item.iterall():
-                if sub.VR in TEXT_VRS or sub.VR == "UI":
+                if sub.VR == "UI":  # registered UIDs (SOP classes, ...) and kept UIDs identify nothing
+                    if sub.tag not in self.p.keep_uid_tags:
+                        self._collect("UI", [v for v in _text(sub) if v.strip("\x00 ") not in UID_dictionary])
+                elif sub.VR in TEXT_VRS:
                     self._collect(sub.VR, _text(sub), "institution" if sub.tag in INSTITUTION_TAGS else None,
                                   sub.keyword)
 
@@ -750,6 +756,7 @@ def deidentify_dataset(
         encodings = ["latin-1"]
     walker = _Walker(policy, key, shift, patient_key, key.pseudonym("institution", institution, 12),
                      [k for k in known if k.strip()])
+    walker.top = policy.top_level_actions(_ascii(ds, 0x00080016))
     try:
         walker.walk(ds)
         meta = getattr(ds, "file_meta", None)

@@ -73,6 +73,10 @@ class Policy:
     removed_group_prefixes: frozenset[int] = frozenset()
     #: whether any attribute is kept as scrubbed text (CLEAN), so header names must be known beforehand
     cleans_text: bool = True
+    #: tag -> (Table E.1-1 Basic Profile action, keyword) of attributes whose action depends on their Type in
+    #: the IOD (compound actions, and plain X on attributes that are Type 2C somewhere; no option applies)
+    typed: dict[int, tuple[str, str]] = field(default_factory=dict)
+    _typed_cache: dict[str, dict[int, str]] = field(default_factory=dict, compare=False, repr=False)
 
     def action_for(self, tag: int) -> str | None:
         """The resolved action of a public attribute, or None when Table E.1-1 does not list it."""
@@ -83,6 +87,24 @@ class Policy:
             if tag & mask == value:
                 return action
         return None
+
+    def top_level_actions(self, sop_class_uid: str | None) -> dict[int, str]:
+        """Actions of the typed attributes (:attr:`typed`) at the top level of an object of this SOP class.
+
+        Each compound action is resolved by the attribute's Type in the IOD (``schemas/deid/iod_types.yaml``,
+        PS3.15 E.3.1): X for Type 3, Z for Type 2 / 2C, D for Type 1 / 1C; attributes whose Type is not
+        listed keep their untyped resolution (:attr:`actions`). Cached per SOP class.
+        """
+        from etl.deid.types import action_for_type, load_iod_types
+
+        uid = (sop_class_uid or "").strip().rstrip("\x00")
+        out = self._typed_cache.get(uid)
+        if out is None:
+            types = load_iod_types().types_for(uid)
+            out = {tag: action_for_type(basic, types.get(kw), self.actions[tag])
+                   for tag, (basic, kw) in self.typed.items()}
+            self._typed_cache[uid] = out
+        return out
 
     def removes_group(self, group: int) -> bool:
         """True for repeating groups removed whole (curves 50xx, overlays 60xx)."""
@@ -98,6 +120,20 @@ def _tag_mask(text: str) -> tuple[int, int]:
 
 
 def _resolve(row: dict, cfg: DeidConfig, profile: dict) -> str:
+    """The action of one Table E.1-1 row: an option's action when an enabled option applies, else the Basic
+    Profile action (``profile.yaml`` ``overrides`` first; a compound resolved by ``compound`` here, and by
+    the attribute's Type per IOD at the top level, :meth:`Policy.top_level_actions`)."""
+    option = _option_action(row, cfg, profile)
+    if option is not None:
+        return option
+    basic = profile.get("overrides", {}).get(row["keyword"], row["basic"])
+    basic = profile["compound"].get(basic, basic)
+    if basic not in ("X", "Z", "D", "K", "U", "U*", "C"):
+        raise PolicyError(f"unknown action {row['basic']!r} for {row['tag']} in {TABLE_FILE.name}")
+    return "X" if basic == "C" else basic  # C without an enabled option: the attribute is removed
+
+
+def _option_action(row: dict, cfg: DeidConfig, profile: dict) -> str | None:
     kw = row["keyword"]
     if kw in ("PatientName", "PatientID"):
         return "PATIENT"
@@ -113,11 +149,7 @@ def _resolve(row: dict, cfg: DeidConfig, profile: dict) -> str:
         return "K" if row["device"] == "K" else "CLEAN"
     if cfg.clean_descriptors and row["clean_desc"] == "C" and kw in profile["clean_descriptors"]:
         return "CLEAN"
-    basic = row["basic"]
-    basic = profile["compound"].get(basic, basic)
-    if basic not in ("X", "Z", "D", "K", "U", "U*", "C"):
-        raise PolicyError(f"unknown action {row['basic']!r} for {row['tag']} in {TABLE_FILE.name}")
-    return "X" if basic == "C" else basic  # C without an enabled option: the attribute is removed
+    return None
 
 
 SAFE_PRIVATE_FILE = DEID_DIR / "safe_private_tcia.csv"
@@ -160,13 +192,22 @@ def _build_policy_cached(cfg_json: str) -> Policy:
 
     cfg = DeidConfig.model_validate_json(cfg_json)
     profile = yaml.safe_load(PROFILE_FILE.read_text())
+    from etl.deid.types import load_iod_types
+
+    typed_keywords = {kw for types in (*load_iod_types().by_sop_class.values(), load_iod_types().default)
+                      for kw, t in types.items() if t in ("2", "2C")}
     actions: dict[int, str] = {}
+    typed: dict[int, tuple[str, str]] = {}
     masks = []
     for row in _table():
         mask, value = _tag_mask(row["tag"])
         action = _resolve(row, cfg, profile)
         if mask == 0xFFFFFFFF:
             actions[value] = action
+            basic = profile.get("overrides", {}).get(row["keyword"], row["basic"])
+            if _option_action(row, cfg, profile) is None and row["keyword"] and (
+                    "/" in basic or (basic == "X" and row["keyword"] in typed_keywords)):
+                typed[value] = (basic, row["keyword"])
         else:
             masks.append((mask, value, action))
     remove_groups = tuple(_tag_mask(f"({g},0000)")[0:2] for g in profile["remove_groups"])
@@ -194,6 +235,7 @@ def _build_policy_cached(cfg_json: str) -> Policy:
         remove_groups=remove_groups,
         removed_group_prefixes=frozenset(v for _, v in remove_groups),
         cleans_text="CLEAN" in actions.values() or any(a == "CLEAN" for _, _, a in masks),
+        typed=typed,
         dummy=dict(profile["dummy"]),
         max_age_years=int(profile["max_age_years"]),
         keep_uid_tags=keep_uid,

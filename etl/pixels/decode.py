@@ -57,6 +57,7 @@ REASONS = frozenset(
         "unsupported_modality",
         "duplicate_slice_position",
         "irregular_slice_geometry",
+        "unsupported_mosaic",
     }
 )
 
@@ -78,7 +79,7 @@ class NormalisationError(ReasonCodedError):
         Machine-readable reason code, one of :data:`REASONS` (``unsupported_transfer_syntax``,
         ``pixel_data_length_mismatch``, ``truncated_file``, ``no_pixel_data``, ``decode_error``,
         ``inconsistent_series``, ``volume_too_large``, ``unsupported_modality``,
-        ``duplicate_slice_position``).
+        ``duplicate_slice_position``, ``irregular_slice_geometry``, ``unsupported_mosaic``).
     message : str
         Human-readable detail. It never contains values read from the file's attributes or
         file paths, so it may go to the ledger and to logs.

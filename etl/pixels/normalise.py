@@ -37,6 +37,7 @@ from etl.pixels.decode import (
     n_frames,
     pixel_keyword,
 )
+from etl.pixels.mosaic import check_not_mosaic
 from etl.pixels.npy_payload import NpyPayload, encode_npy, read_npy
 from etl.pixels.volumes import (
     Geometry,
@@ -382,8 +383,10 @@ def normalise_2d(ds: Dataset, cfg: NormalisationConfig) -> dict[str, Any]:
     Raises
     ------
     NormalisationError
-        Any reason from :func:`etl.pixels.decode.check_decodable` and ``decode_error``.
+        Any reason from :func:`etl.pixels.decode.check_decodable`, ``decode_error`` and ``unsupported_mosaic``
+        (a Siemens MOSAIC tile sheet, :func:`etl.pixels.mosaic.check_not_mosaic`).
     """
+    check_not_mosaic(ds)
     frames = n_frames(ds)
     frame = frames // 2 if frames > 1 else None
     decoded = decode_image(ds, frame)
@@ -434,6 +437,7 @@ def _slices(datasets: list[Dataset]) -> list[dict[str, Any]]:
     """One record per 2D slice: dataset, frame index, geometry and the checked transfer syntax (``ts``)."""
     out = []
     for i, ds in enumerate(datasets):
+        check_not_mosaic(ds)  # a tile sheet of slices is no slice
         _, ts = check_decodable(ds)
         frames = n_frames(ds)
         number = element_value(ds, "InstanceNumber")
@@ -630,7 +634,8 @@ def normalise_volume(
     NormalisationError
         ``inconsistent_series`` (slices do not stack and no majority, several images at every
         position, or cannot be ordered), ``duplicate_slice_position`` (different pixels at one
-        position), ``volume_too_large``, ``unsupported_modality`` (not CT/MR), ``no_pixel_data``
+        position), ``volume_too_large``, ``unsupported_modality`` (not CT/MR), ``unsupported_mosaic``
+        (a Siemens MOSAIC tile sheet), ``no_pixel_data``
         (empty list) and any reason of :func:`etl.pixels.decode.check_decodable` for a bad slice.
     """
     if not datasets:

@@ -5,8 +5,10 @@ Which instances become one volume and which stay 2D images is decided here, not 
 - 2D objects (CR, DX, MG, US, XA, RF, single frames: :func:`etl.pixels.normalise.image_kind` ``2d``) give one
   image each (:func:`etl.pixels.normalise.normalise_2d`);
 - CT/MR slices (``3d_slice``) are grouped by series; a series of several slices becomes one volume
-  (:func:`etl.pixels.normalise.normalise_volume`, CT resampled to ``ct_spacing_mm``), a one-slice series a 2D image;
-- a series whose slices do not stack (``inconsistent_series``: repeated positions, re-encoded copies) falls back
+  (:func:`etl.pixels.normalise.normalise_volume`, CT resampled to ``ct_spacing_mm``), and so does an enhanced
+  multi-frame CT/MR object (one file, the whole volume: every frame, placed by its Plane Position / Orientation
+  functional groups); a one-slice, one-frame series is a 2D image;
+- a series whose slices (or frames) do not stack (``inconsistent_series``: repeated positions, re-encoded copies) falls back
   to one 2D image per slice; slices the volume left out (localizers, another matrix or orientation) become 2D
   images too, so no decodable instance vanishes;
 - an image object without pixels (``none`` kind of an Image Storage class) and any normalisation error are
@@ -22,6 +24,7 @@ from typing import Any
 
 from pydicom.dataset import Dataset
 
+from etl.pixels.decode import n_frames
 from etl.pixels.normalise import (
     NormalisationError,
     check_image_has_pixels,
@@ -131,7 +134,7 @@ def _as_2d(out: ShardPixels, instance: dict[str, Any], ds: Dataset, cfg: Normali
 def _series(out: ShardPixels, series_key: str, members: list[tuple[dict[str, Any], Dataset]],
             cfg: NormalisationConfig) -> None:
     sops = [r["sop_key"] for r, _ in members]
-    if len(members) == 1:
+    if len(members) == 1 and n_frames(members[0][1]) < 2:  # one classic slice
         _as_2d(out, members[0][0], members[0][1], cfg)
         return
     target = cfg.ct_spacing_mm if members[0][0]["modality"] == "CT" else None

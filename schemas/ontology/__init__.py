@@ -220,21 +220,53 @@ def infer_body_part(body_part_examined: str | None, descriptions: list[str | Non
     return None
 
 
+BODY_PART_FAMILIES_FILE = Path(__file__).with_name("body_part_families.yaml")
+
+
+@lru_cache(maxsize=1)
+def _family_rules() -> tuple[tuple[str, frozenset[str], bool, bool, frozenset[str], frozenset[str]], ...]:
+    import yaml
+
+    data = yaml.safe_load(BODY_PART_FAMILIES_FILE.read_text())
+    rules = []
+    for family, r in data["families"].items():
+        if family not in FAMILIES:
+            raise ValueError(f"{BODY_PART_FAMILIES_FILE.name}: unknown family {family}")
+        rules.append((family, frozenset(m.upper() for m in r["modalities"]), bool(r.get("empty_body_part")),
+                      bool(r.get("any_body_part")), frozenset(_normalise_body_part(t) for t in r.get("terms", [])),
+                      frozenset(w.upper() for w in r.get("words", []))))
+    return tuple(rules)
+
+
+def _normalise_body_part(value: str) -> str:
+    return re.sub(r"[^A-Z0-9]+", "_", value.upper()).strip("_")
+
+
 def modality_family(modality: str | None, body_part: str | None) -> str | None:
     """MedReCo modality family of a study, or None when it has no family labels.
 
-    CR/DX chest -> 2D-CXR, CT chest -> 3D-CT, MR head/brain -> 3D-Brain-MRI, US -> 2D-Ultrasound.
-    ``body_part`` is BodyPartExamined (free text; matched case-insensitively).
+    The map is data: ``schemas/ontology/body_part_families.yaml`` (PS3.16 Annex L Body Part Examined terms
+    and field spellings). CR/DX chest (or no body part) -> 2D-CXR; CT of a region that includes the chest
+    (CHEST, CHESTABDPELVIS, CHEST_TO_PELVIS, ...) -> 3D-CT; MR head/brain -> 3D-Brain-MRI; US -> 2D-Ultrasound.
+
+    Parameters
+    ----------
+    modality : str or None
+        Modality (0008,0060).
+    body_part : str or None
+        BodyPartExamined or an inferred code (free text; upper-cased, non-alphanumerics read as "_").
+
+    Returns
+    -------
+    str or None
+        one of :data:`FAMILIES`, or None.
     """
-    m = (modality or "").upper()
-    bp = (body_part or "").upper()
-    chest = any(k in bp for k in ("CHEST", "THORAX", "LUNG"))
-    if m in ("CR", "DX") and (chest or not bp):
-        return "2D-CXR"
-    if m == "CT" and chest:
-        return "3D-CT"
-    if m == "MR" and any(k in bp for k in ("HEAD", "BRAIN", "SKULL")):
-        return "3D-Brain-MRI"
-    if m == "US":
-        return "2D-Ultrasound"
+    m = (modality or "").strip().upper()
+    bp = _normalise_body_part(body_part or "")
+    words = set(bp.split("_")) if bp else set()
+    for family, modalities, empty_ok, any_ok, terms, family_words in _family_rules():
+        if m not in modalities:
+            continue
+        if any_ok or (not bp and empty_ok) or bp in terms or words & family_words:
+            return family
     return None

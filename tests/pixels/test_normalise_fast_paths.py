@@ -190,4 +190,5 @@ def test_volumes_built_in_place_equal_the_straightforward_stack_on_real_series(s
             np.testing.assert_allclose(np.load(io.BytesIO(out["payload"])), expected, rtol=0, atol=1e-6)
         checked += 1
         slices += len(members)
-    assert checked >= 55 and slices >= 70, (checked, slices)  # 61 series, 73 slices in shared/data today
+    # 57 series, 69 slices in shared/data today (Siemens MOSAIC tile sheets are quarantined, unsupported_mosaic)
+    assert checked >= 55 and slices >= 66, (checked, slices)

@@ -40,7 +40,7 @@ def test_manifest_outcome_table(shared_data, capsys):
                 outcome = err.reason
         table[(r["modality"] or "?", r["ts_name"] or r["transfer_syntax"])][outcome] += 1
         bits = int(ds.get("BitsStored", 0) or 0)
-        if outcome not in ("ok", "no image") and (r["transfer_syntax"], bits) not in KNOWN_UNDECODABLE:
+        if outcome not in ("ok", "no image", "unsupported_mosaic") and (r["transfer_syntax"], bits) not in KNOWN_UNDECODABLE:
             failures.append((r["file"], outcome))
     with capsys.disabled():
         print("\n(modality, transfer syntax) -> outcome")
@@ -50,5 +50,7 @@ def test_manifest_outcome_table(shared_data, capsys):
     # syntaxes the installed decoders cannot handle, which must fail with a reason code (never crash)
     assert all(r["pydicom_strict_full_read"] == "ok" for r in rows)
     assert len(failures) <= 6, failures
+    # Siemens MOSAIC tile sheets (4 dcm_qa_nih EPI series, the dcm_qa_ts image in 9 transfer syntaxes)
+    assert sum(c["unsupported_mosaic"] for c in table.values()) == 13
     ok = sum(c["ok"] for c in table.values())
-    assert ok >= 130, f"only {ok} of {len(rows)} files normalised"
+    assert ok >= 128, f"only {ok} of {len(rows)} files normalised"  # 141 before MOSAIC was quarantined
