@@ -1,4 +1,9 @@
-"""Shared fixtures. Slow end-to-end tests share one session-scoped demo build."""
+"""Shared fixtures. Slow end-to-end tests share one session-scoped demo build.
+
+Every test that runs the build DAG (it needs the session's ``airflow_home``, directly or through a build
+fixture) is marked ``slow`` here, so ``make test-fast`` (``-m "not slow"``) leaves out exactly the end-to-end
+builds; modules with other long work (CPU training, type checking) carry ``pytestmark = pytest.mark.slow``.
+"""
 
 from __future__ import annotations
 
@@ -75,3 +80,14 @@ def demo_build(tmp_path_factory, airflow_home):
     from etl.storage import Storage
 
     return {"root": root, "config": cfg, "first": first, "second": second, "storage": Storage.open(str(root))}
+
+
+#: fixtures whose use makes a test an end-to-end build (``slow``)
+SLOW_FIXTURES = frozenset({"airflow_home"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that (transitively) uses a fixture of :data:`SLOW_FIXTURES` as ``slow``."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

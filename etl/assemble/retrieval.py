@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
@@ -56,7 +57,8 @@ from schemas.config import CONFIG_DIR, RetrievalConfig
 from schemas.errors import ReasonCodedError
 from schemas.retrieval_targets import SCHEMA
 
-ATTRIBUTES = ("laterality", "severity", "anatomy", "change")
+ATTRIBUTES: tuple[Literal["laterality", "severity", "anatomy", "change"], ...] = (
+    "laterality", "severity", "anatomy", "change")
 DEFAULT_SIMILARITY = CONFIG_DIR / "retrieval_similarity.yaml"
 #: sections whose mentions decide a label, in priority order (entity_extraction.extract.LABEL_SECTIONS)
 DECIDING_SECTIONS = (("impression",), ("findings", "unsectioned"))
@@ -248,7 +250,7 @@ def entity_states(study_labels: pl.DataFrame, entity_mentions: pl.DataFrame, sta
             mention_ids=pl.lit([], pl.List(pl.Utf8)),
         ).collect()
     _require(entity_mentions, _MENTION_COLUMNS, "entity_mentions")
-    priority = pl.when(pl.col("section") == "impression").then(0)
+    priority: Any = pl.when(pl.col("section") == "impression").then(0)
     for i, group in enumerate(DECIDING_SECTIONS[1:], start=1):
         priority = priority.when(pl.col("section").is_in(list(group))).then(i)
     m = (
@@ -385,9 +387,8 @@ def build_retrieval_targets(
         .with_columns(pos=pl.int_range(pl.len(), dtype=pl.UInt32).over("family", "entity_id", "state", "split", "sig"),
                       n=pl.len().over("family", "entity_id", "state", "split", "sig").cast(pl.UInt32))
     )
-    slack = int(
-        cand.group_by("family", "entity_id", "state", "split", "sig", "pid").len().get_column("len").max() or 0
-    )
+    longest: Any = cand.group_by("family", "entity_id", "state", "split", "sig", "pid").len().get_column("len").max()
+    slack = int(longest or 0)
     width = cfg.top_k + slack  # enough ring steps to find k studies of other patients
     pools = cand.select("family", "entity_id", "state", "split", "sig", "n").unique()
     queries = st.select("family", "entity_id", "state", "split", "sig", "sid", "pid", "h", "shard")

@@ -9,6 +9,8 @@ peak memory of one group instead of one that grows with the archive.
 
 from __future__ import annotations
 
+from typing import overload
+
 import polars as pl
 
 #: default bound on the studies of one group (about 1.3 M ``study_labels`` rows for a 2D-CXR archive)
@@ -57,6 +59,10 @@ def study_keys_of(studies: pl.DataFrame, group: list[int]) -> pl.Series:
     return studies.filter(pl.col("shard").is_in(group)).get_column("study_key")
 
 
+@overload
+def rows_of(df: pl.DataFrame, column: str, keys: pl.Series) -> pl.DataFrame: ...
+@overload
+def rows_of(df: None, column: str, keys: pl.Series) -> None: ...
 def rows_of(df: pl.DataFrame | None, column: str, keys: pl.Series) -> pl.DataFrame | None:
     """Rows of ``df`` whose ``column`` is in ``keys`` (``df`` unchanged when None, empty or without the column)."""
     if df is None or df.height == 0 or column not in df.columns:

@@ -137,7 +137,9 @@ def _frame(t: pa.Table | pl.DataFrame | ds.Dataset | None, columns: tuple[str, .
     keep = [c for c in columns if c in names]
     if isinstance(t, pl.DataFrame):
         return t.select(keep)
-    return pl.from_arrow(t.to_table(columns=keep) if isinstance(t, ds.Dataset) else t.select(keep))
+    out = pl.from_arrow(t.to_table(columns=keep) if isinstance(t, ds.Dataset) else t.select(keep))
+    assert isinstance(out, pl.DataFrame)  # a table converts to a frame, never a series
+    return out
 
 
 def check_split_integrity(
@@ -181,7 +183,9 @@ def check_split_integrity(
     SplitLeakError
         when any count is not 0 (the build fails with it).
     """
-    sp = _frame(splits, ("patient_key", "split")).select("patient_key", "split").unique()
+    frame = _frame(splits, ("patient_key", "split"))
+    assert frame is not None  # splits is required
+    sp = frame.select("patient_key", "split").unique()
     counts = {"patients_in_several_splits": sp.group_by("patient_key").len().filter(pl.col("len") > 1).height}
     split_of = sp.unique("patient_key", keep="first")
     st = _frame(studies, ("study_key", "patient_key"))

@@ -49,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -233,7 +234,7 @@ def validate_templates(data: object, source: str = "<dict>") -> dict:
         questions = spec.get("questions")
         if not isinstance(questions, list) or not questions:
             raise VQATemplateError("bad_structure", f"{source}: {qtype} needs a non-empty 'questions' list")
-        entry = {"scope": SCOPES[qtype], "questions": [_check_question(qtype, q) for q in questions]}
+        entry: dict[str, Any] = {"scope": SCOPES[qtype], "questions": [_check_question(qtype, q) for q in questions]}
         if qtype in ANSWER_KEYS:
             options = spec.get("options")
             if not isinstance(options, dict) or not all(isinstance(v, str) and v for v in options.values()):

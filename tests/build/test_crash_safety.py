@@ -21,6 +21,8 @@ from test_incremental import build
 from etl.build.lock import BUILD_LOCK, BuildLock, BuildLockHeldError
 from etl.storage import Storage
 
+pytestmark = pytest.mark.slow  # kills and reruns builds in subprocesses
+
 KILL_STAGE = textwrap.dedent("""
     import sys
     from etl.build.context import BuildContext

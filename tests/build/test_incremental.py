@@ -12,6 +12,8 @@ import pyarrow as pa
 import pytest
 from conftest import config_for
 
+pytestmark = pytest.mark.slow  # runs the build stages several times
+
 INST = "ie-cork-mercy"
 #: the delivery held back from the first run: one MR study (its folder) and its report
 HELD_STUDY = "MR_20200427"

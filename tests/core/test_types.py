@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from schemas.config import PROJECT_ROOT
+
+pytestmark = pytest.mark.slow  # mypy over the checked packages (about a minute without a cache)
 
 
 def test_mypy_clean():

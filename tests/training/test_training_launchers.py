@@ -124,6 +124,7 @@ def test_launcher_precedence_and_local_command():
                         "/etc/medreco/prod.yaml"]
 
 
+@pytest.mark.slow  # two torchrun processes train on CPU
 def test_ddp_under_torchrun_with_gloo_and_the_cli(tmp_path):
     """Two CPU processes (gloo) through the local launcher via the CLI: one run, world size 2."""
     from typer.testing import CliRunner

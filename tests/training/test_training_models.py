@@ -13,6 +13,8 @@ from test_training_data import build_training_snapshot
 
 from schemas.config import PROJECT_ROOT
 
+pytestmark = pytest.mark.slow  # trains the encoder and the VLM on CPU
+
 
 @pytest.fixture(scope="module")
 def snap(tmp_path_factory):
