@@ -6,8 +6,9 @@ into ``text``. The scoring rule is the one stated there (and in issue 18):
 
 * a PHI span counts as **removed** only when none of its letters or digits survive in place: the input is
   aligned with the de-identified output character by character (:class:`difflib.SequenceMatcher` without
-  its junk heuristic, replacement tokens such as ``[NAME]`` or ``90+`` first collapsed to one character
-  that matches nothing), and a character of the input survives when it lies in a matching block;
+  its junk heuristic, on words first and then on the characters of each changed stretch; replacement tokens
+  such as ``[NAME]`` or ``90+`` first collapsed to one character that matches nothing), and a character of
+  the input survives when it lies in a matching block;
 * **strict recall** = removed spans / all spans (overall and per PHI type);
 * **non-PHI tokens lost** = share of the letters-or-digits tokens (maximal runs of letters and digits) that
   overlap no PHI span and lose at least one character.
@@ -30,6 +31,7 @@ from pathlib import Path
 REPLACEMENT_TOKENS = re.compile(r"\[[A-Z][A-Z_]*\]|(?<!\d)90\+")
 _PLACEHOLDER = "\ue000"  # a private-use character: never in the input, matches nothing
 _TOKEN = re.compile(r"[^\W_]+")
+_CHUNK = re.compile(r"[^\W_]+|\s+|.", re.DOTALL)
 
 
 class GoldFormatError(ValueError):
@@ -156,9 +158,23 @@ def surviving_characters(original: str, deidentified: str) -> bytearray:
     """
     masked = REPLACEMENT_TOKENS.sub(_PLACEHOLDER, deidentified)
     keep = bytearray(len(original))
-    matcher = SequenceMatcher(None, original, masked, autojunk=False)
-    for a, _b, size in matcher.get_matching_blocks():
-        keep[a:a + size] = b"\x01" * size
+    # words first (fast), then characters inside each changed stretch (exact: "Kamińska" -> "[NAME]ńska")
+    a_chunks = [m.span() for m in _CHUNK.finditer(original)]
+    b_chunks = [m.span() for m in _CHUNK.finditer(masked)]
+    a_words = [original[i:j] for i, j in a_chunks]
+    b_words = [masked[i:j] for i, j in b_chunks]
+    words = SequenceMatcher(None, a_words, b_words, autojunk=False)
+    for op, a1, a2, b1, b2 in words.get_opcodes():
+        if a1 == a2:
+            continue
+        start, end = a_chunks[a1][0], a_chunks[a2 - 1][1]
+        if op == "equal":
+            keep[start:end] = b"\x01" * (end - start)
+        elif op == "replace":
+            sub_b = masked[b_chunks[b1][0]:b_chunks[b2 - 1][1]]
+            chars = SequenceMatcher(None, original[start:end], sub_b, autojunk=False)
+            for a, _b, size in chars.get_matching_blocks():
+                keep[start + a:start + a + size] = b"\x01" * size
     return keep
 
 

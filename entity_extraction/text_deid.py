@@ -360,6 +360,7 @@ def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
 
 # ---------------------------------------------------------------- phones
 _PHONE_GATE = re.compile(r"\d{3}\D{0,3}\d{3}")
+_ZIP4 = re.compile(r"\d{5}-\d{4}")
 
 
 def _phone_hits(text: str, regions: tuple[str, ...], token: str) -> list[_Hit]:
@@ -374,7 +375,8 @@ def _phone_hits(text: str, regions: tuple[str, ...], token: str) -> list[_Hit]:
     hits = []
     for region in regions:
         for m in phonenumbers.PhoneNumberMatcher(text, region, leniency=phonenumbers.Leniency.VALID):
-            hits.append(_Hit(m.start, m.end, "PHONE", token))
+            if not _ZIP4.fullmatch(m.raw_string):  # a US ZIP+4 code ("02115-1234") is part of an address
+                hits.append(_Hit(m.start, m.end, "PHONE", token))
     return hits
 
 
@@ -397,7 +399,7 @@ def deidentify_text(
     day_first: bool = False,
     patterns_path: str | None = None,
     language: str = "en",
-    phone_regions: tuple[str, ...] = ("US",),
+    phone_regions: tuple[str, ...] = ("US", "GB", "IE", "AU"),
 ) -> tuple[str, dict[str, int]]:
     """Remove PHI from report text.
 
