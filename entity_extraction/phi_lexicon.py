@@ -79,6 +79,8 @@ class Lexicon:
     particles: frozenset[str]
     cities: dict[str, tuple[tuple[str, ...], ...]]
     protected: re.Pattern[str]
+    protected_first: frozenset[str]
+    cues: frozenset[str]
 
     def word_class(self, low: str) -> int:
         """Class of a lower-case word: ``SAFE`` for one-letter words and words of no list but of the safe
@@ -206,6 +208,9 @@ def load_lexicon(path: str | None = None) -> Lexicon:
         not_place=lists["not_place_after_cue"], particles=lists["name_particles"],
         cities={k: tuple(sorted(v, key=len, reverse=True)) for k, v in cities.items() if len(next(iter(v))) >= 1},
         protected=protected,
+        protected_first=frozenset(_WORD.findall(p)[0].lower() for p in phrases if _WORD.findall(p)),
+        cues=frozenset().union(lists["titles"], lists["relations"], lists["roles_before"], lists["credentials_after"],
+                               lists["institution_suffixes"], lists["unit_suffixes"], lists["movement_cues"]),
     )
 
 
@@ -224,18 +229,39 @@ class _Tok:
     protected: bool
 
 
-def _tokens(text: str, lex: Lexicon) -> list[_Tok]:
+def protected_spans(text: str, lex: Lexicon | None = None) -> list[tuple[int, int]]:
+    """Spans of the protected clinical phrases of the lexicon in ``text`` ("White matter", "DR KNEE").
+
+    Only words that start a protected phrase are tried (one dictionary look-up per word).
+    """
+    lex = lex or load_lexicon()
+    spans = []
+    end = -1
+    for m in _WORD.finditer(text):
+        if m.start() >= end and m.group().lower() in lex.protected_first:
+            hit = lex.protected.match(text, m.start())
+            if hit:
+                spans.append(hit.span())
+                end = hit.end()
+    return spans
+
+
+def _tokens(text: str, lex: Lexicon, guarded: list[tuple[int, int]]) -> list[_Tok]:
     guard = bytearray(len(text))
-    for m in lex.protected.finditer(text):
-        guard[m.start():m.end()] = b"\x01" * (m.end() - m.start())
+    for a, b in guarded:
+        guard[a:b] = b"\x01" * (b - a)
     toks = []
+    classes = lex.classes
     for m in _WORD.finditer(text):
         start, end, word = m.start(), m.end(), m.group()
         if len(word) > 2 and word[-2] in "'’" and word[-1] in "sS":
             end -= 2
             word = word[:-2]
         low = word.lower()
-        toks.append(_Tok(start, end, word, low, lex.word_class(low), bool(guard[start])))
+        cls = classes.get(low)
+        if cls is None:
+            cls = UNKNOWN if len(low) > 1 else SAFE
+        toks.append(_Tok(start, end, word, low, cls, bool(guard[start])))
     return toks
 
 
@@ -262,7 +288,8 @@ def _nameish(t: _Tok, allow_ambiguous: bool = True) -> bool:
     return t.cls in (FIRST, LAST, UNKNOWN, PLACE, PROPER) or (allow_ambiguous and t.cls == AMBIG)
 
 
-def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, str]]:
+def lexical_hits(text: str, lex: Lexicon | None = None,
+                 guarded: list[tuple[int, int]] | None = None) -> list[tuple[int, int, str]]:
     """Names and places found by the word lists and cues of the module docstring.
 
     Parameters
@@ -271,6 +298,8 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
         Report text.
     lex : Lexicon, optional
         Default: :func:`load_lexicon`.
+    guarded : list of (start, end), optional
+        :func:`protected_spans` of ``text`` when the caller has them already.
 
     Returns
     -------
@@ -279,10 +308,11 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
         words of one name (``Carol Buckley``, ``B. KARGAS``) are one span.
     """
     lex = lex or load_lexicon()
-    toks = _tokens(text, lex)
+    toks = _tokens(text, lex, protected_spans(text, lex) if guarded is None else guarded)
     n = len(toks)
     kind: list[str | None] = [None] * n
-    mixed = any(c.islower() for c in text) and sum(c.isupper() for c in text) < 0.6 * sum(c.isalpha() for c in text)
+    upper = len(_UPPER.findall(text))
+    mixed = upper < 0.6 * (upper + len(_LOWER.findall(text))) and _LOWER.search(text) is not None
 
     def mark(i: int, k: str) -> None:
         if not toks[i].protected and kind[i] is None:
@@ -314,7 +344,7 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
         j = i - 1
         while j >= 0 and len(out) < limit:
             gap = _gap(text, toks[j], toks[j + 1])
-            if not (_NAME_GAP.fullmatch(gap) or (not out and re.fullmatch(r"[ \t]*,?[ \t]*|/", gap))):
+            if not (_NAME_GAP.fullmatch(gap) or (not out and re.fullmatch(r"[ \t]*,?[ \t]*|/|[ \t]*\([ \t]*", gap))):
                 break
             t = toks[j]
             if len(t.text) == 1 and t.text.isalpha() and text[t.end:t.end + 1] in ". ":
@@ -329,10 +359,11 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
     def strong(idx: list[int]) -> bool:
         return any(toks[j].cls in (FIRST, LAST, UNKNOWN, PLACE, PROPER) for j in idx)
 
+    cues = lex.cues
     for i, t in enumerate(toks):
         low = t.low
-        if t.protected:
-            continue
+        if t.protected or (t.cls == SAFE and low not in cues and len(low) > 1):
+            continue  # most words: known-safe and no cue
         if low in lex.titles and (low != "sister" or text[t.end:t.end + 1] in ". "):
             run = run_after(i)
             if run and any(len(toks[j].text) > 1 for j in run):
@@ -455,6 +486,7 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
                 mark(i - 1, "LOCATION")
         if low in lex.movement and i + 1 < n:
             nxt = toks[i + 1]
+            verb = i > 0 and toks[i - 1].low in lex.movement_verbs
             gap = _gap(text, t, nxt)
             if re.fullmatch(r"[ \t]{1,3}|[ \t]*-[ \t]*|[ \t]*@[ \t]*", gap) and nxt.low not in lex.not_place \
                     and not nxt.protected:
@@ -462,10 +494,9 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
                 # and no placeholder of already de-identified text ("XXXX")
                 short_caps = nxt.text.isupper() and 2 <= len(nxt.text) <= 5 and nxt.low not in lex.clinical \
                     and nxt.low not in lex.dictionary and not re.fullmatch(r"x+", nxt.low) \
-                    and (mixed or nxt.cls == UNKNOWN)
+                    and (mixed or nxt.cls == UNKNOWN or i > 0 and toks[i - 1].low in lex.movement_verbs)
                 # a long unknown word is a place after a movement verb ("transfer to quartermain") or before a
                 # ward number ("QUARTERMAIN 2"), a capitalised one in mixed-case text after the preposition alone
-                verb = i > 0 and toks[i - 1].low in lex.movement_verbs
                 ward = re.match(r"[ \t]?\d", text[nxt.end:nxt.end + 2]) is not None
                 titled = mixed and nxt.text[:1].isupper() and not nxt.text.isupper()
                 if nxt.cls == PLACE or short_caps or (nxt.cls in (UNKNOWN, PROPER) and len(nxt.low) >= 4
@@ -489,6 +520,8 @@ def lexical_hits(text: str, lex: Lexicon | None = None) -> list[tuple[int, int, 
     return hits
 
 
+_UPPER = re.compile(r"[^\W\d_a-zß-öø-ÿ]")
+_LOWER = re.compile(r"[a-zß-öø-ÿ]")
 _STRONG_ROLES = frozenset({"np", "ho", "nurse", "resident", "intern", "fellow", "rabbi", "attending"})
 
 

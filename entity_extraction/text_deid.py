@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from entity_extraction.phi_lexicon import SAFE, lexical_hits, load_lexicon
+from entity_extraction.phi_lexicon import AMBIG, SAFE, lexical_hits, load_lexicon, protected_spans
 
 PATTERNS_FILE = Path(__file__).with_name("phi_patterns.json")
 _ORDINALS = ("st", "nd", "rd", "th")
@@ -254,13 +254,13 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
     for m in p.regex["date_noyear"].finditer(text):
         add(m, None)
     not_after = p.regex["date_md_not_after"]
-    for m in p.regex["date_md"].finditer(text):
+    for m in p.regex["date_md"].finditer(text) if "/" in text else ():
         mo, d = m.groups()
         if int(mo) <= int(d) <= 4 or not_after.search(text, max(0, m.start() - 30), m.start()):
             continue  # a fraction ("1/2", "3/4") or a setting or score ("CPAP 5/5", "pain 5/10")
         s = _shift(2000, int(mo), int(d), shift)  # a leap year: 2/29 stays valid
         add(m, s and f"{_pad(mo, s.month)}/{_pad(d, s.day)}")
-    for m in p.regex["date_myy"].finditer(text):
+    for m in p.regex["date_myy"].finditer(text) if "/" in text else ():
         mo, yy = m.groups()
         s = _shift(_year4(yy), int(mo), 15, shift)  # month precision: the mid-month day is shifted
         add(m, s and f"{_pad(mo, s.month)}/{s.year % 100:02d}")
@@ -309,7 +309,8 @@ def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
 
     def safe(word: str) -> bool:
         """A known-safe word (common English or clinical, no name): never part of a name ("DR KNEE", "HAS")."""
-        return lex.word_class(word.lower().rstrip(".")) == SAFE and len(word.rstrip(".")) > 1
+        low = word.lower().rstrip(".")
+        return len(low) > 1 and lex.word_class(low) == SAFE
 
     def take(name: str, start: int) -> tuple[int, int] | None:
         words = name.replace(",", " ").split()
@@ -361,6 +362,8 @@ def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
 # ---------------------------------------------------------------- phones
 _PHONE_GATE = re.compile(r"\d{3}\D{0,3}\d{3}")
 _ZIP4 = re.compile(r"\d{5}-\d{4}")
+_NUMBER_GATE = re.compile(r"\d[\d .()/-]{3,}\d")
+_AGE_GATE = re.compile(r"(?<!\d)(?:9\d|1[0-4]\d)(?!\d)|ninety|hundred", re.IGNORECASE)
 
 
 def _phone_hits(text: str, regions: tuple[str, ...], token: str) -> list[_Hit]:
@@ -455,10 +458,13 @@ def deidentify_text(
         groups.append(_regex_hits(text, known, "ID", tok["ID"]))
     # a birth date is removed, not shifted; ages over 89 become "90+" (HIPAA Safe Harbor)
     groups.append(_regex_hits(text, p.regex["date_of_birth"], "DATE", tok["DATE"]))
-    groups.append(_regex_hits(text, p.regex["age_over_89"], "AGE", tok["AGE"]))
+    if _AGE_GATE.search(text):  # every age pattern needs 90-149 or a written-out age
+        groups.append(_regex_hits(text, p.regex["age_over_89"], "AGE", tok["AGE"]))
     groups.append(_date_hits(text, p, date_shift_days, day_first))
     groups.append(_regex_hits(text, p.regex["labelled_id"], "ID", tok["ID"]))
-    groups.append(_regex_hits(text, p.regex["phone"], "PHONE", tok["PHONE"]) + _phone_hits(text, phone_regions, tok["PHONE"]))
+    if _NUMBER_GATE.search(text):  # every phone pattern needs a run of 4+ digits and separators
+        groups.append(_regex_hits(text, p.regex["phone"], "PHONE", tok["PHONE"])
+                      + _phone_hits(text, phone_regions, tok["PHONE"]))
     # a street address with its city, state and ZIP is one hit, taken before long numbers (a ZIP+4
     # "02115-1234" would otherwise be an [ID] and leave the street and city behind)
     groups.append(_regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"]))
@@ -474,15 +480,24 @@ def deidentify_text(
     if known_re is not None:
         name_hits += _regex_hits(text, known_re, "NAME", tok["NAME"])
     learned -= {c for c in learned if c.lower() in {k.lower() for k in known_components}}
+    # a learned word that is also a common or clinical word is removed only where it stands as a name
+    # (after the title or label it was learned from), never elsewhere ("White matter" after "Dr White")
+    lex = load_lexicon()
+    learned = {c for c in learned if lex.word_class(c.lower().rstrip(".")) not in (SAFE, AMBIG)}
     # learned words (from "Dr. X", "X, MD", "Signed by X") are matched in Title or UPPER case only
     learned_forms = {f for w in learned for f in (w, w.upper(), w.capitalize())}
     learned_re = _name_run_regex(learned_forms, case_insensitive=False)
     if learned_re is not None:
         name_hits += _regex_hits(text, learned_re, "NAME", tok["NAME"])
-    groups.append(name_hits)
-    # fail-closed word lists: names and places outside the known-safe vocabulary (entity_extraction.phi_lexicon)
+    # fail-closed word lists: names and places outside the known-safe vocabulary (entity_extraction.phi_lexicon),
+    # in the same group, so the longest finding wins ("Patient name: Ruby White")
     lex_tokens = {"NAME": tok["NAME"], "LOCATION": tok.get("LOCATION", "[LOCATION]")}
-    groups.append([_Hit(a, b, k, lex_tokens[k]) for a, b, k in lexical_hits(text)])
+    guarded = protected_spans(text)
+    name_hits += [_Hit(a, b, k, lex_tokens[k]) for a, b, k in lexical_hits(text, guarded=guarded)]
+    # clinical phrases of the lexicon ("DR KNEE", "White matter", "Baker cyst") are never a name
+    if guarded:
+        name_hits = [h for h in name_hits if not any(a < h.end and h.start < b for a, b in guarded)]
+    groups.append(name_hits)
 
     accepted: list[_Hit] = []
     taken = bytearray(len(text))
