@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from entity_extraction.phi_lexicon import AMBIG, SAFE, lexical_hits, load_lexicon, protected_spans
+
 PATTERNS_FILE = Path(__file__).with_name("phi_patterns.json")
 _ORDINALS = ("st", "nd", "rd", "th")
 
@@ -100,7 +102,7 @@ def _load(path: str | None = None, language: str = "en") -> _Patterns:
         month_abbr.setdefault(i + 1, name)  # e.g. "may" has no shorter form
     month_alt = "|".join(sorted(month_num, key=len, reverse=True))
     regex["date_iso"] = re.compile(r"(?<![\d.])(\d{4})([-/.])(\d{1,2})\2(\d{1,2})(?![\d]|\.\d)")
-    regex["date_numeric"] = re.compile(r"(?<![\d/.-])(\d{1,2})([/.-])(\d{1,2})\2(\d{4}|\d{2})(?![\d/]|[.-]\d)")
+    regex["date_numeric"] = re.compile(r"(?<![\w/.-])(\d{1,2})([/._-])(\d{1,2})\2(\d{4}|\d{2})(?![\d/%]|[.-]\d)")
     regex["date_compact"] = re.compile(r"(?<![\w.])((?:19|20)\d{2})(\d{2})(\d{2})(?![\w]|\.\d)")
     regex["date_dmy"] = re.compile(
         rf"\b(\d{{1,2}})(st|nd|rd|th)?([ -]+|\s+of\s+)({month_alt})(\.?)(,?[ -]+)(\d{{4}})\b", re.IGNORECASE
@@ -108,13 +110,29 @@ def _load(path: str | None = None, language: str = "en") -> _Patterns:
     regex["date_mdy"] = re.compile(
         rf"\b({month_alt})(\.?)([ -]+)(\d{{1,2}})(st|nd|rd|th)?(,?[ -]+)(\d{{4}})\b", re.IGNORECASE
     )
-    regex["date_my"] = re.compile(rf"\b({month_alt})(\.?)(,?[ -]+)(\d{{4}})\b", re.IGNORECASE)
+    regex["date_my"] = re.compile(rf"\b({month_alt})(\.?)(,?[ -]+|\s+of\s+)(\d{{4}})\b", re.IGNORECASE)
+    # day and month without a year ("7/22", "10/15-10/16"); not after ventilator settings ("CPAP 10/5")
+    regex["date_md"] = re.compile(
+        r"(?<![\d/.:,_])(?<!(?<![\d/])\d-)(?<!(?<![\d/])\d\d-)(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])"
+        r"(?![\d/]|\.\d|[ \t]*(?:mg|mcg|ml|cc|%|l\b|ns\b|strength))", re.IGNORECASE)
+    # month and two-digit year ("4/97", "12/93"): the second number cannot be a day
+    regex["date_myy"] = re.compile(r"(?<![\d/.:,_-])(1[0-2]|0?[1-9])/(3[2-9]|[4-9]\d)(?![\d/]|\.\d)")
+    # compact and two-digit-year month-name dates: 21Sep2023, 18-DEC-19, 12Mar19, 28 Oct, 88
+    regex["date_dmon"] = re.compile(
+        rf"(?<![\w])(\d{{1,2}})(st|nd|rd|th)?([ _-]?)({month_alt})(\.?)(,?[ _-]?'?|,[ \t]?)(\d{{4}}|\d{{2}})(?![\w]|\.\d)",
+        re.IGNORECASE)
+    # a year alone after a cue ("in 1983", "since 2006", "CABG 1957, 1971") and apostrophe years ('88, 62')
+    regex["date_year"] = re.compile(data.get("year_alone", r"(?!x)x"), re.IGNORECASE)
+    regex["date_md_not_after"] = re.compile(data.get("date_md_not_after", r"(?!x)x"), re.IGNORECASE)
+    regex["date_apostrophe_year"] = re.compile(r"(?<![\d'’])['’](\d{2})(?![\w'’])|(?<![\w'’.])(\d{2})['’](?![\w'’])")
     # Day and month without a year cannot be shifted reliably: redacted. Case-sensitive month (not "may").
     cased = "|".join(
         alt for m in sorted(month_num, key=len, reverse=True) for alt in (m.capitalize(), m.upper())
     )
+    lower = "|".join(m for m in sorted(month_num, key=len, reverse=True) if m != "may")
     regex["date_noyear"] = re.compile(
-        rf"\b(?:\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{cased})\b\.?|(?:{cased})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?\b)"
+        rf"\b(?:\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{cased})\b\.?|(?:{cased})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?\b"
+        rf"|(?:{lower})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?\b(?![.:/]\d)|may\s+\d{{1,2}}(?:st|nd|rd|th)?(?=[ \t]*[,'’]))"
     )
     word = regex["name_word"].pattern
     run = rf"(?P<name>{word}(?:(?:,[ \t]*|[ \t]+){word}){{0,3}})"
@@ -235,6 +253,32 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
         add(m, s and f"{_month_word(p, mon, s.month)}{dot}{sp}{s.year}")
     for m in p.regex["date_noyear"].finditer(text):
         add(m, None)
+    not_after = p.regex["date_md_not_after"]
+    for m in p.regex["date_md"].finditer(text) if "/" in text else ():
+        mo, d = m.groups()
+        if int(mo) <= int(d) <= 4 or not_after.search(text, max(0, m.start() - 30), m.start()):
+            continue  # a fraction ("1/2", "3/4") or a setting or score ("CPAP 5/5", "pain 5/10")
+        s = _shift(2000, int(mo), int(d), shift)  # a leap year: 2/29 stays valid
+        add(m, s and f"{_pad(mo, s.month)}/{_pad(d, s.day)}")
+    for m in p.regex["date_myy"].finditer(text) if "/" in text else ():
+        mo, yy = m.groups()
+        s = _shift(_year4(yy), int(mo), 15, shift)  # month precision: the mid-month day is shifted
+        add(m, s and f"{_pad(mo, s.month)}/{s.year % 100:02d}")
+    for m in p.regex["date_dmon"].finditer(text):
+        d, suf, sp1, mon, dot, sp2, y = m.groups()
+        s = _shift(_year4(y), p.month_num[mon.lower()], int(d), shift)
+        new = None
+        if s is not None:
+            suffix = _same_case(suf, _ordinal(s.day)) if suf else ""
+            year = f"{s.year}" if len(y) == 4 else f"{s.year % 100:02d}"
+            new = f"{_pad(d, s.day, False)}{suffix}{sp1}{_month_word(p, mon, s.month)}{dot}{sp2}{year}"
+        add(m, new)
+    # a year alone cannot be shifted by days: removed (fail-closed), like a date without a format
+    hits.extend(_Hit(m.start("year"), m.end("year"), "DATE", red) for m in p.regex["date_year"].finditer(text)
+                if with_year)
+    for m in p.regex["date_apostrophe_year"].finditer(text):
+        g = 1 if m.group(1) else 2
+        hits.append(_Hit(m.start(g), m.end(g), "DATE", red))
     return hits
 
 
@@ -261,13 +305,19 @@ def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
     name_tok = p.tokens["NAME"]
     hits: list[_Hit] = []
     learned: set[str] = set()
+    lex = load_lexicon()
+
+    def safe(word: str) -> bool:
+        """A known-safe word (common English or clinical, no name): never part of a name ("DR KNEE", "HAS")."""
+        low = word.lower().rstrip(".")
+        return len(low) > 1 and lex.word_class(low) == SAFE
 
     def take(name: str, start: int) -> tuple[int, int] | None:
         words = name.replace(",", " ").split()
         keep: list[str] = []
         for w in words:
             low = w.lower().rstrip(".")
-            if (low in p.stopwords or low in p.month_num) and not re.fullmatch(r"[A-Z]\.", w):
+            if (low in p.stopwords or low in p.month_num or safe(w)) and not re.fullmatch(r"[A-Z]\.", w):
                 break  # a name ends at a stopword or a month ("Dr. X Y, Sep 30"); "A." is an initial
             keep.append(w)
         if not keep or all(len(w.rstrip(".")) < 2 for w in keep):
@@ -282,7 +332,8 @@ def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
         span = take(m.group("name"), m.start("name"))
         if span:
             t = m.group("title")
-            is_doctor = t.lower().rstrip(".") in ("dr", "doctor")
+            # the title as written ("DR", "dr."); "Dr" and "Doctor" in mixed case become "Dr."
+            is_doctor = t.rstrip(".") in ("Dr", "Doctor")
             repl = f"Dr. {name_tok}" if is_doctor else f"{t} {name_tok}"
             hits.append(_Hit(m.start("title"), span[1], "NAME", repl))
     # the label in any case, the name capitalised
@@ -295,7 +346,7 @@ def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
         # keep the words closest to the degree that are not stopwords
         tail: list[str] = []
         for w in reversed(words):
-            if w.lower().rstrip(".") in p.stopwords:
+            if w.lower().rstrip(".") in p.stopwords or safe(w):
                 break
             tail.insert(0, w)
         if tail and any(len(w.rstrip(".")) >= 2 for w in tail):
@@ -306,6 +357,30 @@ def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
             learned.update(w for w in tail if len(w.rstrip(".")) >= 3)
             hits.append(_Hit(start, m.end("name"), "NAME", name_tok))
     return hits, learned
+
+
+# ---------------------------------------------------------------- phones
+_PHONE_GATE = re.compile(r"\d{3}\D{0,3}\d{3}")
+_ZIP4 = re.compile(r"\d{5}-\d{4}")
+_NUMBER_GATE = re.compile(r"\d[\d .()/-]{3,}\d")
+_AGE_GATE = re.compile(r"(?<!\d)(?:9\d|1[0-4]\d)(?!\d)|ninety|hundred", re.IGNORECASE)
+
+
+def _phone_hits(text: str, regions: tuple[str, ...], token: str) -> list[_Hit]:
+    """Telephone numbers of the given regions found by ``phonenumbers`` (Google's libphonenumber) with the
+    ``VALID`` matcher (a number that is valid for the region: area code and length), whatever the separators
+    (``201/324/1423``, ``202 2671093``), with extensions (``x45``). Texts without two groups of three digits
+    are skipped (no number can match)."""
+    if not _PHONE_GATE.search(text):
+        return []
+    import phonenumbers
+
+    hits = []
+    for region in regions:
+        for m in phonenumbers.PhoneNumberMatcher(text, region, leniency=phonenumbers.Leniency.VALID):
+            if not _ZIP4.fullmatch(m.raw_string):  # a US ZIP+4 code ("02115-1234") is part of an address
+                hits.append(_Hit(m.start, m.end, "PHONE", token))
+    return hits
 
 
 # ---------------------------------------------------------------- main
@@ -327,6 +402,7 @@ def deidentify_text(
     day_first: bool = False,
     patterns_path: str | None = None,
     language: str = "en",
+    phone_regions: tuple[str, ...] = ("US", "GB", "IE", "AU"),
 ) -> tuple[str, dict[str, int]]:
     """Remove PHI from report text.
 
@@ -382,10 +458,13 @@ def deidentify_text(
         groups.append(_regex_hits(text, known, "ID", tok["ID"]))
     # a birth date is removed, not shifted; ages over 89 become "90+" (HIPAA Safe Harbor)
     groups.append(_regex_hits(text, p.regex["date_of_birth"], "DATE", tok["DATE"]))
-    groups.append(_regex_hits(text, p.regex["age_over_89"], "AGE", tok["AGE"]))
+    if _AGE_GATE.search(text):  # every age pattern needs 90-149 or a written-out age
+        groups.append(_regex_hits(text, p.regex["age_over_89"], "AGE", tok["AGE"]))
     groups.append(_date_hits(text, p, date_shift_days, day_first))
     groups.append(_regex_hits(text, p.regex["labelled_id"], "ID", tok["ID"]))
-    groups.append(_regex_hits(text, p.regex["phone"], "PHONE", tok["PHONE"]))
+    if _NUMBER_GATE.search(text):  # every phone pattern needs a run of 4+ digits and separators
+        groups.append(_regex_hits(text, p.regex["phone"], "PHONE", tok["PHONE"])
+                      + _phone_hits(text, phone_regions, tok["PHONE"]))
     # a street address with its city, state and ZIP is one hit, taken before long numbers (a ZIP+4
     # "02115-1234" would otherwise be an [ID] and leave the street and city behind)
     groups.append(_regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"]))
@@ -401,11 +480,23 @@ def deidentify_text(
     if known_re is not None:
         name_hits += _regex_hits(text, known_re, "NAME", tok["NAME"])
     learned -= {c for c in learned if c.lower() in {k.lower() for k in known_components}}
+    # a learned word that is also a common or clinical word is removed only where it stands as a name
+    # (after the title or label it was learned from), never elsewhere ("White matter" after "Dr White")
+    lex = load_lexicon()
+    learned = {c for c in learned if lex.word_class(c.lower().rstrip(".")) not in (SAFE, AMBIG)}
     # learned words (from "Dr. X", "X, MD", "Signed by X") are matched in Title or UPPER case only
     learned_forms = {f for w in learned for f in (w, w.upper(), w.capitalize())}
     learned_re = _name_run_regex(learned_forms, case_insensitive=False)
     if learned_re is not None:
         name_hits += _regex_hits(text, learned_re, "NAME", tok["NAME"])
+    # fail-closed word lists: names and places outside the known-safe vocabulary (entity_extraction.phi_lexicon),
+    # in the same group, so the longest finding wins ("Patient name: Ruby White")
+    lex_tokens = {"NAME": tok["NAME"], "LOCATION": tok.get("LOCATION", "[LOCATION]")}
+    guarded = protected_spans(text)
+    name_hits += [_Hit(a, b, k, lex_tokens[k]) for a, b, k in lexical_hits(text, guarded=guarded)]
+    # clinical phrases of the lexicon ("DR KNEE", "White matter", "Baker cyst") are never a name
+    if guarded:
+        name_hits = [h for h in name_hits if not any(a < h.end and h.start < b for a, b in guarded)]
     groups.append(name_hits)
 
     accepted: list[_Hit] = []

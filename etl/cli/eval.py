@@ -5,6 +5,10 @@ no NegBio file) scores entity extraction on a directory in
 the Open-i layout (see :mod:`entity_extraction.evaluate`) and prints one table per label set; the last line
 of each table gives the micro and macro figures. Exit status 0 on success; 1 with a one-line reason on
 stderr when DIR or its label files cannot be used.
+
+``medreco eval deid --gold FILE.jsonl`` scores report text de-identification on a gold file in the layout of
+``../shared/data/text-deid/PROVENANCE.md`` (see :mod:`entity_extraction.deid_eval`): recall per PHI type,
+strict recall overall and non-PHI tokens lost. Exit status 0; 1 with a one-line reason when FILE cannot be used.
 """
 
 from __future__ import annotations
@@ -44,6 +48,19 @@ def entities(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     typer.echo("\n\n".join(render_table(results[s]) for s in sets))
+
+
+@app.command("deid")
+def deid(gold: Path = typer.Option(..., "--gold", help="JSONL gold file: {id, text, phi: [{start, end, type}]}")) -> None:
+    """Strict recall per PHI type and non-PHI tokens lost of report text de-identification on FILE."""
+    from entity_extraction.deid_eval import GoldFormatError, evaluate_deid, load_gold, render_deid_table
+
+    try:
+        notes = load_gold(gold)
+    except (OSError, GoldFormatError) as err:
+        typer.echo(f"error: {gold}: {err}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(render_deid_table(evaluate_deid(notes)))
 
 
 @app.callback()
