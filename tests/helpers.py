@@ -37,3 +37,30 @@ def decode_strictly(ds: Dataset) -> None:
         ds.decode()
     finally:
         config.settings.reading_validation_mode = old
+
+
+def run_pixel_stages(base, source, institution: str, key, shard_count: int = 1, run_id: str = "test-run"):
+    """Discover, de-identify and normalise one DICOM folder through the build stages (no Airflow).
+
+    ``base`` holds the storage root (``base/root``); ``source`` is the institution's source folder. Returns the
+    :class:`etl.build.context.BuildContext` of the run (reports, ledger and later stages are the caller's).
+    """
+    import yaml
+
+    from etl.build import stages
+    from etl.build.context import BuildContext
+    from schemas.config import parse_config
+
+    cfg = parse_config(yaml.safe_load(f"""
+storage: {{root: {base / 'root'}}}
+shard_count: {shard_count}
+institutions: [{{id: {institution}, country: US, language: en, timezone: America/New_York, source_uri: {source},
+                report_format: none}}]
+"""))
+    ctx = BuildContext.from_config(cfg, run_id, key)
+    stages.discover(ctx, institution)
+    for batch in stages.plan(ctx):
+        for shard in batch:
+            stages.deidentify_shard(ctx, shard)
+            stages.normalise_shard(ctx, shard)
+    return ctx

@@ -15,7 +15,6 @@ from pathlib import Path
 import polars as pl
 import pydicom
 import pytest
-import yaml
 from helpers import decode_strictly
 
 from etl.deid.dicom import shift_date, shift_datetime
@@ -31,23 +30,12 @@ def run(tmp_path_factory, key):
     base = tmp_path_factory.mktemp("field_cases")
     cases = base / "cases"
     subprocess.run([sys.executable, str(TOOL), str(cases), "--check"], check=True, capture_output=True)
-    from etl.build import stages
-    from etl.build.context import BuildContext
-    from etl.build.ledger import finalise
-    from schemas.config import parse_config
+    from helpers import run_pixel_stages
 
-    cfg = parse_config(yaml.safe_load(f"""
-storage: {{root: {base / 'root'}}}
-shard_count: 2
-institutions: [{{id: fc, country: US, language: en, timezone: America/New_York, source_uri: {cases},
-                report_format: none}}]
-"""))
-    ctx = BuildContext.from_config(cfg, "fc-run", key)
-    stages.discover(ctx, "fc")
-    for batch in stages.plan(ctx):
-        for shard in batch:
-            stages.deidentify_shard(ctx, shard)
-            stages.normalise_shard(ctx, shard)
+    from etl.build import stages
+    from etl.build.ledger import finalise
+
+    ctx = run_pixel_stages(base, cases, "fc", key, shard_count=2, run_id="fc-run")
     stages.reports(ctx)
     balance = finalise(ctx)
     ledger = pl.from_arrow(ctx.storage.read_table(ctx.ledger_path))

@@ -13,7 +13,6 @@ import numpy as np
 import polars as pl
 import pydicom
 import pytest
-import yaml
 
 from etl.deid.dicom import deidentify_dataset
 from etl.pixels.decode import NormalisationError
@@ -116,27 +115,14 @@ def test_mosaic_detected_and_quarantined(shared_data, key):
 @pytest.fixture(scope="module")
 def staged(shared_data, tmp_path_factory, key):
     """The Bruker enhanced MR and a MOSAIC through discover -> plan -> de-identify -> normalise."""
-    from etl.build import stages
-    from etl.build.context import BuildContext
-    from schemas.config import parse_config
+    from helpers import run_pixel_stages
 
     base = tmp_path_factory.mktemp("multiframe")
     source = base / "source"
     for name in (BRUKER_MR, MOSAIC):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(shared_data / "dicom" / name, source / name)
-    cfg = parse_config(yaml.safe_load(f"""
-storage: {{root: {base / 'root'}}}
-shard_count: 1
-institutions: [{{id: mf, country: US, language: en, timezone: America/New_York, source_uri: {source},
-                report_format: none}}]
-"""))
-    ctx = BuildContext.from_config(cfg, "mf-run", key)
-    stages.discover(ctx, "mf")
-    for batch in stages.plan(ctx):
-        for shard in batch:
-            stages.deidentify_shard(ctx, shard)
-            stages.normalise_shard(ctx, shard)
+    ctx = run_pixel_stages(base, source, "mf", key, run_id="mf-run")
     images = pl.from_arrow(ctx.storage.read_table("curated/images"))
     events = pl.from_arrow(ctx.storage.read_table(ctx.events_path("normalise", 0)))
     return {"images": images, "events": events, "source": source}
