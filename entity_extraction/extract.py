@@ -484,6 +484,28 @@ class EntityExtractor:
 
         return min(mods, key=distance)
 
+    @staticmethod
+    def _assertion(ent: Span) -> tuple[dict[str, list], str, str]:
+        """ConText modifiers of ``ent`` by category, its assertion and its temporality."""
+        by_cat: dict[str, list] = {}
+        for mod in ent._.modifiers:
+            by_cat.setdefault(mod.category, []).append(mod)
+        # PROBABLE_EXISTENCE ('probable', 'likely') asserts the finding: only POSSIBLE_EXISTENCE makes it uncertain
+        # (certainty policy and its sources: context_rules_en.json description)
+        if by_cat.get("POSSIBLE_EXISTENCE"):
+            assertion = "uncertain"
+        elif by_cat.get("NEGATED_EXISTENCE"):
+            assertion = "absent"
+        else:
+            assertion = "present"
+        if by_cat.get("HYPOTHETICAL"):
+            temporality = "hypothetical"
+        elif by_cat.get("HISTORICAL"):
+            temporality = "historical"
+        else:
+            temporality = "current"
+        return by_cat, assertion, temporality
+
     def _mention(self, ent: Span, sents: _Sentences, spans: list[tuple[str, int, int]],
                  bodies: list[tuple[str, int, int]], index: _FamilyIndex) -> dict | None:
         """One mention dict (None for a descriptor without anatomy); ``spans``/``bodies``: section spans
@@ -499,24 +521,8 @@ class EntityExtractor:
             candidates = tuple(meta.get("candidates", (ent.label_,)))
             entity_id = self._refine_id(ent, sent, self._resolve_id(ent, sent, candidates))
         concept = self.ontology.concepts[entity_id]
-        by_cat: dict[str, list] = {}
-        for mod in ent._.modifiers:
-            by_cat.setdefault(mod.category, []).append(mod)
+        by_cat, assertion, temporality = self._assertion(ent)
         negated = by_cat.get("NEGATED_EXISTENCE", [])
-        # PROBABLE_EXISTENCE ('probable', 'likely') asserts the finding: only POSSIBLE_EXISTENCE makes it uncertain
-        # (certainty policy and its sources: context_rules_en.json description)
-        if by_cat.get("POSSIBLE_EXISTENCE"):
-            assertion = "uncertain"
-        elif negated:
-            assertion = "absent"
-        else:
-            assertion = "present"
-        if by_cat.get("HYPOTHETICAL"):
-            temporality = "hypothetical"
-        elif by_cat.get("HISTORICAL"):
-            temporality = "historical"
-        else:
-            temporality = "current"
         change = "none"
         closest_change = self._closest(ent, by_cat.get("CHANGE", []))
         if closest_change is not None:
@@ -602,6 +608,41 @@ class EntityExtractor:
         """
         self._family(family)
         return self._run(self._nlp(text), family)
+
+    def assert_target(self, text: str, start: int, end: int) -> dict:
+        """Assertion and temporality of one given target span, whatever its words (no ontology lookup).
+
+        The text goes through the same tokenizer, sentence rules and ConText rules as :meth:`extract`; the
+        characters ``text[start:end]`` (widened to whole tokens) are the only target. Used to score the
+        ConText rules on sentence sets whose targets are not ontology concepts (the NegEx test kit).
+
+        Parameters
+        ----------
+        text : str
+            A sentence or report.
+        start, end : int
+            Character offsets of the target in ``text``.
+
+        Returns
+        -------
+        dict
+            ``{"assertion": present|absent|uncertain, "temporality": current|historical|hypothetical}``.
+
+        Raises
+        ------
+        ValueError
+            If ``start:end`` holds no token of ``text``.
+        """
+        doc = self._nlp(text)
+        span = doc.char_span(start, end, label="TARGET", alignment_mode="expand")
+        if span is None or not len(span):
+            raise ValueError(f"no token at characters {start}:{end}")
+        doc.ents = [span]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"\[W036\]")
+            doc = self._context(doc)
+        _, assertion, temporality = self._assertion(doc.ents[0])
+        return {"assertion": assertion, "temporality": temporality}
 
     def extract_many(self, texts: Iterable[str], family: str, batch_size: int = 64) -> list[list[dict]]:
         """:meth:`extract` over many reports of one family (``nlp.pipe`` batching); one list per text."""
