@@ -25,8 +25,9 @@ none. Each report runs through the extractor for the 3D-CT family. Figures:
 * *found*: a gold item whose concept has a mention in the report (any section, temporality current or
   historical), over the items that name a concept of the family;
 * *mention assertion accuracy*: a found item is right when a mention of its concept has its presence;
-* *study-level assertion accuracy*: per (report, concept) pair with gold (present if any item is present, else
-  absent) and a mention, :func:`~entity_extraction.extract.study_labels` state equal to the gold state.
+* *study-level assertion accuracy*: per (report, concept) pair with a gold item (gold state present if any
+  finding of the concept is present, the findings listed without a presence counting as present, else absent)
+  and a mention, :func:`~entity_extraction.extract.study_labels` state equal to the gold state.
 
 Items naming concepts outside the family, and items whose name the map lacks, are counted and printed.
 """
@@ -223,11 +224,13 @@ def render_negex(result: NegexResult, name: str = "NegEx kit") -> str:
 # ------------------------------------------------------------------ CT extractions
 @dataclass(frozen=True)
 class CtReport:
-    """One report of the CT extraction set: ``gold`` = ((finding name, present?), ...) with stated presence."""
+    """One report of the CT extraction set: ``gold`` = ((finding name, present?), ...) with stated presence;
+    ``listed``: names of the findings extracted without a stated presence (found in the report, so present)."""
 
     id: str
     text: str
     gold: tuple[tuple[str, bool], ...]
+    listed: tuple[str, ...] = ()
 
 
 def _presence(attributes: dict) -> bool | None:
@@ -242,7 +245,8 @@ def _presence(attributes: dict) -> bool | None:
     return None
 
 
-_MD_ITEM = re.compile(r"^- +(?:\[(?P<link>[^\]]+)\]\([^)]*\)|(?P<plain>[^\[\n]+?))\s*(?:\\?\[RID\d+\\?\].*)?$")
+#: "- [name](link)" or "- name", optionally followed by ", [alternate](link)" or a RadLex id "\[RID123\]"
+_MD_ITEM = re.compile(r"^- +(?:\[(?P<link>[^\]]+)\]\([^)]*\)|(?P<plain>[^\[\\,\n]+?))\s*(?:[,\\\[].*)?$")
 _MD_ATTR = re.compile(r"^\s+- +(?P<key>[^:]+):\s*(?P<value>.*)$")
 
 
@@ -290,12 +294,14 @@ def load_ct_extractions(directory: str | Path) -> list[CtReport]:
         raise EvaluationDataError("missing_reports", f"{root} has no {CT_JSONL} and no report markdown files")
     out = []
     for rid, text, findings in raw:
-        gold = []
+        gold, listed = [], []
         for f in findings:
             present = _presence(f.get("attributes") or {})
             if present is not None:
                 gold.append((_norm(f["finding"]), present))
-        out.append(CtReport(rid, text, tuple(gold)))
+            else:
+                listed.append(_norm(f["finding"]))
+        out.append(CtReport(rid, text, tuple(gold), tuple(listed)))
     return out
 
 
@@ -399,6 +405,10 @@ def evaluate_ct(reports: list[CtReport], extractor=None, ontology: Ontology | No
                     result.wrong.append((rep.id, name, present, ",".join(sorted({m["assertion"] for m in hits}))))
             for i in in_fam[:1]:
                 gold_pairs[i] = gold_pairs.get(i, False) or present
+        for name in rep.listed:  # findings listed without a presence are present findings of the report
+            for i in [i for i in cmap.mapped.get(name, ()) if i in fam_ids][:1]:
+                if i in gold_pairs:
+                    gold_pairs[i] = True
         for cid, present in gold_pairs.items():
             result.pairs += 1
             state = states.get(cid, "not_mentioned")

@@ -229,8 +229,10 @@ def test_fields_sections_anatomy_and_plurals(ex):
     text = "INDICATION: cough\nFINDINGS: The heart is normal. Right rib fractures.\nIMPRESSION: Nodules in the lungs."
     ms = ex.extract(text, CXR)
     by = {m["text"]: m for m in ms}
-    assert set(by) == {"heart", "rib fractures", "Nodules", "lungs"}
+    assert set(by) == {"heart", "normal", "rib fractures", "Nodules", "lungs"}
     assert by["heart"]["category"] == "anatomy" and by["heart"]["anatomy_id"] == "A005"
+    # a normal statement about the heart: its enlargement finding is absent
+    assert (by["normal"]["entity_id"], by["normal"]["assertion"]) == ("F018", "absent")
     assert by["rib fractures"]["entity_id"] == "F006" and by["rib fractures"]["anatomy_id"] == "A012"
     assert by["rib fractures"]["laterality"] == "right" and by["rib fractures"]["section"] == "findings"
     assert by["Nodules"]["entity_id"] == "F016" and by["Nodules"]["section"] == "impression"
