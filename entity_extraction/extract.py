@@ -260,7 +260,8 @@ class EntityExtractor:
         none if absent; English is packaged). A descriptor word ("tortuous", "enlarged") names a concept only
         when one of its rule's anatomy phrases stands in the same clause within ``max_distance`` tokens
         (nearest anatomy wins); ``refine`` rules turn a mention into a more specific concept when a
-        descriptor is near (``old healed rib fractures`` -> healing changes).
+        descriptor is near (``old healed rib fractures`` -> healing changes); a rule with ``"normal": true``
+        is a normal statement ("heart size is normal"): its concept is absent in any word order.
     section_rules_path : str or Path, optional
         Section header rules (default: ``section_rules_<language>.json`` on the search path, else the
         English ones).
@@ -619,7 +620,9 @@ class EntityExtractor:
         list of dict
             One dict per mention, in text order: ``entity_id`` (``F029``), ``category``
             (anatomy|finding|condition), ``span_start``/``span_end`` (character offsets in ``text``),
-            ``text``, ``section`` (see :func:`entity_extraction.sections.section_spans`), ``sentence``,
+            ``text`` (a soft line wrap inside a mention reads as a space), ``section`` (see
+            :func:`entity_extraction.sections.section_spans`; mentions under a historical header such as PAST
+            MEDICAL HISTORY are ``historical``), ``sentence``,
             ``assertion`` (present|absent|uncertain), ``temporality`` (current|historical|hypothetical),
             ``change`` (new|increased|decreased|unchanged|resolved|improved|worsened|none), ``laterality``
             (left|right|bilateral|None), ``severity`` (mild|moderate|severe|small|large|trace|None),
