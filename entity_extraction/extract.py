@@ -40,7 +40,7 @@ from spacy.pipeline import Sentencizer
 from spacy.tokens import Doc, Span
 from spacy.util import compile_prefix_regex
 
-from entity_extraction.sections import section_at, section_body_spans, section_spans
+from entity_extraction.sections import historical_spans, section_at, section_body_spans, section_spans
 from schemas.errors import ReasonCodedError
 from schemas.ontology import (
     FAMILIES,
@@ -77,6 +77,16 @@ LABEL_SECTIONS = (("impression",), ("findings", "unsectioned"))
 _PARENTHESISED = re.compile(r"\([^()\n]*[A-Za-z][^()\n]*\)")
 _LIST_ITEM = re.compile(r"^(?:\d{1,2}[.)]|[-*\u2022])$")
 _SECTION_SENTS = "medreco_section_sentences"
+#: a soft line wrap: a line break (not a blank line) before a line that goes on in lower case ("no pericardial
+#: \neffusion"); it becomes a space before tokenizing, so phrases run across it (same length: offsets hold).
+_SOFT_WRAP = re.compile(r"(?<=[^\s])[ \t]*\n(?=[ \t]*[a-z])")
+
+
+def _unwrap(text: str) -> str:
+    """``text`` with soft line wraps as spaces (character offsets unchanged)."""
+    if "\n" not in text:
+        return text
+    return _SOFT_WRAP.sub(lambda m: " " * len(m.group()), text)
 
 
 class ExtractorConfigError(ReasonCodedError, ValueError):
@@ -183,15 +193,17 @@ class _Sentences:
 class _FamilyIndex:
     matcher: TargetMatcher
     candidates: dict[str, tuple[str, ...]]
-    #: descriptor surface -> ((concept id, anatomy pattern), ...) for the family's concepts
-    compose: dict[str, tuple[tuple[str, re.Pattern[str]], ...]]
+    #: descriptor surface -> ((concept id, anatomy pattern, normal statement?), ...) for the family's concepts
+    compose: dict[str, tuple[tuple[str, re.Pattern[str], bool], ...]]
 
 
 @dataclass(frozen=True)
 class _DescriptorRules:
     max_distance: int
     clause_breaks: frozenset[str]
-    compose: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]  # (concept, anatomy phrases, descriptors)
+    #: (concept, anatomy phrases, descriptors, normal statement: the descriptor says the anatomy is normal, so the
+    #: concept is absent)
+    compose: tuple[tuple[str, tuple[str, ...], tuple[str, ...], bool], ...]
     refine: dict[str, tuple[tuple[str, re.Pattern[str]], ...]]  # from id -> ((concept, descriptor pattern), ...)
 
 
@@ -212,7 +224,8 @@ def _load_descriptor_rules(path: Path | None, variants_of=_plural_variants) -> _
         return _DescriptorRules(0, frozenset(), (), {})
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        compose = tuple((r["concept"], tuple(r["anatomy"]), tuple(r["descriptors"])) for r in data.get("compose", ()))
+        compose = tuple((r["concept"], tuple(r["anatomy"]), tuple(r["descriptors"]), bool(r.get("normal", False)))
+                        for r in data.get("compose", ()))
         refine: dict[str, list] = {}
         for r in data.get("refine", ()):
             for src in r["from"]:
@@ -247,7 +260,8 @@ class EntityExtractor:
         none if absent; English is packaged). A descriptor word ("tortuous", "enlarged") names a concept only
         when one of its rule's anatomy phrases stands in the same clause within ``max_distance`` tokens
         (nearest anatomy wins); ``refine`` rules turn a mention into a more specific concept when a
-        descriptor is near (``old healed rib fractures`` -> healing changes).
+        descriptor is near (``old healed rib fractures`` -> healing changes); a rule with ``"normal": true``
+        is a normal statement ("heart size is normal"): its concept is absent in any word order.
     section_rules_path : str or Path, optional
         Section header rules (default: ``section_rules_<language>.json`` on the search path, else the
         English ones).
@@ -327,15 +341,15 @@ class EntityExtractor:
                     if concept.id not in ids:
                         ids.append(concept.id)
         fam_ids = set(self.ontology.families[family]["finding"]) | set(self.ontology.families[family]["condition"])
-        compose: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
-        for concept_id, anatomy, descriptors in self._descriptors.compose:
+        compose: dict[str, list[tuple[str, re.Pattern[str], bool]]] = {}
+        for concept_id, anatomy, descriptors, normal in self._descriptors.compose:
             if concept_id not in fam_ids:
                 continue
             pattern = _phrase_regex(anatomy, self._variants)
             for desc in descriptors:
                 for variant in self._variants(" ".join(desc.lower().split())):
                     if variant not in surface:  # an ontology synonym outranks a descriptor
-                        compose.setdefault(variant, []).append((concept_id, pattern))
+                        compose.setdefault(variant, []).append((concept_id, pattern, normal))
         matcher = TargetMatcher(nlp, name=f"targets_{family}", result_type=None, prune=True)
         rules = [
             TargetRule(literal=term, category=ids[0], metadata={"candidates": tuple(ids)})
@@ -412,20 +426,23 @@ class EntityExtractor:
             end += 1
         return doc[start:end]
 
-    def _compose_id(self, ent: Span, sent: Span, options: tuple[tuple[str, re.Pattern[str]], ...]) -> str | None:
-        """Concept of a descriptor mention: the rule whose anatomy phrase is nearest in the clause window."""
+    def _compose_id(self, ent: Span, sent: Span, options: tuple[tuple[str, re.Pattern[str], bool], ...]
+                    ) -> tuple[str, bool] | None:
+        """Concept of a descriptor mention (the rule whose anatomy phrase is nearest in the clause window, the
+        longer phrase at equal distance) and whether the rule is a normal statement."""
         window = self._clause_window(ent, sent)
         text, base = window.text, window.start_char
-        best: tuple[int, str] | None = None
-        for concept_id, pattern in options:
+        best: tuple[int, int, str, bool] | None = None
+        for concept_id, pattern, normal in options:
             for m in pattern.finditer(text):
                 s, e = base + m.start(), base + m.end()
                 if s < ent.end_char and e > ent.start_char:
                     continue  # the descriptor itself
                 gap = ent.start_char - e if e <= ent.start_char else s - ent.end_char
-                if best is None or gap < best[0]:
-                    best = (gap, concept_id)
-        return best[1] if best else None
+                # nearest anatomy; at equal distance the longer phrase ("coronary arteries" over "arteries")
+                if best is None or (gap, s - e) < best[:2]:
+                    best = (gap, s - e, concept_id, normal)
+        return (best[2], best[3]) if best else None
 
     def _refine_id(self, ent: Span, sent: Span, entity_id: str) -> str:
         options = self._descriptors.refine.get(entity_id)
@@ -484,30 +501,17 @@ class EntityExtractor:
 
         return min(mods, key=distance)
 
-    def _mention(self, ent: Span, sents: _Sentences, spans: list[tuple[str, int, int]],
-                 bodies: list[tuple[str, int, int]], index: _FamilyIndex) -> dict | None:
-        """One mention dict (None for a descriptor without anatomy); ``spans``/``bodies``: section spans
-        with/without their headers."""
-        sent = sents.of(ent)
-        rule = ent._.target_rule
-        meta = (rule.metadata or {}) if rule else {}
-        if ent.label_ == _DESCRIPTOR:
-            entity_id = self._compose_id(ent, sent, index.compose.get(meta.get("descriptor", ""), ()))
-            if entity_id is None:
-                return None
-        else:
-            candidates = tuple(meta.get("candidates", (ent.label_,)))
-            entity_id = self._refine_id(ent, sent, self._resolve_id(ent, sent, candidates))
-        concept = self.ontology.concepts[entity_id]
+    @staticmethod
+    def _assertion(ent: Span) -> tuple[dict[str, list], str, str]:
+        """ConText modifiers of ``ent`` by category, its assertion and its temporality."""
         by_cat: dict[str, list] = {}
         for mod in ent._.modifiers:
             by_cat.setdefault(mod.category, []).append(mod)
-        negated = by_cat.get("NEGATED_EXISTENCE", [])
         # PROBABLE_EXISTENCE ('probable', 'likely') asserts the finding: only POSSIBLE_EXISTENCE makes it uncertain
         # (certainty policy and its sources: context_rules_en.json description)
         if by_cat.get("POSSIBLE_EXISTENCE"):
             assertion = "uncertain"
-        elif negated:
+        elif by_cat.get("NEGATED_EXISTENCE"):
             assertion = "absent"
         else:
             assertion = "present"
@@ -517,6 +521,34 @@ class EntityExtractor:
             temporality = "historical"
         else:
             temporality = "current"
+        return by_cat, assertion, temporality
+
+    def _mention(self, ent: Span, sents: _Sentences, spans: list[tuple[str, int, int]],
+                 bodies: list[tuple[str, int, int]], index: _FamilyIndex,
+                 past: list[tuple[int, int]] | None = None) -> dict | None:
+        """One mention dict (None for a descriptor without anatomy); ``spans``/``bodies``: section spans
+        with/without their headers; ``past``: bodies under historical headers (PAST MEDICAL HISTORY)."""
+        sent = sents.of(ent)
+        rule = ent._.target_rule
+        meta = (rule.metadata or {}) if rule else {}
+        normal = False
+        if ent.label_ == _DESCRIPTOR:
+            composed = self._compose_id(ent, sent, index.compose.get(meta.get("descriptor", ""), ()))
+            if composed is None:
+                return None
+            entity_id, normal = composed
+        else:
+            candidates = tuple(meta.get("candidates", (ent.label_,)))
+            entity_id = self._refine_id(ent, sent, self._resolve_id(ent, sent, candidates))
+        concept = self.ontology.concepts[entity_id]
+        by_cat, assertion, temporality = self._assertion(ent)
+        if temporality == "current" and any(a <= ent.start_char < b for a, b in past or ()):
+            temporality = "historical"
+        if normal and assertion != "uncertain":
+            # a normal statement about the anatomy ("heart size is normal", "normal cardiac silhouette"): the
+            # finding is absent whatever the word order (a negation rule such as "is normal" may or may not match)
+            assertion = "absent"
+        negated = by_cat.get("NEGATED_EXISTENCE", [])
         change = "none"
         closest_change = self._closest(ent, by_cat.get("CHANGE", []))
         if closest_change is not None:
@@ -568,7 +600,8 @@ class EntityExtractor:
         sents = _Sentences(doc)
         spans = section_spans(sents.text, self.section_rules_path)
         bodies = section_body_spans(sents.text, self.section_rules_path)
-        mentions = (self._mention(ent, sents, spans, bodies, index) for ent in doc.ents)
+        past = historical_spans(sents.text, self.section_rules_path)
+        mentions = (self._mention(ent, sents, spans, bodies, index, past) for ent in doc.ents)
         return [m for m in mentions if m is not None]
 
     def extract(self, text: str, family: str) -> list[dict]:
@@ -587,7 +620,9 @@ class EntityExtractor:
         list of dict
             One dict per mention, in text order: ``entity_id`` (``F029``), ``category``
             (anatomy|finding|condition), ``span_start``/``span_end`` (character offsets in ``text``),
-            ``text``, ``section`` (see :func:`entity_extraction.sections.section_spans`), ``sentence``,
+            ``text`` (a soft line wrap inside a mention reads as a space), ``section`` (see
+            :func:`entity_extraction.sections.section_spans`; mentions under a historical header such as PAST
+            MEDICAL HISTORY are ``historical``), ``sentence``,
             ``assertion`` (present|absent|uncertain), ``temporality`` (current|historical|hypothetical),
             ``change`` (new|increased|decreased|unchanged|resolved|improved|worsened|none), ``laterality``
             (left|right|bilateral|None), ``severity`` (mild|moderate|severe|small|large|trace|None),
@@ -601,12 +636,47 @@ class EntityExtractor:
             ``unknown_family``.
         """
         self._family(family)
-        return self._run(self._nlp(text), family)
+        return self._run(self._nlp(_unwrap(text)), family)
+
+    def assert_target(self, text: str, start: int, end: int) -> dict:
+        """Assertion and temporality of one given target span, whatever its words (no ontology lookup).
+
+        The text goes through the same tokenizer, sentence rules and ConText rules as :meth:`extract`; the
+        characters ``text[start:end]`` (widened to whole tokens) are the only target. Used to score the
+        ConText rules on sentence sets whose targets are not ontology concepts (the NegEx test kit).
+
+        Parameters
+        ----------
+        text : str
+            A sentence or report.
+        start, end : int
+            Character offsets of the target in ``text``.
+
+        Returns
+        -------
+        dict
+            ``{"assertion": present|absent|uncertain, "temporality": current|historical|hypothetical}``.
+
+        Raises
+        ------
+        ValueError
+            If ``start:end`` holds no token of ``text``.
+        """
+        doc = self._nlp(_unwrap(text))
+        span = doc.char_span(start, end, label="TARGET", alignment_mode="expand")
+        if span is None or not len(span):
+            raise ValueError(f"no token at characters {start}:{end}")
+        doc.ents = [span]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"\[W036\]")
+            doc = self._context(doc)
+        _, assertion, temporality = self._assertion(doc.ents[0])
+        return {"assertion": assertion, "temporality": temporality}
 
     def extract_many(self, texts: Iterable[str], family: str, batch_size: int = 64) -> list[list[dict]]:
         """:meth:`extract` over many reports of one family (``nlp.pipe`` batching); one list per text."""
         self._family(family)
-        return [self._run(doc, family) for doc in self._nlp.pipe(texts, batch_size=batch_size)]
+        return [self._run(doc, family) for doc in self._nlp.pipe(map(_unwrap, texts), batch_size=batch_size)]
 
 
 _STATE_RANK = {"present": 3, "uncertain": 2, "absent": 1}

@@ -42,6 +42,7 @@ class _Rules:
     header_to_section: dict[str, str]
     line_start: re.Pattern[str]
     mid_line: re.Pattern[str]
+    historical: frozenset[str] = frozenset()
 
 
 @lru_cache(maxsize=4)
@@ -74,26 +75,43 @@ def _load_rules(path: str | None = None) -> _Rules:
         for h in sorted(header_to_section, key=len, reverse=True)
     )
     mid_line = re.compile(rf"(?<=[.;!?])[ \t]+(?P<header>{upper_alternation})[ \t]*:")
-    return _Rules(canonical, header_to_section, line_start, mid_line)
+    historical = frozenset(" ".join(h.lower().split()) for h in data.get("historical_headers", ()))
+    unknown = sorted(historical - header_to_section.keys())
+    if unknown:
+        raise SectionRulesError(f"historical headers {unknown} are not headers of any section")
+    return _Rules(canonical, header_to_section, line_start, mid_line, historical)
 
 
-def _headers(text: str, rules: _Rules) -> list[tuple[int, int, str]]:
-    """Sorted ``(header_start, body_start, section)`` for every recognised header."""
-    found: dict[int, tuple[int, int, str]] = {}
+def _headers(text: str, rules: _Rules) -> list[tuple[int, int, str, bool]]:
+    """Sorted ``(header_start, body_start, section, historical header?)`` for every recognised header."""
+    found: dict[int, tuple[int, int, str, bool]] = {}
     for m in rules.line_start.finditer(text):
         header = " ".join(m.group("header").lower().split())
-        found[m.start("header")] = (m.start("header"), m.end(), rules.header_to_section[header])
+        found[m.start("header")] = (m.start("header"), m.end(), rules.header_to_section[header],
+                                    header in rules.historical)
     for m in rules.mid_line.finditer(text):
         header = " ".join(m.group("header").lower().split())
-        found.setdefault(m.start("header"), (m.start("header"), m.end(), rules.header_to_section[header]))
+        found.setdefault(m.start("header"), (m.start("header"), m.end(), rules.header_to_section[header],
+                                             header in rules.historical))
     return [found[k] for k in sorted(found)]
 
 
 @lru_cache(maxsize=256)
-def _cached_headers(text: str, rules_path: str | None) -> tuple[tuple[int, int, str], ...]:
+def _cached_headers(text: str, rules_path: str | None) -> tuple[tuple[int, int, str, bool], ...]:
     """:func:`_headers` memoised per (text, rules file): the extractor asks for the sections of one report
     several times (sentence starts, spans, bodies); the tuple is immutable, so sharing it is safe."""
     return tuple(_headers(text, _load_rules(rules_path)))
+
+
+def historical_spans(text: str, rules_path: str | None = None) -> list[tuple[int, int]]:
+    """``(body_start, end)`` of every section under a historical header (``historical_headers`` of the rules,
+    e.g. PAST MEDICAL HISTORY): what is named there is the patient's past, not the current study."""
+    headers = _cached_headers(text, rules_path) if text else ()
+    out = []
+    for i, (_, body_start, _, historical) in enumerate(headers):
+        if historical:
+            out.append((body_start, headers[i + 1][0] if i + 1 < len(headers) else len(text)))
+    return out
 
 
 def section_spans(text: str, rules_path: str | None = None) -> list[tuple[str, int, int]]:
@@ -127,7 +145,7 @@ def section_spans(text: str, rules_path: str | None = None) -> list[tuple[str, i
     first = headers[0][0] if headers else len(text)
     if first > 0:
         spans.append((UNSECTIONED, 0, first))
-    for i, (start, _, name) in enumerate(headers):
+    for i, (start, _, name, _) in enumerate(headers):
         end = headers[i + 1][0] if i + 1 < len(headers) else len(text)
         spans.append((name, start, end))
     return spans
@@ -139,7 +157,7 @@ def section_body_spans(text: str, rules_path: str | None = None) -> list[tuple[s
     The ``unsectioned`` preamble is included as is; a span may be empty (``body_start == end``).
     """
     spans = section_spans(text, rules_path)
-    bodies = {start: body for start, body, _ in _cached_headers(text, rules_path)}
+    bodies = {start: body for start, body, _, _ in _cached_headers(text, rules_path)}
     return [(name, bodies.get(start, start), end) for name, start, end in spans]
 
 
@@ -175,7 +193,7 @@ def split_sections(text: str, rules_path: str | None = None) -> dict[str, str]:
     rules = _load_rules(rules_path)
     parts: dict[str, list[str]] = {name: [] for name in rules.canonical}
     headers = _cached_headers(text, rules_path)
-    for i, (_, body_start, name) in enumerate(headers):
+    for i, (_, body_start, name, _) in enumerate(headers):
         end = headers[i + 1][0] if i + 1 < len(headers) else len(text)
         body = text[body_start:end].strip()
         if name in parts and body:
