@@ -116,9 +116,8 @@ def test_mosaic_detected_and_quarantined(shared_data, key):
 @pytest.fixture(scope="module")
 def staged(shared_data, tmp_path_factory, key):
     """The Bruker enhanced MR and a MOSAIC through discover -> plan -> de-identify -> normalise."""
-    from etl.build.context import BuildContext
-
     from etl.build import stages
+    from etl.build.context import BuildContext
     from schemas.config import parse_config
 
     base = tmp_path_factory.mktemp("multiframe")
