@@ -212,7 +212,8 @@ class Storage:
         """Read one Parquet file, or every ``*.parquet`` under a folder, as one table.
 
         A missing folder gives an empty table of ``schema`` (when given). With ``columns``, only those columns
-        are decoded (in that order).
+        are read (in that order): the file is opened for random access, so the other columns' bytes are
+        never fetched (a payload column stays on disk / in the object store).
 
         Raises
         ------
@@ -220,15 +221,24 @@ class Storage:
             if nothing exists at ``rel`` and no schema is given.
         """
         if self.is_file(rel):
-            return pq.read_table(io.BytesIO(self.read_bytes(rel)), schema=schema, columns=columns)
+            return self._read_parquet(rel, schema, columns)
         files = [f for f in self.list_files(rel) if f.endswith(".parquet")]
         if not files:
             if schema is None:
                 raise StorageError(f"no Parquet files under {self.full_uri(rel)}")
             empty = schema.empty_table()
             return empty.select(columns) if columns is not None else empty
-        tables = [pq.read_table(io.BytesIO(self.read_bytes(f)), schema=schema, columns=columns) for f in files]
+        tables = [self._read_parquet(f, schema, columns) for f in files]
         return pa.concat_tables(tables, promote_options="default") if schema is None else pa.concat_tables(tables)
+
+    def _read_parquet(self, rel: str, schema: pa.Schema | None, columns: list[str] | None) -> pa.Table:
+        if columns is None:
+            return pq.read_table(io.BytesIO(self.read_bytes(rel)), schema=schema)
+        try:
+            with self.fs.open_input_file(self.path(rel)) as f:
+                return pq.read_table(f, schema=schema, columns=columns)
+        except (FileNotFoundError, OSError) as err:
+            raise StorageError(f"cannot read {self.full_uri(rel)}: {err}") from None
 
 
 def read_uri(uri: str, *, endpoint_url: str | None = None, region: str = "us-east-1") -> bytes:

@@ -40,3 +40,6 @@ SCHEMA = versioned(
     ],
     key=["image_key"],
 )
+
+#: columns holding pixel bytes: never read by a global task (quality, dashboard, ledger, retrieval, reports)
+PAYLOAD_COLUMNS = ("payload",)
