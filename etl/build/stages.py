@@ -319,7 +319,9 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     """Decode and normalise one shard's de-identified instances into ``images`` and ``series`` partitions.
 
     The series rules (which instances become a volume, which stay 2D, fallbacks) are
-    :func:`etl.pixels.series.normalise_instances`. Failures are quarantined (events name the source file
+    :func:`etl.pixels.series.normalise_instances`; each volume is written, as soon as it is made, as a
+    content-addressed NIfTI object (:func:`etl.pixels.volume_objects.externalise_volume`,
+    ``curated/volumes/<sha256>.nii.gz``) and its row points at it. Failures are quarantined (events name the source file
     through the de-identification events). The written ``images`` files are read back one row group at a
     time and every payload is hashed against its ``payload_sha256`` (:func:`etl.pixels.integrity.verify_image_files`);
     the counts are recorded in the stage's state (``payload_integrity``), which the quality task reads instead of
@@ -332,6 +334,7 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     """
     from etl.pixels.integrity import PayloadIntegrityError, verify_image_files
     from etl.pixels.series import normalise_instances
+    from etl.pixels.volume_objects import externalise_volume
 
     digest = _digest("normalise", _deid_digest(ctx, shard))
     done = _resume(ctx, "normalise", shard, digest)
@@ -350,7 +353,9 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
             return err
 
     rows = inst.sort("sop_key").iter_rows(named=True)
-    result = normalise_instances(((row, read(row)) for row in rows), ctx.cfg.normalisation)
+    level = ctx.cfg.normalisation.nifti_gzip_level
+    result = normalise_instances(((row, read(row)) for row in rows), ctx.cfg.normalisation,
+                                 volume_sink=lambda r: externalise_volume(ctx.storage, r, level))
     n_img = write_partition(ctx, "images", images_schema.SCHEMA, shard, [img.row for img in result.images])
     integrity = verify_image_files(ctx.storage, _shard_files(ctx, "images", shard))  # read back, one row group at a time
     if integrity.mismatches or integrity.rows != n_img:

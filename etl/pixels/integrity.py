@@ -63,7 +63,7 @@ def sha256_object(storage: Storage, rel: str) -> str | None:
     if not storage.is_file(rel):
         return None
     h = hashlib.sha256()
-    with storage.fs.open_input_stream(storage.path(rel)) as f:
+    with storage.fs.open_input_stream(storage.path(rel), compression=None) as f:
         while True:
             block = f.read(HASH_BLOCK_BYTES)
             if not block:
