@@ -133,7 +133,7 @@ class Storage:
         return self.fs.get_file_info(self.path(rel)).type == pafs.FileType.File
 
     def read_bytes(self, rel: str) -> bytes:
-        """Whole content of a file.
+        """Whole content of a file, as stored (never decompressed by its suffix: a ``.gz`` object reads as gzip).
 
         Raises
         ------
@@ -141,13 +141,14 @@ class Storage:
             if there is no such file.
         """
         try:
-            with self.fs.open_input_stream(self.path(rel)) as f:
+            with self.fs.open_input_stream(self.path(rel), compression=None) as f:
                 return f.read()
         except (FileNotFoundError, OSError) as err:
             raise StorageError(f"cannot read {self.full_uri(rel)}: {err}") from None
 
     def write_bytes(self, rel: str, data: bytes) -> None:
-        """Write a file atomically: readers see the old file or the whole new one, never a part.
+        """Write a file atomically: readers see the old file or the whole new one, never a part. The bytes are
+        stored as given (pyarrow's compression by suffix is off: ``x.nii.gz`` holds exactly ``data``).
 
         Local: write a temporary sibling, then rename. S3: the object becomes visible only when its upload
         completes (pyarrow sends a multipart upload: create, one part, complete), so readers never see a part.
@@ -157,11 +158,11 @@ class Storage:
         if self.is_local:
             self.fs.create_dir(parent, recursive=True)
             tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{posixpath.basename(target)}"
-            with self.fs.open_output_stream(tmp) as f:
+            with self.fs.open_output_stream(tmp, compression=None) as f:
                 f.write(data)
             os.replace(tmp, target)
         else:
-            with self.fs.open_output_stream(target) as f:
+            with self.fs.open_output_stream(target, compression=None) as f:
                 f.write(data)
 
     def write_text(self, rel: str, text: str) -> None:
@@ -212,7 +213,8 @@ class Storage:
         """Read one Parquet file, or every ``*.parquet`` under a folder, as one table.
 
         A missing folder gives an empty table of ``schema`` (when given). With ``columns``, only those columns
-        are decoded (in that order).
+        are read (in that order): the file is opened for random access, so the other columns' bytes are
+        never fetched (a payload column stays on disk / in the object store).
 
         Raises
         ------
@@ -220,15 +222,24 @@ class Storage:
             if nothing exists at ``rel`` and no schema is given.
         """
         if self.is_file(rel):
-            return pq.read_table(io.BytesIO(self.read_bytes(rel)), schema=schema, columns=columns)
+            return self._read_parquet(rel, schema, columns)
         files = [f for f in self.list_files(rel) if f.endswith(".parquet")]
         if not files:
             if schema is None:
                 raise StorageError(f"no Parquet files under {self.full_uri(rel)}")
             empty = schema.empty_table()
             return empty.select(columns) if columns is not None else empty
-        tables = [pq.read_table(io.BytesIO(self.read_bytes(f)), schema=schema, columns=columns) for f in files]
+        tables = [self._read_parquet(f, schema, columns) for f in files]
         return pa.concat_tables(tables, promote_options="default") if schema is None else pa.concat_tables(tables)
+
+    def _read_parquet(self, rel: str, schema: pa.Schema | None, columns: list[str] | None) -> pa.Table:
+        if columns is None:
+            return pq.read_table(io.BytesIO(self.read_bytes(rel)), schema=schema)
+        try:
+            with self.fs.open_input_file(self.path(rel)) as f:
+                return pq.read_table(f, schema=schema, columns=columns)
+        except (FileNotFoundError, OSError) as err:
+            raise StorageError(f"cannot read {self.full_uri(rel)}: {err}") from None
 
 
 def read_uri(uri: str, *, endpoint_url: str | None = None, region: str = "us-east-1") -> bytes:
@@ -241,7 +252,7 @@ def read_uri(uri: str, *, endpoint_url: str | None = None, region: str = "us-eas
     """
     fs, path = open_filesystem(uri, endpoint_url=endpoint_url, region=region)
     try:
-        with fs.open_input_stream(path) as f:
+        with fs.open_input_stream(path, compression=None) as f:
             return f.read()
     except (FileNotFoundError, OSError) as err:
         raise StorageError(f"cannot read {uri}: {err}") from None

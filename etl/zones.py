@@ -76,6 +76,11 @@ def curated_partition(table: str, shard: int) -> str:
     return f"{CURATED}/{table}/shard={shard:05d}/part-0.parquet"
 
 
+def curated_volume(sha256: str) -> str:
+    """A content-addressed volume object (NIfTI-1, gzipped): ``curated/volumes/<sha256>.nii.gz``."""
+    return f"{CURATED}/volumes/{sha256}.nii.gz"
+
+
 def curated_modality_partition(table: str, institution: str, modality: str, shard: int) -> str:
     """One shard's partition of a table partitioned by institution and modality (``images``)."""
     return f"{CURATED}/{table}/institution={institution}/modality={modality}/shard={shard:05d}.parquet"

@@ -35,7 +35,7 @@ import yaml
 
 from quality.results import QUALITY_SCHEMA, SEVERITIES, CheckResult, QualityInputError  # noqa: F401  (public names of the checks)
 from schemas.ledger import STATUSES
-from schemas.tables import SCHEMAS
+from schemas.tables import PAYLOAD_COLUMNS, SCHEMAS
 
 RULES_FILE = Path(__file__).with_name("rules.yaml")
 @dataclass
@@ -44,6 +44,10 @@ class QualityReport:
 
     results: list[CheckResult] = field(default_factory=list)
     rules_version: int | None = None
+    #: ``"<table>: <check>"`` -> rows flagged by a failed row-level expectation (quality/row_flags.py)
+    row_flags: dict[str, int] = field(default_factory=dict)
+    #: the flagged rows themselves (``quality.row_flags.FLAGS_SCHEMA``); not part of the JSON document
+    flags_table: pa.Table | None = field(default=None, repr=False, compare=False)
 
     @property
     def critical_failures(self) -> list[CheckResult]:
@@ -66,12 +70,13 @@ class QualityReport:
         return pa.Table.from_pylist(rows, schema=QUALITY_SCHEMA)
 
     def to_json(self, indent: int | None = 2) -> str:
-        """JSON document ``{"rules_version", "passed", "n_critical_failures", "n_warnings", "results"}``."""
+        """JSON document ``{"rules_version", "passed", "n_critical_failures", "n_warnings", "row_flags", "results"}``."""
         doc = {
             "rules_version": self.rules_version,
             "passed": self.passed,
             "n_critical_failures": len(self.critical_failures),
             "n_warnings": len(self.warnings),
+            "row_flags": dict(self.row_flags),
             "results": [asdict(r) for r in self.results],
         }
         return json.dumps(doc, indent=indent, sort_keys=True)
@@ -80,7 +85,8 @@ class QualityReport:
     def from_json(cls, text: str) -> QualityReport:
         """Inverse of :meth:`to_json`."""
         doc = json.loads(text)
-        return cls(results=[CheckResult(**r) for r in doc["results"]], rules_version=doc.get("rules_version"))
+        return cls(results=[CheckResult(**r) for r in doc["results"]], rules_version=doc.get("rules_version"),
+                   row_flags=dict(doc.get("row_flags") or {}))
 
 
 # ----------------------------------------------------------------------------------------------- rules
@@ -152,9 +158,11 @@ def _prepare_tables(tables: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
             out[name] = schema.empty_table()
             continue
         problems = []
+        optional = set(PAYLOAD_COLUMNS.get(name, ()))  # payload columns are never needed: global tasks skip them
         for f in schema:
             if f.name not in t.schema.names:
-                problems.append(f"missing column {f.name}")
+                if f.name not in optional:
+                    problems.append(f"missing column {f.name}")
             elif not t.schema.field(f.name).type.equals(f.type):
                 problems.append(f"column {f.name} is {t.schema.field(f.name).type}, expected {f.type}")
         if problems:
@@ -198,6 +206,38 @@ def check_payload_sha256(images: pa.Table, sample_rows: int) -> CheckResult:
     obs = {"rows": n, "rows_sampled": int(len(idx)), "mismatches": mismatches}
     return _result("images", "payload_sha256", "critical", mismatches == 0, obs,
                    f"{mismatches} of {len(idx)} sampled payloads do not hash to payload_sha256")
+
+
+def check_recorded_payload_integrity(images: pa.Table, records: Mapping[int, Mapping | None]) -> CheckResult:
+    """Every ``images`` row is covered by its shard's recorded payload check, and no check found a mismatch (critical).
+
+    Reads the ``shard`` column only; the hashes were computed where the payloads were written (the normalise
+    task, :func:`etl.pixels.integrity.verify_image_files`) and ``records`` holds their counts.
+
+    Parameters
+    ----------
+    images : pyarrow.Table
+        the ``images`` table's metadata (at least its ``shard`` column).
+    records : mapping of int to mapping or None
+        shard -> ``{"rows", "verified", "mismatches"}`` as recorded (:func:`etl.pixels.integrity.recorded_integrity`).
+    """
+    counts = {int(v["values"]): int(v["counts"]) for v in pc.value_counts(images.column("shard")).to_pylist()} \
+        if images.num_rows else {}
+    unrecorded = mismatched = uncovered = verified = 0
+    for shard, n in sorted(counts.items()):
+        rec = records.get(shard)
+        if rec is None:
+            unrecorded += n
+            continue
+        verified += int(rec.get("verified", 0))
+        mismatched += len(rec.get("mismatches") or [])
+        uncovered += max(0, n - int(rec.get("verified", 0)))
+    ok = unrecorded == 0 and mismatched == 0 and uncovered == 0
+    obs = {"rows": images.num_rows, "shards": len(counts), "verified_at_write": verified,
+           "rows_without_record": unrecorded, "mismatches": mismatched, "rows_not_verified": uncovered}
+    return _result("images", "payload_sha256", "critical", ok, obs,
+                   f"{mismatched} payloads did not hash to payload_sha256 where written; {unrecorded} rows in shards "
+                   f"without a recorded check; {uncovered} rows not covered by their shard's check")
 
 
 def check_pairs(pairs: pa.Table, studies: pa.Table, tolerance_days: float) -> list[CheckResult]:
@@ -422,6 +462,7 @@ def run_checks(
     data_docs_dir: str | Path | None = None,
     keep_runs: int | None = None,
     only: Collection[str] | None = None,
+    payload_integrity: Mapping[int, Mapping | None] | None = None,
 ) -> QualityReport:
     """Run every quality gate over the curated tables (and the ledger): the GE suites, then the cross-table checks.
 
@@ -450,11 +491,18 @@ def run_checks(
         default: an ephemeral context and no Data Docs.
     only : collection of str, optional
         run the GE suites of these tables only (the cross-table checks always run); default: all tables.
+    payload_integrity : mapping of int to mapping or None, optional
+        the payload checks recorded where the payloads were written (shard -> counts,
+        :func:`etl.pixels.integrity.recorded_integrity`): ``payload_sha256`` is then decided from them and the
+        ``images`` table may come without its payload column (the build's quality task never reads it).
+        Without it, the ``payload`` column is hashed on ``payload_sha256.sample_rows`` rows.
 
     Returns
     -------
     QualityReport
-        one :class:`CheckResult` per expectation and per cross-table check, in a fixed order.
+        one :class:`CheckResult` per expectation and per cross-table check, in a fixed order. A row-level
+        expectation failing on at most ``row_level.max_failed_rate`` of its values (default 0.01) is a
+        ``warning`` whose rows are flagged (``row_flags``, ``flags_table``; :mod:`quality.row_flags`).
 
     Raises
     ------
@@ -462,15 +510,24 @@ def run_checks(
         ``unknown_table`` for a table name outside the registry, ``schema_mismatch`` for a missing
         column or a column of another type, ``bad_rules`` for an invalid rules or expectations file.
     """
-    from quality.gx_suites import load_suite_config, run_suites
+    from quality.gx_suites import build_suite_specs, load_suite_config, run_suites, suite_parameters
+    from quality.row_flags import DEFAULT_MAX_FAILED_RATE, apply_row_tolerance, flag_counts
 
     rules = validate_rules(rules) if isinstance(rules, dict) else load_rules(rules)
     suites = suites if isinstance(suites, dict) else load_suite_config(suites)
     t = _prepare_tables(tables)
     results = run_suites(t, ontology, today=today, config=suites, project_dir=gx_project_dir,
                          data_docs_dir=data_docs_dir, run_name=run_id, keep_runs=keep_runs, only=only)
+    max_rate = float((suites.get("row_level") or {}).get("max_failed_rate", DEFAULT_MAX_FAILED_RATE))
+    results, flags = apply_row_tolerance(results, t, build_suite_specs(suites), suite_parameters(suites, ontology, today),
+                                         max_rate)
     results += [check_foreign_key(r, t) for r in rules["foreign_keys"]]
-    results.append(check_payload_sha256(t["images"], int(rules["payload_sha256"]["sample_rows"])))
+    if payload_integrity is not None:
+        results.append(check_recorded_payload_integrity(t["images"], payload_integrity))
+    elif "payload" in t["images"].column_names:
+        results.append(check_payload_sha256(t["images"], int(rules["payload_sha256"]["sample_rows"])))
+    else:
+        results.append(check_recorded_payload_integrity(t["images"], {}))  # no record, no payloads: fail closed
     results += check_pairs(t["pairs"], t["studies"], float(rules["pairs"]["gap_days_tolerance_days"]))
     vb = rules["vqa_balance"]
     results += check_vqa(t["vqa"], int(vb["min_items"]), float(vb["max_deviation_points"]))
@@ -478,4 +535,5 @@ def run_checks(
     results += check_ledger(t["ledger"], expected_files)
     results += check_redaction_counts(t["reports"])
     results += check_review(t["ledger"], review, run_id)
-    return QualityReport(results=results, rules_version=rules.get("version"))
+    return QualityReport(results=results, rules_version=rules.get("version"), row_flags=flag_counts(flags),
+                         flags_table=flags)

@@ -686,10 +686,17 @@ def _checks(quality: QualityReport, data_docs_href: str | None = None) -> str:
         obs = json.dumps(r.observed, sort_keys=True)
         rows.append((_badge(r.passed, r.severity), r.severity, r.table, r.check, r.message,
                      _Html(f'<span class="mono">{_e(obs if len(obs) <= 400 else obs[:400] + " …")}</span>')))
+    flagged = sorted(quality.row_flags.items())
+    flags_html = ("<h3>Flagged rows</h3><p>Rows failing a row-level expectation (at most "
+                  "<span class=\"mono\">row_level.max_failed_rate</span> of its values: a warning, the release goes "
+                  "ahead; listed by key in <span class=\"mono\">reports/quality/row_flags/</span>).</p>"
+                  + _table(["table: check", "rows flagged"], flagged, numeric=[1])) if flagged else ""
     return _section("Quality checks",
                     _cards([("checks", len(quality.results)), ("critical failures", len(quality.critical_failures)),
                             ("warnings", len(quality.warnings)),
-                            ("passed", sum(r.passed for r in quality.results))]),
+                            ("passed", sum(r.passed for r in quality.results)),
+                            ("flagged rows", sum(quality.row_flags.values()))]),
+                    flags_html,
                     (f'<p>Per-table suites run as Great Expectations Checkpoints; their validation results are '
                      f'in the <a href="{_e(data_docs_href)}">Data Docs</a> site (styled from a CDN: plain '
                      "when offline). Checks named without <span class=\"mono\">expect_</span> are the "

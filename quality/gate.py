@@ -4,7 +4,11 @@ critical check fails.
 
 Zones written (all under ``reports/``, PHI-free): ``gx/`` (the GE file context: suites, validation
 definitions, checkpoints, validation results of the last ``keep_runs`` runs), ``data_docs/`` (static Data
-Docs site), ``quality/<run_id>.json`` and ``quality/latest_run.json``, ``dashboard/``. With an ``s3://``
+Docs site), ``quality/<run_id>.json``, ``quality/row_flags/<run_id>.parquet`` (rows flagged by row-level
+expectations: table, key, check) and ``quality/latest_run.json``, ``dashboard/``.
+
+Only metadata is read: every curated table without its payload columns (:func:`load_tables`), and the payload
+check recorded where the payloads were written (:func:`etl.pixels.integrity.recorded_integrity`). With an ``s3://``
 root the GE folders are worked on in a local temporary copy and synced back.
 """
 
@@ -18,12 +22,18 @@ from pathlib import Path
 from etl import zones
 from etl.build.context import BuildContext
 from etl.build.ledger import load_review
+from etl.pixels.integrity import recorded_integrity
 from etl.storage import Storage
 from schemas.ontology import load_ontology
-from schemas.tables import SCHEMAS
+from schemas.tables import SCHEMAS, metadata_columns
 
 GX_DIR = zones.GX_DIR
 DATA_DOCS_DIR = zones.DATA_DOCS_DIR
+
+
+def row_flags_path(run_id: str) -> str:
+    """The rows one run's row-level expectations flagged: ``reports/quality/row_flags/<run>.parquet``."""
+    return f"{zones.REPORTS}/quality/row_flags/{run_id}.parquet"
 
 
 class QualityGateError(RuntimeError):
@@ -31,10 +41,14 @@ class QualityGateError(RuntimeError):
 
 
 def load_tables(ctx: BuildContext) -> dict:
-    """All curated tables of the storage root plus this run's ledger, as pyarrow Tables."""
-    tables = {t: ctx.storage.read_table(zones.curated_table(t), schema=s) for t, s in SCHEMAS.items() if t != "ledger"}
-    # tables read back with the schema's columns only (Delta/Parquet readers may add partition columns)
-    tables = {t: tab.select(SCHEMAS[t].names) for t, tab in tables.items()}
+    """All curated tables of the storage root plus this run's ledger, as pyarrow Tables, without payload columns.
+
+    Each table is read with ``columns=`` :func:`schemas.tables.metadata_columns` (the schema's columns in order,
+    payload columns left out: ``images.payload`` is never fetched from disk or the object store; partition
+    columns the Parquet readers may add are not requested).
+    """
+    tables = {t: ctx.storage.read_table(zones.curated_table(t), schema=s, columns=metadata_columns(t))
+              for t, s in SCHEMAS.items() if t != "ledger"}
     tables["ledger"] = ctx.storage.read_table(ctx.ledger_path, schema=SCHEMAS["ledger"])
     return tables
 
@@ -131,7 +145,7 @@ def quality_stage(ctx: BuildContext, keep_runs: int | None = None) -> dict:
 
     st = ctx.storage
     tables = load_tables(ctx)
-    plan_rows = st.read_table(ctx.plan_path()).num_rows
+    plan_rows = st.read_table(ctx.plan_path(), columns=["sha256"]).num_rows
     review = load_review(st)
     with tempfile.TemporaryDirectory() as gx_tmp:
         if st.is_local:
@@ -140,11 +154,14 @@ def quality_stage(ctx: BuildContext, keep_runs: int | None = None) -> dict:
             project, docs = Path(gx_tmp) / "reports", Path(gx_tmp) / "reports" / "data_docs"
             before = {**_pull(st, GX_DIR, project / "gx"), **_pull(st, DATA_DOCS_DIR, docs)}
         report = run_checks(tables, load_ontology(), expected_files={ctx.run_id: plan_rows}, review=review,
-                            run_id=ctx.run_id, gx_project_dir=project, data_docs_dir=docs, keep_runs=keep_runs)
+                            run_id=ctx.run_id, gx_project_dir=project, data_docs_dir=docs, keep_runs=keep_runs,
+                            payload_integrity=recorded_integrity(st, ctx.cfg.shard_count))
         if before is not None:
             _push(st, GX_DIR, project / "gx", {k: v for k, v in before.items() if k.startswith(GX_DIR + "/")})
             _push(st, DATA_DOCS_DIR, docs, {k: v for k, v in before.items() if k.startswith(DATA_DOCS_DIR + "/")})
     st.write_text(zones.quality_report(ctx.run_id), report.to_json())
+    if report.flags_table is not None:  # rows flagged by row-level expectations: table, key, check (no values)
+        st.write_table(row_flags_path(ctx.run_id), report.flags_table)
     st.write_text(zones.LATEST_QUALITY_RUN, json.dumps({"run_id": ctx.run_id}))
     balance = json.loads(st.read_text(f"{ctx.run_dir}/ledger_balance.json"))
     run_info = {"run_id": ctx.run_id, "deid_audit": deid_audit(ctx), "ledger": balance,

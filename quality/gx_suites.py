@@ -46,6 +46,10 @@ RESULT_FORMAT = {"result_format": "SUMMARY", "partial_unexpected_count": 0, "inc
 SEVERITIES = ("critical", "warning")
 _OBSERVED_KEYS = ("element_count", "unexpected_count", "missing_count")
 _VALIDATIONS_DIR = ("uncommitted", "validations")
+#: expectation types that judge each row on its own (a failure is a fact about those rows, not the table): a
+#: suite entry of these types fails the build only above ``row_level.max_failed_rate`` (quality/row_flags.py)
+ROW_LEVEL_TYPES = frozenset({"expect_column_values_to_be_between", "expect_column_values_to_be_in_set",
+                             "expect_column_values_to_match_regex", "expect_column_values_to_not_be_null"})
 
 
 @dataclass
@@ -180,6 +184,7 @@ def _entry(raw: dict, suite: str, table: str, label_of) -> dict:
     etype = raw.pop("type", None)
     severity = raw.pop("severity", None)
     check = raw.pop("check", None)
+    row_level = raw.pop("row_level", None)
     if not isinstance(etype, str) or not etype.startswith("expect_"):
         raise QualityInputError("bad_rules", f"suite {suite}: entry {raw} needs an expectation type")
     if severity not in SEVERITIES:
@@ -187,7 +192,15 @@ def _entry(raw: dict, suite: str, table: str, label_of) -> dict:
     cols = [raw[k] for k in ("column", "column_A", "column_B") if k in raw] or raw.get("column_list", [])
     label = ",".join(label_of(c) for c in cols)
     return {"type": etype, "kwargs": raw, "severity": severity, "check": check or f"{etype}:{label}",
-            "column": label, "columns": cols}
+            "column": label, "columns": cols, "row_level": row_level}
+
+
+def _mark_row_level(entries: list[dict]) -> list[dict]:
+    """Suite and view entries: ``row_level`` True for a per-row expectation type (:data:`ROW_LEVEL_TYPES`) unless
+    the YAML says ``row_level: false`` (generated key and PHI entries are never row-level: table invariants)."""
+    for e in entries:
+        e["row_level"] = e["row_level"] is not False and e["type"] in ROW_LEVEL_TYPES
+    return entries
 
 
 def build_suite_specs(config: dict, schemas: dict[str, pa.Schema] | None = None) -> list[SuiteSpec]:
@@ -233,7 +246,7 @@ def build_suite_specs(config: dict, schemas: dict[str, pa.Schema] | None = None)
         else:
             spec.expectations.append(_entry({"type": "expect_compound_columns_to_be_unique", "column_list": keys,
                                              "severity": key_sev}, table, table, str))
-        spec.expectations += [_entry(e, table, table, str) for e in config["suites"].get(table, [])]
+        spec.expectations += _mark_row_level([_entry(e, table, table, str) for e in config["suites"].get(table, [])])
         specs.append(spec)
     for table, schema in schemas.items():
         if table in phi.get("skip_tables", []):
@@ -263,7 +276,8 @@ def build_suite_specs(config: dict, schemas: dict[str, pa.Schema] | None = None)
         fields = [f.name for f in vtype.value_type] if pa.types.is_struct(vtype.value_type) else [col]
         label_of = (lambda c, col=col: f"{col}[].{c}") if pa.types.is_struct(vtype.value_type) else (
             lambda c: f"{c}[]")
-        spec = SuiteSpec(name, table, col, [_entry(e, name, table, label_of) for e in config["suites"].get(name, [])])
+        spec = SuiteSpec(name, table, col,
+                         _mark_row_level([_entry(e, name, table, label_of) for e in config["suites"].get(name, [])]))
         for e in spec.expectations:
             bad = [c for c in e["columns"] if c not in fields]
             if bad:
@@ -455,6 +469,30 @@ def _to_check_result(spec: SuiteSpec, entry: dict, r) -> CheckResult:
     return CheckResult(spec.table, entry["check"], entry["severity"], bool(r.success) and not raised, obs, message)
 
 
+def suite_parameters(config: dict, ontology: Any, today: dt.date | None = None) -> dict[str, Any]:
+    """The GE run-time parameters (``$PARAMETER``) of the suites.
+
+    ``earliest_plausible_date`` is ``dates.earliest`` moved back by the largest date shift de-identification
+    applies (:data:`etl.keys.MAX_DATE_SHIFT_DAYS`, 365 days): the bound judges *shifted* dates, so a source date on
+    ``dates.earliest`` (TCIA's already-shifted 1900 dates) passes whatever the key. ``latest_plausible_date`` is the
+    end of ``today + dates.max_days_after_today`` (a shift of +365 days of today's date stays inside it with the
+    default 365).
+
+    Returns
+    -------
+    dict
+        ``ontology_concept_ids`` (sorted list of str), ``earliest_plausible_date``, ``latest_plausible_date``
+        (naive ``datetime.datetime``).
+    """
+    from etl.keys import MAX_DATE_SHIFT_DAYS
+
+    today = today or dt.date.today()
+    earliest = dt.datetime.fromisoformat(str(config["dates"]["earliest"])) - dt.timedelta(days=MAX_DATE_SHIFT_DAYS)
+    latest = dt.datetime.combine(today + dt.timedelta(days=int(config["dates"]["max_days_after_today"])), dt.time.max)
+    return {"ontology_concept_ids": sorted(ontology.concepts), "earliest_plausible_date": earliest,
+            "latest_plausible_date": latest}
+
+
 def run_suites(
     tables: dict[str, pa.Table],
     ontology: Any,
@@ -505,11 +543,7 @@ def run_suites(
 
     config = config or load_suite_config()
     specs = [s for s in build_suite_specs(config) if only is None or s.table in only]
-    today = today or dt.date.today()
-    earliest = dt.datetime.fromisoformat(str(config["dates"]["earliest"]))
-    latest = dt.datetime.combine(today + dt.timedelta(days=int(config["dates"]["max_days_after_today"])), dt.time.max)
-    params = {"ontology_concept_ids": sorted(ontology.concepts), "earliest_plausible_date": earliest,
-              "latest_plausible_date": latest}
+    params = suite_parameters(config, ontology, today)
     project = Path(project_dir) if project_dir is not None else None
     docs = Path(data_docs_dir) if (data_docs_dir is not None and project is not None) else None
     if project is not None:

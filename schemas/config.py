@@ -133,6 +133,8 @@ class NormalisationConfig(_Strict):
         default=(0.75, 0.75, 1.5), description="CT volumes resampled to [row, col, slice] mm (MedReCo); null keeps native"
     )
     volume_max_voxels: int = Field(default=64_000_000, gt=0)
+    nifti_gzip_level: int = Field(default=1, ge=1, le=9,
+                                  description="gzip level of the curated/volumes/<sha256>.nii.gz objects (1: fast)")
     irregular_slices: Literal["resample", "quarantine"] = Field(
         default="resample",
         description="series with missing slices, non-uniform spacing or gantry tilt: interpolate onto a regular grid, "

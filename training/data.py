@@ -92,6 +92,8 @@ class StudyIndex:
     split: dict[str, str]
     image_row: dict[str, int]
     images: pa.Table = field(repr=False)
+    #: the release's storage root: volumes of images schema 2.0 are objects under it (``payload_uri``)
+    storage: Storage | None = field(default=None, repr=False)
 
     def has_image(self, study_key: str) -> bool:
         """Whether the study has an image in the release."""
@@ -111,10 +113,12 @@ _IMAGE_COLUMNS = ["image_key", "study_key", "modality", "kind", "payload_format"
 
 
 def load_study_index(ref: SnapshotRef) -> StudyIndex:
-    """Index the release's studies, splits and images (payloads stay in the Arrow table, undecoded)."""
+    """Index the release's studies, splits and images (payloads stay in the Arrow table, undecoded; volumes of
+    images schema 2.0 stay objects under the storage root, named by ``payload_uri``)."""
     studies = ref.table("studies", ["study_key", "patient_key", "modality", "family"]).to_pylist()
     splits = {r["patient_key"]: r["split"] for r in ref.table("splits", ["patient_key", "split"]).to_pylist()}
-    images = ref.table("images", _IMAGE_COLUMNS)
+    major = int(str(ref.manifest["tables"]["images"].get("schema_version", "1")).split(".")[0] or 1)
+    images = ref.table("images", _IMAGE_COLUMNS + (["payload_uri"] if major >= 2 else []))
     images = images.sort_by([("study_key", "ascending"), ("kind", "ascending"), ("image_key", "ascending")])
     first: dict[str, int] = {}
     for i, s in enumerate(images["study_key"].to_pylist()):
@@ -122,22 +126,24 @@ def load_study_index(ref: SnapshotRef) -> StudyIndex:
     patient = {r["study_key"]: r["patient_key"] for r in studies}
     family = {r["study_key"]: r["family"] or r["modality"] for r in studies}
     split = {s: splits[p] for s, p in patient.items() if p in splits}
-    return StudyIndex(patient, family, split, {s: i for s, i in first.items() if s in patient}, images)
+    return StudyIndex(patient, family, split, {s: i for s, i in first.items() if s in patient}, images, ref.storage)
 
 
-def image_tensor(row: dict, size: int, channels: int, max_slices: int):
+def image_tensor(row: dict, size: int, channels: int, max_slices: int, storage: Storage | None = None):
     """Decode one ``images`` row to ``(slices, channels, size, size)`` float32 in 0..1 (see module doc).
 
     Parameters
     ----------
     row : dict
-        an ``images`` row with ``payload`` and ``payload_format``.
+        an ``images`` row with ``payload_format`` and ``payload`` (or ``payload_uri``, read through ``storage``).
     size : int
         output side in pixels.
     channels : int
         1 or 3.
     max_slices : int
         cap on slices sampled from a volume (evenly spaced, first and last included).
+    storage : Storage, optional
+        the release's storage root (rows whose volume is an object, images schema 2.0).
 
     Returns
     -------
@@ -150,7 +156,7 @@ def image_tensor(row: dict, size: int, channels: int, max_slices: int):
     from etl.pixels.normalise import VOLUME_FORMATS
     from etl.snapshots.loader import to_tensor
 
-    x = to_tensor(row)
+    x = to_tensor(row, storage)
     if row["payload_format"] in VOLUME_FORMATS:
         n = x.shape[0]
         idx = np.unique(np.linspace(0, n - 1, min(n, max_slices)).round().astype(int))
@@ -284,7 +290,8 @@ class RetrievalTrainSet:
 
     def image(self, study: str):
         """The study's image tensor ``(S, C, size, size)``."""
-        return image_tensor(self.index.image_record(study), self.size, self.channels, self.max_slices)
+        return image_tensor(self.index.image_record(study), self.size, self.channels, self.max_slices,
+                            self.index.storage)
 
     def __getitem__(self, i: int) -> dict:
         study, entity = self.queries[i]

@@ -94,7 +94,7 @@ class EncoderTask:
         out = []
         for i in range(0, len(studies), self.job.optim.batch_size):
             chunk = studies[i:i + self.job.optim.batch_size]
-            images, mask = pad_slices([image_tensor(self.index.image_record(s), *self._geom) for s in chunk])
+            images, mask = pad_slices([image_tensor(self.index.image_record(s), *self._geom, self.index.storage) for s in chunk])
             family = torch.tensor([fam.get(self.index.family[s], len(fam)) for s in chunk], device=device)
             z = model(images.to(device), mask.to(device), ents[None].expand(len(chunk), -1), family)
             out.append(z.float().cpu())
@@ -211,8 +211,8 @@ class VLMTask:
         budget = self.job.model.max_text_tokens - len(a) - 1
         ids = [tok.bos_token_id] + p[-budget:] + a
         labels = [-100] * (len(ids) - len(a)) + a
-        current = image_tensor(self.index.image_record(item.current), *self._geom)
-        prior = image_tensor(self.index.image_record(item.prior), *self._geom) if item.prior else torch.zeros_like(current[:1])
+        current = image_tensor(self.index.image_record(item.current), *self._geom, self.index.storage)
+        prior = image_tensor(self.index.image_record(item.prior), *self._geom, self.index.storage) if item.prior else torch.zeros_like(current[:1])
         ent = {e: i for i, e in enumerate(self.entity_ids)}
         return {"ids": ids, "labels": labels, "prior": prior, "current": current, "has_prior": item.prior is not None,
                 "entity": ent.get(item.entity_ids[0], 0) if item.entity_ids else 0}

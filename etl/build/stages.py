@@ -62,6 +62,7 @@ from schemas import study_labels as study_labels_schema
 from schemas.base import table_from_rows
 from schemas.config import CONFIG_DIR
 from schemas.ontology import infer_body_part, modality_family
+from schemas.tables import metadata_columns
 
 __all__ = [
     "assemble_shard", "check_delivery", "deidentify_shard", "discover", "entities_shard", "finalise", "normalise_shard",
@@ -92,11 +93,12 @@ def _shard_files(ctx: BuildContext, table: str, shard: int) -> list[str]:
     return [f for f in ctx.storage.list_files(zones.curated_table(table)) if f.endswith(suffix)]
 
 
-def _shard_table(ctx: BuildContext, table: str, schema: pa.Schema, shard: int) -> pa.Table:
+def _shard_table(ctx: BuildContext, table: str, schema: pa.Schema, shard: int,
+                 columns: list[str] | None = None) -> pa.Table:
     files = _shard_files(ctx, table, shard)
     if not files:
-        return schema.empty_table()
-    return pa.concat_tables([ctx.storage.read_table(f, schema=schema) for f in files])
+        return schema.empty_table() if columns is None else schema.empty_table().select(columns)
+    return pa.concat_tables([ctx.storage.read_table(f, schema=schema, columns=columns) for f in files])
 
 
 def _all_shards(ctx: BuildContext, table: str, schema: pa.Schema, columns: list[str] | None = None) -> pa.Table:
@@ -317,10 +319,22 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     """Decode and normalise one shard's de-identified instances into ``images`` and ``series`` partitions.
 
     The series rules (which instances become a volume, which stay 2D, fallbacks) are
-    :func:`etl.pixels.series.normalise_instances`. Failures are quarantined (events name the source file
-    through the de-identification events).
+    :func:`etl.pixels.series.normalise_instances`; each volume is written, as soon as it is made, as a
+    content-addressed NIfTI object (:func:`etl.pixels.volume_objects.externalise_volume`,
+    ``curated/volumes/<sha256>.nii.gz``) and its row points at it. Failures are quarantined (events name the source file
+    through the de-identification events). The written ``images`` files are read back one row group at a
+    time and every payload is hashed against its ``payload_sha256`` (:func:`etl.pixels.integrity.verify_image_files`);
+    the counts are recorded in the stage's state (``payload_integrity``), which the quality task reads instead of
+    the payloads.
+
+    Raises
+    ------
+    etl.pixels.integrity.PayloadIntegrityError
+        when a written payload does not hash to its ``payload_sha256`` (the shard is not recorded: a retry rebuilds it).
     """
+    from etl.pixels.integrity import PayloadIntegrityError, verify_image_files
     from etl.pixels.series import normalise_instances
+    from etl.pixels.volume_objects import externalise_volume
 
     digest = _digest("normalise", _deid_digest(ctx, shard))
     done = _resume(ctx, "normalise", shard, digest)
@@ -339,8 +353,15 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
             return err
 
     rows = inst.sort("sop_key").iter_rows(named=True)
-    result = normalise_instances(((row, read(row)) for row in rows), ctx.cfg.normalisation)
+    level = ctx.cfg.normalisation.nifti_gzip_level
+    result = normalise_instances(((row, read(row)) for row in rows), ctx.cfg.normalisation,
+                                 volume_sink=lambda r: externalise_volume(ctx.storage, r, level))
     n_img = write_partition(ctx, "images", images_schema.SCHEMA, shard, [img.row for img in result.images])
+    integrity = verify_image_files(ctx.storage, _shard_files(ctx, "images", shard))  # read back, one row group at a time
+    if integrity.mismatches or integrity.rows != n_img:
+        raise PayloadIntegrityError("payload_sha256_mismatch",
+                                    f"shard {shard}: {len(integrity.mismatches)} of {n_img} written payloads do not "
+                                    f"hash to payload_sha256 ({integrity.rows} rows read back)")
     write_partition(ctx, "series", series_schema.SCHEMA, shard, result.series_rows(shard))
     events = []
     for failure in result.failures:
@@ -354,7 +375,8 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
             events.append({"source_uri": uri, "sha256": sha, "stage": "normalise", "status": "ingested", "sop_key": k})
     ctx.storage.write_table(ctx.events_path("normalise", shard), table_from_rows(events, EVENT_SCHEMA))
     return _record(ctx, "normalise", shard, digest,
-                   {"shard": shard, "images": n_img, "quarantined": sum(e["status"] == "quarantined" for e in events)})
+                   {"shard": shard, "images": n_img, "quarantined": sum(e["status"] == "quarantined" for e in events),
+                    "payload_integrity": integrity.to_dict()})
 
 
 # ---- reports -------------------------------------------------------------------------------------
@@ -537,7 +559,7 @@ def assemble_shard(ctx: BuildContext, shard: int) -> dict:
     if done is not None:
         return done
     inst = pl.from_arrow(_shard_table(ctx, "instances", instances_schema.SCHEMA, shard))
-    images = pl.from_arrow(_shard_table(ctx, "images", images_schema.SCHEMA, shard).drop_columns(["payload"]))
+    images = pl.from_arrow(_shard_table(ctx, "images", images_schema.SCHEMA, shard, metadata_columns("images")))
     reps = pl.from_arrow(_shard_table(ctx, "reports", reports_schema.SCHEMA, shard))
     labels = pl.from_arrow(_shard_table(ctx, "study_labels", study_labels_schema.SCHEMA, shard))
     studies_rows = _studies(inst, images, reps, shard)

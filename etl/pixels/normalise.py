@@ -75,8 +75,9 @@ _PLANE_COS = math.cos(math.radians(30.0))
 _ORIENTATION_TOL = 1e-3
 _POSITION_TOL_MM = 1e-3
 _SPACING_TOL_MM = 1e-3
-#: payload formats of 3D volumes: ``npy`` (images schema 1.2 on), ``npz`` (read for schema 1.1 snapshots)
-VOLUME_FORMATS = frozenset({"npy", "npz"})
+#: payload formats of 3D volumes: ``nifti`` (a NIfTI-1 object, images schema 2.0 on), ``npy`` (schema 1.2; what
+#: :func:`normalise_volume` returns), ``npz`` (read for schema 1.1 snapshots)
+VOLUME_FORMATS = frozenset({"nifti", "npy", "npz"})
 
 _VOLUME_MODALITIES = {"CT", "MR"}
 #: objects that carry PixelData but are not images of the patient (segmentations, dose grids)
@@ -302,15 +303,17 @@ def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
     Parameters
     ----------
     payload : bytes
-        The ``payload`` column value.
+        The ``payload`` column value, or for ``nifti`` the bytes of the object at ``payload_uri``.
     payload_format : str
-        ``"png"``, ``"npy"`` or ``"npz"`` (the ``payload_format`` column; ``npz`` is the volume
-        format of images schema 1.1, still read).
+        ``"png"``, ``"nifti"``, ``"npy"`` or ``"npz"`` (the ``payload_format`` column; ``npy`` and ``npz`` are
+        the inline volume formats of images schema 1.2 and 1.1, still read).
 
     Returns
     -------
     numpy.ndarray
         ``png``: uint8 or uint16, shape (rows, cols) for grayscale or (rows, cols, 3) for RGB.
+        ``nifti``: the stored volume as (slices, rows, cols): int16 HU for CT, float32 0..1 for MR
+        (:func:`etl.pixels.nifti.decode_nifti`).
         ``npy``: the float32 volume of shape (slices, rows, cols) (HU for CT, 0..1 for MR);
         ``npz``: its ``volume`` member, the same array.
 
@@ -329,6 +332,10 @@ def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
             raise ValueError(f"payload is not a readable PNG: {exc}") from None
     if payload_format == "npy":
         return read_npy(payload)
+    if payload_format == "nifti":
+        from etl.pixels.nifti import decode_nifti
+
+        return decode_nifti(payload)[0]
     if payload_format == "npz":
         try:
             with np.load(io.BytesIO(payload), allow_pickle=False) as npz:

@@ -18,7 +18,7 @@ Which instances become one volume and which stay 2D images is decided here, not 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,9 @@ from etl.pixels.normalise import (
     normalise_volume,
 )
 from schemas.config import NormalisationConfig
+
+#: what :func:`normalise_instances` hands each volume row to (row in, row out)
+VolumeSink = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ def image_row(instance: dict[str, Any], res: dict[str, Any], image_key: str, kin
         "rows": res["rows"], "cols": res["cols"], "n_slices": res.get("n_slices", 1),
         "spacing_mm": res.get("spacing_mm"), "payload_format": res["payload_format"], "payload": res["payload"],
         "payload_sha256": res.get("payload_sha256") or hashlib.sha256(res["payload"]).hexdigest(),
+        "payload_bytes": len(res["payload"]),
         "shape": res.get("shape"), "dtype": res.get("dtype"), "origin_mm": res.get("origin_mm"),
         "direction": res.get("direction"),
         "recipe": res["recipe"], "transfer_syntax": instance["transfer_syntax"], "shard": instance["shard"],
@@ -132,7 +136,7 @@ def _as_2d(out: ShardPixels, instance: dict[str, Any], ds: Dataset, cfg: Normali
 
 
 def _series(out: ShardPixels, series_key: str, members: list[tuple[dict[str, Any], Dataset]],
-            cfg: NormalisationConfig) -> None:
+            cfg: NormalisationConfig, volume_sink: VolumeSink | None = None) -> None:
     sops = [r["sop_key"] for r, _ in members]
     if len(members) == 1 and n_frames(members[0][1]) < 2:  # one classic slice
         _as_2d(out, members[0][0], members[0][1], cfg)
@@ -147,15 +151,20 @@ def _series(out: ShardPixels, series_key: str, members: list[tuple[dict[str, Any
         for r, d in members:  # slices that do not stack: keep each as a 2D image
             _as_2d(out, r, d, cfg)
         return
-    out.images.append(image_row(members[0][0], res, volume_image_key(series_key), "3d"))
+    img = image_row(members[0][0], res, volume_image_key(series_key), "3d")
+    excluded = res.get("excluded") or []
+    del res  # the volume's only reference is now the row (the sink may drop it)
+    if volume_sink is not None:  # the volume leaves memory now (e.g. written as a NIfTI object)
+        img = NormalisedImage(volume_sink(img.row), img.orientation)
+    out.images.append(img)
     # slices left out of the volume (localizers, another matrix or orientation) become 2D images
-    for ex in {e["index"]: e for e in res.get("excluded") or [] if e.get("frame") in (None, 0)}.values():
+    for ex in {e["index"]: e for e in excluded if e.get("frame") in (None, 0)}.values():
         r, d = members[ex["index"]]
         _as_2d(out, r, d, cfg)
 
 
 def normalise_instances(items: Iterable[tuple[dict[str, Any], Dataset | Exception]],
-                        cfg: NormalisationConfig) -> ShardPixels:
+                        cfg: NormalisationConfig, volume_sink: VolumeSink | None = None) -> ShardPixels:
     """Normalise a shard's de-identified instances into image rows (the rules of the module docstring).
 
     Parameters
@@ -164,6 +173,10 @@ def normalise_instances(items: Iterable[tuple[dict[str, Any], Dataset | Exceptio
         each ``instances`` row (sorted by ``sop_key`` for a deterministic result) with its parsed de-identified
         dataset, or the exception raised while reading it (recorded as ``truncated_file``).
     cfg : NormalisationConfig
+    volume_sink : callable, optional
+        called with each volume's images row (``.npy`` payload) as soon as it is made; its result replaces the
+        row (the normalise task passes :func:`etl.pixels.volume_objects.externalise_volume`, so a shard holds
+        one volume's pixels at a time). Default: rows keep their ``.npy`` payloads.
 
     Returns
     -------
@@ -191,5 +204,5 @@ def normalise_instances(items: Iterable[tuple[dict[str, Any], Dataset | Exceptio
         elif kind == "2d":
             _as_2d(out, row, ds, cfg)
     for series_key, members in sorted(by_series.items()):
-        _series(out, series_key, members, cfg)
+        _series(out, series_key, members, cfg, volume_sink)
     return out

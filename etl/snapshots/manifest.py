@@ -177,7 +177,7 @@ def table_uri(storage: Storage, table: str) -> str:
 
 def sha256_file(storage: Storage, rel: str, chunk: int = 8 * 2**20) -> str:
     h = hashlib.sha256()
-    with storage.fs.open_input_stream(storage.path(rel)) as f:
+    with storage.fs.open_input_stream(storage.path(rel), compression=None) as f:
         while True:
             block = f.read(chunk)
             if not block:

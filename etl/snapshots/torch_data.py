@@ -33,6 +33,8 @@ from etl.snapshots.manifest import release_files
 IMAGE_COLUMNS = ("image_key", "series_key", "study_key", "patient_key", "institution", "modality", "view", "kind",
                  "rows", "cols", "n_slices", "spacing_mm", "payload_format", "shape", "dtype", "origin_mm",
                  "direction", "recipe")
+#: read as well where the release has them (images schema 2.0: volumes as objects under the storage root)
+OBJECT_COLUMNS = ("payload_uri", "payload_sha256")
 _PAYLOAD_COLUMNS = ["payload", "payload_format"]
 
 
@@ -67,6 +69,7 @@ class ImageStore:
 
     def __init__(self, snapshot: Snapshot, cache_row_groups: int = 2) -> None:
         self.fs = snapshot.storage.fs
+        self.storage = snapshot.storage
         self.paths = [snapshot.storage.path(p) for p in release_files(snapshot.storage, snapshot.version, "images")]
         self.cache_row_groups = cache_row_groups
         self.rows: list[dict[str, Any]] = []
@@ -74,7 +77,8 @@ class ImageStore:
         for fi, path in enumerate(self.paths):
             with self.fs.open_input_file(path) as f:
                 pf = pq.ParquetFile(f)
-                self.rows += pf.read(columns=list(IMAGE_COLUMNS)).to_pylist()
+                cols = list(IMAGE_COLUMNS) + [c for c in OBJECT_COLUMNS if c in pf.schema_arrow.names]
+                self.rows += pf.read(columns=cols).to_pylist()
                 for rg in range(pf.metadata.num_row_groups):
                     self._where += [(fi, rg, i) for i in range(pf.metadata.row_group(rg).num_rows)]
         self.by_study: dict[str, list[int]] = {}
@@ -94,7 +98,10 @@ class ImageStore:
         return len(self.rows)
 
     def row(self, index: int) -> dict[str, Any]:
-        """The full row (metadata + ``payload`` bytes) of image ``index``."""
+        """The full row (metadata + ``payload`` bytes) of image ``index``; a volume stored as an object
+        (``payload_uri``) comes with ``payload`` None (:meth:`tensor` reads the object)."""
+        if self.rows[index].get("payload_uri"):
+            return {**self.rows[index], "payload": None}
         fi, rg, off = self._where[index]
         group = self._cache.get((fi, rg))
         if group is None:
@@ -111,7 +118,7 @@ class ImageStore:
 
     def tensor(self, index: int) -> torch.Tensor:
         """Decoded pixels of image ``index`` (:func:`etl.snapshots.loader.to_tensor`)."""
-        return to_tensor(self.row(index))
+        return to_tensor(self.row(index), self.storage)
 
     def pick(self, study_key: str, modality: str | None = None, view: str | None = None) -> int | None:
         """The representative image of a study: same modality and view when given, 2D first, then by key.

@@ -28,7 +28,7 @@ def verify(storage: Storage, version: str) -> list[str]:
     Checks: ``manifest.sha256`` against the manifest's bytes; the manifest format; for every table each
     data file's presence, sha256 (re-hashed, streamed) and row count (Parquet footer), the pinned Delta
     commit file's presence and sha256, and that the pinned Delta version lists exactly the manifest's data
-    files; the dataset card's sha256; the content hash recomputed from the manifest; that the publish log,
+    files; every volume object the ``images`` rows pin (present, sha256 re-hashed); the dataset card's sha256; the content hash recomputed from the manifest; that the publish log,
     if any, names this release (it is not hashed: it records run ids and the wall-clock time); and that
     the release folder holds no other file. Each problem names the file.
 
@@ -76,6 +76,10 @@ def verify(storage: Storage, version: str) -> list[str]:
             continue
         if names != sorted(f["path"] for f in v["files"]):
             problems.append(f"{t}: Delta version {v['delta_version']} of {folder} lists other files than the manifest")
+    if "images" in manifest["tables"]:
+        from etl.snapshots.volume_pins import verify_volumes
+
+        problems += verify_volumes(storage, version)  # the volume objects the images rows pin by sha256
     card = f"{base}/{CARD}"
     if not storage.is_file(card):
         problems.append(f"missing file {card}")
