@@ -324,6 +324,8 @@ def lexical_hits(text: str, lex: Lexicon | None = None,
         j = i + 1
         while j < n and len(out) < limit:
             gap = _gap(text, toks[j - 1], toks[j])
+            if out and "." in gap and len(toks[j - 1].text) > 1:
+                break  # a period after a whole word ends the sentence, not the name ("Quenneville. Heart")
             if not _NAME_GAP.fullmatch(gap if out else gap.strip(" \t.:,(\"'") or gap.strip()):
                 if out or not _CUE_GAP.fullmatch(gap):
                     break
@@ -344,6 +346,8 @@ def lexical_hits(text: str, lex: Lexicon | None = None,
         j = i - 1
         while j >= 0 and len(out) < limit:
             gap = _gap(text, toks[j], toks[j + 1])
+            if "." in gap and len(toks[j].text) > 1:
+                break  # a period after a whole word ends the sentence, not the name
             if not (_NAME_GAP.fullmatch(gap) or (not out and re.fullmatch(r"[ \t]*,?[ \t]*|/|[ \t]*\([ \t]*", gap))):
                 break
             t = toks[j]
@@ -509,14 +513,18 @@ def lexical_hits(text: str, lex: Lexicon | None = None,
         if kind[i] is None and t.low in learned and not t.protected:
             kind[i] = "NAME"
     hits: list[tuple[int, int, str]] = []
+    last_len = 0  # length of the word that ends the last hit
     for i, t in enumerate(toks):
         k = kind[i]
         if k is None:
             continue
-        if hits and hits[-1][2] == k and _NAME_GAP.fullmatch(text[hits[-1][1]:t.start]):
+        gap = text[hits[-1][1]:t.start] if hits else ""
+        # one hit across a period only after an initial ("J. Smith"); after a whole word it ends a sentence
+        if hits and hits[-1][2] == k and _NAME_GAP.fullmatch(gap) and not ("." in gap and last_len > 1):
             hits[-1] = (hits[-1][0], t.end, k)
         else:
             hits.append((t.start, t.end, k))
+        last_len = len(t.text)
     return hits
 
 
