@@ -46,6 +46,7 @@ from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID, ExplicitVRLittleEndian,
 
 from etl.deid.policy import Policy, build_policy
 from etl.keys import PseudonymKey, patient_key_for
+from etl.limits import MAX_DICOM_TEXT_CHARS
 from etl.sources.dicom_integrity import last_element_cut
 from schemas.config import PixelCleaningRule
 from schemas.errors import ReasonCodedError
@@ -478,6 +479,9 @@ class _Walker:
             return
         cleaned = []
         for v in values:
+            if len(v) > MAX_DICOM_TEXT_CHARS:  # never run the scrubber's patterns on megabytes of header text
+                raise DeidentificationError("value_too_long", f"a text value to clean has {len(v)} characters, "
+                                            f"more than the limit of {MAX_DICOM_TEXT_CHARS}")
             if self._needs_scrub(v):
                 v, _ = deidentify_text(v, known_phi=self.scrub_known, date_shift_days=self.shift)
             cleaned.append(v)
@@ -754,8 +758,10 @@ def deidentify_dataset(
     ------
     DeidentificationError
         reason codes: ``missing_patient_id``, ``missing_uid``, ``truncated_file``, ``burned_in_annotation_risk``,
-        ``pixel_cleaning_failed``, ``unparseable_date``, ``verification_failed``,
-        ``deidentification_error`` (anything unexpected while walking or writing the file).
+        ``pixel_cleaning_failed``, ``unparseable_date``, ``verification_failed``, ``malformed_structure`` (a
+        sequence item or delimiter at dataset level), ``value_too_long`` (a text value to clean longer than
+        :data:`etl.limits.MAX_DICOM_TEXT_CHARS`), ``deidentification_error`` (anything unexpected while walking or
+        writing the file).
     """
     policy = policy or build_policy()
     cut = last_element_cut(ds)
