@@ -33,7 +33,7 @@ DEFAULT_ARGS = {"retries": 2, "retry_delay": pendulum.duration(seconds=30)}
     doc_md=__doc__,
 )
 def medreco_build():
-    @task(retries=0)
+    @task(multiple_outputs=False, retries=0)
     def build_lock() -> dict:
         """Take the storage root's build lock for this run (fails at once when another build holds it)."""
         from etl.build.lock import acquire_for_run
