@@ -239,6 +239,8 @@ def _study_datetime(ds: pydicom.Dataset) -> dt.datetime | None:
 
 
 _IS_INTEGER = re.compile(r"[+-]?\d{1,12}")
+#: a Code String (PS3.5 6.2, VR CS): upper-case letters, digits, space and underscore, at most 16 characters
+_CODE_STRING = re.compile(r"[A-Z0-9_ ]{1,16}")
 
 
 def _deidentify_file(ctx: BuildContext, row: dict, institution: str, issuer: str | None,
@@ -271,11 +273,14 @@ def _instance_row(result: DeidResult, inst, body_part: str | None, path: str, sh
     Raises
     ------
     DeidentificationError
-        ``invalid_value`` when a value the row needs cannot be read (InstanceNumber not an integer string,
-        StudyDate/StudyTime not a date and time); the message names the attribute, never its value.
+        ``invalid_value`` when a value the row needs cannot be read (Modality not a code string, InstanceNumber
+        not an integer string, StudyDate/StudyTime not a date and time); the message names the attribute, never
+        its value.
     """
     out = result.dataset
     modality = str(out.get("Modality", "") or "OT").strip() or "OT"
+    if not _CODE_STRING.fullmatch(modality):  # e.g. "/../../sources/x": never a table value, nor a folder name
+        raise DeidentificationError("invalid_value", "Modality is not a code string (CS)")
     number = str(out.get("InstanceNumber", "") or "").strip()
     if number and not _IS_INTEGER.fullmatch(number):
         raise DeidentificationError("invalid_value", "InstanceNumber is not an integer string (IS)")

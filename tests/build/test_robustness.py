@@ -87,7 +87,8 @@ def test_bad_header_values_are_quarantined_and_the_build_goes_on(template, monke
     outcome = {e["source_uri"].rsplit("/", 1)[-1]: (e["status"], e["reason"]) for e in events}
     assert outcome["instance_number.dcm"] == ("quarantined", "invalid_value")
     assert outcome["long_description.dcm"] == ("quarantined", "value_too_long")
-    # the traversal Modality stays a value in the rows; its partition folder is encoded under curated/
+    assert outcome["modality_in.dcm"] == outcome["modality_out.dcm"] == ("quarantined", "invalid_value")
+    # the traversal Modality is no table value (and would only be an encoded folder name: tests/core)
     assert not (root / "sources" / INST / "PWNED").exists() and not (template / "ESCAPED_ROOT").exists()
     assert {p.relative_to(root).parts[0] for p in _files_under(root)} <= {
         "sources", "ledger", "quarantine", "curated", "snapshots", "reports"}
