@@ -3,13 +3,15 @@
 Wiring only: every task calls one function of ``etl.build.stages`` / ``etl.build.ledger`` / ``quality.gate`` /
 ``etl.build.publish_stage``. Per-shard stages are dynamically mapped over batches of patient-hash shards (never more
 than ``max_map_length`` mapped tasks). The last task emits the ``medreco://snapshot`` Asset whose extra
-carries the published version; the training DAG is scheduled on it.
+carries the published version; the training DAG is scheduled on it. The first task takes the storage root's build
+lock (``etl.build.lock``) and the last one, ``trigger_rule=all_done``, gives it back, so two runs on one root never
+interleave (the second fails at its first task, naming the holder).
 """
 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, TriggerRule, dag, get_current_context, task
 
 from dags.assets import SNAPSHOT_ASSET, any_delivery
 from etl.build.runtime import default_config_path, task_context
@@ -24,11 +26,32 @@ DEFAULT_ARGS = {"retries": 2, "retry_delay": pendulum.duration(seconds=30)}
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
-    params={"config": Param(default_config_path(), type="string", description="pipeline YAML config")},
+    params={"config": Param(default_config_path(), type="string", description="pipeline YAML config"),
+            "build_lock_token": Param("", type="string",
+                                      description="set by `medreco run`: the token of the build lock it holds")},
     tags=["medreco"],
     doc_md=__doc__,
 )
 def medreco_build():
+    @task(multiple_outputs=False, retries=0)
+    def build_lock() -> dict:
+        """Take the storage root's build lock for this run (fails at once when another build holds it)."""
+        from etl.build.lock import acquire_for_run
+
+        ctx = task_context()
+        token = (get_current_context().get("params") or {}).get("build_lock_token") or None
+        return acquire_for_run(ctx.storage, ctx.run_id, adopt_token=token, endpoint_url=ctx.cfg.storage.s3_endpoint_url,
+                               region=ctx.cfg.storage.s3_region)
+
+    @task(trigger_rule=TriggerRule.ALL_DONE, retries=3)
+    def release_lock() -> bool:
+        """Give the lock back, whatever the other tasks' states (a no-op for a run refused at ``build_lock``)."""
+        from etl.build.lock import release_for_run
+
+        ctx = task_context()
+        return release_for_run(ctx.storage, ctx.run_id, endpoint_url=ctx.cfg.storage.s3_endpoint_url,
+                               region=ctx.cfg.storage.s3_region)
+
     @task
     def institutions() -> list[str]:
         """Validate config and key (and that it is this root's key) before any work; list the institutions."""
@@ -112,7 +135,10 @@ def medreco_build():
         }
         return result
 
-    found = discover.expand(institution=institutions())
+    lock = build_lock()
+    names = institutions()
+    lock >> names
+    found = discover.expand(institution=names)
     batches = plan()
     found >> batches
     deid = deidentify.expand(batch=batches)
@@ -130,7 +156,14 @@ def medreco_build():
     [norm, reps] >> led
     q = quality()
     [ret, led] >> q
-    q >> snapshot()
+    snap = snapshot()
+    q >> snap
+    # setup/teardown: the run's state is that of its other tasks (a failed build stays failed), and clearing a
+    # task clears the lock tasks with it; the release runs whatever happened before it (all_done)
+    release = release_lock()
+    release.as_teardown(setups=lock)
+    release.operator.trigger_rule = TriggerRule.ALL_DONE
+    [lock, names, found, batches, deid, norm, reps, ents, asm, ret, led, q, snap] >> release
 
 
 build_dag = medreco_build()

@@ -29,7 +29,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from etl.zones import RESTRICTED, UnsafePathError
 from schemas.config import PipelineConfig
+
+#: permissions of restricted zones (:data:`etl.zones.RESTRICTED`) on local disk: folders owner-only, files
+#: owner read/write (S3 separates them by bucket policy instead)
+RESTRICTED_DIR_MODE = 0o700
+RESTRICTED_FILE_MODE = 0o600
 
 
 class StorageError(RuntimeError):
@@ -101,6 +107,8 @@ class Storage:
         if isinstance(fs, pafs.LocalFileSystem):
             fs.create_dir(root, recursive=True)
             uri = root
+            for zone in RESTRICTED:  # tighten restricted zones an earlier version left world-readable
+                _restrict_dir(f"{root}/{zone}")
         return cls(fs=fs, root=root, uri=uri)
 
     @classmethod
@@ -116,9 +124,49 @@ class Storage:
         return isinstance(self.fs, pafs.LocalFileSystem)
 
     def path(self, rel: str) -> str:
-        """Absolute path on the filesystem for a root-relative path."""
-        rel = rel.strip("/")
+        """Absolute path on the filesystem for a root-relative path.
+
+        Raises
+        ------
+        etl.zones.UnsafePathError
+            ``unsafe_path`` for a path that could leave the root: a ``..`` or ``.`` component or a NUL
+            character (the message never quotes the path: parts of it may come from a file header).
+        """
+        rel = _checked_rel(rel)
         return f"{self.root}/{rel}" if rel else self.root
+
+    def _write_target(self, rel: str) -> str:
+        """:meth:`path` for a write or delete; on local disk also refuses a target whose folder resolves
+        (through a symbolic link) outside the root."""
+        target = self.path(rel)
+        if self.is_local:
+            root = os.path.realpath(self.root)
+            parent = os.path.realpath(posixpath.dirname(target))
+            if parent != root and not parent.startswith(root.rstrip("/") + "/"):
+                raise UnsafePathError("unsafe_path", "a write through a link that leaves the storage root was refused")
+        return target
+
+    def _make_parent(self, target: str) -> None:
+        """Create a local file's folders; those inside a restricted zone owner-only (0700)."""
+        parent = posixpath.dirname(target)
+        rel = parent[len(self.root):].strip("/")
+        zone = rel.split("/", 1)[0]
+        if zone not in RESTRICTED:
+            self.fs.create_dir(parent, recursive=True)
+            return
+        current = self.root
+        for part in rel.split("/"):
+            current = f"{current}/{part}"
+            if not os.path.isdir(current):
+                try:
+                    os.mkdir(current, RESTRICTED_DIR_MODE)
+                except FileExistsError:
+                    pass
+                _restrict_dir(current)
+
+    def is_restricted(self, rel: str) -> bool:
+        """True when ``rel`` lies in a restricted zone (sources/, ledger/, quarantine/)."""
+        return _checked_rel(rel).split("/", 1)[0] in RESTRICTED
 
     def full_uri(self, rel: str) -> str:
         """Printable URI (local path or ``s3://...``) of a root-relative path."""
@@ -153,13 +201,19 @@ class Storage:
         Local: write a temporary sibling, then rename. S3: the object becomes visible only when its upload
         completes (pyarrow sends a multipart upload: create, one part, complete), so readers never see a part.
         """
-        target = self.path(rel)
+        target = self._write_target(rel)
         parent = posixpath.dirname(target)
         if self.is_local:
-            self.fs.create_dir(parent, recursive=True)
+            self._make_parent(target)
             tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{posixpath.basename(target)}"
-            with self.fs.open_output_stream(tmp, compression=None) as f:
-                f.write(data)
+            if self.is_restricted(rel):  # owner-only from creation on: never readable by others, not even briefly
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, RESTRICTED_FILE_MODE)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.chmod(tmp, RESTRICTED_FILE_MODE)  # whatever the umask
+            else:
+                with self.fs.open_output_stream(tmp, compression=None) as f:
+                    f.write(data)
             os.replace(tmp, target)
         else:
             with self.fs.open_output_stream(target, compression=None) as f:
@@ -191,8 +245,17 @@ class Storage:
         return sorted(out)
 
     def delete(self, rel: str) -> None:
-        """Delete a file or a folder tree; no error if absent."""
-        p = self.path(rel)
+        """Delete a file or a folder tree; no error if absent (never the root itself: ``rel`` must name something
+        under it).
+
+        Raises
+        ------
+        etl.zones.UnsafePathError
+            for a path that could leave the root, or an empty one.
+        """
+        if not _checked_rel(rel):
+            raise UnsafePathError("unsafe_path", "deleting the storage root itself was refused")
+        p = self._write_target(rel)
         info = self.fs.get_file_info(p)
         if info.type == pafs.FileType.Directory:
             self.fs.delete_dir(p)
@@ -240,6 +303,30 @@ class Storage:
                 return pq.read_table(f, schema=schema, columns=columns)
         except (FileNotFoundError, OSError) as err:
             raise StorageError(f"cannot read {self.full_uri(rel)}: {err}") from None
+
+
+def _checked_rel(rel: str) -> str:
+    """A root-relative path with its outer ``/`` stripped and empty components collapsed.
+
+    Raises
+    ------
+    etl.zones.UnsafePathError
+        ``unsafe_path`` for a ``..`` or ``.`` component or a NUL character.
+    """
+    parts = [p for p in str(rel).split("/") if p]
+    if any(p in (".", "..") or "\x00" in p for p in parts):
+        raise UnsafePathError("unsafe_path", "a storage path with a '..', '.' or NUL component was refused "
+                              "(paths are relative to the storage root and stay under it)")
+    return "/".join(parts)
+
+
+def _restrict_dir(path: str) -> None:
+    """Make an existing local folder owner-only (0700); no error when it is absent or not ours."""
+    try:
+        if os.path.isdir(path) and (os.stat(path).st_mode & 0o777) != RESTRICTED_DIR_MODE:
+            os.chmod(path, RESTRICTED_DIR_MODE)
+    except OSError:
+        pass
 
 
 def read_uri(uri: str, *, endpoint_url: str | None = None, region: str = "us-east-1") -> bytes:
@@ -320,12 +407,13 @@ def put_if_absent(storage: Storage, rel: str, data: bytes) -> bool:
     OSError, botocore.exceptions.ClientError
         for other storage errors.
     """
-    target = storage.path(rel)
     if storage.is_local:
+        target = storage._write_target(rel)
         parent = posixpath.dirname(target)
-        storage.fs.create_dir(parent, recursive=True)
+        storage._make_parent(target)
         tmp = f"{posixpath.dirname(parent)}/.tmp-{uuid.uuid4().hex}-{posixpath.basename(target)}"
-        with open(tmp, "wb") as f:
+        mode = RESTRICTED_FILE_MODE if storage.is_restricted(rel) else 0o666
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -338,6 +426,7 @@ def put_if_absent(storage: Storage, rel: str, data: bytes) -> bool:
         return True
     from botocore.exceptions import ClientError
 
+    target = storage.path(rel)
     bucket, _, key = target.partition("/")
     try:
         s3_client(storage).put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")

@@ -22,10 +22,15 @@ from schemas.ledger import SCHEMA as LEDGER_SCHEMA
 
 _NOTE_MAX = 200
 _NOTE_OK = re.compile(r"^[A-Za-z .,;:()/_+-]*$")  # no digits, no @, no ^: nothing shaped like a date, id or name
+#: a curator identity (the served app's login name, an Airflow user name): letters, digits and ``. _ @ + -``
+CURATOR_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
+#: the append-only audit trail of decisions (restricted: who decided what, when, why)
+AUDIT_DIR = f"{zones.LEDGER}/review_audit"
 
 
 class ReviewError(ReasonCodedError, ValueError):
-    """A decision that cannot be recorded; ``reason``: ``unknown_item``, ``bad_decision`` or ``bad_note``."""
+    """A decision that cannot be recorded; ``reason``: ``unknown_item``, ``bad_decision``, ``bad_note`` or
+    ``bad_curator``."""
 
 
 LATEST_RUN_FILE = zones.LATEST_QUALITY_RUN
@@ -80,28 +85,33 @@ def record_decision(storage: Storage, item_id: str, decision: str, note: str = "
         the item's opaque id (``sha256[:12]``, as listed by :func:`quarantine_items`).
     decision : {"release", "reject"}
         release after fix, or reject for good.
-    note, curator : str
-        a short remark and the curator's initials (letters and punctuation only, at most 200 characters:
-        no digits, so no date, id or phone number can be typed into the de-identified zone).
+    note : str
+        a short remark (letters and punctuation only, at most 200 characters: no digits, so no date, id or
+        phone number can be typed into the de-identified zone).
+    curator : str
+        the authenticated curator (:data:`CURATOR_RE`; required: every decision names who made it).
     now : datetime.datetime, optional
         decision time (default: now, UTC).
 
     Returns
     -------
     dict
-        the stored entry ``{"sha256", "decision", "decided_at", "note", "curator", "reason"}``.
+        the stored entry ``{"sha256", "decision", "decided_at", "note", "curator", "reason"}``; the same, with
+        the decision it replaces (``previous``) and the run, is appended to the audit trail
+        ``ledger/review_audit/`` (one object per decision, created only if absent: never rewritten).
 
     Raises
     ------
     ReviewError
         ``unknown_item`` when no quarantined file of the latest run has that id, ``bad_decision``,
-        ``bad_note``.
+        ``bad_note``, ``bad_curator`` (empty or not an identity).
     """
     if decision not in REVIEW_DECISIONS:
         raise ReviewError("bad_decision", f"decision must be one of {REVIEW_DECISIONS}")
-    for text in (note, curator):
-        if len(text) > _NOTE_MAX or not _NOTE_OK.match(text):
-            raise ReviewError("bad_note", "notes and initials take letters and punctuation only (no digits, @, ^)")
+    if len(note) > _NOTE_MAX or not _NOTE_OK.match(note):
+        raise ReviewError("bad_note", "notes take letters and punctuation only (no digits, @, ^)")
+    if not CURATOR_RE.fullmatch(curator or ""):
+        raise ReviewError("bad_curator", "a decision needs the curator's identity (letters, digits, . _ @ + -)")
     item = {i["id"]: i for i in quarantine_items(storage)}.get(str(item_id).lower())
     if item is None:
         raise ReviewError("unknown_item", f"no quarantined file with id {item_id!r} in the latest run")
@@ -112,8 +122,31 @@ def record_decision(storage: Storage, item_id: str, decision: str, note: str = "
     entry = {"sha256": sha.lower(), "decision": decision,
              "decided_at": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
              "note": note.strip(), "curator": curator.strip(), "reason": item["reason"]}
+    before = [d for d in load_review(storage) if d["sha256"][:12] == entry["sha256"][:12]]
+    _audit(storage, {**entry, "previous": before[0]["decision"] if before else None, "run_id": item["run_id"]})
     entries = [d for d in load_review(storage) if d["sha256"][:12] != entry["sha256"][:12]]
     entries.append(entry)
     entries.sort(key=lambda d: d["sha256"])
     storage.write_text(REVIEW_FILE, json.dumps({"version": 1, "decisions": entries}, indent=1, sort_keys=True))
     return entry
+
+
+def _audit(storage: Storage, entry: dict) -> str:
+    """Append one decision to the audit trail: a new object ``ledger/review_audit/<ns>-<random>.json`` (``<ns>``: the
+    clock in nanoseconds since 1970, 20 digits, so names sort in the order decisions were made, also within one
+    second), created only if absent (:func:`etl.storage.put_if_absent`), so no entry is ever overwritten. Returns
+    its path."""
+    import time
+    import uuid
+
+    from etl.storage import put_if_absent
+
+    while True:
+        path = f"{AUDIT_DIR}/{time.time_ns():020d}-{uuid.uuid4().hex[:12]}.json"
+        if put_if_absent(storage, path, json.dumps(entry, sort_keys=True).encode()):
+            return path
+
+
+def load_audit(storage: Storage) -> list[dict]:
+    """Every audit entry (who, when, what, why, and the decision replaced), oldest first."""
+    return [json.loads(storage.read_text(p)) for p in storage.list_files(AUDIT_DIR) if p.endswith(".json")]

@@ -12,7 +12,10 @@ Served on 127.0.0.1 by ``medreco dashboard --serve`` and registered in the Airfl
 - ``GET /api/quarantine`` (JSON list) and ``POST /api/decisions`` (JSON ``{"id", "decision", "note"}``).
 
 It never reads the source zone: items come from the ledger through :func:`quality.review.quarantine_items`
-(no paths), pages from the reports zone. A POST whose ``Origin`` is another site is refused (403).
+(no paths), pages from the reports zone. Every request is authenticated (:mod:`quality.review_auth`: the review
+token of the served app, Airflow's login in the plugin; 401/403 otherwise) and checked by a
+:class:`quality.review_auth.RequestGuard` (Host, Origin, frame and content-security headers); every decision
+carries the authenticated curator and is appended to the restricted audit trail (:func:`quality.review.record_decision`).
 """
 
 from __future__ import annotations
@@ -20,14 +23,14 @@ from __future__ import annotations
 import html
 import mimetypes
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Form, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 
 from etl import zones
 from etl.storage import Storage, StorageError
 from quality.review import ReviewError, quarantine_items, record_decision
+from quality.review_auth import Authenticator, RequestGuard
 
 _ZONES = {"dashboard": zones.DASHBOARD_DIR, "data_docs": zones.DATA_DOCS_DIR}
 _STYLE = """body{margin:0;font:14px/1.45 system-ui,sans-serif;color:#1d2430;background:#f6f7fa}
@@ -42,13 +45,6 @@ button{font-size:12px;padding:2px 8px;margin-right:4px;cursor:pointer}
 
 def _e(v) -> str:
     return html.escape("" if v is None else str(v), quote=True)
-
-
-def _same_origin(request: Request) -> bool:
-    origin = request.headers.get("origin")
-    if not origin or origin == "null":
-        return origin is None
-    return urlsplit(origin).netloc == request.headers.get("host", "")
 
 
 def review_page(items: list[dict], request: Request, message: str = "") -> str:
@@ -82,7 +78,8 @@ def review_page(items: list[dict], request: Request, message: str = "") -> str:
             f"{body}</main></body></html>")
 
 
-def create_app(storage: Storage | Callable[[], Storage]) -> FastAPI:
+def create_app(storage: Storage | Callable[[], Storage], *, authenticate: Authenticator,
+               guard: RequestGuard) -> FastAPI:
     """Build the curator app.
 
     Parameters
@@ -90,6 +87,11 @@ def create_app(storage: Storage | Callable[[], Storage]) -> FastAPI:
     storage : etl.storage.Storage or callable returning one
         the build's storage root; a callable is called per request (the Airflow plugin opens the root of
         ``$MEDRECO_CONFIG`` only when a page is asked for).
+    authenticate : async callable(request) -> str
+        the curator identity of a request, raising ``HTTPException`` 401/403 (:class:`quality.review_auth.TokenAuth`,
+        :func:`quality.review_auth.airflow_curator`); required: the app has no anonymous access.
+    guard : quality.review_auth.RequestGuard
+        allowed hosts and frame policy.
 
     Returns
     -------
@@ -97,6 +99,20 @@ def create_app(storage: Storage | Callable[[], Storage]) -> FastAPI:
     """
     get_storage = storage if callable(storage) else (lambda: storage)
     app = FastAPI(title="MedReCo-DB curator dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def _secure(request: Request, call_next):
+        try:
+            guard.check(request)  # Host first: a rebinding page learns nothing, not even the login prompt
+            request.state.curator = await authenticate(request)
+        except HTTPException as err:
+            response: Response = PlainTextResponse(str(err.detail), status_code=err.status_code,
+                                                   headers=err.headers or None)
+        else:
+            response = await call_next(request)
+        for name, value in guard.headers(request.url.path).items():
+            response.headers[name] = value
+        return response
 
     @app.get("/", include_in_schema=False)
     def root(request: Request) -> RedirectResponse:
@@ -108,10 +124,8 @@ def create_app(storage: Storage | Callable[[], Storage]) -> FastAPI:
 
     @app.post("/review/{item_id}", name="post_decision")
     def post_decision(request: Request, item_id: str, decision: str = Form(...), note: str = Form("")) -> Response:
-        if not _same_origin(request):
-            raise HTTPException(403, "cross-site request refused")
         try:
-            entry = record_decision(get_storage(), item_id, decision, note)
+            entry = record_decision(get_storage(), item_id, decision, note, curator=request.state.curator)
         except ReviewError as err:
             raise HTTPException(404 if err.reason == "unknown_item" else 400, str(err)) from None
         url = request.url_for("review").include_query_params(message=f"{item_id}: {entry['decision']} recorded")
@@ -123,18 +137,19 @@ def create_app(storage: Storage | Callable[[], Storage]) -> FastAPI:
 
     @app.post("/api/decisions")
     async def api_decision(request: Request) -> JSONResponse:
-        if not _same_origin(request):
-            raise HTTPException(403, "cross-site request refused")
-        body = await request.json()
+        try:
+            body = await request.json()
+        except ValueError:
+            raise HTTPException(400, "expected a JSON object") from None
         if not isinstance(body, dict):
             raise HTTPException(400, "expected a JSON object")
         try:
             entry = record_decision(get_storage(), str(body.get("id", "")), str(body.get("decision", "")),
-                                    str(body.get("note", "")))
+                                    str(body.get("note", "")), curator=request.state.curator)
         except ReviewError as err:
             raise HTTPException(404 if err.reason == "unknown_item" else 400, str(err)) from None
         return JSONResponse({"id": entry["sha256"][:12], "decision": entry["decision"],
-                             "decided_at": entry["decided_at"]})
+                             "decided_at": entry["decided_at"], "curator": entry["curator"]})
 
     @app.get("/{zone}/{path:path}", name="zone_file")
     def zone_file(zone: str, path: str) -> Response:

@@ -1,4 +1,10 @@
-"""The build lock: one build at a time per storage root (exclusive create on disk, conditional put on S3)."""
+"""The build lock: one build at a time per storage root (exclusive create on disk, conditional put on S3).
+
+Two holders: a process (``medreco run``: :class:`BuildLock` with a heartbeat), and a DAG run (the build DAG's
+first task takes it with :func:`acquire_for_run`, its last task, ``trigger_rule=all_done``, gives it back with
+:func:`release_for_run`), so a scheduler-run build and an ``airflow dags test`` or a second trigger on the same
+root never interleave: the second fails at its first task, naming the holder.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,10 @@ from etl.zones import BUILD_LOCK
 
 #: seconds a lock stays valid without a heartbeat (the holder refreshes it every third of that)
 BUILD_LOCK_TTL_S = 600.0
+#: seconds a DAG run's lock stays valid (no process heartbeats it: the run's last task releases it, and a run
+#: killed without reaching that task blocks the root for at most this long); ``$MEDRECO_DAG_LOCK_TTL_S``
+DAG_LOCK_TTL_S = 24 * 3600.0
+DAG_LOCK_TTL_ENV = "MEDRECO_DAG_LOCK_TTL_S"
 
 
 class BuildLockHeldError(RuntimeError):
@@ -69,6 +79,9 @@ class BuildLock:
     region: str = "us-east-1"
     heartbeat: bool = True
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: ``process`` (held while this process lives: a holder whose pid is dead on this host is taken over at
+    #: once) or ``dag_run`` (held across the tasks of one DAG run, until its last task or the expiry)
+    holder_kind: str = "process"
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -77,6 +90,7 @@ class BuildLock:
         now = _now()
         return json.dumps({
             "owner": self.owner, "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
+            "kind": self.holder_kind,
             "acquired_at": now.isoformat(timespec="milliseconds"),
             "expires_at": (now + dt.timedelta(seconds=self.ttl_s)).isoformat(timespec="milliseconds"),
         }, sort_keys=True).encode()
@@ -93,6 +107,26 @@ class BuildLock:
                 return None
             expires = info.mtime.astimezone(dt.UTC) + dt.timedelta(seconds=self.ttl_s)
             return {"owner": "unknown (unreadable lock record)", "expires_at": expires.isoformat(timespec="seconds")}
+
+    @staticmethod
+    def _dead(holder: dict) -> bool:
+        """A process holder on this host whose pid no longer runs (or is a zombie): its lock is taken over at once."""
+        pid = holder.get("pid")
+        if holder.get("kind", "process") != "process" or holder.get("host") != socket.gethostname():
+            return False
+        if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        try:  # a killed process its parent has not reaped yet is a zombie (state Z): dead too
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[-1].split()[0] in (b"Z", b"X")
+        except (OSError, IndexError):
+            return False
 
     @staticmethod
     def _expired(holder: dict) -> bool:
@@ -137,6 +171,9 @@ class BuildLock:
     def acquire(self) -> BuildLock:
         """Take the lock or fail at once.
 
+        A lock whose record has expired, or whose holder is a process on this host that no longer runs, is taken
+        over (the latter at once, not after the expiry).
+
         Raises
         ------
         BuildLockHeldError
@@ -151,7 +188,9 @@ class BuildLock:
             holder = self.holder()
             if holder is None:
                 continue  # released between our create and our read: try again
-            if not self._expired(holder):
+            if holder.get("token") == self.token:  # already ours (a retried DAG task): nothing to take
+                return self
+            if not self._expired(holder) and not self._dead(holder):
                 raise BuildLockHeldError(self.storage.full_uri(BUILD_LOCK), holder)
             self._take_over(holder)
         raise BuildLockHeldError(self.storage.full_uri(BUILD_LOCK), self.holder() or {})
@@ -179,3 +218,63 @@ class BuildLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def dag_run_token(run_id: str) -> str:
+    """The lock token of one DAG run (the same for every task and retry of the run)."""
+    import hashlib
+
+    return "dagrun-" + hashlib.sha256(run_id.encode()).hexdigest()[:32]
+
+
+def _dag_lock(storage, run_id: str, endpoint_url: str | None, region: str) -> BuildLock:
+    ttl = float(os.environ.get(DAG_LOCK_TTL_ENV) or DAG_LOCK_TTL_S)
+    return BuildLock(storage, owner=f"DAG run {run_id}", ttl_s=ttl, endpoint_url=endpoint_url, region=region,
+                     heartbeat=False, token=dag_run_token(run_id), holder_kind="dag_run")
+
+
+def acquire_for_run(storage, run_id: str, *, adopt_token: str | None = None, endpoint_url: str | None = None,
+                    region: str = "us-east-1") -> dict:
+    """Take a storage root's build lock for one DAG run (the build DAG's first task).
+
+    Parameters
+    ----------
+    storage : etl.storage.Storage
+        the root.
+    run_id : str
+        the DAG run's id: the lock's token derives from it, so a retry of the task finds the lock its own.
+    adopt_token : str, optional
+        the token of a lock the caller of the run already holds (``medreco run`` takes the lock, then runs the DAG
+        with ``dag.test()`` and passes its token in the run's conf): when the root's lock has that token, the
+        run adopts it and leaves its release to that caller.
+    endpoint_url, region : str, optional
+        S3 endpoint and region.
+
+    Returns
+    -------
+    dict
+        ``{"owner", "adopted"}`` (PHI-free; for the task's XCom).
+
+    Raises
+    ------
+    BuildLockHeldError
+        naming the holder, when another build (a process or another DAG run) holds the lock.
+    """
+    lock = _dag_lock(storage, run_id, endpoint_url, region)
+    holder = lock.holder()
+    if adopt_token and holder is not None and holder.get("token") == adopt_token:
+        return {"owner": holder.get("owner"), "adopted": True}
+    lock.acquire()
+    return {"owner": lock.owner, "adopted": False}
+
+
+def release_for_run(storage, run_id: str, *, endpoint_url: str | None = None, region: str = "us-east-1") -> bool:
+    """Give back the lock :func:`acquire_for_run` took for ``run_id`` (the build DAG's last task, run whatever
+    the other tasks' states). True when it was held by the run and is now removed; False (nothing done) when
+    another build holds it, or nobody does (a run refused at its first task, or one that adopted a lock)."""
+    lock = _dag_lock(storage, run_id, endpoint_url, region)
+    holder = lock.holder()
+    if holder is None or holder.get("token") != lock.token:
+        return False
+    lock.release()
+    return True

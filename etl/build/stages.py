@@ -28,6 +28,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 import warnings
 from collections import Counter
 
@@ -40,8 +41,16 @@ from etl.build.context import EVENT_SCHEMA, BuildContext
 from etl.build.ingest import check_delivery
 from etl.build.ledger import finalise
 from etl.build.publish_stage import publish_stage
-from etl.deid.dicom import DeidentificationError, deidentify_dataset
+from etl.deid.dicom import DeidentificationError, DeidResult, deidentify_dataset
 from etl.deid.policy import build_policy
+from etl.limits import (
+    FILE_TIME_LIMIT_S,
+    MAX_REPORT_CHARS,
+    REPORT_TIME_LIMIT_S,
+    RecordLimitError,
+    check_length,
+    time_limit,
+)
 from etl.sources.discover import (
     PLAN_SCHEMA,
     discover_institution,
@@ -231,12 +240,79 @@ def _study_datetime(ds: pydicom.Dataset) -> dt.datetime | None:
         return dt.datetime.strptime(date, "%Y%m%d")
 
 
+_IS_INTEGER = re.compile(r"[+-]?\d{1,12}")
+#: a Code String (PS3.5 6.2, VR CS): upper-case letters, digits, space and underscore, at most 16 characters
+_CODE_STRING = re.compile(r"[A-Z0-9_ ]{1,16}")
+
+
+def _deidentify_file(ctx: BuildContext, row: dict, institution: str, issuer: str | None,
+                     policy) -> tuple[DeidResult, bytes, str | None]:
+    """Read one source file and de-identify it: ``(result, verified bytes, body part)``.
+
+    Raises
+    ------
+    DeidentificationError
+        the reason-coded failures of :func:`etl.deid.dicom.deidentify_dataset`.
+    Exception
+        whatever reading the file raises (the caller quarantines it as ``unreadable_dicom``).
+    """
+    data = read_uri(row["source_uri"], endpoint_url=ctx.cfg.storage.s3_endpoint_url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = pydicom.dcmread(io.BytesIO(data), force=True)
+        body_part = infer_body_part(  # from the source descriptors, before they are cleaned
+            str(ds.get("BodyPartExamined", "") or ""),
+            [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")],
+        )
+        result = deidentify_dataset(ds, ctx.key, institution, policy, pixel_cleaning=ctx.cfg.deid.pixel_cleaning,
+                                    default_issuer=issuer)
+    return result, result.to_bytes(), body_part
+
+
+def _instance_row(result: DeidResult, inst, body_part: str | None, path: str, shard: int) -> dict:
+    """The ``instances`` row of a de-identified file.
+
+    Raises
+    ------
+    DeidentificationError
+        ``invalid_value`` when a value the row needs cannot be read (Modality not a code string, InstanceNumber
+        not an integer string, StudyDate/StudyTime not a date and time); the message names the attribute, never
+        its value.
+    """
+    out = result.dataset
+    modality = str(out.get("Modality", "") or "OT").strip() or "OT"
+    if not _CODE_STRING.fullmatch(modality):  # e.g. "/../../sources/x": never a table value, nor a folder name
+        raise DeidentificationError("invalid_value", "Modality is not a code string (CS)")
+    number = str(out.get("InstanceNumber", "") or "").strip()
+    if number and not _IS_INTEGER.fullmatch(number):
+        raise DeidentificationError("invalid_value", "InstanceNumber is not an integer string (IS)")
+    try:
+        study_datetime = _study_datetime(out)
+    except ValueError:
+        raise DeidentificationError("invalid_value", "StudyDate/StudyTime is not a valid date and time") from None
+    return {
+        "sop_key": result.sop_key, "series_key": result.series_key, "study_key": result.study_key,
+        "patient_key": result.patient_key, "accession_key": result.accession_key,
+        "institution": inst.id, "country": inst.country, "modality": modality, "body_part": body_part,
+        "family": modality_family(modality, body_part),
+        "view_position": str(out.get("ViewPosition", "") or "").strip().upper() or None,
+        "study_datetime": study_datetime,
+        "instance_number": int(number) if number else None,
+        "manufacturer": str(out.get("Manufacturer", "") or "") or None,
+        "model": str(out.get("ManufacturerModelName", "") or "") or None,
+        "transfer_syntax": str(out.file_meta.TransferSyntaxUID), "dicom_path": path, "shard": shard,
+    }
+
+
 def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     """De-identify every pending DICOM file of one shard.
 
     Writes the de-identified files to ``curated/dicom/shard=N/<sop_key>.dcm``, the ``instances``
     partition, the stage's events (restricted) and audit counts. Files that cannot be de-identified
-    with certainty get a ``quarantined`` event with the reason code and are not written.
+    with certainty get a ``quarantined`` event with the reason code and are not written; so does a file whose
+    de-identification raises anything unexpected (``unreadable_dicom``, with the exception's type only), takes
+    longer than :data:`etl.limits.FILE_TIME_LIMIT_S` (``deidentification_timeout``) or has a value the instances
+    row cannot hold (``invalid_value``). No file can fail the task.
 
     Skipped (result ``skipped: True``) when the shard's input files are those it was last built from (see
     the module docstring).
@@ -252,23 +328,17 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     for row in p.sort("source_uri").iter_rows(named=True):
         inst = ctx.cfg.institution(row["institution"])
         event = {"source_uri": row["source_uri"], "sha256": row["sha256"], "stage": "deidentify"}
-        try:
-            data = read_uri(row["source_uri"], endpoint_url=ctx.cfg.storage.s3_endpoint_url)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ds = pydicom.dcmread(io.BytesIO(data), force=True)
-                body_part = infer_body_part(  # from the source descriptors, before they are cleaned
-                    str(ds.get("BodyPartExamined", "") or ""),
-                    [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")],
-                )
-                result = deidentify_dataset(ds, ctx.key, inst.id, policy, pixel_cleaning=ctx.cfg.deid.pixel_cleaning,
-                                            default_issuer=inst.patient_id_issuer)
-                payload = result.to_bytes()
-        except DeidentificationError as err:
+        try:  # every failure of one file is that file's quarantine record, never a failed task
+            with time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout", "file's de-identification"):
+                result, payload, body_part = _deidentify_file(ctx, row, inst.id, inst.patient_id_issuer, policy)
+            path = f"{ctx.dicom_dir(shard)}/{result.sop_key}.dcm"
+            instance = _instance_row(result, inst, body_part, path, shard)
+        except (DeidentificationError, RecordLimitError) as err:
             events.append({**event, "status": "quarantined", "reason": err.reason, "detail": str(err)})
             audit[f"quarantined:{err.reason}"] += 1
             continue
         except Exception as err:  # noqa: BLE001  a file pydicom cannot fully parse or write: fail closed
+            # the exception's text may quote a header value: only its type is recorded, nothing is logged
             events.append({**event, "status": "quarantined", "reason": "unreadable_dicom",
                            "detail": f"{type(err).__name__} while de-identifying"})
             audit["quarantined:unreadable_dicom"] += 1
@@ -279,25 +349,11 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
             audit["quarantined:duplicate_sop_instance_uid"] += 1
             continue
         written.add(result.sop_key)
-        out = result.dataset
         audit_rows.append({"sop_key": result.sop_key, "study_key": result.study_key, "institution": inst.id,
                            **{k: int(result.audit.get(k, 0)) for k in DEID_AUDIT_COUNTS}, "shard": shard})
-        path = f"{ctx.dicom_dir(shard)}/{result.sop_key}.dcm"
         ctx.storage.write_bytes(path, payload)
         audit.update(result.audit)
-        modality = str(out.get("Modality", "") or "OT").strip() or "OT"
-        instances.append({
-            "sop_key": result.sop_key, "series_key": result.series_key, "study_key": result.study_key,
-            "patient_key": result.patient_key, "accession_key": result.accession_key,
-            "institution": inst.id, "country": inst.country, "modality": modality, "body_part": body_part,
-            "family": modality_family(modality, body_part),
-            "view_position": str(out.get("ViewPosition", "") or "").strip().upper() or None,
-            "study_datetime": _study_datetime(out),
-            "instance_number": int(out.InstanceNumber) if str(out.get("InstanceNumber", "") or "").strip() else None,
-            "manufacturer": str(out.get("Manufacturer", "") or "") or None,
-            "model": str(out.get("ManufacturerModelName", "") or "") or None,
-            "transfer_syntax": str(out.file_meta.TransferSyntaxUID), "dicom_path": path, "shard": shard,
-        })
+        instances.append(instance)
         events.append({**event, "status": "ingested", "reason": None, "detail": None,
                        "sop_key": result.sop_key, "study_key": result.study_key})
     # remove de-identified files of this shard that this run did not write (re-runs with fewer inputs)
@@ -315,6 +371,38 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
 
 # ---- normalisation -------------------------------------------------------------------------------
 
+def _normalise_guarded(rows: list[dict], read, cfg, volume_sink=None):
+    """:func:`etl.pixels.series.normalise_instances` over a shard's instances, where no instance can fail the task.
+
+    When the shard's pass raises (an error the series rules did not foresee), each series is normalised on its
+    own and a series that raises again becomes one failure of all its instances, reason ``normalisation_error``
+    (the exception's type only: its text may quote a value). ``volume_sink`` is handed to
+    :func:`~etl.pixels.series.normalise_instances` (volume objects are content-addressed, so a series normalised
+    again writes the same object). Returns the :class:`etl.pixels.series.ShardPixels` of the shard.
+    """
+    from etl.pixels.series import PixelFailure, ShardPixels, normalise_instances
+
+    try:
+        return normalise_instances(((row, read(row)) for row in rows), cfg, volume_sink=volume_sink)
+    except Exception:  # noqa: BLE001  retried series by series below, so the culprit is found
+        pass
+    out = ShardPixels()
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row["series_key"], []).append(row)
+    for _, members in sorted(groups.items()):
+        try:
+            part = normalise_instances(((row, read(row)) for row in members), cfg, volume_sink=volume_sink)
+        except Exception as err:  # noqa: BLE001  this series is quarantined, the others go on
+            out.failures.append(PixelFailure(tuple(r["sop_key"] for r in members), "normalisation_error",
+                                             f"{type(err).__name__} while normalising the series"))
+            continue
+        out.images.extend(part.images)
+        out.failures.extend(part.failures)
+        out.series.update(part.series)
+    return out
+
+
 def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     """Decode and normalise one shard's de-identified instances into ``images`` and ``series`` partitions.
 
@@ -322,7 +410,8 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     :func:`etl.pixels.series.normalise_instances`; each volume is written, as soon as it is made, as a
     content-addressed NIfTI object (:func:`etl.pixels.volume_objects.externalise_volume`,
     ``curated/volumes/<sha256>.nii.gz``) and its row points at it. Failures are quarantined (events name the source file
-    through the de-identification events). The written ``images`` files are read back one row group at a
+    through the de-identification events); an unforeseen error quarantines its series
+    (``normalisation_error``, :func:`_normalise_guarded`), never fails the task. The written ``images`` files are read back one row group at a
     time and every payload is hashed against its ``payload_sha256`` (:func:`etl.pixels.integrity.verify_image_files`);
     the counts are recorded in the stage's state (``payload_integrity``), which the quality task reads instead of
     the payloads.
@@ -333,7 +422,6 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
         when a written payload does not hash to its ``payload_sha256`` (the shard is not recorded: a retry rebuilds it).
     """
     from etl.pixels.integrity import PayloadIntegrityError, verify_image_files
-    from etl.pixels.series import normalise_instances
     from etl.pixels.volume_objects import externalise_volume
 
     digest = _digest("normalise", _deid_digest(ctx, shard))
@@ -352,10 +440,9 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
         except Exception as err:  # noqa: BLE001  any parse failure of our own output is quarantined
             return err
 
-    rows = inst.sort("sop_key").iter_rows(named=True)
     level = ctx.cfg.normalisation.nifti_gzip_level
-    result = normalise_instances(((row, read(row)) for row in rows), ctx.cfg.normalisation,
-                                 volume_sink=lambda r: externalise_volume(ctx.storage, r, level))
+    result = _normalise_guarded(list(inst.sort("sop_key").iter_rows(named=True)), read, ctx.cfg.normalisation,
+                                volume_sink=lambda r: externalise_volume(ctx.storage, r, level))
     n_img = write_partition(ctx, "images", images_schema.SCHEMA, shard, [img.row for img in result.images])
     integrity = verify_image_files(ctx.storage, _shard_files(ctx, "images", shard))  # read back, one row group at a time
     if integrity.mismatches or integrity.rows != n_img:
@@ -386,17 +473,12 @@ def reports(ctx: BuildContext) -> dict:
 
     Links by StudyInstanceUID or AccessionNumber through the same keyed pseudonyms as the images, so the
     link survives de-identification. Writes the ``reports`` partition of every shard (empty ones too).
-    A report file that cannot be parsed is quarantined whole (reason ``malformed_report_record``).
+    A report file that cannot be parsed is quarantined whole (reason ``malformed_report_record``); one record
+    that cannot be processed is withheld with a reason code (``report_too_long``, ``report_timeout``,
+    ``report_processing_error``, ``verification_failed``, or the parser's) and listed under
+    ``quarantine/<run>/reports/``. No report can fail the task.
     """
-    from entity_extraction.sections import split_sections
-    from entity_extraction.text_deid import deidentify_text
-    from etl.sources.report_linking import (
-        StudyIndex,
-        header_phi,
-        link_report,
-        parse_report_datetime,
-        surviving_source_dates,
-    )
+    from etl.sources.report_linking import StudyIndex
     from etl.sources.reports import ReportSourceError, iter_report_source
 
     key, shard_count = ctx.key, ctx.cfg.shard_count
@@ -417,6 +499,10 @@ def reports(ctx: BuildContext) -> dict:
         except ReportSourceError as err:
             events.append({**event, "status": "quarantined", "reason": err.reason, "detail": str(err)[:300]})
             continue
+        except Exception as err:  # noqa: BLE001  an unforeseen parse failure quarantines the file, not the task
+            events.append({**event, "status": "quarantined", "reason": "malformed_report_record",
+                           "detail": f"{type(err).__name__} while reading the report file"})
+            continue
         records = [r for r in items if not isinstance(r, ReportSourceError)]
         for bad in (r for r in items if isinstance(r, ReportSourceError)):
             withheld.append({"run_id": ctx.run_id, "source_uri": f["source_uri"], "record": None,
@@ -430,34 +516,22 @@ def reports(ctx: BuildContext) -> dict:
             if report_id in seen_ids:
                 continue  # the same report delivered twice in one file: first wins (deterministic order)
             seen_ids.add(report_id)
-            link = link_report(rec, inst, key, index)
-            patient_key = link.patient_key
-            known_phi = [str(rec[k]) for k in ("patient_id", "patient_name", "accession_number") if rec.get(k)]
-            uri = index.study_source.get(link.study_key) if link.study_key else None
-            if uri and uri not in phi_cache:
-                phi_cache[uri] = header_phi(read_uri(uri, endpoint_url=ctx.cfg.storage.s3_endpoint_url))
-            known_phi += phi_cache.get(uri, []) if uri else []
-            shift = key.date_shift_days(patient_key) if patient_key else None
-            text, counts = deidentify_text(rec["text"], known_phi=known_phi, date_shift_days=shift,
-                                           day_first=inst.reads_day_first)
-            if surviving_source_dates(rec["text"], text):
+            held = {"run_id": ctx.run_id, "source_uri": f["source_uri"], "record": rec["report_id"]}
+            try:  # one report's failure withholds that report (PHI-free record), never fails the task
+                row = _report_row(ctx, rec, inst, report_id, index, phi_cache)
+            except RecordLimitError as err:
+                withheld.append({**held, "reason": err.reason, "detail": str(err)})
+                continue
+            except Exception as err:  # noqa: BLE001  the exception's text may quote report text: type only
+                withheld.append({**held, "reason": "report_processing_error",
+                                 "detail": f"{type(err).__name__} while de-identifying the report"})
+                continue
+            if row is None:
                 # fail closed: the report is withheld and a PHI-free quarantine record names it
-                withheld.append({"run_id": ctx.run_id, "source_uri": f["source_uri"], "record": rec["report_id"],
-                                 "reason": "verification_failed",
+                withheld.append({**held, "reason": "verification_failed",
                                  "detail": "a date of the source text survived text de-identification"})
                 continue
-            sections = split_sections(text)
-            rdate = parse_report_datetime(rec.get("report_datetime"))
-            shard = key.shard(patient_key or report_id, shard_count)
-            rows_by_shard[shard].append({
-                "report_id": report_id, "study_key": link.study_key,
-                "patient_key": patient_key, "institution": inst.id, "language": rec.get("language") or inst.language,
-                "link_status": link.link_status, **{k: sections.get(k) or None for k in ("indication", "comparison", "findings", "impression")},
-                "text": text, "redactions": int(sum(counts.values())),
-                "redaction_counts": json.dumps(dict(sorted(counts.items()))),
-                "report_date_shifted": (rdate + dt.timedelta(days=shift)) if (rdate and shift is not None) else None,
-                "shard": shard,
-            })
+            rows_by_shard[row["shard"]].append(row)
         events.append({**event, "status": "ingested"})
     total = 0
     for shard, rows in rows_by_shard.items():
@@ -466,6 +540,56 @@ def reports(ctx: BuildContext) -> dict:
     ctx.storage.write_text(f"{ctx.run_dir}/withheld_reports.json", json.dumps(withheld, indent=1))
     links = Counter(r["link_status"] for rows in rows_by_shard.values() for r in rows)
     return {"reports": total, "withheld": len(withheld), **{f"link:{k}": v for k, v in sorted(links.items())}}
+
+
+def _report_row(ctx: BuildContext, rec: dict, inst, report_id: str, index, phi_cache: dict[str, list[str]]) -> dict | None:
+    """The ``reports`` row of one report record: linked, de-identified, split into sections; None when a date of
+    the source text survives de-identification (the caller withholds it).
+
+    Raises
+    ------
+    etl.limits.RecordLimitError
+        ``report_too_long`` for a text over :data:`etl.limits.MAX_REPORT_CHARS` (not processed at all),
+        ``report_timeout`` when de-identifying it takes longer than :data:`etl.limits.REPORT_TIME_LIMIT_S`.
+    Exception
+        anything else that fails (the caller withholds the report).
+    """
+    from entity_extraction.sections import split_sections
+    from entity_extraction.text_deid import deidentify_text
+    from etl.sources.report_linking import (
+        header_phi,
+        link_report,
+        parse_report_datetime,
+        surviving_source_dates,
+    )
+
+    key = ctx.key
+    check_length(rec["text"], MAX_REPORT_CHARS, "report_too_long", "report text")
+    link = link_report(rec, inst, key, index)
+    patient_key = link.patient_key
+    known_phi = [str(rec[k]) for k in ("patient_id", "patient_name", "accession_number") if rec.get(k)]
+    uri = index.study_source.get(link.study_key) if link.study_key else None
+    if uri and uri not in phi_cache:
+        phi_cache[uri] = header_phi(read_uri(uri, endpoint_url=ctx.cfg.storage.s3_endpoint_url))
+    known_phi += phi_cache.get(uri, []) if uri else []
+    shift = key.date_shift_days(patient_key) if patient_key else None
+    with time_limit(REPORT_TIME_LIMIT_S, "report_timeout", "report's de-identification"):
+        text, counts = deidentify_text(rec["text"], known_phi=known_phi, date_shift_days=shift,
+                                       day_first=inst.reads_day_first)
+        if surviving_source_dates(rec["text"], text):
+            return None
+        sections = split_sections(text)
+    rdate = parse_report_datetime(rec.get("report_datetime"))
+    return {
+        "report_id": report_id, "study_key": link.study_key,
+        "patient_key": patient_key, "institution": inst.id, "language": rec.get("language") or inst.language,
+        "link_status": link.link_status,
+        **{k: sections.get(k) or None for k in ("indication", "comparison", "findings", "impression")},
+        "text": text, "redactions": int(sum(counts.values())),
+        "redaction_counts": json.dumps(dict(sorted(counts.items()))),
+        "report_date_shifted": (rdate + dt.timedelta(days=shift)) if (rdate and shift is not None) else None,
+        "shard": key.shard(patient_key or report_id, ctx.cfg.shard_count),
+    }
 
 
 # ---- entities ------------------------------------------------------------------------------------

@@ -292,7 +292,8 @@ def snapshot_publish(
 @app.command()
 def dashboard(
     config: Path = typer.Option(DEMO_CONFIG, "--config", "-c"),
-    serve: bool = typer.Option(False, "--serve", help="serve it with the review app on http://127.0.0.1:PORT"),
+    serve: bool = typer.Option(False, "--serve", help="serve it with the review app on http://127.0.0.1:PORT "
+                               "(needs $MEDRECO_REVIEW_TOKEN: curators log in with it)"),
     port: int = typer.Option(8765),
 ) -> None:
     """Print the dashboard path (built by each run), or serve it with the quarantine review app on localhost."""
@@ -306,10 +307,23 @@ def dashboard(
     import uvicorn
 
     from quality.review_app import create_app
+    from quality.review_auth import (
+        RequestGuard,
+        ReviewAuthError,
+        TokenAuth,
+        allowed_hosts_from_env,
+        token_from_env,
+    )
 
+    try:
+        auth = TokenAuth(token_from_env())
+    except ReviewAuthError as err:
+        _fail(str(err))
     typer.echo(f"serving {st.full_uri('reports')} on http://127.0.0.1:{port}/ (dashboard, Data Docs, "
-               f"quarantine review at /review; Ctrl-C to stop)")
-    uvicorn.run(create_app(st), host="127.0.0.1", port=port, log_level="warning")
+               f"quarantine review at /review; log in with your name and the token of $MEDRECO_REVIEW_TOKEN; "
+               f"Ctrl-C to stop)")
+    uvicorn.run(create_app(st, authenticate=auth, guard=RequestGuard(allowed_hosts_from_env())), host="127.0.0.1",
+                port=port, log_level="warning")
 
 
 def main() -> int:  # pragma: no cover

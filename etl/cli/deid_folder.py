@@ -1,7 +1,8 @@
 """``medreco deid SRC OUT``: de-identify a folder of DICOM files outside the DAG.
 
 Writes ``OUT/files/<sop_key>.dcm``, ``OUT/ledger.parquet`` (one row per input file) and
-``OUT/quarantine/<sha256>.json`` records; the ledger always balances.
+``OUT/quarantine/<sha256>.json`` records (both restricted: 0600 files, an 0700 folder); the ledger always
+balances: no input file, however malformed, stops the run (each is quarantined with a reason code).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from etl.build.ledger import balance
 from etl.deid.dicom import DeidentificationError, deidentify_dataset
 from etl.deid.policy import build_policy
 from etl.keys import PseudonymKey
+from etl.limits import FILE_TIME_LIMIT_S, RecordLimitError, time_limit
 from etl.sources.discover import NON_INPUT_EXTENSIONS, classify_dicom
 from schemas import ledger as ledger_schema
 from schemas.base import table_from_rows
@@ -26,6 +29,14 @@ from schemas.config import DeidConfig
 
 class DeidFolderError(ValueError):
     """Raised for an unusable pair of source and output folders."""
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a restricted file (0600 whatever the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
 
 
 def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str = "local",
@@ -64,7 +75,8 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
                 row.update(status="quarantined", reason=reason, detail=detail, stage="discover")
             else:
                 try:
-                    with warnings.catch_warnings():
+                    with warnings.catch_warnings(), time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout",
+                                                               "file's de-identification"):
                         warnings.simplefilter("ignore")
                         result = deidentify_dataset(pydicom.dcmread(io.BytesIO(data), force=True), key, institution,
                                                     policy, pixel_cleaning=cfg.pixel_cleaning)
@@ -74,14 +86,16 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
                                 "another file of this folder has the same SOPInstanceUID and different content")
                         (out / "files" / f"{result.sop_key}.dcm").write_bytes(result.to_bytes())
                         written[result.sop_key] = str(path)
-                except DeidentificationError as err:
+                except (DeidentificationError, RecordLimitError) as err:
                     row.update(status="quarantined", reason=err.reason, detail=str(err))
                 except Exception as err:  # noqa: BLE001  fail closed on anything pydicom cannot handle
                     row.update(status="quarantined", reason="unreadable_dicom", detail=type(err).__name__)
         rows.append(row)
-        if row["status"] == "quarantined":
-            (out / "quarantine").mkdir(exist_ok=True)
-            (out / "quarantine" / f"{sha}.json").write_text(json.dumps(row, indent=1, sort_keys=True))
+        if row["status"] == "quarantined":  # restricted (names source paths): owner-only
+            (out / "quarantine").mkdir(mode=0o700, exist_ok=True)
+            _write_private(out / "quarantine" / f"{sha}.json", json.dumps(row, indent=1, sort_keys=True).encode())
     ledger = table_from_rows(rows, ledger_schema.SCHEMA)
-    pq.write_table(ledger, out / "ledger.parquet")
+    buf = io.BytesIO()
+    pq.write_table(ledger, buf)
+    _write_private(out / "ledger.parquet", buf.getvalue())
     return balance(ledger)

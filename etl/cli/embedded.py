@@ -80,7 +80,8 @@ def run_build(config_path: str | Path) -> dict:
     except BuildLockHeldError as err:
         raise BuildLockedError(str(err)) from None
     try:
-        dagrun = build_dag.test(run_conf={"config": cfg_path})
+        # the DAG's first task adopts this lock (same token) instead of refusing its own caller
+        dagrun = build_dag.test(run_conf={"config": cfg_path, "build_lock_token": lock.token})
     finally:
         lock.release()
     state = str(getattr(dagrun, "state", ""))

@@ -46,6 +46,7 @@ from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID, ExplicitVRLittleEndian,
 
 from etl.deid.policy import Policy, build_policy
 from etl.keys import PseudonymKey, patient_key_for
+from etl.limits import MAX_DICOM_TEXT_CHARS
 from etl.sources.dicom_integrity import last_element_cut
 from schemas.config import PixelCleaningRule
 from schemas.errors import ReasonCodedError
@@ -65,6 +66,24 @@ IDENTIFYING_KEYWORDS = frozenset({
     "OrderEnteredBy", "OrderCallbackPhoneNumber", "RegionOfResidence", "CountryOfResidence",
 })
 ASCII_VRS = frozenset({"UI", "DA", "DT", "TM", "AS", "IS", "DS"})
+#: VRs whose value is opaque bytes: an unlisted public element with one is removed unless in :data:`KEPT_BINARY_TAGS`
+BINARY_VRS = frozenset({"OB", "OW", "OF", "OD", "OL", "OV", "UN", "OB or OW", "US or OW", "US or SS or OW"})
+#: numeric VRs: their bytes are searched for name parts too (a name can be written as numbers)
+NUMERIC_VRS = frozenset({"US", "SS", "UL", "SL", "FL", "FD", "UV", "SV", "AT", "US or SS"})
+#: binary public elements kept when the profile does not list them: pixel data and what decodes or displays it
+#: (offset tables, LUTs, palettes, ICC profile) and waveform samples. Their bytes are not searched for names
+#: (short name parts occur in pixel bytes by chance).
+KEPT_BINARY_TAGS = frozenset({
+    0x7FE00001, 0x7FE00002, 0x7FE00008, 0x7FE00009, 0x7FE00010,  # offset tables, Float/Double/Pixel Data
+    0x00283006, 0x00281201, 0x00281202, 0x00281203, 0x00281204,  # LUT Data, palette colour LUT data
+    0x00281221, 0x00281222, 0x00281223, 0x00282000,  # segmented palette LUT data, ICC Profile
+    0x00283010, 0x00285000, 0x00286030,  # (sequences/values of LUTs), bi-plane, mask pixel data
+    0x54001010, 0x5400100A, 0x56000020, 0x56000010,  # waveform data and padding value, spectroscopy data
+})
+#: tags of a sequence's structure (items and delimiters): never valid as an element of a dataset
+_STRUCTURAL_GROUP = 0xFFFE
+#: numeric values longer than this (bytes) are not searched for name parts (chance matches in long arrays)
+_NUMERIC_SEARCH_MAX = 4096
 TEXT_VRS = frozenset({"AE", "CS", "LO", "LT", "PN", "SH", "ST", "UC", "UT", "UR"})
 _DA_RE = re.compile(r"^\d{4}(\d{2}(\d{2})?)?$")
 _DT_RE = re.compile(r"^(\d{4})(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\.\d{1,6})?([+-]\d{4})?$")
@@ -76,10 +95,11 @@ _SCRUB_TRIGGER = re.compile(
     r"health|imaging|radiology|@|www|http)\b|@", re.IGNORECASE)
 #: InstitutionName, InstitutionAddress, InstitutionalDepartmentName: whole values are verified absent
 INSTITUTION_TAGS = frozenset({0x00080080, 0x00080081, 0x00081040})
-#: device elements kept by the profile (Manufacturer, ManufacturerModelName, SoftwareVersions); test data
-#: often repeats them in identifying attributes (InstitutionName, StationName), so their text is not
-#: searched for those values
-DEVICE_TAGS = (0x00080070, 0x00081090, 0x00181020)
+#: Manufacturer: kept by the profile and searched like every kept value; only an institution value that is
+#: the vendor's name (the whole Manufacturer value or its leading words: test data often sets InstitutionName
+#: "TOSHIBA" beside Manufacturer "TOSHIBA_MEC") is not looked for inside it. ManufacturerModelName and
+#: SoftwareVersions get no exemption at all.
+MANUFACTURER_TAG = 0x00080070
 _SPECIFIC_CHARSET = 0x00080005
 
 
@@ -242,7 +262,17 @@ class _Walker:
             if group & 1:  # private (odd group)
                 self._private(ds, tag, elem, depth)
                 continue
+            if group == _STRUCTURAL_GROUP:
+                # an item or delimiter where an element belongs: a sequence length that does not match its items
+                # (e.g. a length field of 0) leaves the items' bytes here, unparsed and unvetted: fail closed
+                raise DeidentificationError(
+                    "malformed_structure", "a sequence item or delimiter stands where a data element belongs "
+                    "(a sequence's length does not match its items)")
             if tag & 0xFFFF == 0 or (group & 0xFF00) in removed_groups:
+                self._remove(ds, tag, elem)
+                continue
+            if dictionary_VR_or_none(tag) in (None, "NONE"):
+                # a public tag the data dictionary does not know: what it holds cannot be vetted (fail closed)
                 self._remove(ds, tag, elem)
                 continue
             vr = elem.VR or dictionary_VR_or_none(tag)
@@ -259,10 +289,12 @@ class _Walker:
             if action is None:
                 action = self.p.action_for(tag)
             if action is None:
-                action = self._unlisted(vr)
+                action = self._unlisted(vr, tag)
             self._apply(ds, tag, vr, action, depth)
 
-    def _unlisted(self, vr: str) -> str:
+    def _unlisted(self, vr: str, tag: int = 0) -> str:
+        if vr in BINARY_VRS and int(tag) not in KEPT_BINARY_TAGS:
+            return "X"  # opaque bytes the verifier cannot read as text: anything could be written in them
         if vr == "PN":
             return self.p.unlisted_pn_action
         if vr == "UI":
@@ -447,6 +479,9 @@ class _Walker:
             return
         cleaned = []
         for v in values:
+            if len(v) > MAX_DICOM_TEXT_CHARS:  # never run the scrubber's patterns on megabytes of header text
+                raise DeidentificationError("value_too_long", f"a text value to clean has {len(v)} characters, "
+                                            f"more than the limit of {MAX_DICOM_TEXT_CHARS}")
             if self._needs_scrub(v):
                 v, _ = deidentify_text(v, known_phi=self.scrub_known, date_shift_days=self.shift)
             cleaned.append(v)
@@ -631,31 +666,42 @@ def _collect_text_bytes(ds: Dataset, parts: list[bytes]) -> None:
                 parts.append(bytes(v))
             elif v is not None:
                 parts.append(str(v).encode("utf-8", "ignore"))
+        elif (vr in NUMERIC_VRS or vr in BINARY_VRS) and int(tag) not in KEPT_BINARY_TAGS:
+            v = elem.value  # a kept numeric or binary value: its bytes could spell a name
+            if isinstance(v, (bytes, bytearray)) and len(v) <= _NUMERIC_SEARCH_MAX:
+                parts.append(bytes(v))
+
+
+def _vendor_names(manufacturer: bytes) -> set[bytes]:
+    """The Manufacturer value and its leading words (``TOSHIBA_MEC`` -> ``toshiba_mec``, ``toshiba``), lowercase."""
+    words = re.split(rb"[\s_,.-]+", manufacturer.strip(b" \x00").lower())
+    return {b" ".join(words[:n]) for n in range(1, len(words) + 1) if words[0]} | {manufacturer.strip(b" \x00").lower()}
 
 
 def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str],
-                  device_values: tuple[bytes, ...] = (), text: bytes | None = None) -> list[str]:
+                  manufacturer: bytes = b"", text: bytes | None = None) -> list[str]:
     """Identifying values of the input found in the output header bytes (their kinds only).
 
     Name parts match as whole words, case-insensitively, in the text values (``text``; default: the whole
     header); IDs, UIDs and other values as byte strings anywhere in the header, in the file's character
-    set and in UTF-8. Institution names are not looked for inside the kept device
-    values (``device_values``: Manufacturer and model), which test data often set to the same text.
+    set and in UTF-8. Every kept value is searched, the device values (Manufacturer, ManufacturerModelName,
+    SoftwareVersions) included; only an institution value that is the vendor's name (``manufacturer``, the
+    kept Manufacturer value, or its leading words) is not looked for inside the Manufacturer value.
+
+    Returns
+    -------
+    list of str
+        the kinds (``name``, ``uid``, ``value``, ``institution``) of the values found, one per value.
     """
     found = []
     names_in = text if text is not None else header
-    without_device = header
-    names_without_device = names_in
-    for d in device_values:
-        if d:
-            without_device = without_device.replace(d, b"")
-            names_without_device = names_without_device.replace(d, b"")
-    lowered = names_without_device.lower()
+    vendor = _vendor_names(manufacturer) if manufacturer.strip(b" \x00") else set()
+    without_vendor = header.replace(manufacturer, b"") if vendor else header
+    lowered = names_in.lower()
     for kind, value in phi:
-        if kind != "uid":
-            hay = without_device
-        else:
-            hay = header
+        hay = header
+        if kind == "institution" and vendor and value.strip().lower().encode("utf-8", "ignore") in vendor:
+            hay = without_vendor
         forms = set()
         for enc in [*encodings, "utf-8"]:
             try:
@@ -665,7 +711,7 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
         for b in forms:
             if kind == "name":  # person-name parts: whole words, in text values only
                 if b.lower() in lowered and re.search(rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])",
-                                                      names_without_device, re.IGNORECASE):
+                                                      names_in, re.IGNORECASE):
                     found.append(kind)
                     break
             elif kind == "uid":
@@ -712,8 +758,10 @@ def deidentify_dataset(
     ------
     DeidentificationError
         reason codes: ``missing_patient_id``, ``missing_uid``, ``truncated_file``, ``burned_in_annotation_risk``,
-        ``pixel_cleaning_failed``, ``unparseable_date``, ``verification_failed``,
-        ``deidentification_error`` (anything unexpected while walking or writing the file).
+        ``pixel_cleaning_failed``, ``unparseable_date``, ``verification_failed``, ``malformed_structure`` (a
+        sequence item or delimiter at dataset level), ``value_too_long`` (a text value to clean longer than
+        :data:`etl.limits.MAX_DICOM_TEXT_CHARS`), ``deidentification_error`` (anything unexpected while walking or
+        writing the file).
     """
     policy = policy or build_policy()
     cut = last_element_cut(ds)
@@ -771,9 +819,10 @@ def deidentify_dataset(
         raise
     except Exception as err:  # noqa: BLE001  any failure while de-identifying quarantines the file
         raise DeidentificationError("deidentification_error", f"{type(err).__name__} while de-identifying") from None
-    device = tuple(bytes(ds.get_item(t).value or b"") if isinstance(ds.get_item(t).value, (bytes, bytearray))
-                   else str(ds[t].value).encode("utf-8", "ignore") for t in DEVICE_TAGS if t in ds)
-    hits = verify_output(_output_header(payload, ds), walker.phi, encodings, device,
+    maker = ds.get_item(MANUFACTURER_TAG) if MANUFACTURER_TAG in ds else None
+    manufacturer = (b"" if maker is None else bytes(maker.value or b"") if isinstance(maker.value, (bytes, bytearray))
+                    else str(ds[MANUFACTURER_TAG].value).encode("utf-8", "ignore"))
+    hits = verify_output(_output_header(payload, ds), walker.phi, encodings, manufacturer,
                          _text_bytes(ds) + b"\x00" + _text_bytes(ds.file_meta))
     if hits:
         raise DeidentificationError(

@@ -83,13 +83,15 @@ SEEN_SCHEMA = pa.schema(
 
 
 def source_storage(cfg: PipelineConfig, inst: Institution, root: Storage) -> Storage:
-    """Storage for an institution's source: relative ``source_uri`` lies under ``<root>/sources``'s parent root."""
+    """Storage for an institution's source: a relative ``source_uri`` (a trusted config value, which may climb
+    out of the root with ``..``, e.g. to ``../../../shared/data/dicom``) is resolved from the storage root."""
     uri = inst.source_uri
     if "://" in uri or uri.startswith("/"):
         return Storage.open(uri, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region)
     if root.is_local:
-        return Storage.open(root.path(uri))
-    return Storage(fs=root.fs, root=root.path(uri), uri=root.full_uri(uri))
+        return Storage.open(uri, base_dir=root.root)
+    base = posixpath.normpath(f"{root.root}/{uri}")
+    return Storage(fs=root.fs, root=base, uri=f"s3://{base}")
 
 
 def report_glob(inst: Institution) -> str:

@@ -107,9 +107,10 @@ def _clean_value(value: object, key: str, where: str) -> str | None:
 
 
 def _record(raw: Mapping[str, object], where: str) -> dict[str, str | None]:
-    unknown = sorted(k for k in raw if k not in RECORD_FIELDS)
-    if unknown:
-        raise ReportSourceError("malformed_report_record", f"{where}: unknown field(s) {unknown}")
+    unknown = sum(1 for k in raw if k not in RECORD_FIELDS)
+    if unknown:  # a field name is sender text (it may carry PHI): counted, never quoted
+        raise ReportSourceError("malformed_report_record", f"{where}: {unknown} unknown field(s) "
+                                f"(known fields: {', '.join(RECORD_FIELDS)})")
     rec = {k: _clean_value(raw.get(k), k, where) for k in RECORD_FIELDS}
     for k in REQUIRED_FIELDS:
         if rec[k] is None:
@@ -141,7 +142,21 @@ def _openi_text(row: dict[str, str]) -> str:
     return "\n".join(parts)
 
 
+def _looks_like_a_row(line: str, width: int) -> bool:
+    """Whether one physical line, read alone, is a complete CSV row of ``width`` fields with a first value."""
+    try:
+        rows = list(csv.reader(io.StringIO(line, newline="")))
+    except csv.Error:
+        return False
+    return len(rows) == 1 and len(rows[0]) == width and bool(rows[0][0].strip())
+
+
 def _iter_csv(text: str, source_name: str) -> Iterator[dict | ReportSourceError]:
+    """CSV records. A quoted field may span lines (report text has line breaks), but a record whose quoted
+    field swallowed a line that reads as a complete row of its own is an unbalanced quote merging rows: it is
+    one ``malformed_report_record`` error naming the lines (so the merged rows are withheld, never published
+    as one text), and reading goes on after it."""
+    lines = io.StringIO(text, newline="").readlines()
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(reader)
@@ -172,6 +187,13 @@ def _iter_csv(text: str, source_name: str) -> Iterator[dict | ReportSourceError]
         if not row or all(not c.strip() for c in row):
             continue
         where = f"{source_name} line {start_line}"
+        end_line = reader.line_num
+        if end_line > start_line and any(_looks_like_a_row(lines[n - 1], len(header))
+                                         for n in range(start_line + 1, min(end_line, len(lines)) + 1)):
+            yield ReportSourceError(
+                "malformed_report_record", f"{source_name} lines {start_line}-{end_line}: a quoted field runs over "
+                "a line that reads as a row of its own (unbalanced quote): the rows are withheld")
+            continue
         if len(row) != len(header):
             yield ReportSourceError(
                 "malformed_report_record", f"{where}: {len(row)} fields, header has {len(header)}"

@@ -187,3 +187,85 @@ def test_build_dag_runs_one_at_a_time(airflow_home):
     from dags.medreco_build import build_dag
 
     assert build_dag.max_active_runs == 1
+
+
+# ---- issue 19 item 6: the DAG takes the same lock; a dead holder on this host is taken over at once ----------
+
+DAG_HOLD = textwrap.dedent("""
+    import sys
+    from etl.build.lock import acquire_for_run
+    from etl.storage import Storage
+    print(acquire_for_run(Storage.open(sys.argv[1]), sys.argv[2]))
+""")
+
+
+def test_lock_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):
+    root = tmp_path / "root"
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(root)], cwd=PROJECT_ROOT, env=env,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    st = Storage.open(str(root))
+    with pytest.raises(BuildLockHeldError):  # alive: refused
+        BuildLock(st, owner="run-B").acquire()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    record = json.loads(st.read_text(BUILD_LOCK))
+    assert record["pid"] == holder.pid and record["kind"] == "process"  # the killed holder's lock, unexpired
+    t0 = time.monotonic()
+    with BuildLock(st, owner="run-B"):
+        assert json.loads(st.read_text(BUILD_LOCK))["owner"] == "run-B"
+    assert time.monotonic() - t0 < 5  # at once, not after the 600 s expiry
+
+
+def test_dag_run_lock_refuses_a_second_run_and_is_released_by_its_own_run_only(tmp_path):
+    from etl.build.lock import acquire_for_run, release_for_run
+
+    root = tmp_path / "root"
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    # the first task of run A ran in a process that has exited since: the lock is the run's, not the process's
+    out = subprocess.run([sys.executable, "-c", DAG_HOLD, str(root), "scheduled__A"], cwd=PROJECT_ROOT, env=env,
+                         capture_output=True, text=True, check=True)
+    assert "'adopted': False" in out.stdout
+    st = Storage.open(str(root))
+    with pytest.raises(BuildLockHeldError, match="DAG run scheduled__A"):
+        acquire_for_run(st, "manual__B")
+    assert acquire_for_run(st, "scheduled__A") == {"owner": "DAG run scheduled__A", "adopted": False}  # a retry
+    assert release_for_run(st, "manual__B") is False and st.is_file(BUILD_LOCK)
+    assert release_for_run(st, "scheduled__A") is True and not st.is_file(BUILD_LOCK)
+    assert acquire_for_run(st, "manual__B")["adopted"] is False
+    assert release_for_run(st, "manual__B")
+
+
+def test_dag_run_adopts_the_lock_of_medreco_run(tmp_path):
+    from etl.build.lock import acquire_for_run, release_for_run
+
+    st = Storage.open(str(tmp_path / "root"))
+    with BuildLock(st, owner="medreco build of x.yaml") as cli_lock:
+        assert acquire_for_run(st, "manual__X", adopt_token=cli_lock.token)["adopted"] is True
+        with pytest.raises(BuildLockHeldError):  # any other token is refused
+            acquire_for_run(st, "manual__Y", adopt_token="not-the-token")
+        assert release_for_run(st, "manual__X") is False  # the CLI releases its own lock
+        assert json.loads(st.read_text(BUILD_LOCK))["token"] == cli_lock.token
+    assert not st.is_file(BUILD_LOCK)
+
+
+def test_concurrent_dag_run_on_one_root_is_refused_at_its_first_task(tmp_path, airflow_home):
+    """Two build DAG runs on one root (a scheduler's run holds the lock, an ``airflow dags test`` starts): the
+    second fails at ``build_lock``, does no work, and leaves the first run's lock in place."""
+    from dags.medreco_build import build_dag
+    from etl.build.lock import dag_run_token
+
+    root = tmp_path / "root"
+    (root / "sources").mkdir(parents=True)
+    cfg = config_for(root)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    subprocess.run([sys.executable, "-c", DAG_HOLD, str(root), "scheduled__first"], cwd=PROJECT_ROOT, env=env,
+                   check=True, capture_output=True)
+    dagrun = build_dag.test(run_conf={"config": str(cfg)})
+    states = {ti.task_id: str(ti.state) for ti in dagrun.get_task_instances()}
+    assert str(dagrun.state).endswith("failed")
+    assert states["build_lock"].endswith("failed") and states["release_lock"].endswith("success")
+    assert all(s.endswith("upstream_failed") for t, s in states.items() if t not in ("build_lock", "release_lock"))
+    assert not (root / "curated").exists()
+    assert json.loads((root / BUILD_LOCK).read_text())["token"] == dag_run_token("scheduled__first")

@@ -28,12 +28,19 @@ def test_no_import_errors(dagbag):
 def test_build_dag_wiring(dagbag):
     dag = dagbag.get_dag("medreco_build")
     assert dag.max_active_runs == 1
-    assert set(dag.task_ids) == {"institutions", "discover", "plan", "deidentify", "normalise", "reports",
-                                 "entities", "assemble", "retrieval", "ledger", "quality", "snapshot"}
+    assert set(dag.task_ids) == {"build_lock", "institutions", "discover", "plan", "deidentify", "normalise", "reports",
+                                 "entities", "assemble", "retrieval", "ledger", "quality", "snapshot", "release_lock"}
     up = {t: set(dag.get_task(t).upstream_task_ids) for t in dag.task_ids}
     assert up["deidentify"] == {"plan"} and up["normalise"] == {"deidentify", "plan"}
     assert up["reports"] == {"deidentify"} and up["snapshot"] == {"quality"}
     assert up["retrieval"] == {"assemble"} and up["quality"] == {"retrieval", "ledger"}
+    # the build lock: taken first (every other task is downstream of it), given back last whatever happened
+    assert up["build_lock"] == set() and up["institutions"] == {"build_lock"}
+    assert dag.get_task("build_lock").retries == 0
+    release = dag.get_task("release_lock")
+    assert release.trigger_rule == "all_done" and release.is_teardown and dag.get_task("build_lock").is_setup
+    assert up["release_lock"] == set(dag.task_ids) - {"release_lock"}
+    assert dag.get_task("snapshot").downstream_task_ids == {"release_lock"}
     from dags.assets import SNAPSHOT_ASSET
 
     assert [o.uri for o in dag.get_task("snapshot").outlets] == [SNAPSHOT_ASSET.uri]

@@ -70,17 +70,24 @@ def served(demo_build, tmp_path_factory):
     cfg_path.write_text(yaml.safe_dump(cfg))
     storage = Storage.open(str(root))
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(storage), host="127.0.0.1", port=port, log_level="warning"))
+    from quality.review_auth import RequestGuard, TokenAuth, allowed_hosts_from_env
+
+    app = create_app(storage, authenticate=TokenAuth(REVIEW_TOKEN), guard=RequestGuard(allowed_hosts_from_env()))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.started, "uvicorn did not start"
-    yield {"url": f"http://127.0.0.1:{port}", "storage": storage, "config": cfg_path,
+    # the browser logs in with HTTP Basic (curator name, review token) given in the URL once; it then sends them
+    yield {"url": f"http://curator:{REVIEW_TOKEN}@127.0.0.1:{port}", "storage": storage, "config": cfg_path,
            "run_id": demo_build["first"]["run_id"], "second_run_id": demo_build["second"]["run_id"]}
     server.should_exit = True
     thread.join(timeout=10)
+
+
+REVIEW_TOKEN = "browser-test-review-token-0123456789"
 
 
 def _console_errors(driver) -> list[str]:
