@@ -28,7 +28,6 @@ import hashlib
 import io
 import json
 import logging
-import re
 import warnings
 from collections import Counter
 
@@ -41,10 +40,9 @@ from etl.build.context import EVENT_SCHEMA, BuildContext
 from etl.build.ingest import check_delivery
 from etl.build.ledger import finalise
 from etl.build.publish_stage import publish_stage
-from etl.deid.dicom import DeidentificationError, DeidResult, deidentify_dataset
+from etl.deid.instance import DeidOutcome, deidentify_file
 from etl.deid.policy import build_policy
 from etl.limits import (
-    FILE_TIME_LIMIT_S,
     MAX_REPORT_CHARS,
     REPORT_TIME_LIMIT_S,
     RecordLimitError,
@@ -70,7 +68,7 @@ from schemas import studies as studies_schema
 from schemas import study_labels as study_labels_schema
 from schemas.base import table_from_rows
 from schemas.config import CONFIG_DIR
-from schemas.ontology import infer_body_part, modality_family
+from schemas.ontology import modality_family
 from schemas.tables import metadata_columns
 
 __all__ = [
@@ -229,81 +227,6 @@ def _record(ctx: BuildContext, stage: str, shard: int, digest: str, result: dict
 
 # ---- de-identification ---------------------------------------------------------------------------
 
-def _study_datetime(ds: pydicom.Dataset) -> dt.datetime | None:
-    date = str(ds.get("StudyDate", "") or "").strip()
-    if len(date) != 8:
-        return None
-    time = str(ds.get("StudyTime", "") or "").strip().split(".")[0].ljust(6, "0")[:6]
-    try:
-        return dt.datetime.strptime(date + (time if time.isdigit() else "000000"), "%Y%m%d%H%M%S")
-    except ValueError:
-        return dt.datetime.strptime(date, "%Y%m%d")
-
-
-_IS_INTEGER = re.compile(r"[+-]?\d{1,12}")
-#: a Code String (PS3.5 6.2, VR CS): upper-case letters, digits, space and underscore, at most 16 characters
-_CODE_STRING = re.compile(r"[A-Z0-9_ ]{1,16}")
-
-
-def _deidentify_file(ctx: BuildContext, row: dict, institution: str, issuer: str | None,
-                     policy) -> tuple[DeidResult, bytes, str | None]:
-    """Read one source file and de-identify it: ``(result, verified bytes, body part)``.
-
-    Raises
-    ------
-    DeidentificationError
-        the reason-coded failures of :func:`etl.deid.dicom.deidentify_dataset`.
-    Exception
-        whatever reading the file raises (the caller quarantines it as ``unreadable_dicom``).
-    """
-    data = read_uri(row["source_uri"], endpoint_url=ctx.cfg.storage.s3_endpoint_url)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ds = pydicom.dcmread(io.BytesIO(data), force=True)
-        body_part = infer_body_part(  # from the source descriptors, before they are cleaned
-            str(ds.get("BodyPartExamined", "") or ""),
-            [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")],
-        )
-        result = deidentify_dataset(ds, ctx.key, institution, policy, pixel_cleaning=ctx.cfg.deid.pixel_cleaning,
-                                    default_issuer=issuer)
-    return result, result.to_bytes(), body_part
-
-
-def _instance_row(result: DeidResult, inst, body_part: str | None, path: str, shard: int) -> dict:
-    """The ``instances`` row of a de-identified file.
-
-    Raises
-    ------
-    DeidentificationError
-        ``invalid_value`` when a value the row needs cannot be read (Modality not a code string, InstanceNumber
-        not an integer string, StudyDate/StudyTime not a date and time); the message names the attribute, never
-        its value.
-    """
-    out = result.dataset
-    modality = str(out.get("Modality", "") or "OT").strip() or "OT"
-    if not _CODE_STRING.fullmatch(modality):  # e.g. "/../../sources/x": never a table value, nor a folder name
-        raise DeidentificationError("invalid_value", "Modality is not a code string (CS)")
-    number = str(out.get("InstanceNumber", "") or "").strip()
-    if number and not _IS_INTEGER.fullmatch(number):
-        raise DeidentificationError("invalid_value", "InstanceNumber is not an integer string (IS)")
-    try:
-        study_datetime = _study_datetime(out)
-    except ValueError:
-        raise DeidentificationError("invalid_value", "StudyDate/StudyTime is not a valid date and time") from None
-    return {
-        "sop_key": result.sop_key, "series_key": result.series_key, "study_key": result.study_key,
-        "patient_key": result.patient_key, "accession_key": result.accession_key,
-        "institution": inst.id, "country": inst.country, "modality": modality, "body_part": body_part,
-        "family": modality_family(modality, body_part),
-        "view_position": str(out.get("ViewPosition", "") or "").strip().upper() or None,
-        "study_datetime": study_datetime,
-        "instance_number": int(number) if number else None,
-        "manufacturer": str(out.get("Manufacturer", "") or "") or None,
-        "model": str(out.get("ManufacturerModelName", "") or "") or None,
-        "transfer_syntax": str(out.file_meta.TransferSyntaxUID), "dicom_path": path, "shard": shard,
-    }
-
-
 def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     """De-identify every pending DICOM file of one shard.
 
@@ -328,21 +251,20 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     for row in p.sort("source_uri").iter_rows(named=True):
         inst = ctx.cfg.institution(row["institution"])
         event = {"source_uri": row["source_uri"], "sha256": row["sha256"], "stage": "deidentify"}
-        try:  # every failure of one file is that file's quarantine record, never a failed task
-            with time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout", "file's de-identification"):
-                result, payload, body_part = _deidentify_file(ctx, row, inst.id, inst.patient_id_issuer, policy)
-            path = f"{ctx.dicom_dir(shard)}/{result.sop_key}.dcm"
-            instance = _instance_row(result, inst, body_part, path, shard)
-        except (DeidentificationError, RecordLimitError) as err:
-            events.append({**event, "status": "quarantined", "reason": err.reason, "detail": str(err)})
-            audit[f"quarantined:{err.reason}"] += 1
+        try:
+            data = read_uri(row["source_uri"], endpoint_url=ctx.cfg.storage.s3_endpoint_url)
+        except Exception as err:  # noqa: BLE001  an unreadable source file is quarantined, never a failed task
+            data, outcome = b"", DeidOutcome(reason="unreadable_dicom", detail=f"{type(err).__name__} while reading")
+        else:
+            outcome = deidentify_file(data, ctx.key, inst, policy, ctx.dicom_dir(shard), shard,
+                                      pixel_cleaning=ctx.cfg.deid.pixel_cleaning)
+        if not outcome.ingested:
+            events.append({**event, "status": "quarantined", "reason": outcome.reason, "detail": outcome.detail})
+            audit[f"quarantined:{outcome.reason}"] += 1
             continue
-        except Exception as err:  # noqa: BLE001  a file pydicom cannot fully parse or write: fail closed
-            # the exception's text may quote a header value: only its type is recorded, nothing is logged
-            events.append({**event, "status": "quarantined", "reason": "unreadable_dicom",
-                           "detail": f"{type(err).__name__} while de-identifying"})
-            audit["quarantined:unreadable_dicom"] += 1
-            continue
+        assert outcome.result is not None and outcome.payload is not None and outcome.instance is not None
+        result, payload, instance = outcome.result, outcome.payload, outcome.instance
+        path = instance["dicom_path"]
         if result.sop_key in written:
             events.append({**event, "status": "quarantined", "reason": "duplicate_sop_instance_uid",
                            "detail": "another file of this run has the same SOPInstanceUID"})

@@ -299,7 +299,7 @@ def _real_studies(folders: list[Path]) -> pl.DataFrame:
     """One row per real study, built from the headers the way the build does (etl.build.stages)."""
     import pydicom
 
-    from etl.build.stages import _study_datetime
+    from etl.deid.instance import study_datetime as _study_datetime
     from schemas.ontology import infer_body_part, modality_family
 
     rows = {}
