@@ -4,6 +4,7 @@ FastAPI review app into the next run's ledger."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
 import json
@@ -196,10 +197,16 @@ def test_review_app_records_a_decision_the_next_run_honours(failed_stage):
     from fastapi.testclient import TestClient
 
     from quality.review_app import create_app
+    from quality.review_auth import RequestGuard, TokenAuth, allowed_hosts_from_env
 
     ctx, _ = failed_stage
     st: Storage = ctx.storage
-    client = TestClient(create_app(st))
+    token = "review-token-for-tests-0123456789"
+    login = "Basic " + base64.b64encode(f"carol:{token}".encode()).decode()
+    app = create_app(st, authenticate=TokenAuth(token), guard=RequestGuard(allowed_hosts_from_env()))
+    # a logged-in curator on the served app's own origin (login, Host and Origin checks: tests/quality/test_review_security.py)
+    client = TestClient(app, base_url="http://127.0.0.1:8765",
+                        headers={"authorization": login, "origin": "http://127.0.0.1:8765"})
     items = client.get("/api/quarantine").json()
     assert [i["decision"] for i in items] == ["pending"]
     oid = items[0]["id"]
@@ -273,7 +280,9 @@ def test_airflow_plugin_registers_the_review_app(failed_stage, tmp_path, monkeyp
     assert issubclass(plugin, AirflowPlugin)
     (app,) = plugin.fastapi_apps
     assert app["url_prefix"] == "/medreco" and plugin.external_views[0]["href"] == "medreco/review"
-    client = TestClient(app["app"])  # the storage root is opened per request, from $MEDRECO_CONFIG
-    page = client.get("/review")
-    assert page.status_code == 200 and "quarantine review" in page.text
-    assert client.get("/dashboard/quarantine.html").status_code == 200
+    client = TestClient(app["app"], base_url="http://localhost:8080")
+    # behind Airflow's login: without an Airflow token every route is refused (the logged-in flow, with the
+    # Airflow user as the curator, is tested in tests/quality/test_review_security.py)
+    for path in ("/review", "/dashboard/quarantine.html"):
+        r = client.get(path)
+        assert r.status_code == 401 and "quarantine review" not in r.text
