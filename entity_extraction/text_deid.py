@@ -143,7 +143,7 @@ def _load(path: str | None = None, language: str = "en") -> _Patterns:
         contextual = (
             (re.compile(title), re.compile(rf"(?P<title>{title})(?![\w])[ \t]*{run}")),
             (re.compile(rf"(?i:{label})"), re.compile(rf"(?i:{label})[ \t]*{run}")),
-            (re.compile(degree), re.compile(rf"{run}(?:{degree})")),
+            (re.compile(degree), re.compile(rf"(?<![\w'’-]){run}(?:{degree})")),  # a name starts a word
         )
     except re.error as exc:
         raise PhiPatternsError(f"phi patterns file is malformed: {exc!r}") from exc

@@ -102,9 +102,6 @@ def test_long_ordinary_report_is_deidentified_in_time(key):
     assert row is not None and "Smith" not in row["text"]
 
 
-@pytest.mark.xfail(strict=True, reason="the 'email' pattern of entity_extraction/phi_patterns.json "
-                   "([A-Za-z0-9._%+-]+@...) backtracks quadratically on a long run of letters; fixed on the report "
-                   "scrubber's branch (issue 18): this test flips to passing when it lands")
 def test_letters_just_under_the_report_cap_are_deidentified_in_time(key):
     from etl.build.stages import _report_row
 

@@ -246,3 +246,20 @@ def test_street_address_with_city_state_zip_is_one_address(text, expected, count
 def test_state_codes_and_clinical_abbreviations_alone_are_kept(text):
     """A two-letter state code (LA, PA, MA, AP...) is part of an address only after a street address."""
     assert deid(text, known=[]) == (text, {})
+
+
+@pytest.mark.parametrize("text", ["a" * 40_000, "A" * 40_000, " " * 40_000 + "x", "\t" * 40_000, ", " * 20_000,
+                                  "a@" * 20_000, "a." * 20_000, "1" * 40_000, "Ab" * 20_000, "Dr " * 13_000],
+                         ids=["lower", "caps", "spaces", "tabs", "commas", "at", "dots", "digits", "Ab", "titles"])
+def test_adversarial_text_is_scrubbed_in_linear_time(text):
+    """Every pattern runs in linear time: 40,000 characters that once made a pattern backtrack quadratically (the
+    e-mail local part, whitespace before a degree, a name run before a degree took 10-30 s) finish far inside a
+    generous bound (issue 19, item 4)."""
+    import time
+
+    from entity_extraction.text_deid import deidentify_text
+
+    deidentify_text("warm up", known_phi=[], date_shift_days=0)
+    t0 = time.monotonic()
+    deidentify_text(text, known_phi=["SMITH^JOHN"], date_shift_days=5)
+    assert time.monotonic() - t0 < 3.0
