@@ -263,3 +263,11 @@ def test_adversarial_text_is_scrubbed_in_linear_time(text):
     t0 = time.monotonic()
     deidentify_text(text, known_phi=["SMITH^JOHN"], date_shift_days=5)
     assert time.monotonic() - t0 < 3.0
+
+
+def test_signature_with_an_initial_is_redacted():
+    """ "Signed: J. Smith" (issue 19, item 7): the initial and the surname go, the label and degree stay."""
+    from entity_extraction.text_deid import deidentify_text
+
+    assert deidentify_text("Signed: J. Smith", known_phi=[], date_shift_days=0) == ("Signed: [NAME]", {"NAME": 1})
+    assert deidentify_text("Signed: J. Smith, MD", known_phi=[], date_shift_days=0)[0] == "Signed: [NAME], MD"
