@@ -746,7 +746,8 @@ _AFTER_NAME_VERBS = frozenset({"aware", "ordered", "notified", "paged", "called"
 #: verbs whose object is a place without a preposition ("NEED TO LEAVE GH"); only upper-case acronyms follow
 _DIRECT_PLACE_VERBS = frozenset({"leave", "leaving", "reach", "reached", "enter", "entered", "entering"})
 #: a ward or floor number after a building name: one digit, maybe a letter, no dose or decimal ("QUARTERMAIN 6;")
-_WARD = re.compile(r"[ \t]?\d[A-Za-z]?(?![\w,/%]|\.\d)")
+_WARD = re.compile(r"[ \t]?\d[A-Za-z]?(?![\w,/%]|\.\d|[ \t]*(?:mg|mcg|ml|cc|units?|u|g|meq|mmol|mm|cm|kg|mcq|l)\b)",
+                   re.IGNORECASE)
 
 
 def _titled(word: str) -> bool:
