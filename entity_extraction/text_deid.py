@@ -113,7 +113,7 @@ def _load(path: str | None = None, language: str = "en") -> _Patterns:
     regex["date_my"] = re.compile(rf"\b({month_alt})(\.?)(,?[ -]+|\s+of\s+)(\d{{4}})\b", re.IGNORECASE)
     # day and month without a year ("7/22", "10/15-10/16"); not after ventilator settings ("CPAP 10/5")
     regex["date_md"] = re.compile(
-        r"(?<![\d/.:,_])(?<!(?<![\d/])\d-)(?<!(?<![\d/])\d\d-)(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])"
+        r"(?<![\d/:,_])(?<!(?<![^\W\d_])\.)(?<!(?<![\d/])\d-)(?<!(?<![\d/])\d\d-)(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])"
         r"(?![\d/]|\.\d|[ \t]*(?:mg|mcg|ml|cc|%|l\b|ns\b|strength))", re.IGNORECASE)
     # month and two-digit year ("4/97", "12/93"): the second number cannot be a day
     regex["date_myy"] = re.compile(r"(?<![\d/.:,_-])(1[0-2]|0?[1-9])/(3[2-9]|[4-9]\d)(?![\d/]|\.\d)")

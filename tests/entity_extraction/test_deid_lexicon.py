@@ -44,6 +44,20 @@ def deid(text, shift=None):
         ("TRANSFER TO QUARTERMAIN 2 TODAY.", "TRANSFER TO [LOCATION] 2 TODAY."),
         ("PT TRANSFERRED TO GH FOR CATH.", "PT TRANSFERRED TO [LOCATION] FOR CATH."),
         ("went to Harbor Hosp with abd pain", "went to [LOCATION] Hosp with abd pain"),
+        # institution names of common words, name words beside a suffix, University/U of, bounded runs
+        ("Pt went to HOLY CROSS WITH fever, later to the Mater.", "Pt went to [LOCATION] WITH fever, later to the [LOCATION]."),
+        ("TAKEN TO MEMORIAL HOSPITAL, THEN AT UNION MEMORIAL.", "TAKEN TO [LOCATION] HOSPITAL, THEN AT [LOCATION]."),
+        ("FROM UNIVERSITY OF MD MEDICAL CENTER, SEEN AT U OF MD.", "FROM [LOCATION] CENTER, SEEN AT [LOCATION]."),
+        ("transferred from sacred heart hosp; lives alone in west qzxville.",
+         "transferred from [LOCATION] hosp; lives alone in [LOCATION]."),
+        # ward numbers after 'on', places learned in the text, coordination, 'leave'
+        ("FOUND ON ZORBANE 6. PLAN: ZORBANE 2.", "FOUND ON [LOCATION] 6. PLAN: [LOCATION] 2."),
+        ("Screened by Baltimore rehab and Kessling. Needs to leave GH today.",
+         "Screened by [LOCATION] rehab and [LOCATION]. Needs to leave [LOCATION] today."),
+        # names: a first name that is a common word after a title, rare surnames after roles, initials, pairs
+        ("spoke with HO KRUGERMANN; per d ross; Dr Will Cole (attending).",
+         "spoke with HO [NAME]; per [NAME]; Dr [NAME] (attending)."),
+        ("J SMITH ORDERED EPI. grace dudak aware.", "[NAME] ORDERED EPI. [NAME] aware."),
         # phones with odd separators and an extension, pager numbers
         ("Call 201/324/1423 or 410 392 0780 x45. Pager #12345.", "Call [PHONE] or [PHONE]. Pager #[PHONE]."),
         # ages over 89 in every form
@@ -76,6 +90,10 @@ def test_dates_without_a_year_are_shifted_in_their_format():
         "Foley draining clear urine. Lasix 20 mg IV given.",
         "Right lower lobe (RLL) opacity. Surgical planning. PA and lateral views.",
         "Immigrant from Bangladesh. Routine medical exam.",
+        "Fazekas 2 white matter changes. Bosniak 2F cyst. Modic 1 endplate changes on T2.",
+        "Started on Esmolol 5 mcg, on nimbex 0.2 mg/kg, voided on commode 250cc.",
+        "Encouraged to go home and rest. Quinton catheter in the RPA. Arising from the SMA.",
+        "Admitted to feeling lightheaded. Found by a good samaritan. Na 135.",
     ],
 )
 def test_clinical_phrases_survive(text):
@@ -152,8 +170,6 @@ def test_physionet_dev_half_reached_figures(shared_data):
 
 
 @pytest.mark.realdata
-@pytest.mark.xfail(reason="issue 18 targets not reached yet: overall strict recall about 0.90, Location about "
-                          "0.73 and HCPName about 0.93", strict=False)
 def test_physionet_dev_half_thresholds(shared_data):
     """The figures issue 18 asks for on the shared half: strict recall >= 0.97 overall and >= 0.95 for every
     type with 20+ instances, non-PHI tokens lost <= 1%."""
