@@ -132,7 +132,8 @@ RACE = textwrap.dedent("""
         pass
     try:
         BuildLock(st, owner=sys.argv[3], heartbeat=False).acquire()
-        print("won")
+        print("won", flush=True)
+        time.sleep(5)  # the winner lives on while the others try: a dead holder's lock is taken over at once
     except BuildLockHeldError:
         print("lost")
 """)
