@@ -143,6 +143,12 @@ def incremental_state(stage: str, shard: int) -> str:
     return f"{LEDGER}/incremental/{component(stage, 'stage')}/shard={int(shard):05d}.json"
 
 
+def publish_hash_cache(table: str) -> str:
+    """sha256 and rows of a table's curated partition files by path, size and mtime (publish reads unchanged
+    partitions from here instead of re-hashing them): ``ledger/incremental/publish/<table>.json``."""
+    return f"{LEDGER}/incremental/publish/{table}.json"
+
+
 def delivery_state(institution: str) -> str:
     """Content hashes of an institution's last checked delivery: ``ledger/deliveries/<institution>.json``."""
     return f"{LEDGER}/deliveries/{component(institution, 'institution id')}.json"

@@ -3,7 +3,8 @@
 Layout under the storage root (a local folder or ``s3://bucket/prefix``)::
 
     snapshots/tables/<table>/            one Delta Lake table per curated table (``deltalake``), shared by releases:
-        part-00000-<sha256>.zstd.parquet   data files, named by the sha256 of their bytes (content addressed)
+        part-<sha256>.zstd.parquet         data files, named by the sha256 of their bytes (content addressed): one per
+                                           curated partition file, its bytes (hard link / server-side copy)
         _delta_log/<version>.json          one Delta commit per table per release that changed it
     snapshots/<version>/                 one folder per release (semantic version ``MAJOR.MINOR.PATCH``)
         manifest.json                      what the release is (below); written last: no manifest, no release
@@ -30,7 +31,13 @@ Reproducibility: the same curated tables, config, code and key, published on a r
 release history at the same release time, give a byte-identical release: the same ``manifest.json``
 (hence ``manifest.sha256``), dataset card, data files and Delta commit files. To that end
 
-- data files: rows sorted by key, written by pyarrow with fixed options, named by their sha256;
+- data files: the curated partition files (one per table and shard; ``images`` also per institution and
+  modality), which the build writes key-sorted with fixed options (same inputs, same bytes), named by their
+  sha256; a release costs what changed: unchanged partitions keep their data file (their sha256 comes from the
+  partition hash cache, ``ledger/incremental/publish/<table>.json``, by path, size and mtime), a changed one is
+  hard-linked (local) or copied server side (S3) into the Delta table and added, a removed one removed; nothing
+  is decoded or re-encoded (except a partition file not in the table's current schema). Rows are in partition
+  order (shard, then institution/modality), key order within each file: sort by the key where order matters;
 - Delta commit files are written here (newline-delimited JSON actions, keys in a fixed order), not by
   ``deltalake``, whose commits hold the clock and a random table id: every Delta timestamp is the release
   time, the table id is a name-based UUID of the table and key fingerprint (:func:`delta_table_id`);

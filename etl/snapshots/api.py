@@ -74,7 +74,7 @@ class Snapshot:
         return table_uri(self.storage, name)
 
     def files(self, name: str) -> list[str]:
-        """Full URIs (local paths or ``s3://...``) of the table's pinned Parquet data files, in key order.
+        """Full URIs (local paths or ``s3://...``) of the table's pinned Parquet data files, in manifest (partition) order.
 
         For engines without Delta support (DuckDB offline: ``read_parquet(snap.files("pairs"))``).
         """
@@ -87,7 +87,7 @@ class Snapshot:
     def table(self, name: str) -> pl.LazyFrame:
         """The table as a polars LazyFrame over the pinned Delta version (time travel).
 
-        Rows come back in key order when not filtered. Raises :class:`SnapshotError` for an unknown table.
+        Rows come in partition order (key order within each data file); sort by the key where order matters. Raises :class:`SnapshotError` for an unknown table.
         """
         return pl.scan_delta(self.table_uri(name), version=self.delta_version(name),
                              storage_options=self.storage_options())

@@ -7,18 +7,21 @@ import hashlib
 import io
 import json
 import math
+import os
 import posixpath
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from etl import zones
-from etl.snapshots.manifest import TABLES_DIR, SnapshotError, code_version, table_uri
+from etl.snapshots.manifest import TABLES_DIR, SnapshotError, code_version, sha256_file, table_uri
 from etl.storage import Storage, delta_storage_options, put_if_absent
 from schemas.base import key_columns
 from schemas.tables import SCHEMAS
@@ -79,11 +82,165 @@ def encode_data_files(table: pa.Table, target_bytes: int = TARGET_FILE_BYTES) ->
 
 
 def curated_table(storage: Storage, table: str) -> pa.Table:
+    """A whole curated table, sorted by key (small tables and tests; :func:`publish` never calls it)."""
     schema = SCHEMAS[table]
     t = storage.read_table(zones.curated_table(table), schema=schema)
     if t.num_rows:
         t = t.sort_by([(k, "ascending") for k in key_columns(schema)])
     return t
+
+
+@dataclass(frozen=True)
+class PartitionFile:
+    """One data file of a release's table: a curated partition file, content-addressed.
+
+    ``partition`` is the curated file's path under ``curated/<table>/`` (``shard=00003/part-0.parquet``,
+    ``institution=x/modality=CT/shard=00003.parquet``), ``name`` the data file's name in the Delta table folder
+    (``part-<sha256>.zstd.parquet``), ``source`` the root-relative file the data file is linked or copied from
+    (the curated file, or a re-encoded scratch file for a partition not in the table's schema), ``data`` the
+    bytes when they were re-encoded in memory (None otherwise).
+    """
+
+    partition: str
+    name: str
+    sha256: str
+    rows: int
+    size: int
+    source: str
+    data: bytes | None = field(default=None, repr=False)
+
+
+def data_file_name(sha256: str) -> str:
+    """The Delta data file name of content with this sha256: ``part-<sha256>.zstd.parquet``."""
+    return f"part-{sha256}.zstd.parquet"
+
+
+#: an entry of the partition hash cache is trusted only for files older than the cache by this much (racy-git rule:
+#: a file rewritten within the clock resolution of the cache's own write could keep its size and mtime)
+RACY_NS = 2_000_000_000
+
+
+def _load_hash_cache(storage: Storage, table: str) -> tuple[dict, int]:
+    rel = zones.publish_hash_cache(table)
+    info = storage.fs.get_file_info(storage.path(rel))
+    if info.type != pafs.FileType.File:
+        return {}, 0
+    try:
+        return json.loads(storage.read_text(rel)).get("files", {}), int(info.mtime_ns or 0)
+    except (ValueError, AttributeError):
+        return {}, 0
+
+
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    """A type with list element fields renamed ``item`` (Parquet stores them as ``element``: same data)."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        f = t.value_field
+        inner = pa.field("item", _plain_type(f.type), f.nullable)
+        return pa.list_(inner) if pa.types.is_list(t) else pa.large_list(inner)
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _plain_type(f.type), f.nullable) for f in t])
+    return t
+
+
+def same_schema(a: pa.Schema, b: pa.Schema) -> bool:
+    """True when two Arrow schemas hold the same columns, types, nullability and metadata (list element field
+    names aside: a Parquet round trip names them ``element``)."""
+    return a.names == b.names and a.metadata == b.metadata and all(
+        fa.nullable == fb.nullable and _plain_type(fa.type).equals(_plain_type(fb.type)) for fa, fb in zip(a, b))
+
+
+def partition_files(storage: Storage, table: str) -> list[PartitionFile]:
+    """The curated partition files of ``table`` as content-addressed data files, in partition path order.
+
+    Nothing is decoded for a partition whose file is unchanged: its sha256 and row count come from the partition
+    hash cache (:func:`etl.zones.publish_hash_cache`, keyed by path, size and mtime; entries written less than
+    :data:`RACY_NS` before the cache are re-checked), else the file is hashed (streamed) and its Parquet footer
+    read (rows, schema). A partition file whose Arrow schema is not the table's (an older curated file) is read,
+    cast, key-sorted and re-encoded in memory (:func:`encode_data_files`, one file). Files with no rows are left
+    out; a table with no rows gets one empty data file (readers need a schema). The updated cache is written back.
+
+    Raises
+    ------
+    SnapshotError
+        when two partitions hold byte-identical content (it would be one data file: a duplicate of rows).
+    """
+    schema = SCHEMAS[table]
+    base = zones.curated_table(table)
+    cache, cache_ns = _load_hash_cache(storage, table)
+    infos = []
+    if storage.exists(base):
+        sel = pafs.FileSelector(storage.path(base), recursive=True, allow_not_found=True)
+        prefix = storage.path(base).rstrip("/") + "/"
+        infos = sorted((i for i in storage.fs.get_file_info(sel) if i.type == pafs.FileType.File
+                        and i.path.endswith(".parquet") and not posixpath.basename(i.path).startswith(".tmp-")),
+                       key=lambda i: i.path)
+    out: list[PartitionFile] = []
+    new_cache: dict[str, dict] = {}
+    for info in infos:
+        part = info.path.removeprefix(prefix)
+        rel = f"{base}/{part}"
+        hit = cache.get(part)
+        stamp = {"size": int(info.size), "mtime_ns": int(info.mtime_ns or 0)}
+        if hit and {k: hit.get(k) for k in stamp} == stamp and stamp["mtime_ns"] + RACY_NS < cache_ns:
+            entry = hit
+        else:
+            with storage.fs.open_input_file(storage.path(rel)) as f:
+                pf = pq.ParquetFile(f)
+                rows, same = pf.metadata.num_rows, same_schema(pf.schema_arrow, schema)
+            entry = {**stamp, "rows": int(rows), "schema_ok": bool(same),
+                     "sha256": sha256_file(storage, rel) if same else None}
+        new_cache[part] = entry
+        if not entry["rows"]:
+            continue
+        if entry["schema_ok"]:
+            out.append(PartitionFile(part, data_file_name(entry["sha256"]), entry["sha256"], entry["rows"],
+                                     entry["size"], rel))
+        else:  # an older curated file: re-encoded once per publish (rare: a schema change rebuilds every shard)
+            t = storage.read_table(rel, schema=schema)
+            t = t.sort_by([(k, "ascending") for k in key_columns(schema)])
+            (df,) = encode_data_files(t, target_bytes=2**62)
+            out.append(PartitionFile(part, data_file_name(df.sha256), df.sha256, df.rows, len(df.data), rel, df.data))
+    if not out:  # no rows at all: one empty file of the table's schema (deterministic bytes)
+        (df,) = encode_data_files(schema.empty_table())
+        out.append(PartitionFile("", data_file_name(df.sha256), df.sha256, 0, len(df.data), "", df.data))
+    dup = [n for n, c in Counter(f.name for f in out).items() if c > 1]
+    if dup:
+        raise SnapshotError(f"{table}: partitions {', '.join(f.partition for f in out if f.name in dup)} of "
+                            f"{storage.full_uri(base)} hold identical content")
+    if new_cache != cache:
+        storage.write_text(zones.publish_hash_cache(table), json.dumps({"files": new_cache}, sort_keys=True))
+    return out
+
+
+def place_data_file(storage: Storage, table: str, f: PartitionFile) -> int:
+    """Make data file ``f`` present in the table's Delta folder; return the bytes written (0 when it was there).
+
+    Content-addressed: a file already present under its name is left alone. Otherwise local disk hard-links the
+    curated file (no bytes written; a copy where the link fails, e.g. across devices), S3 copies it server side
+    (``CopyObject`` through pyarrow's ``copy_file``: no bytes through this process), and re-encoded bytes are
+    written. Returns the bytes of the new file (linked, copied or written).
+    """
+    rel = f"{TABLES_DIR}/{table}/{f.name}"
+    if storage.is_file(rel):
+        return 0
+    if f.data is not None:
+        storage.write_bytes(rel, f.data)
+        return f.size
+    target = storage.path(rel)
+    if storage.is_local:
+        storage.fs.create_dir(posixpath.dirname(target), recursive=True)
+        try:
+            os.link(storage.path(f.source), target)
+        except FileExistsError:
+            pass
+        except OSError:
+            storage.write_bytes(rel, storage.read_bytes(f.source))
+    else:
+        storage.fs.copy_file(storage.path(f.source), target)
+    if sha256_file(storage, rel) != f.sha256:  # the curated file changed since it was hashed: never pin it
+        storage.delete(rel)
+        raise SnapshotError(f"{table}: {storage.full_uri(f.source)} changed during the publish")
+    return f.size
 
 
 def table_data_sha256(files: Sequence[dict]) -> str:
@@ -188,7 +345,7 @@ def _commit_info(operation: str, parameters: dict, epoch_ms: int, release: str, 
     return {"commitInfo": info}
 
 
-def commit_table(storage: Storage, table: str, files: list[DataFile], release: str, epoch_ms: int,
+def commit_table(storage: Storage, table: str, files: Sequence[PartitionFile], release: str, epoch_ms: int,
                   key_fingerprint: str) -> int:
     """Commit ``files`` as the whole content of a table's Delta table; return the new Delta version.
 
@@ -242,7 +399,7 @@ def commit_table(storage: Storage, table: str, files: list[DataFile], release: s
                                        "extendedFileMetadata": True, "partitionValues": {}, "size": size}})
     for name in sorted(set(wanted) - set(current)):
         f = wanted[name]
-        actions.append({"add": {"path": name, "partitionValues": {}, "size": len(f.data), "modificationTime": epoch_ms,
+        actions.append({"add": {"path": name, "partitionValues": {}, "size": f.size, "modificationTime": epoch_ms,
                                 "dataChange": True,
                                 "stats": json.dumps({"numRecords": f.rows}, separators=(",", ":"))}})
     _write_commit(storage, table, before + 1, actions)

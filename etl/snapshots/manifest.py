@@ -20,10 +20,11 @@ from etl import zones
 from etl.storage import Storage
 
 #: manifest format written by this module; ``/3``: release time from ``SOURCE_DATE_EPOCH``, no run ids (they
-#: are in the publish log), Delta commit files written deterministically
-FORMAT = "medreco-snapshot/3"
-#: manifest formats :func:`verify` and the readers accept (``/2`` differs only in what it records)
-READ_FORMATS = ("medreco-snapshot/2", FORMAT)
+#: are in the publish log), Delta commit files written deterministically; ``/4``: one data file per curated
+#: partition file (its bytes, named by their sha256; each entry names its ``partition``), rows in partition order
+FORMAT = "medreco-snapshot/4"
+#: manifest formats :func:`verify` and the readers accept (``/2`` and ``/3`` differ only in what they record)
+READ_FORMATS = ("medreco-snapshot/2", "medreco-snapshot/3", FORMAT)
 TABLES_DIR = zones.TABLES_DIR
 MANIFEST = "manifest.json"
 MANIFEST_SHA = "manifest.sha256"
@@ -236,7 +237,8 @@ def input_ledger_summary(storage: Storage, run_id: str | None) -> dict | None:
 
 
 def release_files(storage: Storage, version: str, table: str) -> list[str]:
-    """Root-relative paths of a table's data files pinned by a release, in key order.
+    """Root-relative paths of a table's data files pinned by a release, in manifest order (partition order since
+    format ``/4``: rows are in key order within each file, not across files).
 
     Raises
     ------
@@ -252,7 +254,8 @@ def release_files(storage: Storage, version: str, table: str) -> list[str]:
 
 
 def read_snapshot_table(storage: Storage, version: str, table: str, columns: list[str] | None = None) -> pa.Table:
-    """One table of a release as a pyarrow Table (the pinned data files, in key order).
+    """One table of a release as a pyarrow Table (the pinned data files in manifest order; sort by the key
+    columns where row order matters).
 
     Raises
     ------

@@ -13,11 +13,12 @@ from typing import Any
 from etl import zones
 from etl.snapshots.card import card_facts, dataset_card
 from etl.snapshots.delta import (
+    PartitionFile,
     commit_table,
-    curated_table,
     delta_files,
     delta_log_path,
-    encode_data_files,
+    partition_files,
+    place_data_file,
     table_data_sha256,
 )
 from etl.snapshots.manifest import (
@@ -44,6 +45,36 @@ from etl.snapshots.verify import verify
 from etl.storage import Storage
 from schemas.base import key_columns, schema_version
 from schemas.tables import SCHEMAS, SNAPSHOT_TABLES
+
+#: the columns the dataset card counts (:func:`etl.snapshots.card.card_facts`); nothing else is read for it
+CARD_COLUMNS = {
+    "studies": ["institution", "modality", "patient_key"], "images": ["institution", "modality"],
+    "reports": ["institution", "link_status"], "pairs": ["modality", "patient_key"], "vqa": ["split"],
+    "splits": ["institution", "split", "patient_key"], "study_labels": ["entity_id", "study_key", "state"],
+    "entity_mentions": ["entity_id"],
+}
+
+
+def _card_tables(storage: Storage, files: dict[str, list[PartitionFile]]) -> dict:
+    """The card's columns of every table, read from the curated partition files (no payload column is read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = {}
+    for t, fs in files.items():
+        cols = [c for c in CARD_COLUMNS.get(t, []) if c in SCHEMAS[t].names]
+        if not cols:  # only the row count matters (empty tables): a null column holds no buffer
+            out[t] = pa.table({"_rows": pa.nulls(sum(f.rows for f in fs))})
+            continue
+        parts = []
+        for f in fs:
+            if not f.rows:
+                continue
+            with storage.fs.open_input_file(storage.path(f.source)) as fh:
+                parts.append(pq.read_table(fh, columns=cols))
+        schema = pa.schema([SCHEMAS[t].field(c) for c in cols])
+        out[t] = pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
+    return out
 
 
 def release_epoch(source_date_epoch: int | str | None = None) -> tuple[int, str]:
@@ -132,13 +163,21 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
     """
     epoch, epoch_origin = release_epoch(source_date_epoch)
     published_at = dt.datetime.now(dt.UTC)
-    data = {t: curated_table(storage, t) for t in SNAPSHOT_TABLES}
-    files = {t: encode_data_files(tbl) for t, tbl in data.items()}
+    versions = list_versions(storage)
+    parent = versions[-1] if versions else None
+    if parent:
+        problems = verify(storage, parent, deep=False)
+        if problems:
+            raise SnapshotError(f"latest snapshot {parent} failed verification, refusing to publish on top of it: "
+                                + "; ".join(problems))
+    # (checked first: on local disk a release's data files are hard links of curated files)
+    files = {t: partition_files(storage, t) for t in SNAPSHOT_TABLES}
     tables: dict[str, dict] = {}
     for t, fs in files.items():
-        entries = [{"path": f.name, "sha256": f.sha256, "rows": f.rows, "bytes": len(f.data)} for f in fs]
+        entries = [{"path": f.name, "sha256": f.sha256, "rows": f.rows, "bytes": f.size,
+                    "partition": f.partition} for f in fs]
         tables[t] = {"uri": f"{TABLES_DIR}/{t}", "schema_version": schema_version(SCHEMAS[t]),
-                     "key": key_columns(SCHEMAS[t]), "rows": data[t].num_rows,
+                     "key": key_columns(SCHEMAS[t]), "rows": sum(f.rows for f in fs),
                      "sha256": table_data_sha256(entries), "files": entries}
     if ledger_run_id is None:
         ledger_run_id = run_id if storage.is_file(zones.ledger_file(run_id)) else latest_ledger_run(storage)
@@ -154,13 +193,7 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
     }
     manifest["content_hash"] = content_hash(manifest)
 
-    versions = list_versions(storage)
-    parent = versions[-1] if versions else None
     if parent:
-        problems = verify(storage, parent)
-        if problems:
-            raise SnapshotError(f"latest snapshot {parent} failed verification, refusing to publish on top of it: "
-                                + "; ".join(problems))
         latest = read_manifest(storage, parent)
         if latest["content_hash"] == manifest["content_hash"]:
             return Release(parent, storage.full_uri(zones.release_dir(parent)), latest, created=False)
@@ -170,11 +203,9 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
     version = bump_version(parent, change)
 
     epoch_ms = epoch * 1000
+    placed = 0
     for t, fs in files.items():
-        for f in fs:
-            rel = f"{TABLES_DIR}/{t}/{f.name}"
-            if not (storage.is_file(rel) and sha256_file(storage, rel) == f.sha256):
-                storage.write_bytes(rel, f.data)
+        placed += sum(place_data_file(storage, t, f) for f in fs)
         delta_version, names = delta_files(storage, t)
         if delta_version is None or names != sorted(f.name for f in fs):
             delta_version = commit_table(storage, t, fs, version, epoch_ms, key_fingerprint)
@@ -186,12 +217,13 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
                     created_at=dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds"),
                     table_format="delta")
     base = zones.release_dir(version)
-    card = dataset_card(manifest, card_facts(data, inputs)).encode()
+    card = dataset_card(manifest, card_facts(_card_tables(storage, files), inputs)).encode()
     manifest["card_sha256"] = hashlib.sha256(card).hexdigest()
     storage.write_bytes(f"{base}/{CARD}", card)
     log_record = {"version": version, "published_at": published_at.isoformat(timespec="seconds"),
                   "publish_run_id": run_id, "run_ids": list(run_ids or [run_id]), "ledger_run_id": ledger_run_id,
-                  "source_date_epoch": epoch, "source_date_epoch_from": epoch_origin}
+                  "source_date_epoch": epoch, "source_date_epoch_from": epoch_origin,
+                  "data_bytes_added": placed}
     storage.write_text(f"{base}/{PUBLISH_LOG}", json.dumps(log_record, indent=1, sort_keys=True))
     text = json.dumps(manifest, indent=1, sort_keys=True).encode()
     storage.write_bytes(f"{base}/{MANIFEST}", text)

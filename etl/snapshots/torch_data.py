@@ -62,7 +62,7 @@ class ImageStore:
     Attributes
     ----------
     rows : list of dict
-        one dict per image (:data:`IMAGE_COLUMNS`), in key order.
+        one dict per image (:data:`IMAGE_COLUMNS`), in the release's file order (partition order, key order within a file).
     by_study : dict
         study_key -> row indices, 2D images first, then by ``image_key``.
     """

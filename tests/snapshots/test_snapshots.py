@@ -188,7 +188,7 @@ def test_first_publish_pins_one_delta_commit_per_table_and_is_read_only(store):
         # version 0 creates the table, version 1 is this release's commit; it holds exactly the manifest's files
         assert v["delta_version"] == 1, t
         dtab = DeltaTable(store.path(f"{TABLES_DIR}/{t}"), version=1)
-        assert sorted(os.path.basename(u) for u in dtab.file_uris()) == [f["path"] for f in v["files"]]
+        assert sorted(os.path.basename(u) for u in dtab.file_uris()) == sorted(f["path"] for f in v["files"])
         assert dtab.to_pyarrow_table().num_rows == v["rows"]
         for f in v["files"]:
             data = Path(store.path(f"{TABLES_DIR}/{t}/{f['path']}")).read_bytes()
@@ -231,8 +231,11 @@ def test_rebuild_at_the_same_release_time_is_byte_identical(store, tmp_path, mon
     assert fa == fb
     assert fa["snapshots/0.1.0/manifest.sha256"].decode().strip() == hashlib.sha256(
         fa["snapshots/0.1.0/manifest.json"]).hexdigest()
-    # all of it is there: 12 tables x (data file + create commit + data commit) + 3 release files
-    assert len(fa) == 3 * len(SNAPSHOT_TABLES) + 3
+    # all of it is there: per table one data file per non-empty curated partition (one empty file for an empty
+    # table), its create and data commits; + 3 release files
+    n_files = sum(len(v["files"]) for v in a.manifest["tables"].values())
+    assert n_files == 2 * len(SNAPSHOT_TABLES) - 1  # two shards; retrieval_targets is empty
+    assert len(fa) == n_files + 2 * len(SNAPSHOT_TABLES) + 3
     # only the publish logs differ: they hold the run ids and the wall-clock time
     la, lb = read_publish_log(store, "0.1.0"), read_publish_log(other, "0.1.0")
     assert (la["publish_run_id"], lb["publish_run_id"], lb["source_date_epoch_from"]) == (
@@ -273,14 +276,13 @@ def test_delta_commits_carry_the_release_time_and_a_key_derived_table_id(store, 
     assert create[1]["protocol"] == {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
                                      "writerFeatures": ["timestampNtz"]}
     assert write1[0]["commitInfo"]["timestamp"] == 1700000000000
-    assert [a["add"]["path"] for a in write1[1:]] == first
+    assert [a["add"]["path"] for a in write1[1:]] == sorted(first)
     assert all(a["add"]["modificationTime"] == 1700000000000 for a in write1[1:])
     info = write2[0]["commitInfo"]
     assert (info["timestamp"], info["readVersion"], info["medreco.release"]) == (1700003600000, 1, "0.2.0")
-    # content-addressed files: the old file is removed, the new one added, in one commit
-    assert [(k, a[k]["path"]) for a in write2[1:] for k in a] == [
-        ("remove", first[0]), ("add", rel.manifest["tables"]["studies"]["files"][0]["path"])]
-    assert write2[1]["remove"]["deletionTimestamp"] == 1700003600000
+    # content-addressed partition files: the new shard's file is added, the unchanged ones stay
+    new = [f["path"] for f in rel.manifest["tables"]["studies"]["files"] if f["path"] not in first]
+    assert [(k, a[k]["path"]) for a in write2[1:] for k in a] == [("add", p) for p in new] and len(new) == 1
     dtab = DeltaTable(store.path(f"{TABLES_DIR}/studies"))
     assert (dtab.metadata().id, dtab.version(), dtab.to_pyarrow_table().num_rows) == (meta["id"], 2, 15)
     assert [h["timestamp"] for h in dtab.history()] == [1700003600000, 1700000000000, 1700000000000]
@@ -316,7 +318,8 @@ def test_a_schema_change_commits_new_delta_metadata_and_protocol(store, monkeypa
     assert (rel.version, rel.manifest["tables"]["pairs"]["delta_version"]) == ("1.0.0", 2)
     actions = [json.loads(line) for line in
                Path(store.path(f"{TABLES_DIR}/pairs/_delta_log/{2:020d}.json")).read_text().splitlines()]
-    assert [next(iter(a)) for a in actions] == ["commitInfo", "protocol", "metaData", "remove", "add"]
+    # both partitions are re-encoded in the new schema: their old files removed, the new ones added
+    assert [next(iter(a)) for a in actions] == ["commitInfo", "protocol", "metaData", "remove", "remove", "add", "add"]
     assert actions[1]["protocol"] == {"minReaderVersion": 3, "minWriterVersion": 7,
                                       "readerFeatures": ["timestampNtz"], "writerFeatures": ["timestampNtz"]}
     assert actions[2]["metaData"]["id"] == delta_table_id("pairs", "f" * 16)
@@ -488,7 +491,7 @@ def test_verify_catches_an_edited_manifest(store):
     Path(store.path("snapshots/0.1.0/manifest.json")).write_text(json.dumps(m, indent=1, sort_keys=True))
     problems = verify(store, "0.1.0")
     assert "snapshots/0.1.0/manifest.json does not match manifest.sha256 (manifest edited)" in problems
-    assert f"studies: 10 rows in {_data_file(store, 'studies')}, manifest says 999" in problems
+    assert f"studies: 5 rows in {_data_file(store, 'studies')}, manifest says 999" in problems
     assert "snapshots/0.1.0/manifest.json: content_hash does not match its tables and metadata" in problems
 
 
@@ -602,3 +605,33 @@ def test_publish_verify_diff_and_load_on_s3(moto_endpoint, monkeypatch):
     victim = f"deploy/{_data_file(st, 'pairs')}"
     s3.put_object(Bucket="medreco-snap", Key=victim, Body=b"not parquet")
     assert f"pairs: sha256 mismatch in {victim.removeprefix('deploy/')}" in " ".join(verify(st, "0.1.0"))
+
+
+def test_a_release_adds_only_the_changed_partitions_and_rehashes_nothing_else(store, monkeypatch):
+    """One changed partition: its file is hard-linked into the Delta table and added; the unchanged partitions are
+    neither re-read nor re-hashed (partition hash cache), and keep their files; the old release still verifies."""
+    import etl.snapshots.delta as delta
+
+    monkeypatch.setattr(delta, "RACY_NS", 0)  # the fixture writes and publishes within the same second
+    first = do_publish(store)
+    rows = institution_rows("us-a", 0)["studies"]
+    rows[0]["n_images"] = 7
+    store.write_table("curated/studies/shard=00000/part-0.parquet", _fill(SCHEMAS["studies"], rows))
+    hashed = []
+    real = delta.sha256_file
+    monkeypatch.setattr(delta, "sha256_file", lambda st, rel, *a: hashed.append(rel) or real(st, rel, *a))
+    rel = do_publish(store)
+    # hashed: the changed curated file, and its linked copy once placed
+    assert [h for h in hashed if h.startswith("curated/")] == ["curated/studies/shard=00000/part-0.parquet"]
+    changed = {t for t in SNAPSHOT_TABLES
+               if rel.manifest["tables"][t]["delta_version"] != first.manifest["tables"][t]["delta_version"]}
+    assert changed == {"studies"}
+    old = {f["partition"]: f["path"] for f in first.manifest["tables"]["studies"]["files"]}
+    new = {f["partition"]: f["path"] for f in rel.manifest["tables"]["studies"]["files"]}
+    assert old["shard=00001/part-0.parquet"] == new["shard=00001/part-0.parquet"]
+    assert old["shard=00000/part-0.parquet"] != new["shard=00000/part-0.parquet"]
+    linked = store.path(f"{TABLES_DIR}/studies/{new['shard=00000/part-0.parquet']}")
+    assert os.stat(linked).st_ino == os.stat(store.path("curated/studies/shard=00000/part-0.parquet")).st_ino
+    assert read_publish_log(store, rel.version)["data_bytes_added"] == os.stat(linked).st_size
+    assert verify(store, "0.1.0") == [] and verify(store, rel.version) == []
+    assert diff(store, "0.1.0", rel.version)["studies"].changed == [(rows[0]["study_key"],)]
