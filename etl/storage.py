@@ -16,6 +16,7 @@ Zones (DESIGN.md)::
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import posixpath
@@ -226,6 +227,21 @@ class Storage:
     def read_text(self, rel: str) -> str:
         """Read a UTF-8 text file."""
         return self.read_bytes(rel).decode("utf-8")
+
+    def sha256(self, rel: str, chunk: int = 8 * 2**20) -> str:
+        """Hex sha256 of a file's bytes as stored (no decompression), streamed in ``chunk``-byte blocks (memory:
+        one block). The one file hash of the project (snapshot data files, volume objects).
+
+        Raises
+        ------
+        FileNotFoundError, OSError
+            when the file cannot be read.
+        """
+        h = hashlib.sha256()
+        with self.fs.open_input_stream(self.path(rel), compression=None) as f:
+            while block := f.read(chunk):
+                h.update(block)
+        return h.hexdigest()
 
     def list_files(self, rel: str = "", *, recursive: bool = True) -> list[str]:
         """Sorted root-relative paths of the files under ``rel`` (empty if it does not exist).

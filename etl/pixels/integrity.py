@@ -62,14 +62,7 @@ def sha256_object(storage: Storage, rel: str) -> str | None:
     block); None when there is no such file."""
     if not storage.is_file(rel):
         return None
-    h = hashlib.sha256()
-    with storage.fs.open_input_stream(storage.path(rel), compression=None) as f:
-        while True:
-            block = f.read(HASH_BLOCK_BYTES)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
+    return storage.sha256(rel, HASH_BLOCK_BYTES)
 
 
 def verify_image_files(storage: Storage, files: Iterable[str]) -> PayloadIntegrity:

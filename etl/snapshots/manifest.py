@@ -177,14 +177,8 @@ def table_uri(storage: Storage, table: str) -> str:
 
 
 def sha256_file(storage: Storage, rel: str, chunk: int = 8 * 2**20) -> str:
-    h = hashlib.sha256()
-    with storage.fs.open_input_stream(storage.path(rel), compression=None) as f:
-        while True:
-            block = f.read(chunk)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
+    """Hex sha256 of a file under the root (:meth:`etl.storage.Storage.sha256`)."""
+    return storage.sha256(rel, chunk)
 
 
 def parquet_rows(storage: Storage, rel: str) -> int:
