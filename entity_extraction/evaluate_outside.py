@@ -43,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from entity_extraction.evaluate import EvaluationDataError
+from entity_extraction.evaluate import EvaluationDataError, LabelMap  # finding name -> ids, or why none
 from schemas.ontology import Ontology, load_ontology
 
 CT_MAP_FILE = Path(__file__).with_name("ct_findings_map.yaml")
@@ -305,16 +305,7 @@ def load_ct_extractions(directory: str | Path) -> list[CtReport]:
     return out
 
 
-@dataclass(frozen=True)
-class CtMap:
-    """Finding name -> concept ids (``mapped``) or the reason it names none (``unmapped``)."""
-
-    family: str
-    mapped: dict[str, tuple[str, ...]]
-    unmapped: dict[str, str]
-
-
-def load_ct_map(path: str | Path | None = None, ontology: Ontology | None = None) -> CtMap:
+def load_ct_map(path: str | Path | None = None, ontology: Ontology | None = None) -> LabelMap:
     """Load and check ``ct_findings_map.yaml``.
 
     Raises
@@ -336,7 +327,7 @@ def load_ct_map(path: str | Path | None = None, ontology: Ontology | None = None
     for name, ids in mapped.items():
         if not ids or any(i not in onto.concepts for i in ids) or name in unmapped:
             raise EvaluationDataError("invalid_map", f"{path.name}: {name!r}: bad ids {ids} or also unmapped")
-    return CtMap(family, mapped, unmapped)
+    return LabelMap(family, mapped, unmapped)
 
 
 @dataclass
@@ -365,7 +356,7 @@ class CtResult:
 
 
 def evaluate_ct(reports: list[CtReport], extractor=None, ontology: Ontology | None = None,
-                ct_map: CtMap | None = None) -> CtResult:
+                ct_map: LabelMap | None = None) -> CtResult:
     """Score extraction on CT extraction reports (see the module docstring)."""
     from entity_extraction.extract import EntityExtractor, study_labels
 

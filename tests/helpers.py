@@ -64,3 +64,20 @@ institutions: [{{id: {institution}, country: US, language: en, timezone: America
             stages.deidentify_shard(ctx, shard)
             stages.normalise_shard(ctx, shard)
     return ctx
+
+
+def demo_sources(base, seed: int = 11, n_patients: int = 8):
+    """Generate a small demo corpus under ``base/template`` once (a module fixture's work); returns ``base``."""
+    from etl.demo.corpus import generate_corpus
+
+    generate_corpus(base / "template", seed=seed, n_patients=n_patients)
+    return base
+
+
+def fresh_root(base, name: str):
+    """A new storage root ``base/name`` holding a copy of the template corpus's ``sources/``."""
+    import shutil
+
+    root = base / name
+    shutil.copytree(base / "template" / "sources", root / "sources")
+    return root

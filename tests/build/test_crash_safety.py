@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,17 +33,15 @@ KILL_STAGE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    from etl.demo.corpus import generate_corpus
+    from helpers import demo_sources
 
-    base = tmp_path_factory.mktemp("crash")
-    generate_corpus(base / "template", seed=11, n_patients=8)
-    return base
+    return demo_sources(tmp_path_factory.mktemp("crash"))
 
 
 def _root(corpus: Path, name: str) -> Path:
-    root = corpus / name
-    shutil.copytree(corpus / "template" / "sources", root / "sources")
-    return root
+    from helpers import fresh_root
+
+    return fresh_root(corpus, name)
 
 
 def test_worker_killed_mid_shard_then_retried_equals_a_clean_run(corpus):

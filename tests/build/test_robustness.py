@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -23,17 +22,15 @@ INST = "ie-cork-mercy"
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Path:
-    from etl.demo.corpus import generate_corpus
+    from helpers import demo_sources
 
-    base = tmp_path_factory.mktemp("robust")
-    generate_corpus(base / "template", seed=11, n_patients=8)
-    return base
+    return demo_sources(tmp_path_factory.mktemp("robust"))
 
 
 def _root(template: Path, name: str) -> Path:
-    root = template / name
-    shutil.copytree(template / "template" / "sources", root / "sources")
-    return root
+    from helpers import fresh_root
+
+    return fresh_root(template, name)
 
 
 def _attack_file(src: Path, dst: Path, **raw: bytes) -> None:
