@@ -7,9 +7,9 @@ SeriesInstanceUID, through :func:`etl.pixels.normalise.normalise_volume` with th
 per-series costs weigh heavily; resampling applies to the three series of two or three slices). Long
 CT series: one real 512 x 512 native CT slice of that set written 120 times at 1.25 mm steps (real
 series have hundreds of slices; per-voxel costs weigh here), at native spacing and resampled to the
-default 0.75 x 0.75 x 1.5 mm (1.4x as many voxels out as in: SimpleITK's linear resampling on one core
-then costs several decode floors). Files are read into memory first; timings cover reading + decoding
-+ normalisation, on one core (SimpleITK limited to one thread). Peak memory (tracemalloc) is measured
+default 0.75 x 0.75 x 1.5 mm (1.4x as many voxels out as in; an axis-aligned grid, so the separable
+passes of :mod:`etl.pixels.separable` do it, written straight into the payload). Files are read into memory first; timings cover reading + decoding
++ normalisation, on one core (SimpleITK and the BLAS of the separable column pass limited to one thread). Peak memory (tracemalloc) is measured
 on a separate pass. Ends with one ``BENCH normalise ...`` line.
 Usage: ``python benchmarks/bench_normalise.py [repeats]``.
 """
@@ -17,6 +17,7 @@ Usage: ``python benchmarks/bench_normalise.py [repeats]``.
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 import tracemalloc
@@ -24,7 +25,11 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import pydicom
+# figures are per core: one BLAS thread (the separable resampling's column pass), set before numpy loads
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import pydicom  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

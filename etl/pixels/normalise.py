@@ -39,6 +39,7 @@ from etl.pixels.decode import (
 )
 from etl.pixels.mosaic import check_not_mosaic
 from etl.pixels.npy_payload import NpyPayload, encode_npy, read_npy
+from etl.pixels.separable import is_axis_aligned, resampled_size
 from etl.pixels.volumes import (
     Geometry,
     assess,
@@ -567,6 +568,47 @@ def _decode_stack(
     return volume
 
 
+class _StreamedStack:
+    """The slices of a series decoded one at a time, in order, as :func:`etl.pixels.separable.resample_separable`
+    reads them (``stack[j]``, j never decreasing by more than one): a (n, rows, cols) float32 volume of which
+    only two slices are in memory. Every slice is decoded, also those the resampling steps over
+    (:meth:`finish` decodes the rest), so a bad slice fails the series as in :func:`_decode_stack`.
+    """
+
+    ndim = 3
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, ordered: list[dict[str, Any]]) -> None:
+        self.ordered = ordered
+        self.shape = (len(ordered), ordered[0]["rows"], ordered[0]["cols"])
+        self._ring = np.empty((2,) + self.shape[1:], dtype=np.float32)
+        self._next = 0  # the next slice to decode
+        self._steps: list[dict[str, Any]] = []
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        j = int(j)
+        if not self._next - 2 <= j < self.shape[0]:
+            raise IndexError("a streamed stack is read in slice order")
+        while self._next <= j:
+            slot = self._next % 2
+            _decode_stack([self.ordered[self._next]], self._steps, self._ring[slot:slot + 1], None)
+            self._next += 1
+        return self._ring[j % 2]
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Decode the slices not read yet; returns the ``decode`` and ``modality_lut`` steps of all slices."""
+        if self._next < self.shape[0]:
+            self[self.shape[0] - 1]
+        syntaxes = sorted({t for st in self._steps if st["step"] == "decode" for t in st["transfer_syntax"]})
+        luts: list[dict[str, Any]] = []
+        for st in self._steps:
+            for params in st.get("distinct", []) if st["step"] == "modality_lut" else []:
+                if params not in luts:
+                    luts.append(params)
+        return [{"step": "decode", "transfer_syntax": syntaxes, "n_slices": self.shape[0]},
+                {"step": "modality_lut", "distinct": luts}]
+
+
 def _intensity(
     volume: np.ndarray, modality: str, cfg: NormalisationConfig, clipped: bool = False
 ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -607,8 +649,9 @@ def normalise_volume(
     ``duplicate_slice_position`` warning, different pixels -> error; missing slices (a step over
     1.5 x the median), non-uniform steps and gantry tilt detected and recorded, the stack then
     interpolated linearly onto a regular orthogonal grid at the median step
-    (:func:`etl.pixels.volumes.regularise`); optionally resampled with ``sitk.Resample`` (linear) to
-    ``target_spacing_mm``; CT clipped to ``cfg.ct_hu_window`` (HU, default [-1000, 1000]); MR
+    (:func:`etl.pixels.volumes.regularise`); optionally resampled (linear) to ``target_spacing_mm``
+    (:func:`etl.pixels.volumes.resample`: three separable passes on axis-aligned grids, ``sitk.Resample``
+    on oblique ones; recorded in the recipe's ``by``); CT clipped to ``cfg.ct_hu_window`` (HU, default [-1000, 1000]); MR
     clipped to the 1st-99th percentile of the non-zero voxels and scaled to 0..1.
 
     Parameters
@@ -672,12 +715,17 @@ def normalise_volume(
     # the volume is decoded straight into the payload's memory, and CT clipped slice by slice as it is
     # decoded, unless a later step needs the unclipped values or gives the volume another shape
     in_place = not (duplicates or regularised or resampled)
+    # an axis-aligned series resampled as it is (no duplicates to drop, nothing to regularise) is decoded slice by
+    # slice as the separable resampling reads it: the native stack never exists, only the resampled payload
+    streamed = (resampled and not duplicates and not regularised and rows > 1 and cols > 1
+                and is_axis_aligned(geo["matrix"].reshape(-1)))
     payload_buffer = NpyPayload((n, rows, cols)) if in_place else None
     stack = payload_buffer.array if payload_buffer is not None else None
     clip = (float(cfg.ct_hu_window[0]), float(cfg.ct_hu_window[1])) if in_place and modality == "CT" else None
     if geo is not None:
         steps.append({"step": "sort", "by": "ImagePositionPatient.normal"})
-        volume = _decode_stack(ordered, steps, stack, clip)
+        decode_at = len(steps)
+        volume = _StreamedStack(ordered) if streamed else _decode_stack(ordered, steps, stack, clip)
         if duplicates:
             rank = {i: k for k, i in enumerate(geo["order"])}
             keep, dup_warnings = dedupe(
@@ -730,10 +778,17 @@ def normalise_volume(
             assert clip is None, "resampling must see unclipped values"
             default = float(cfg.ct_hu_window[0]) if modality == "CT" else 0.0
             geometry = Geometry(spacing, origin, direction)
-            volume, geometry = resample(volume, geometry, target, default)
+            # the separable path writes the resampled volume straight into the payload's memory
+            if is_axis_aligned(direction):
+                payload_buffer = NpyPayload(resampled_size(volume.shape, spacing, target))
+            out = payload_buffer.array if payload_buffer is not None else None
+            streamed_stack = volume if isinstance(volume, _StreamedStack) else None
+            volume, geometry, method = resample(volume, geometry, target, default, out=out)
+            if streamed_stack is not None:
+                steps[decode_at:decode_at] = streamed_stack.finish()
             spacing = geometry.spacing_mm
             steps.append(
-                {"step": "resample", "by": "SimpleITK.Resample", "interpolation": "linear",
+                {"step": "resample", "by": method, "interpolation": "linear",
                  "target_mm": target, "shape": list(volume.shape)}
             )
 

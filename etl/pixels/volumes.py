@@ -13,8 +13,9 @@ Steps, in order (each recorded as a recipe step by the caller, :func:`etl.pixels
 4. :func:`regularise`: when the steps are not uniform or the gantry was tilted, the stack is
    interpolated (linearly, along the normal and in plane) onto a regular orthogonal grid at the
    median step, so that origin, spacing and direction describe every voxel exactly;
-5. :func:`to_sitk` / :func:`resample`: a SimpleITK image with spacing, origin and direction and
-   ``sitk.Resample`` (linear) to a target spacing.
+5. :func:`resample`: linear resampling to a target spacing, same origin and direction: three separable
+   1-D passes for axis-aligned grids (:mod:`etl.pixels.separable`), else a SimpleITK image with spacing,
+   origin and direction (:func:`to_sitk`) and ``sitk.Resample`` (linear).
 
 Axes: numpy arrays are (slice, row, col); SimpleITK index (x, y, z) = (col, row, slice); direction is
 the 3 x 3 matrix whose columns are the row direction (IOP[0:3]), the column direction (IOP[3:6]) and
@@ -331,13 +332,21 @@ def to_sitk(volume: np.ndarray, geometry: Geometry) -> Any:
 
 
 def resample(
-    volume: np.ndarray, geometry: Geometry, target_spacing_mm: tuple[float, float, float], default: float
-) -> tuple[np.ndarray, Geometry]:
-    """Resample a regular volume to a target spacing with ``sitk.Resample`` (linear interpolation).
+    volume: np.ndarray,
+    geometry: Geometry,
+    target_spacing_mm: tuple[float, float, float],
+    default: float,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, Geometry, str]:
+    """Resample a regular volume to a target spacing (linear interpolation), keeping origin and direction.
 
-    The output keeps origin and direction; its size along each axis is
-    floor(extent / target) + 1 with extent = (size - 1) x spacing, so that every output voxel lies
-    inside the input grid.
+    The output's size along each axis is floor(extent / target) + 1 with extent = (size - 1) x spacing
+    (:func:`etl.pixels.separable.resampled_size`), so that every output voxel lies inside the input grid.
+    Axis-aligned grids (direction cosines a signed permutation: the identity up to flips and axis swaps,
+    :func:`etl.pixels.separable.is_axis_aligned`) are resampled by three separable 1-D passes
+    (:func:`etl.pixels.separable.resample_separable`, equal to SimpleITK's linear resampling to float32
+    rounding); oblique and tilted-then-regularised volumes (and volumes with one row or column) by
+    ``sitk.Resample`` (linear).
 
     Parameters
     ----------
@@ -348,23 +357,50 @@ def resample(
         [row, col, slice] spacing in mm.
     default : float
         Value for voxels outside the input (none by construction; HU -1000 for CT, 0 for MR).
+    out : numpy.ndarray, optional
+        C-contiguous float32 array of the output size to write into on the separable path (e.g. a payload
+        buffer); ignored by the SimpleITK path.
 
     Returns
     -------
-    (numpy.ndarray, Geometry)
-        float32 resampled volume and its geometry (``steps`` not copied).
+    (numpy.ndarray, Geometry, str)
+        float32 resampled volume (``out`` when it was written), its geometry (``steps`` not copied) and the
+        method: ``"separable"`` or ``"SimpleITK.Resample"``.
+    """
+    from etl.pixels.separable import is_axis_aligned, resample_separable, resampled_size
+
+    spacing = [float(target_spacing_mm[0]), float(target_spacing_mm[1]), float(target_spacing_mm[2])]
+    out_geometry = Geometry(spacing, list(geometry.origin_mm), list(geometry.direction))
+    size = resampled_size(volume.shape, geometry.spacing_mm, target_spacing_mm)
+    if is_axis_aligned(geometry.direction) and min(volume.shape) >= 2:
+        if out is None or out.shape != size:
+            out = None
+        src = volume if volume.dtype == np.float32 else volume.astype(np.float32)
+        return resample_separable(src, geometry.spacing_mm, spacing, size, default, out), out_geometry, "separable"
+    return resample_sitk(volume, geometry, target_spacing_mm, default), out_geometry, "SimpleITK.Resample"
+
+
+def resample_sitk(
+    volume: np.ndarray, geometry: Geometry, target_spacing_mm: tuple[float, float, float], default: float
+) -> np.ndarray:
+    """``sitk.Resample`` (linear, identity transform, same origin and direction) of a regular volume onto
+    :func:`etl.pixels.separable.resampled_size` voxels at ``target_spacing_mm`` ([row, col, slice] mm).
+
+    Returns
+    -------
+    numpy.ndarray
+        float32 (slices, rows, cols).
     """
     import SimpleITK as sitk
 
+    from etl.pixels.separable import resampled_size
+
     image = to_sitk(volume, geometry)
     target = (float(target_spacing_mm[1]), float(target_spacing_mm[0]), float(target_spacing_mm[2]))
-    size = [
-        int(math.floor((n - 1) * sp / t + 1e-6)) + 1
-        for n, sp, t in zip(image.GetSize(), image.GetSpacing(), target)
-    ]
+    slices, rows, cols = resampled_size(volume.shape, geometry.spacing_mm, target_spacing_mm)
     out = sitk.Resample(
         image,
-        size,
+        [cols, rows, slices],
         sitk.Transform(),
         sitk.sitkLinear,
         image.GetOrigin(),
@@ -373,5 +409,4 @@ def resample(
         float(default),
         sitk.sitkFloat32,
     )
-    spacing = [float(target_spacing_mm[0]), float(target_spacing_mm[1]), float(target_spacing_mm[2])]
-    return sitk.GetArrayFromImage(out), Geometry(spacing, list(geometry.origin_mm), list(geometry.direction))
+    return sitk.GetArrayFromImage(out)
