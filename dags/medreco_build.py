@@ -54,10 +54,11 @@ def medreco_build():
 
     @task
     def institutions() -> list[str]:
-        """Validate config and key (and that it is this root's key) before any work; list the institutions."""
-        ctx = task_context()
-        ctx.check_key()
-        return [i.id for i in ctx.cfg.institutions]
+        """Validate config, sources (each one there and readable) and key (and that it is this root's key) before
+        any work; list the institutions."""
+        from etl.build.stages import preflight
+
+        return preflight(task_context())
 
     @task(multiple_outputs=True, map_index_template="{{ task.op_kwargs['institution'] }}")
     def discover(institution: str) -> dict:
@@ -130,6 +131,10 @@ def medreco_build():
         from etl.build.stages import publish_stage
 
         result = publish_stage(task_context())
+        if not result["published"]:  # no file at all: no release, and no Asset event to trigger training
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException(result["reason"])
         get_current_context()["outlet_events"][SNAPSHOT_ASSET].extra = {
             "version": result["version"], "content_hash": result["content_hash"], "uri": result["uri"],
         }

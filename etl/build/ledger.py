@@ -228,6 +228,9 @@ def finalise(ctx: BuildContext) -> dict:
     for i, w in enumerate(withheld):
         ctx.storage.write_text(f"{ctx.quarantine_dir}/reports/{i:06d}.json", json.dumps(w, indent=1, sort_keys=True))
     result = balance(ledger)
+    # every configured institution, also one whose (existing) source is empty: the summary says "no files" for it
+    per_institution = Counter(ledger["institution"].to_pylist())
+    result["files_by_institution"] = {i.id: per_institution.get(i.id, 0) for i in ctx.cfg.institutions}
     result["withheld_report_records"] = len(withheld)
     result["review"] = review_counts
     reasons = Counter(r for r, s in zip(ledger["reason"].to_pylist(), ledger["status"].to_pylist()) if s == "quarantined")

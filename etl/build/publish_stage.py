@@ -24,10 +24,14 @@ def publish_stage(ctx: BuildContext) -> dict:
     is ``SOURCE_DATE_EPOCH`` when set, else the clock (:func:`etl.snapshots.release_epoch`): a build with
     the same inputs, config, key and ``SOURCE_DATE_EPOCH`` publishes a byte-identical release.
 
+    A run that saw no file at all (every source empty) publishes nothing: ``version`` is None and ``published``
+    False (the build DAG's ``snapshot`` task then ends skipped, so no ``medreco://snapshot`` event triggers
+    training).
+
     Returns
     -------
     dict
-        ``version``, ``parent``, ``change`` (initial | major | minor | patch, or the existing release's),
+        ``published``, ``version``, ``parent``, ``change`` (initial | major | minor | patch, or the existing release's),
         ``uri``, ``content_hash``, ``manifest_sha256``, ``created_at`` (the release time, ISO 8601 UTC),
         ``created``, ``tables`` (rows per table), ``delta_versions`` (pinned
         Delta table version per table), ``ledger`` (balance), ``dashboard`` (path of index.html).
@@ -37,13 +41,16 @@ def publish_stage(ctx: BuildContext) -> dict:
     from etl.deid.policy import build_policy
 
     st = ctx.storage
+    balance = json.loads(st.read_text(f"{ctx.run_dir}/ledger_balance.json"))
+    if balance["files_seen"] == 0:
+        return _nothing_published(ctx, balance)
     release = publish(
         st, config_hash=ctx.cfg.config_hash(), ontology_version=load_ontology().version, run_id=ctx.run_id,
         key_fingerprint=ctx.key.fingerprint(), deid_method_codes=build_policy(ctx.cfg.deid).method_codes,
     )
-    balance = json.loads(st.read_text(f"{ctx.run_dir}/ledger_balance.json"))
     summary = {
         "run_id": ctx.run_id,
+        "published": True,
         "version": release.version,
         "created": release.created,
         "parent": release.manifest.get("parent"),
@@ -54,6 +61,30 @@ def publish_stage(ctx: BuildContext) -> dict:
         "created_at": release.manifest.get("created_at"),
         "tables": {t: v["rows"] for t, v in release.manifest["tables"].items()},
         "delta_versions": {t: v.get("delta_version") for t, v in release.manifest["tables"].items()},
+        "ledger": balance,
+        "dashboard": st.full_uri(zones.DASHBOARD_INDEX),
+        "quarantined_by_reason": balance.get("quarantine_reasons", {}),
+    }
+    st.write_text(run_summary_path(ctx.run_id), json.dumps(summary, indent=1, sort_keys=True))
+    return summary
+
+
+def _nothing_published(ctx: BuildContext, balance: dict) -> dict:
+    """The summary of a run that saw no file: no release, the latest existing one named for reference."""
+    from etl.snapshots import list_versions
+
+    st = ctx.storage
+    versions = list_versions(st)
+    summary = {
+        "run_id": ctx.run_id,
+        "published": False,
+        "reason": "no files under any source: nothing published",
+        "version": None,
+        "created": False,
+        "latest_existing_version": versions[-1] if versions else None,
+        "uri": None,
+        "content_hash": None,
+        "tables": {},
         "ledger": balance,
         "dashboard": st.full_uri(zones.DASHBOARD_INDEX),
         "quarantined_by_reason": balance.get("quarantine_reasons", {}),

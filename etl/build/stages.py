@@ -57,6 +57,7 @@ from etl.sources.discover import (
     mark_seen,
     shard_batches,
 )
+from etl.sources.source_access import check_sources
 from etl.storage import read_uri
 from schemas import deid_audit as deid_audit_schema
 from schemas import entity_mentions as entity_mentions_schema
@@ -73,7 +74,7 @@ from schemas.tables import metadata_columns
 
 __all__ = [
     "assemble_shard", "check_delivery", "deidentify_shard", "discover", "entities_shard", "finalise", "normalise_shard",
-    "plan", "publish_stage", "reports", "retrieval",
+    "plan", "preflight", "publish_stage", "reports", "retrieval",
 ]
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,20 @@ def write_partition(ctx: BuildContext, table: str, schema: pa.Schema, shard: int
 
 
 # ---- discover / plan -----------------------------------------------------------------------------
+
+def preflight(ctx: BuildContext) -> list[str]:
+    """Before any work: every configured source there and readable
+    (:func:`etl.sources.source_access.check_sources`, first, so that a typo in ``source_uri`` does not bind the
+    root to the key), then the key (:meth:`etl.build.context.BuildContext.check_key`). Returns the institution ids.
+
+    Raises
+    ------
+    etl.sources.source_access.SourceUnavailableError, etl.build.context.KeyMismatchError
+    """
+    check_sources(ctx.cfg, ctx.storage)
+    ctx.check_key()
+    return [i.id for i in ctx.cfg.institutions]
+
 
 def discover(ctx: BuildContext, institution: str) -> dict:
     """Hash and classify one institution's delivery into its plan file. Returns counts per kind/status."""

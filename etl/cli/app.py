@@ -55,9 +55,16 @@ def _print_summary(summary: dict, quiet: bool = False) -> None:
     )
     if summary.get("quarantined_by_reason"):
         lines.append("quarantined by reason: " + ", ".join(f"{k}={v}" for k, v in summary["quarantined_by_reason"].items()))
-    lines.append(f"snapshot: {summary['version']} ({'new' if summary['created'] else 'unchanged content, existing release'})"
-                 f" at {summary['uri']}")
-    lines.append(f"content hash: {summary['content_hash']}")
+    empty = [i for i, n in (led.get("files_by_institution") or {}).items() if n == 0]
+    if empty:
+        lines.append("no files: " + ", ".join(empty) + " (source there and readable, but empty)")
+    if summary.get("published", True):
+        lines.append(f"snapshot: {summary['version']} ({'new' if summary['created'] else 'unchanged content, existing release'})"
+                     f" at {summary['uri']}")
+        lines.append(f"content hash: {summary['content_hash']}")
+    else:
+        lines.append(f"snapshot: none ({summary['reason']}; latest release: {summary.get('latest_existing_version')})")
+        lines.append("content hash: -")
     lines.append(f"dashboard: {summary['dashboard']}")
     typer.echo("\n".join(lines if not quiet else lines[-3:]))
 
@@ -87,14 +94,17 @@ def run(
     from etl.build.context import KeyMismatchError
     from etl.cli.embedded import BuildFailedError, run_build
     from etl.keys import MissingKeyError, load_key
+    from etl.sources.source_access import SourceUnavailableError, check_sources
+    from etl.storage import Storage
     from schemas.config import ConfigError, load_config
 
     try:
-        load_config(config)
+        cfg = load_config(config)
+        check_sources(cfg, Storage.from_config(cfg))  # a missing or unreadable source: refused before Airflow starts
         if not os.environ.get("AIRFLOW_CONN_MEDRECO_PSEUDONYM"):
             load_key(allow_airflow=False)  # refuse before any work; tasks may also read the Airflow connection
         summary = run_build(config)
-    except (ConfigError, MissingKeyError, KeyMismatchError, BuildFailedError) as err:
+    except (ConfigError, MissingKeyError, KeyMismatchError, BuildFailedError, SourceUnavailableError) as err:
         _fail(str(err))
     _print_summary(summary, quiet)
 
@@ -121,13 +131,15 @@ def demo(
     elif not quiet:
         typer.echo(f"demo corpus: reusing {root / 'sources'} (--seed/--patients apply to a new corpus; "
                    "`make clean` removes it)")
+    from etl.sources.source_access import SourceUnavailableError
+
     os.environ[ENV_VAR] = demo_key(DEMO_DIR / "demo.key")
     try:
         summary = run_build(DEMO_CONFIG)
-    except (BuildFailedError, KeyMismatchError) as err:
+    except (BuildFailedError, KeyMismatchError, SourceUnavailableError) as err:
         _fail(str(err))
     _print_summary(summary, quiet)
-    if not train:
+    if not train or not summary.get("published", True):
         return
     # the training DAG the snapshot Asset triggers, run here the same way (dag.test, local launcher, tiny CPU configs)
     from etl.build.context import BuildContext

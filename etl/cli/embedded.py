@@ -56,7 +56,7 @@ def run_build(config_path: str | Path) -> dict:
     BuildLockedError
         before any work, naming the holder, when another build holds the root's lock
         (:class:`etl.build.ledger.BuildLock`): two builds on one root never interleave.
-    ConfigError, MissingKeyError, KeyMismatchError
+    ConfigError, MissingKeyError, KeyMismatchError, etl.sources.source_access.SourceUnavailableError
         before any work.
     """
     prepare_airflow_env()
@@ -67,11 +67,14 @@ def run_build(config_path: str | Path) -> dict:
     from etl.build.context import BuildContext
     from etl.build.lock import BuildLock, BuildLockHeldError
     from etl.build.publish_stage import run_summary_path
+    from etl.sources.source_access import check_sources
     from schemas.config import load_config
 
     cfg_path = str(Path(config_path).resolve())
-    # fail before any work on a bad config, a missing key or a key other than the root's
+    # fail before any work on a bad config, a missing or unreadable source, a missing key or a key other than the
+    # root's (a source checked first: a typo in source_uri must not bind the root to the key)
     pre = BuildContext.from_config(load_config(cfg_path), run_id="precheck")
+    check_sources(pre.cfg, pre.storage)
     pre.check_key()
     lock = BuildLock(pre.storage, owner=f"medreco build of {cfg_path}", endpoint_url=pre.cfg.storage.s3_endpoint_url,
                      region=pre.cfg.storage.s3_region)

@@ -29,7 +29,8 @@ from pydicom.errors import InvalidDicomError
 from etl import zones
 from etl.keys import PseudonymKey, patient_key_for
 from etl.sources.dicom_integrity import last_element_cut
-from etl.storage import Storage
+from etl.sources.source_access import UNREADABLE_REASON, check_source, list_source, source_storage
+from etl.storage import Storage, StorageError
 from schemas.config import Institution, PipelineConfig
 
 #: extensions that are never pipeline input in a delivery folder (documentation, manifests, previews)
@@ -82,18 +83,6 @@ SEEN_SCHEMA = pa.schema(
 )
 
 
-def source_storage(cfg: PipelineConfig, inst: Institution, root: Storage) -> Storage:
-    """Storage for an institution's source: a relative ``source_uri`` (a trusted config value, which may climb
-    out of the root with ``..``, e.g. to ``../../../shared/data/dicom``) is resolved from the storage root."""
-    uri = inst.source_uri
-    if "://" in uri or uri.startswith("/"):
-        return Storage.open(uri, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region)
-    if root.is_local:
-        return Storage.open(uri, base_dir=root.root)
-    base = posixpath.normpath(f"{root.root}/{uri}")
-    return Storage(fs=root.fs, root=base, uri=f"s3://{base}")
-
-
 def report_glob(inst: Institution) -> str:
     """File-name pattern of an institution's report files."""
     return inst.report_glob or REPORT_GLOBS[inst.report_format]
@@ -133,20 +122,39 @@ def classify_dicom(data: bytes, uids: dict | None = None) -> tuple[str | None, s
 def discover_institution(
     cfg: PipelineConfig, inst: Institution, root: Storage, key: PseudonymKey
 ) -> pa.Table:
-    """Plan rows (:data:`PLAN_SCHEMA`) for every file in one institution's source, sorted by source_uri.
+    """Plan rows (:data:`PLAN_SCHEMA`) for every path in one institution's source, sorted by source_uri.
 
     Reports are sharded later, per record; DICOM files get the shard of their patient pseudonym.
-    Files that cannot be read as DICOM are marked quarantined here (reason code, never a value).
+    Files that cannot be read as DICOM are marked quarantined here (reason code, never a value). A path that
+    cannot be read at all (a dangling link, a named pipe, a folder that cannot be listed, a read error:
+    :func:`etl.sources.source_access.list_source`) is quarantined with reason ``unreadable_file``; its
+    ``sha256`` is then that of ``"unreadable:" + source_uri`` (no content to hash: a per-path placeholder,
+    so it never reads as a duplicate of another file) and ``bytes`` is 0.
+
+    Raises
+    ------
+    etl.sources.source_access.SourceUnavailableError
+        when the source is missing or unreadable (before anything is read).
     """
     src = source_storage(cfg, inst, root)
+    check_source(inst, src)
     pattern = report_glob(inst)
     rows = []
-    for rel in src.list_files():
-        data = src.read_bytes(rel)
+    for entry in list_source(src):
+        rel = entry.rel
+        uri = src.full_uri(rel)
+        problem = entry.problem
+        data = b""
+        if problem is None:
+            try:
+                data = src.read_bytes(rel)
+            except StorageError:
+                problem = "the file cannot be read"
         row = {
-            "source_uri": src.full_uri(rel),
+            "source_uri": uri,
             "institution": inst.id,
-            "sha256": hashlib.sha256(data).hexdigest(),
+            "sha256": hashlib.sha256(data).hexdigest() if problem is None else
+            hashlib.sha256(f"unreadable:{uri}".encode()).hexdigest(),
             "bytes": len(data),
             "kind": "other",
             "shard": None,
@@ -163,7 +171,10 @@ def discover_institution(
             "seen_status": None,
         }
         name = posixpath.basename(rel)
-        if pattern and fnmatch.fnmatch(name, pattern):
+        if problem is not None:
+            kind = "report" if pattern and fnmatch.fnmatch(name, pattern) else "other"
+            row.update(kind=kind, status="quarantined", reason=UNREADABLE_REASON, detail=problem)
+        elif pattern and fnmatch.fnmatch(name, pattern):
             row["kind"] = "report"
         elif not inst.dicom or name.lower().endswith(NON_INPUT_EXTENSIONS) or name.startswith("."):
             row.update(status="skipped", reason="not_an_input", detail="not a DICOM or report file of this source")
