@@ -1,4 +1,4 @@
-"""The ``medreco`` command line (console script ``medreco = etl.cli:app``) and the embedded Airflow runner.
+"""The ``medreco`` command line (console script ``medreco = etl.cli:main``: quiet output, then the Typer ``app``) and the embedded Airflow runner.
 
 The only part of ``etl`` that may import ``dags/``, ``training/`` and ``quality/``.
 """

@@ -61,8 +61,10 @@ def run_build(config_path: str | Path) -> dict:
     """
     prepare_airflow_env()
     from etl.build.runtime import quiet_library_logs
+    from etl.cli.output import after_airflow_setup
 
     quiet_library_logs()
+    after_airflow_setup()
     from dags.medreco_build import build_dag
     from etl.build.context import BuildContext
     from etl.build.lock import BuildLock, BuildLockHeldError
@@ -115,8 +117,10 @@ def run_training(config_path: str | Path, version: str) -> dict:
     """
     prepare_airflow_env()
     from etl.build.runtime import quiet_library_logs
+    from etl.cli.output import after_airflow_setup
 
     quiet_library_logs()
+    after_airflow_setup()
     from dags.medreco_training import training_dag
     from training.jobs import open_storage
 
