@@ -18,8 +18,9 @@ direction, default, sitk.sitkFloat32)`` (ITK's ``LinearInterpolateImageFunction`
 Passes, in the order that keeps the intermediate arrays smallest for the usual CT case (fewer slices,
 more pixels in plane): along the slices (each output slice is a blend of two input slices), along the
 columns (the last axis: a banded matrix product per block of output columns, through BLAS, over a slab
-of slices at once), along the rows (two row gathers and a blend, written straight into the caller's
-output, e.g. a payload buffer). The passes compute in float32, so values equal SimpleITK's (which
+of slices at once), along the rows (the same banded products from the left, per slice, written straight
+into the caller's output, e.g. a payload buffer). Each block's matrix holds the two weights of each output
+voxel (``1 - w`` and ``w``) and zeros, so a product adds exact zeros to ``(1 - w) a + w b``. The passes compute in float32, so values equal SimpleITK's (which
 interpolates in double and rounds once) to float32 rounding: within a few units in the last place of
 the volume's largest magnitude (``tests/pixels/test_separable.py`` on a real CT series).
 """
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: output columns per block of the column pass (one small matrix product each)
+#: output columns (rows) per block of the column (row) pass: one small matrix product each
 COLUMN_BLOCK = 16
 #: slices per slab of the column pass (the slab's rows go through BLAS together)
 SLAB_SLICES = 4
@@ -187,15 +188,11 @@ def resample_separable(
     ymap = axis_map(n1, row_mm, t_row, m1)
     xmap = axis_map(n2, col_mm, t_col, m2)
     xblocks = _column_blocks(xmap, COLUMN_BLOCK)
-    # rows: out = c[lower] + (c[lower + 1] - c[lower]) * w, with the difference taken once per input row
-    # (a row at n - 1 has w = 0 and takes difference row n - 2, times 0)
-    y_diff_row = np.minimum(ymap.lower, n1 - 2)
-    y_weight = np.where(ymap.lower == n1 - 1, 0.0, ymap.weight).astype(np.float32)[:, None]
+    # rows: the same banded blocks, transposed, applied from the left to each slice
+    yblocks = [(o0, o1, lo, hi, np.ascontiguousarray(w.T)) for o0, o1, lo, hi, w in _column_blocks(ymap, COLUMN_BLOCK)]
     slab = min(SLAB_SLICES, m0)
     zs = np.empty((slab, n1, n2), dtype=np.float32)
     cs = np.empty((slab, n1, m2), dtype=np.float32)
-    diff = np.empty((n1 - 1, m2), dtype=np.float32)
-    blend = np.empty((m1, m2), dtype=np.float32)
     for k0 in range(0, m0, slab):
         k1 = min(k0 + slab, m0)
         for k in range(k0, k1):  # slices: a blend of the two input slices around each output slice
@@ -211,14 +208,10 @@ def resample_separable(
         c_flat = cs[: k1 - k0].reshape(-1, m2)
         for o0, o1, lo, hi, w in xblocks:  # columns: banded products, every row of the slab at once
             np.matmul(z_flat[:, lo:hi], w, out=c_flat[:, o0:o1])
-        for k in range(k0, k1):  # rows, into the output
-            c = cs[k - k0]
-            np.subtract(c[1:], c[:-1], out=diff)
-            o = out[k]
-            np.take(c, ymap.lower, axis=0, out=o, mode="clip")  # "raise" would buffer the output
-            np.take(diff, y_diff_row, axis=0, out=blend, mode="clip")
-            blend *= y_weight
-            o += blend
+        for k in range(k0, k1):  # rows: banded products of each slice, straight into the output
+            c, o = cs[k - k0], out[k]
+            for o0, o1, lo, hi, w in yblocks:
+                np.matmul(w, c[lo:hi], out=o[o0:o1])
     # outside the input along any axis: the default value (only the high end can be outside: x >= 0)
     out[zmap.inside:] = default
     out[:, ymap.inside:] = default
