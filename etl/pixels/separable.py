@@ -34,8 +34,10 @@ import numpy as np
 
 #: output columns (rows) per block of the column (row) pass: one small matrix product each
 COLUMN_BLOCK = 16
-#: slices per slab of the column pass (the slab's rows go through BLAS together)
-SLAB_SLICES = 4
+#: slices per slab of the column pass (the slab's rows go through BLAS together). One: a product of a 512-row slice
+#: stays under OpenBLAS's threading threshold (m n k < 262,144), so each one runs on the calling thread (no BLAS
+#: threads competing with parallel tasks; as fast on one core as larger slabs, measured with bench_normalise.py)
+SLAB_SLICES = 1
 #: a direction matrix entry within this of 0 or +-1 counts as axis-aligned
 AXIS_ALIGNED_TOL = 1e-6
 

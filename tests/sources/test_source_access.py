@@ -154,3 +154,33 @@ def test_cli_run_refuses_a_missing_source_before_any_work(tmp_path):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: source_not_found: institution inst-0: source_uri 'sources/typo'")
     assert not (tmp_path / "root" / "ledger").exists()  # no key binding, no ledger, no plan
+
+
+def test_s3_sources_missing_empty_and_present(monkeypatch):
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        url = f"http://{host}:{port}"
+        for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                           ("AWS_DEFAULT_REGION", "us-east-1")):
+            monkeypatch.setenv(var, value)
+        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+        s3.create_bucket(Bucket="med")
+        s3.put_object(Bucket="med", Key="root/sources/full/a.dcm", Body=b"x")
+        s3.put_object(Bucket="med", Key="root/sources/empty/", Body=b"")  # a folder marker: an existing, empty source
+        doc = {"storage": {"root": "s3://med/root", "s3_endpoint_url": url}, "shard_count": 1,
+               "institutions": [{"id": i, "country": "US", "language": "en", "timezone": "UTC", "source_uri": f"sources/{i}",
+                                 "report_format": "none"} for i in ("full", "empty")]}
+        cfg = parse_config(doc)
+        root = Storage.from_config(cfg)
+        assert check_sources(cfg, root) == {"full": "s3://med/root/sources/full", "empty": "s3://med/root/sources/empty"}
+        doc["institutions"][1]["source_uri"] = "sources/typo"
+        cfg = parse_config(doc)
+        with pytest.raises(SourceUnavailableError, match="source_not_found: institution empty: source_uri 'sources/typo'"):
+            check_sources(cfg, root)
+    finally:
+        server.stop()
