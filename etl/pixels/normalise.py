@@ -783,7 +783,10 @@ def normalise_volume(
                 payload_buffer = NpyPayload(resampled_size(volume.shape, spacing, target))
             out = payload_buffer.array if payload_buffer is not None else None
             streamed_stack = volume if isinstance(volume, _StreamedStack) else None
-            volume, geometry, method = resample(volume, geometry, target, default, out=out)
+            ct_window = (float(cfg.ct_hu_window[0]), float(cfg.ct_hu_window[1])) if modality == "CT" else None
+            volume, geometry, method = resample(volume, geometry, target, default, out=out, clip=ct_window)
+            if ct_window is not None and method == "separable":
+                clip = ct_window  # clipped slice by slice as it was resampled
             if streamed_stack is not None:
                 steps[decode_at:decode_at] = streamed_stack.finish()
             spacing = geometry.spacing_mm

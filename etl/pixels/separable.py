@@ -147,6 +147,7 @@ def resample_separable(
     size: tuple[int, int, int],
     default: float,
     out: np.ndarray | None = None,
+    clip: tuple[float, float] | None = None,
 ) -> np.ndarray:
     """Linear resampling of a (slice, row, col) volume onto the grid of the same origin and direction at
     ``target_mm``, equal to SimpleITK's linear ``Resample`` to float32 rounding (see the module docstring).
@@ -165,6 +166,9 @@ def resample_separable(
     out : numpy.ndarray, optional
         C-contiguous float32 array of shape ``size`` to write into (every element is written), e.g. the
         array of an :class:`etl.pixels.npy_payload.NpyPayload`; a new array when None.
+    clip : (float, float), optional
+        (low, high): each output slice clipped as soon as it is made, while it is in cache (the values of
+        clipping the whole output afterwards, ``default`` included).
 
     Returns
     -------
@@ -214,7 +218,11 @@ def resample_separable(
             c, o = cs[k - k0], out[k]
             for o0, o1, lo, hi, w in yblocks:
                 np.matmul(w, c[lo:hi], out=o[o0:o1])
+            if clip is not None:
+                np.clip(o, clip[0], clip[1], out=o)
     # outside the input along any axis: the default value (only the high end can be outside: x >= 0)
+    if clip is not None:
+        default = min(max(float(default), clip[0]), clip[1])
     out[zmap.inside:] = default
     out[:, ymap.inside:] = default
     out[:, :, xmap.inside:] = default

@@ -337,6 +337,7 @@ def resample(
     target_spacing_mm: tuple[float, float, float],
     default: float,
     out: np.ndarray | None = None,
+    clip: tuple[float, float] | None = None,
 ) -> tuple[np.ndarray, Geometry, str]:
     """Resample a regular volume to a target spacing (linear interpolation), keeping origin and direction.
 
@@ -360,6 +361,9 @@ def resample(
     out : numpy.ndarray, optional
         C-contiguous float32 array of the output size to write into on the separable path (e.g. a payload
         buffer); ignored by the SimpleITK path.
+    clip : (float, float), optional
+        (low, high) applied slice by slice on the separable path (:func:`etl.pixels.separable.resample_separable`);
+        ignored by the SimpleITK path (the method returned tells which).
 
     Returns
     -------
@@ -376,7 +380,8 @@ def resample(
         if out is None or out.shape != size:
             out = None
         src = volume if volume.dtype == np.float32 else volume.astype(np.float32)
-        return resample_separable(src, geometry.spacing_mm, spacing, size, default, out), out_geometry, "separable"
+        return (resample_separable(src, geometry.spacing_mm, spacing, size, default, out, clip), out_geometry,
+                "separable")
     return resample_sitk(volume, geometry, target_spacing_mm, default), out_geometry, "SimpleITK.Resample"
 
 

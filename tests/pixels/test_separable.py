@@ -151,3 +151,13 @@ def test_bad_input_refused():
     with pytest.raises(ValueError, match="out must be"):
         resample_separable(np.zeros((2, 4, 4), np.float32), [1, 1, 1], [1, 1, 1], (2, 4, 4), 0.0,
                            out=np.zeros((2, 4, 5), np.float32))
+
+
+def test_clip_while_resampling_equals_clipping_after(real_stack):
+    volume, spacing = real_stack
+    volume = np.ascontiguousarray(volume[:5, :80, :80])
+    size = tuple(n + 3 for n in resampled_size(volume.shape, spacing, DEFAULT_CT_SPACING_MM))  # some outside voxels
+    plain = resample_separable(volume, spacing, DEFAULT_CT_SPACING_MM, size, -3000.0)
+    clipped = resample_separable(volume, spacing, DEFAULT_CT_SPACING_MM, size, -3000.0, clip=(-1000.0, 1000.0))
+    np.testing.assert_array_equal(clipped, np.clip(plain, -1000.0, 1000.0))
+    assert clipped.min() == -1000.0  # the default value outside the input is clipped too
