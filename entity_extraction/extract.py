@@ -57,6 +57,8 @@ from medspacy.context import ConText, ConTextRule  # noqa: E402
 from medspacy.target_matcher import TargetMatcher, TargetRule  # noqa: E402
 from scispacy.abbreviation import AbbreviationDetector  # noqa: E402
 
+from entity_extraction.sentence_context import SentenceScopedConText  # noqa: E402
+
 #: packaged language files: ``context_rules_<lang>.json`` (required), ``section_rules_<lang>.json`` and
 #: ``descriptor_rules_<lang>.json`` (optional); other folders come first on the search path
 #: (:func:`schemas.ontology.language_search_path`).
@@ -385,8 +387,8 @@ class EntityExtractor:
                 variants.append(literals[1:])
         except (OSError, KeyError, TypeError, ValueError) as exc:
             raise ExtractorConfigError("invalid_context_rules", f"{path.name}: {exc}") from exc
-        context = ConText(nlp, name="medreco_context", rules=None, span_attrs=None,
-                          prune_on_modifier_overlap=True, prune_on_target_overlap=False)
+        context = SentenceScopedConText(nlp, name="medreco_context", rules=None, span_attrs=None,
+                                        prune_on_modifier_overlap=True, prune_on_target_overlap=False)
         context.add(rules)
         # The variants join their rule's PhraseMatcher key (the rule id medspaCy gave it), so one data rule stays one
         # ConText rule and the ids of all other rules, hence the order of equal-span matches, do not move.
