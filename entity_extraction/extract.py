@@ -96,6 +96,10 @@ class ExtractorConfigError(ReasonCodedError, ValueError):
     ``invalid_context_rules``)."""
 
 
+#: ``Doc.user_data`` key of the document text, stored by :func:`_section_sentences`
+_TEXT_KEY = "medreco_text"
+
+
 def _section_sentences(doc: Doc, rules_path: str | None = None) -> Doc:
     """Start a sentence at every section header, blank line and numbered/bulleted list item.
 
@@ -109,7 +113,8 @@ def _section_sentences(doc: Doc, rules_path: str | None = None) -> Doc:
     arr = doc.to_array([IDX, IS_SPACE])
     idx = arr[:, 0].tolist()
     starts = set()
-    for _, start, _ in section_spans(doc.text, rules_path):
+    text = doc.user_data[_TEXT_KEY] = doc.text  # Doc.text joins every token: read once, kept for _Sentences
+    for _, start, _ in section_spans(text, rules_path):
         i = bisect_left(idx, start)
         if 0 < i < n and idx[i] == start:
             starts.add(i)
@@ -179,7 +184,8 @@ class _Sentences:
 
     def __init__(self, doc: Doc) -> None:
         self.doc = doc
-        self.text = doc.text  # Doc.text joins every token: read once
+        # Doc.text joins every token: read once (by the section-sentence component when it ran)
+        self.text = doc.user_data.get(_TEXT_KEY) or doc.text
         starts = doc.to_array("SENT_START").tolist() if len(doc) else []
         self.starts = [0] + [i for i, v in enumerate(starts) if v == 1 and i > 0]
 
@@ -595,7 +601,7 @@ class EntityExtractor:
             # medspaCy matchers built from phrase rules only hold an empty token Matcher: spaCy W036 each call
             warnings.filterwarnings("ignore", message=r"\[W036\]")
             targets = index.matcher(doc)
-            if targets and _PARENTHESISED.search(doc.text):
+            if targets and _PARENTHESISED.search(doc.user_data.get(_TEXT_KEY) or doc.text):
                 targets = self._add_abbreviations(doc, targets)
             _set_ents(doc, targets)
             doc = self._context(doc)
