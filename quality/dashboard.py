@@ -420,7 +420,7 @@ _TOKEN = r"(?<![A-Za-z0-9_]){}(?![A-Za-z0-9_])"
 def _path_fragments(*uris: str | None) -> list[str]:
     """What of a source path is removed from a ledger text (longest first; each matched as a whole token).
 
-    - the path and every run of two or more of its consecutive components (``a/b/c``, ``b/c``, ``a/b``), with
+    - the path as given and every run of two or more of its consecutive components (``a/b/c``, ``b/c``, ``a/b``), with
       either separator;
     - the file name and its stem (``IM0001.dcm``, ``IM0001``);
     - every component that is not a plain word (it holds a digit, ``^``, ``_``, ``.``, a space: the shapes of
@@ -435,6 +435,7 @@ def _path_fragments(*uris: str | None) -> list[str]:
     for uri in uris:
         if not uri:
             continue
+        frags.add(uri)
         parts = [p for p in _SEP.split(uri) if p]
         for i in range(len(parts)):
             for j in range(i + 2, len(parts) + 1):
