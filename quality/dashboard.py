@@ -12,7 +12,6 @@ row's source path removed. Every string is HTML-escaped. Pages are deterministic
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import re
@@ -25,27 +24,21 @@ import numpy as np
 import pyarrow as pa
 
 from quality.checks import QualityReport
+from quality.page_kit import PAGES, REVIEW_LINK, TEMPLATE_FILE
+from quality.page_kit import Html as _Html
+from quality.page_kit import badge as _badge
+from quality.page_kit import cards as _cards
+from quality.page_kit import esc as _e
+from quality.page_kit import fmt as _fmt
+from quality.page_kit import section as _section
+from quality.page_kit import table as _table
 from schemas.errors import ReasonCodedError
 from schemas.ledger import STATUSES
 from schemas.ontology import load_ontology
 from schemas.splits import SPLITS
 from schemas.tables import SCHEMAS
 
-TEMPLATE_FILE = Path(__file__).with_name("dashboard_template.html")
-PAGES = (
-    ("index.html", "Run overview"),
-    ("deid.html", "De-identification audit"),
-    ("images.html", "Images"),
-    ("reports.html", "Reports"),
-    ("pairs.html", "Pairs & VQA"),
-    ("splits.html", "Splits"),
-    ("checks.html", "Quality checks"),
-    ("quarantine.html", "Quarantine"),
-)
 REVIEW_DECISIONS = ("release", "reject")
-#: the served app's quarantine review (``/review`` beside ``/dashboard/``, wherever the app is mounted: the
-#: link is relative); a static copy opened from disk has no app behind it
-REVIEW_LINK = '<a class="review" href="../review" id="review-link">Quarantine review (record decisions)</a>'
 PHI_EXPECTATION = "expect_column_values_to_not_match_regex_list"
 STATUS_COLOURS = {"ingested": "#2e7d4f", "quarantined": "#b3261e", "duplicate": "#d08a00", "skipped": "#8a94a6"}
 PALETTE = ("#2156a5", "#2e7d4f", "#d08a00", "#b3261e", "#6a3d9a", "#1f9aa8", "#8a94a6", "#c2185b")
@@ -59,16 +52,6 @@ _HERE = ' class="here"'
 
 class DashboardInputError(ReasonCodedError, ValueError):
     """Bad input to :func:`build_dashboard`; ``reason`` is ``missing_run_id``, ``bad_history`` or ``bad_review``."""
-
-
-class _Html(str):
-    """A trusted HTML fragment (produced here); every other string is escaped on output."""
-
-
-def _e(value) -> str:
-    if isinstance(value, _Html):
-        return str(value)
-    return html.escape("" if value is None else str(value), quote=True)
 
 
 def _clip(label: str, n: int) -> str:
@@ -85,16 +68,6 @@ CHAR_EM = 0.68
 def text_width(label: str, font_px: float) -> float:
     """Upper bound of the rendered width (px) of ``label`` at ``font_px`` (see :data:`CHAR_EM`)."""
     return len(str(label)) * font_px * CHAR_EM
-
-
-def _fmt(v) -> str:
-    if isinstance(v, bool) or v is None:
-        return str(v)
-    if isinstance(v, (int, np.integer)):
-        return f"{int(v):,}"
-    if isinstance(v, (float, np.floating)):
-        return f"{float(v):,.3g}" if abs(v) < 1000 else f"{float(v):,.0f}"
-    return str(v)
 
 
 # ------------------------------------------------------------------------------------------ SVG charts
@@ -349,43 +322,6 @@ def svg_stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[fl
 
 
 # ------------------------------------------------------------------------------------------ HTML bits
-
-
-def _table(headers: Sequence[str], rows: Iterable[Sequence], numeric: Iterable[int] = (),
-           wrap: Iterable[int] = ()) -> str:
-    """An HTML table; ``numeric`` columns right-aligned and formatted, ``wrap`` columns (long codes, JSON,
-    messages) may break anywhere, so the table never overflows its card."""
-    num, brk = set(numeric), set(wrap)
-    head = "".join(f'<th class="num">{_e(h)}</th>' if i in num else f"<th>{_e(h)}</th>"
-                   for i, h in enumerate(headers))
-    body = []
-    for row in rows:
-        cells = []
-        for i, v in enumerate(row):
-            txt = _e(v) if isinstance(v, _Html) else _e(_fmt(v) if i in num else v)
-            cells.append(f'<td class="num">{txt}</td>' if i in num else
-                         f'<td class="wrap">{txt}</td>' if i in brk else f"<td>{txt}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    if not body:
-        body.append(f'<tr><td colspan="{len(headers)}" class="empty">none</td></tr>')
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def _cards(items: Sequence[tuple[str, object]]) -> str:
-    return '<div class="cards">' + "".join(
-        f'<div class="card"><div class="v">{_e(_fmt(v))}</div><div class="k">{_e(k)}</div></div>' for k, v in items
-    ) + "</div>"
-
-
-def _section(title: str, *content: str) -> str:
-    return f"<section><h2>{_e(title)}</h2>{''.join(content)}</section>"
-
-
-def _badge(passed: bool, severity: str = "critical") -> _Html:
-    if passed:
-        return _Html('<span class="badge pass">PASS</span>')
-    cls = "fail" if severity == "critical" else "warn"
-    return _Html(f'<span class="badge {cls}">FAIL</span>')
 
 
 def _row(*charts: str) -> str:

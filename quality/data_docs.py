@@ -27,7 +27,7 @@ from pathlib import Path
 from string import Template
 from urllib.parse import quote
 
-from quality.dashboard import PAGES, TEMPLATE_FILE, _badge, _cards, _e, _Html, _section, _table
+from quality.page_kit import PAGES, REVIEW_LINK, TEMPLATE_FILE, Html, badge, cards, esc, section, table
 from schemas.errors import ReasonCodedError
 
 INDEX = "index.html"
@@ -110,8 +110,8 @@ def _nav(depth: int, here: str) -> str:
     up = "../" * depth
     cls = ' class="here"' if here == INDEX else ""
     links = [f'<a href="{up}{INDEX}"{cls}>Data Docs</a>']
-    links += [f'<a href="{up}../dashboard/{p}">{_e(t)}</a>' for p, t in PAGES]
-    links.append(f'<a class="review" href="{up}../review" id="review-link">Quarantine review (record decisions)</a>')
+    links += [f'<a href="{up}../dashboard/{p}">{esc(t)}</a>' for p, t in PAGES]
+    links.append(REVIEW_LINK.replace('href="../review"', f'href="{up}../review"'))
     return "".join(links)
 
 
@@ -128,12 +128,12 @@ def _severity(result: dict) -> str:
 
 def _index_body(validations: list[Validation]) -> str:
     if not validations:
-        return _section("Validation results", '<p class="empty">no validation results stored yet: run the build</p>')
+        return section("Validation results", '<p class="empty">no validation results stored yet: run the build</p>')
     runs: dict[str, list[Validation]] = {}
     for v in validations:
         runs.setdefault(v.run_name, []).append(v)
-    parts = [_section("Validation results",
-                      _cards([("runs", len(runs)), ("validations", len(validations)),
+    parts = [section("Validation results",
+                      cards([("runs", len(runs)), ("validations", len(validations)),
                               ("failed validations, latest run",
                                sum(not v.data.get("success") for v in next(iter(runs.values()))))]),
                       '<p class="muted">One Great Expectations Checkpoint per suite (a curated table or a view of '
@@ -144,21 +144,21 @@ def _index_body(validations: list[Validation]) -> str:
         for v in sorted(vs, key=lambda v: (bool(v.data.get("success")), v.suite)):
             n, ok, bad = _stats(v)
             sev = sorted({_severity(r) for r in v.data["results"] if not r.get("success")} - {""})
-            rows.append((_badge(bool(v.data.get("success")), "critical" if "critical" in sev else "warning"),
-                         _Html(f'<a href="{_href(v.page)}">{_e(v.suite)}</a>'), ", ".join(sev), n, ok, bad,
+            rows.append((badge(bool(v.data.get("success")), "critical" if "critical" in sev else "warning"),
+                         Html(f'<a href="{_href(v.page)}">{esc(v.suite)}</a>'), ", ".join(sev), n, ok, bad,
                          v.run_time))
-        parts.append(_section(f"Run {run}", _table(["status", "suite", "failed severity", "expectations",
+        parts.append(section(f"Run {run}", table(["status", "suite", "failed severity", "expectations",
                                                     "passed", "failed", "validated at"], rows, numeric=[3, 4, 5])))
     return "".join(parts)
 
 
-def _kwargs_html(kwargs: dict) -> _Html:
+def _kwargs_html(kwargs: dict) -> Html:
     shown = {k: v for k, v in sorted(kwargs.items()) if k != "batch_id"}
     text = json.dumps(shown, sort_keys=True, ensure_ascii=False)
     if len(text) <= _KWARGS_INLINE:
-        return _Html(f'<span class="mono">{_e(text)}</span>')
-    return _Html(f'<details><summary class="mono">{_e(text[:_KWARGS_INLINE])} …</summary>'
-                 f'<span class="mono">{_e(text)}</span></details>')
+        return Html(f'<span class="mono">{esc(text)}</span>')
+    return Html(f'<details><summary class="mono">{esc(text[:_KWARGS_INLINE])} …</summary>'
+                 f'<span class="mono">{esc(text)}</span></details>')
 
 
 def _validation_body(v: Validation) -> str:
@@ -173,18 +173,18 @@ def _validation_body(v: Validation) -> str:
         exc = r.get("exception_info") or {}
         if isinstance(exc, dict) and exc.get("raised_exception"):
             obs["exception"] = str(exc.get("exception_message") or "")[:200]
-        rows.append((_badge(bool(r.get("success")), _severity(r) or "critical"), _severity(r),
+        rows.append((badge(bool(r.get("success")), _severity(r) or "critical"), _severity(r),
                      str((cfg.get("meta") or {}).get("check") or ""), str(cfg.get("type") or ""),
                      str(kwargs.get("column") or kwargs.get("column_list") or ""), _kwargs_html(kwargs),
-                     _Html(f'<span class="mono">{_e(json.dumps(obs, sort_keys=True))}</span>')))
+                     Html(f'<span class="mono">{esc(json.dumps(obs, sort_keys=True))}</span>')))
     facts = [("suite", v.suite), ("run", v.run_name), ("validated at", meta.get("validation_time") or v.run_time),
              ("Great Expectations", meta.get("great_expectations_version", "")),
              ("checkpoint id", meta.get("checkpoint_id", ""))]
     return "".join([
-        _section(f"Suite {v.suite}", _table(["key", "value"], facts),
-                 _cards([("expectations", n), ("passed", ok), ("failed", bad),
+        section(f"Suite {v.suite}", table(["key", "value"], facts),
+                 cards([("expectations", n), ("passed", ok), ("failed", bad),
                          ("result", "success" if v.data.get("success") else "failure")])),
-        _section("Expectations", _table(["status", "severity", "check", "expectation", "column", "arguments",
+        section("Expectations", table(["status", "severity", "check", "expectation", "column", "arguments",
                                          "observed"], rows, wrap=[2, 3, 5, 6])),
     ])
 
@@ -221,8 +221,8 @@ def write_data_docs(validations_dir: Path, out_dir: Path) -> Path:
 
     def write(rel: str, title: str, body: str, run_id: str) -> None:
         depth = rel.count("/")
-        doc = template.substitute(site="MedReCo-DB Data Docs", title=_e(title), run_id=_e(run_id),
-                                  subtitle=_e(subtitle), nav=_nav(depth, rel if rel == INDEX else ""), body=body)
+        doc = template.substitute(site="MedReCo-DB Data Docs", title=esc(title), run_id=esc(run_id),
+                                  subtitle=esc(subtitle), nav=_nav(depth, rel if rel == INDEX else ""), body=body)
         target = out_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(doc, encoding="utf-8")

@@ -30,7 +30,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 
 from etl import zones
 from etl.storage import Storage, StorageError
-from quality.dashboard import PAGES
+from quality.page_kit import PAGES
 from quality.review import ReviewError, quarantine_items, record_decision
 from quality.review_auth import Authenticator, RequestGuard
 
