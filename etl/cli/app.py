@@ -330,8 +330,9 @@ def validate_source(
         lines += [f"{f['outcome']:<11} {f['stage']:<10} {f['reason']}  {f['path']}: {f['detail']}"
                   for f in check.findings if f["outcome"] != "skipped"]
         n = len(check.problems)
-        lines.append("OK: the build would ingest every file and record" if check.ok else
-                     f"FAIL: {n} problem{'s' if n != 1 else ''} (quarantined files, withheld records)")
+        lines.append(("OK: the build would ingest every file and record" if check.ok else
+                      f"FAIL: {n} problem{'s' if n != 1 else ''} (quarantined files, withheld records)")
+                     + ("" if deidentify else " (--no-deid: de-identification and report links not checked)"))
         typer.echo("\n".join(lines))
     if not check.ok:
         raise typer.Exit(1)

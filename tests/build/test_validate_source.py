@@ -97,6 +97,9 @@ def test_validate_source_passes_a_clean_delivery_and_prints_one_line_per_problem
     assert res.exit_code == 0, res.output
     assert "the build would record: ingested 2, skipped 1" in res.output
     assert res.output.rstrip().endswith("OK: the build would ingest every file and record")
+    res = runner.invoke(app, ["validate-source", "-i", "csv-inst", "-c", str(delivery["config"]), "--no-deid"])
+    assert res.exit_code == 0 and "report records: link:no_study 2, read 2, withheld 0" in res.output
+    assert res.output.rstrip().endswith("(--no-deid: de-identification and report links not checked)")
 
 
 def test_validate_source_refuses_what_it_cannot_check(delivery):
