@@ -64,8 +64,12 @@ def build_views(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
         ``pair_images`` (sorted by ``pair_id``) and ``vqa_images`` (sorted by ``item_id``), schemas
         :data:`VIEW_SCHEMAS`.
     """
-    empty = {n: pa.table({c: pa.array([], pa.string()) for c in cols}) for n, cols in VIEW_INPUTS.items()}
-    get = lambda n: tables.get(n) if tables.get(n) is not None and tables[n].num_rows else empty[n]  # noqa: E731
+    def get(name: str) -> pa.Table:
+        table = tables.get(name)
+        if table is None or not table.num_rows:
+            return pa.table({c: pa.array([], pa.string()) for c in VIEW_INPUTS[name]})
+        return table
+
     by_study = index_by_study(get("images").select(VIEW_INPUTS["images"]).to_pylist())
     pairs = sorted(get("pairs").select(VIEW_INPUTS["pairs"]).to_pylist(), key=lambda p: p["pair_id"])
     vqa_t = get("vqa")

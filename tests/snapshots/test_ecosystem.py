@@ -120,8 +120,8 @@ def test_ecosystem_files_are_pinned_and_verified(two_releases, tmp_path):
     import yaml
 
     configs = {c["config_name"]: c for c in yaml.safe_load(front)["configs"]}
-    assert configs["pairs"]["data_files"][0]["path"] == [l for l in open(
-        f"{_folder(st, '0.2.0')}/files/pairs.txt").read().split()]
+    assert configs["pairs"]["data_files"][0]["path"] == open(
+        f"{_folder(st, '0.2.0')}/files/pairs.txt").read().split()
     assert "# MedReCo-DB snapshot 0.2.0" in card and "duckdb.read_parquet" in card
     # a changed file is found (copy the release to keep the module's fixture intact)
     import shutil
