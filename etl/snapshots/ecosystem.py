@@ -26,11 +26,10 @@ import posixpath
 from importlib import resources
 from typing import Any
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
-
-from medreco_reader.images import index_by_study, pair_images, vqa_images
 
 #: name, in the release folder, of the Hugging Face dataset card, the Croissant file and the file-list folder
 HF_CARD = "README.md"
@@ -55,8 +54,26 @@ VIEW_SCHEMAS = {
 IMAGE_COLUMNS = {"images": ("payload",)}
 
 
+def _pick(wanted: pl.DataFrame, images: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """The representative ``image_key`` per row of ``wanted`` (columns ``by`` + ``study_key``, ``want_modality``,
+    ``want_view``): :func:`medreco_reader.images.representative` vectorised. Its sequential filters with fallback
+    (modality, then view, each dropped when nothing matches) are the lexicographic minimum of (modality mismatch,
+    view mismatch, not 2D, image_key); ``tests/snapshots/test_ecosystem.py`` checks both agree."""
+    joined = wanted.join(images, on="study_key", how="left")
+    ranked = joined.with_columns(
+        (pl.col("want_modality").is_not_null() & (pl.col("modality").is_null()
+                                                   | (pl.col("modality") != pl.col("want_modality")))).alias("_m"),
+        (pl.col("want_view").is_not_null() & (pl.col("view").is_null()
+                                               | (pl.col("view") != pl.col("want_view")))).alias("_v"),
+        (pl.col("kind") != "2d").fill_null(True).alias("_k"))
+    return (ranked.group_by(by).agg(pl.col("image_key").sort_by(["_m", "_v", "_k", "image_key"], nulls_last=True)
+                                    .first()).sort(by))
+
+
 def build_views(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
-    """The views of a release from its ``images``, ``pairs`` and ``vqa`` columns (:data:`VIEW_INPUTS`).
+    """The views of a release from its ``images``, ``pairs`` and ``vqa`` columns (:data:`VIEW_INPUTS`), with the
+    rule of :func:`medreco_reader.images.pair_images` / :func:`~medreco_reader.images.vqa_images`, vectorised
+    (polars joins: metadata columns only, linear in the rows).
 
     Returns
     -------
@@ -64,20 +81,48 @@ def build_views(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
         ``pair_images`` (sorted by ``pair_id``) and ``vqa_images`` (sorted by ``item_id``), schemas
         :data:`VIEW_SCHEMAS`.
     """
-    def get(name: str) -> pa.Table:
+    def get(name: str) -> pl.DataFrame:
         table = tables.get(name)
+        cols = [c for c in VIEW_INPUTS[name] if table is not None and c in table.column_names]
         if table is None or not table.num_rows:
-            return pa.table({c: pa.array([], pa.string()) for c in VIEW_INPUTS[name]})
-        return table
+            return pl.DataFrame({c: pl.Series([], dtype=pl.List(pl.String) if c == "study_keys" else pl.String)
+                                 for c in VIEW_INPUTS[name]})
+        frame = pl.from_arrow(table.select(cols))
+        assert isinstance(frame, pl.DataFrame)
+        return frame if "study_keys" in frame.columns or name != "vqa" else frame.with_columns(
+            pl.lit(None, dtype=pl.List(pl.String)).alias("study_keys"))
 
-    by_study = index_by_study(get("images").select(VIEW_INPUTS["images"]).to_pylist())
-    pairs = sorted(get("pairs").select(VIEW_INPUTS["pairs"]).to_pylist(), key=lambda p: p["pair_id"])
-    vqa_t = get("vqa")
-    cols = [c for c in VIEW_INPUTS["vqa"] if c in vqa_t.column_names]
-    items = sorted(vqa_t.select(cols).to_pylist(), key=lambda q: q["item_id"])
-    return {"pair_images": pa.Table.from_pylist(pair_images(by_study, pairs), schema=VIEW_SCHEMAS["pair_images"]),
-            "vqa_images": pa.Table.from_pylist(vqa_images(by_study, {p["pair_id"]: p for p in pairs}, items),
-                                               schema=VIEW_SCHEMAS["vqa_images"])}
+    images = get("images").select("image_key", "study_key", "kind", "modality", "view")
+    pairs = get("pairs").sort("pair_id")
+    sides = pl.concat([pairs.select("pair_id", pl.lit(side).alias("side"), pl.col(f"{side}_study_key").alias("study_key"),
+                                    pl.col("modality").alias("want_modality"), pl.col("view").alias("want_view"))
+                       for side in ("prior", "current")])
+    picked = _pick(sides, images, ["pair_id", "side"])
+    pair_view = pairs.join(picked.filter(pl.col("side") == "prior").select("pair_id", prior_image_key="image_key"),
+                           on="pair_id", how="left")
+    pair_view = pair_view.join(picked.filter(pl.col("side") == "current")
+                               .select("pair_id", current_image_key="image_key"), on="pair_id", how="left")
+    pair_table = pair_view.select(VIEW_SCHEMAS["pair_images"].names).to_arrow().cast(VIEW_SCHEMAS["pair_images"])
+
+    vqa = get("vqa").sort("item_id")
+    p = pairs.select("pair_id", "prior_study_key", "current_study_key", "modality", "view")
+    items = vqa.join(p, on="pair_id", how="left").with_columns(
+        pl.when(pl.col("study_keys").list.len() > 0).then(pl.col("study_keys"))
+        .when(pl.col("prior_study_key").is_not_null())
+        .then(pl.concat_list("prior_study_key", "current_study_key"))
+        .when(pl.col("study_key").is_not_null()).then(pl.concat_list("study_key"))
+        .otherwise(pl.lit([], dtype=pl.List(pl.String))).alias("studies"),
+        pl.col("modality").alias("want_modality"), pl.col("view").alias("want_view"))
+    wanted = (items.select("item_id", "studies", "want_modality", "want_view")
+              .with_columns(pl.int_ranges(0, pl.col("studies").list.len()).alias("pos"))
+              .explode(["studies", "pos"]).drop_nulls("pos").rename({"studies": "study_key"}))
+    per_study = _pick(wanted, images, ["item_id", "pos"]).sort(["item_id", "pos"])
+    keys = per_study.group_by("item_id", maintain_order=True).agg(pl.col("image_key").alias("image_keys"))
+    vqa_view = (items.select("item_id", "pair_id", pl.col("studies").alias("study_keys"))
+                .join(keys, on="item_id", how="left")
+                .with_columns(pl.col("image_keys").fill_null(pl.lit([], dtype=pl.List(pl.String)))))
+    vqa_table = vqa_view.select(VIEW_SCHEMAS["vqa_images"].names).to_arrow().cast(VIEW_SCHEMAS["vqa_images"])
+    return {"pair_images": pair_table, "vqa_images": vqa_table}
 
 
 def parquet_bytes(table: pa.Table) -> bytes:

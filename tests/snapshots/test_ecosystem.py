@@ -110,6 +110,36 @@ def test_views_resolve_pairs_and_vqa_items_to_their_image_rows(two_releases):
         snap.image("nope")
 
 
+def test_vectorised_views_follow_the_reader_rule():
+    """build_views (polars, at publish) gives what medreco_reader.images.pair_images / vqa_images give (the rule
+    the torch datasets use), on studies with mixed kinds, modalities, null views and no images."""
+    import random
+
+    import pyarrow as pa
+
+    from etl.snapshots.ecosystem import build_views
+    from medreco_reader.images import index_by_study, pair_images, vqa_images
+
+    rng = random.Random(3)
+    images = [{"image_key": f"i{k:03d}", "study_key": f"s{rng.randrange(30)}", "kind": rng.choice(["2d", "3d"]),
+               "modality": rng.choice(["CR", "DX", "CT"]), "view": rng.choice(["PA", "AP", None])} for k in range(80)]
+    pairs = [{"pair_id": f"p{k:02d}", "patient_key": "x", "prior_study_key": f"s{rng.randrange(35)}",
+              "current_study_key": f"s{rng.randrange(35)}", "modality": rng.choice(["CR", "CT"]),
+              "view": rng.choice(["PA", "AP", None])} for k in range(40)]
+    vqa = [{"item_id": f"q{k:02d}", "pair_id": rng.choice([None, *(p["pair_id"] for p in pairs[:10]), "gone"]),
+            "study_key": rng.choice([None, "s1", "s33"]),
+            "study_keys": rng.choice([None, [], ["s2"], ["s3", "s34"]])} for k in range(60)]
+    views = build_views({"images": pa.Table.from_pylist(images), "pairs": pa.Table.from_pylist(pairs),
+                         "vqa": pa.Table.from_pylist(vqa)})
+    by_study = index_by_study(images)
+    assert views["pair_images"].to_pylist() == pair_images(by_study, sorted(pairs, key=lambda p: p["pair_id"]))
+    assert views["vqa_images"].to_pylist() == vqa_images(by_study, {p["pair_id"]: p for p in pairs},
+                                                         sorted(vqa, key=lambda q: q["item_id"]))
+    assert any(r["prior_image_key"] is None for r in views["pair_images"].to_pylist())  # a study without images
+    empty = build_views({})
+    assert empty["pair_images"].num_rows == empty["vqa_images"].num_rows == 0
+
+
 def test_ecosystem_files_are_pinned_and_verified(two_releases, tmp_path):
     st = two_releases
     m = load_snapshot(st, "0.2.0").manifest

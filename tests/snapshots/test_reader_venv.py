@@ -48,7 +48,7 @@ rows = {t: snap.table(t).collect().height for t in snap.tables}
 views = {v: snap.view(v).num_rows for v in snap.views}
 png, png_meta = snap.image(png_key)
 vol, vol_meta = snap.image(vol_key)
-out = {"version": snap.version, "rows": rows, "views": views,
+out = {"python": sys.version.split()[0], "version": snap.version, "rows": rows, "views": views,
        "png": [list(png.shape), str(png.dtype), int(png.astype(np.int64).sum())],
        "vol": [list(vol.shape), str(vol.dtype), float(vol.astype(np.float64).sum()), vol_meta["spacing_mm"]]}
 for banned in ("etl", "airflow", "spacy", "great_expectations", "torch"):
@@ -66,18 +66,20 @@ def test_reader_alone_in_a_fresh_venv_loads_the_demo_release(demo_build, tmp_pat
     if python is None:
         pytest.skip("no Python other than the project's found (python3.12 or another 3.1x)")
     venv = tmp_path / "venv"
-    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
     pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(PROJECT_ROOT / "reader")],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, env=env)
     assert pip.returncode == 0, pip.stderr[-2000:]
     snap = load_snapshot(demo_build["storage"])
     images = snap.read("images", columns=["image_key", "payload_format"]).to_pylist()
     png_key = next(r["image_key"] for r in images if r["payload_format"] == "png")
     vol_key = next(r["image_key"] for r in images if r["payload_format"] == "nifti")
     run = subprocess.run([str(venv / "bin" / "python"), "-c", SCRIPT, str(demo_build["root"]), png_key, vol_key],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout)
+    print("reader venv: Python", got["python"], "from", python)
     png, _ = snap.image(png_key)
     vol, meta = snap.image(vol_key)
     assert got["version"] == snap.version

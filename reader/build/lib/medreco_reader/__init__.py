@@ -11,10 +11,18 @@ Modules: :mod:`~medreco_reader.root` (opening a folder or ``s3://`` root), :mod:
 image of a study), :mod:`~medreco_reader.payloads` (PNG / NIfTI / ``.npy`` decoding).
 """
 
-from medreco_reader.images import load_image, payload_bytes, png_spacing_mm, representative
+from medreco_reader.images import (
+           load_image,
+           pair_images,
+           payload_bytes,
+           png_spacing_mm,
+           representative,
+           vqa_images,
+)
 from medreco_reader.payloads import VOLUME_FORMATS, decode_nifti, decode_payload
 from medreco_reader.root import Root
 from medreco_reader.snapshot import Snapshot, SnapshotError, list_versions, load_snapshot, read_manifest
 
 __all__ = ["VOLUME_FORMATS", "Root", "Snapshot", "SnapshotError", "decode_nifti", "decode_payload", "list_versions",
-           "load_image", "load_snapshot", "payload_bytes", "png_spacing_mm", "read_manifest", "representative"]
+           "load_image", "load_snapshot", "pair_images", "payload_bytes", "png_spacing_mm", "read_manifest", "representative",
+           "vqa_images"]

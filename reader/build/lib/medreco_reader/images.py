@@ -150,3 +150,58 @@ def representative(rows: Iterable[Mapping[str, Any]], modality: str | None = Non
     if view is not None:
         candidates = [r for r in candidates if r["view"] == view] or candidates
     return candidates[0] if candidates else None
+
+
+def index_by_study(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """``images`` rows (``image_key``, ``study_key``, ``kind``, ``modality``, ``view``) grouped by study, each group
+    in :func:`study_order`."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r["study_key"], []).append(r)
+    for group in out.values():
+        group.sort(key=study_order)
+    return out
+
+
+def pair_images(by_study: Mapping[str, list[Mapping[str, Any]]], pairs: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """Each pair resolved to the representative image of its prior and current study (:func:`representative`
+    with the pair's modality and view).
+
+    Returns
+    -------
+    list of dict
+        ``pair_id``, ``patient_key``, ``modality``, ``view``, ``prior_study_key``, ``current_study_key``,
+        ``prior_image_key``, ``current_image_key`` (None when the study has no image), in the order of ``pairs``.
+    """
+    out = []
+    for p in pairs:
+        picks = [representative(by_study.get(p[k], []), p["modality"], p["view"])
+                 for k in ("prior_study_key", "current_study_key")]
+        out.append({**{k: p.get(k) for k in ("pair_id", "patient_key", "modality", "view", "prior_study_key",
+                                             "current_study_key")},
+                    "prior_image_key": picks[0]["image_key"] if picks[0] else None,
+                    "current_image_key": picks[1]["image_key"] if picks[1] else None})
+    return out
+
+
+def vqa_images(by_study: Mapping[str, list[Mapping[str, Any]]], pairs_by_id: Mapping[str, Mapping[str, Any]],
+               items: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """Each VQA item resolved to its images: the studies of ``study_keys`` (``[study]`` or ``[prior, current]``),
+    else of its pair (prior, current) or of ``study_key``; with the pair's modality and view when it has a pair.
+
+    Returns
+    -------
+    list of dict
+        ``item_id``, ``pair_id``, ``study_keys`` (list of str), ``image_keys`` (list, one per study, None where
+        the study has no image), in the order of ``items``.
+    """
+    out = []
+    for q in items:
+        p = pairs_by_id.get(q["pair_id"]) if q.get("pair_id") else None
+        studies = list(q.get("study_keys") or (
+            [p["prior_study_key"], p["current_study_key"]] if p else [q["study_key"]] if q.get("study_key") else []))
+        modality, view = (p["modality"], p["view"]) if p else (None, None)
+        picks = [representative(by_study.get(s, []), modality, view) for s in studies]
+        out.append({"item_id": q["item_id"], "pair_id": q.get("pair_id"), "study_keys": studies,
+                    "image_keys": [r["image_key"] if r else None for r in picks]})
+    return out

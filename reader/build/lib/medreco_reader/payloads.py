@@ -61,7 +61,7 @@ def decode_nifti(data: bytes) -> tuple[np.ndarray, dict[str, Any]]:
     try:
         raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
         img = nib.Nifti1Image.from_bytes(raw)
-        array = np.asarray(img.dataobj.get_unscaled())
+        array = np.asarray(img.dataobj.get_unscaled())  # type: ignore[attr-defined]
     except Exception as exc:  # noqa: BLE001  nibabel raises several types for a bad header
         raise ValueError(f"payload is not a readable NIfTI-1 volume: {type(exc).__name__}: {exc}") from None
     if array.ndim != 3:

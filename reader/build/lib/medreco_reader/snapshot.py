@@ -253,6 +253,18 @@ class Snapshot:
         """Decoded pixels and metadata of one image (:func:`medreco_reader.images.load_image`)."""
         return load_image(self.image_row(image_key), self.storage)
 
+    def volumes(self) -> list[dict[str, Any]]:
+        """The release's volume objects as MONAI-style records, in table order: ``image`` (the full URI of the
+        ``.nii.gz``: ``monai.transforms.LoadImaged(keys="image")``, nibabel, SimpleITK read it), ``image_key``,
+        ``study_key``, ``patient_key``, ``modality``, ``payload_sha256``. Volumes stored inline (releases before
+        images schema 2.0) are not listed."""
+        names = set(self.dataset("images").schema.names)
+        if "payload_uri" not in names:
+            return []
+        cols = ["image_key", "study_key", "patient_key", "modality", "payload_uri", "payload_sha256"]
+        rows = self.read("images", columns=cols).filter(pc.is_valid(pc.field("payload_uri"))).to_pylist()
+        return [{"image": self.storage.full_uri(r.pop("payload_uri")), **r} for r in rows]
+
     def __repr__(self) -> str:
         rows = ", ".join(f"{t}={v['rows']}" for t, v in self.manifest["tables"].items())
         return f"Snapshot({self.version}, {self.storage.full_uri('snapshots')}, {rows})"
