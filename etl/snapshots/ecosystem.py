@@ -29,7 +29,6 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 #: name, in the release folder, of the Hugging Face dataset card, the Croissant file and the file-list folder
 HF_CARD = "README.md"
@@ -206,7 +205,9 @@ def hf_card(manifest: dict, schemas: dict[str, pa.Schema], card_md: str) -> str:
     front = {"pretty_name": f"MedReCo-DB {manifest['version']}", "license": "other",
              "tags": ["medical", "radiology", "dicom", "longitudinal", "vqa"], "configs": configs,
              "dataset_info": infos}
-    return ("---\n" + yaml.safe_dump(front, sort_keys=False, width=1000) + "---\n\n" + card_md.rstrip("\n")
+    # JSON is YAML (flow style): what the Hub and `datasets` parse with yaml.safe_load, written 20x faster than
+    # PyYAML's pure-Python dumper and byte-stable wherever libyaml is or is not installed
+    return ("---\n" + json.dumps(front, indent=1) + "\n---\n\n" + card_md.rstrip("\n")
             + "\n\n" + READ_ME.format(version=manifest["version"], split=HF_SPLIT))
 
 
