@@ -199,6 +199,23 @@ def test_fit_image_and_volume_shapes_and_values():
     assert torch.equal(fitted[0, :3], vol[:, 1:7, 1:11]) and (fitted[0, 3] == -1000).all()
 
 
+def test_tensor_shapes_come_from_the_config():
+    import yaml
+    from pydantic import ValidationError
+
+    from schemas.config import PROJECT_ROOT, BatchConfig, PipelineConfig
+
+    data = yaml.safe_load((PROJECT_ROOT / "config" / "demo.yaml").read_text())
+    data["normalisation"] = {**data.get("normalisation", {}), "image_size": [256, 320]}
+    data["batches"] = {"channels": 3, "volume_shape": [64, 128, 128]}
+    cfg = PipelineConfig.model_validate(data)
+    assert TensorShape.from_config(cfg) == TensorShape(3, (256, 320), (64, 128, 128))
+    assert TensorShape.from_config(None) == TensorShape(1, (480, 480), (240, 480, 480))  # MedReCo's
+    assert TensorShape.from_config(BatchConfig(image_size=(64, 64))).image_size == (64, 64)
+    with pytest.raises(ValidationError, match="volume_shape"):
+        BatchConfig(volume_shape=(0, 8, 8))
+
+
 def test_default_collate_batches_images_pairs_and_vqa_with_two_workers(two_releases):
     snap = load_snapshot(two_releases)
     loader = lambda ds, n: torch.utils.data.DataLoader(ds, batch_size=n, num_workers=2)  # noqa: E731
