@@ -308,6 +308,35 @@ def test_real_release_reads_through_every_route_and_decodes(two_builds):
 
 
 @pytest.mark.slow
+def test_real_releases_read_by_the_fields_tools_and_batch_with_the_default_collate(two_builds):
+    """The demo build's releases: Hugging Face and DuckDB get 0.1.0's rows after 0.2.0 exists, mlcroissant
+    validates, and fixed-shape datasets over real PNGs and NIfTI volumes batch with the default collate."""
+    import datasets
+    import mlcroissant as mlc
+
+    from etl.snapshots.torch_data import TensorShape
+
+    st = two_builds["storage"]
+    old, new = load_snapshot(st, "0.1.0"), load_snapshot(st, "0.2.0")
+    folder = st.path("snapshots/0.1.0")
+    for t in ("pairs", "vqa", "images"):
+        rows = old.manifest["tables"][t]["rows"]
+        assert rows < new.manifest["tables"][t]["rows"], t
+        assert datasets.load_dataset(folder, t, split="full").num_rows == rows, t
+        files = [f"{folder}/{p}" for p in open(f"{folder}/files/{t}.txt").read().split()]
+        assert duckdb.read_parquet(files).count("*").fetchall()[0][0] == rows, t
+    assert mlc.Dataset(f"{folder}/croissant.json").metadata.ctx.issues.errors == set()
+    shape = TensorShape(channels=1, image_size=(64, 64), volume_shape=(16, 32, 32))
+    for ds, key, want in ((ImageDataset(new, shape=shape), "image", (4, 1, 64, 64)),
+                          (ImageDataset(new, kind="3d", shape=shape), "image", (4, 1, 16, 32, 32)),
+                          (PairDataset(new, shape=shape), "prior", (4, 1, 64, 64)),
+                          (VQADataset(new, shape=shape), "images", (4, 2, 1, 64, 64))):
+        assert len(ds) >= 4, type(ds).__name__
+        batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)))
+        assert tuple(batch[key].shape) == want and batch[key].dtype == torch.float32, type(ds).__name__
+
+
+@pytest.mark.slow
 def test_snapshot_asset_event_carries_version_and_content_hash(two_builds):
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session
