@@ -57,6 +57,8 @@ from medspacy.context import ConText, ConTextRule  # noqa: E402
 from medspacy.target_matcher import TargetMatcher, TargetRule  # noqa: E402
 from scispacy.abbreviation import AbbreviationDetector  # noqa: E402
 
+from entity_extraction.sentence_context import SentenceScopedConText  # noqa: E402
+
 #: packaged language files: ``context_rules_<lang>.json`` (required), ``section_rules_<lang>.json`` and
 #: ``descriptor_rules_<lang>.json`` (optional); other folders come first on the search path
 #: (:func:`schemas.ontology.language_search_path`).
@@ -94,6 +96,10 @@ class ExtractorConfigError(ReasonCodedError, ValueError):
     ``invalid_context_rules``)."""
 
 
+#: ``Doc.user_data`` key of the document text, stored by :func:`_section_sentences`
+_TEXT_KEY = "medreco_text"
+
+
 def _section_sentences(doc: Doc, rules_path: str | None = None) -> Doc:
     """Start a sentence at every section header, blank line and numbered/bulleted list item.
 
@@ -107,7 +113,8 @@ def _section_sentences(doc: Doc, rules_path: str | None = None) -> Doc:
     arr = doc.to_array([IDX, IS_SPACE])
     idx = arr[:, 0].tolist()
     starts = set()
-    for _, start, _ in section_spans(doc.text, rules_path):
+    text = doc.user_data[_TEXT_KEY] = doc.text  # Doc.text joins every token: read once, kept for _Sentences
+    for _, start, _ in section_spans(text, rules_path):
         i = bisect_left(idx, start)
         if 0 < i < n and idx[i] == start:
             starts.add(i)
@@ -177,7 +184,8 @@ class _Sentences:
 
     def __init__(self, doc: Doc) -> None:
         self.doc = doc
-        self.text = doc.text  # Doc.text joins every token: read once
+        # Doc.text joins every token: read once (by the section-sentence component when it ran)
+        self.text = doc.user_data.get(_TEXT_KEY) or doc.text
         starts = doc.to_array("SENT_START").tolist() if len(doc) else []
         self.starts = [0] + [i for i, v in enumerate(starts) if v == 1 and i > 0]
 
@@ -385,8 +393,8 @@ class EntityExtractor:
                 variants.append(literals[1:])
         except (OSError, KeyError, TypeError, ValueError) as exc:
             raise ExtractorConfigError("invalid_context_rules", f"{path.name}: {exc}") from exc
-        context = ConText(nlp, name="medreco_context", rules=None, span_attrs=None,
-                          prune_on_modifier_overlap=True, prune_on_target_overlap=False)
+        context = SentenceScopedConText(nlp, name="medreco_context", rules=None, span_attrs=None,
+                                        prune_on_modifier_overlap=True, prune_on_target_overlap=False)
         context.add(rules)
         # The variants join their rule's PhraseMatcher key (the rule id medspaCy gave it), so one data rule stays one
         # ConText rule and the ids of all other rules, hence the order of equal-span matches, do not move.
@@ -593,7 +601,7 @@ class EntityExtractor:
             # medspaCy matchers built from phrase rules only hold an empty token Matcher: spaCy W036 each call
             warnings.filterwarnings("ignore", message=r"\[W036\]")
             targets = index.matcher(doc)
-            if targets and _PARENTHESISED.search(doc.text):
+            if targets and _PARENTHESISED.search(doc.user_data.get(_TEXT_KEY) or doc.text):
                 targets = self._add_abbreviations(doc, targets)
             _set_ents(doc, targets)
             doc = self._context(doc)

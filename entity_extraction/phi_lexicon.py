@@ -245,7 +245,7 @@ def _census(path: Path) -> set[str]:
         return {line.split()[0].lower() for line in f if line.strip()}
 
 
-@dataclass
+@dataclass(slots=True)
 class _Tok:
     start: int
     end: int

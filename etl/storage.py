@@ -24,13 +24,13 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from etl.zones import RESTRICTED, UnsafePathError
+from medreco_reader import root as reader_root
 from schemas.config import PipelineConfig
 
 #: permissions of restricted zones (:data:`etl.zones.RESTRICTED`) on local disk: folders owner-only, files
@@ -44,13 +44,7 @@ class StorageError(RuntimeError):
 
 
 def _s3_filesystem(endpoint_url: str | None, region: str) -> pafs.S3FileSystem:
-    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
-    kwargs: dict = {"region": region, "allow_bucket_creation": True}
-    if endpoint:
-        parsed = urlparse(endpoint)
-        kwargs["endpoint_override"] = parsed.netloc or parsed.path
-        kwargs["scheme"] = parsed.scheme or "https"
-    return pafs.S3FileSystem(**kwargs)
+    return reader_root.s3_filesystem(endpoint_url, region)
 
 
 def open_filesystem(
@@ -60,25 +54,18 @@ def open_filesystem(
 
     Relative local paths are resolved from ``base_dir``. Credentials for S3 come from the standard
     AWS environment (``AWS_ACCESS_KEY_ID`` ...); ``endpoint_url`` (or ``AWS_ENDPOINT_URL``) points at an
-    S3-compatible store such as MinIO or moto.
+    S3-compatible store such as MinIO or moto. The reader package's implementation
+    (:func:`medreco_reader.root.open_filesystem`), so a release opens the same way with or without the project.
 
     Raises
     ------
     StorageError
         for an unsupported URI scheme.
     """
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise StorageError(f"S3 URI without a bucket: {uri!r}")
-        path = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
-        return _s3_filesystem(endpoint_url, region), path
-    if parsed.scheme in ("", "file"):
-        local = Path(parsed.path if parsed.scheme == "file" else uri)
-        if not local.is_absolute():
-            local = Path(base_dir) / local
-        return pafs.LocalFileSystem(), str(local.resolve())
-    raise StorageError(f"unsupported storage URI scheme {parsed.scheme!r} in {uri!r} (use a path or s3://)")
+    try:
+        return reader_root.open_filesystem(uri, endpoint_url=endpoint_url, region=region, base_dir=base_dir)
+    except reader_root.UnsupportedURIError as err:
+        raise StorageError(str(err)) from None
 
 
 @dataclass
@@ -369,27 +356,10 @@ def delta_storage_options(storage: Storage) -> dict[str, str] | None:
 
     None for a local folder. For S3: region, endpoint (``aws_endpoint_url``, with ``aws_allow_http`` for
     ``http://`` endpoints such as moto or MinIO) and explicit keys when the filesystem was given any; other
-    credentials come from the standard AWS environment, as for pyarrow. The settings are read from the
-    pyarrow ``S3FileSystem`` itself (its pickled constructor arguments), so one opened storage root
-    configures every client.
+    credentials come from the standard AWS environment, as for pyarrow. Read from the pyarrow ``S3FileSystem``
+    itself (:func:`medreco_reader.root.storage_options`), so one opened storage root configures every client.
     """
-    if storage.is_local:
-        return None
-    reduced = storage.fs.__reduce__()
-    kwargs: dict[str, Any] = reduced[1][0] if len(reduced) > 1 and reduced[1] and isinstance(reduced[1][0], dict) else {}
-    opts = {"aws_region": kwargs.get("region") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"}
-    endpoint = kwargs.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get(
-        "AWS_ENDPOINT_URL_S3")
-    if endpoint:
-        url = endpoint if "://" in endpoint else f"{kwargs.get('scheme') or 'https'}://{endpoint}"
-        opts["aws_endpoint_url"] = url
-        if url.startswith("http://"):
-            opts["aws_allow_http"] = "true"
-    for src, dst in (("access_key", "aws_access_key_id"), ("secret_key", "aws_secret_access_key"),
-                     ("session_token", "aws_session_token")):
-        if kwargs.get(src):
-            opts[dst] = kwargs[src]
-    return opts
+    return reader_root.storage_options(storage.fs)
 
 
 def s3_client(storage: Storage) -> Any:

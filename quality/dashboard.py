@@ -12,8 +12,8 @@ row's source path removed. Every string is HTML-escaped. Pages are deterministic
 
 from __future__ import annotations
 
-import html
 import json
+import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,23 +24,20 @@ import numpy as np
 import pyarrow as pa
 
 from quality.checks import QualityReport
+from quality.page_kit import PAGES, REVIEW_LINK, TEMPLATE_FILE
+from quality.page_kit import Html as _Html
+from quality.page_kit import badge as _badge
+from quality.page_kit import cards as _cards
+from quality.page_kit import esc as _e
+from quality.page_kit import fmt as _fmt
+from quality.page_kit import section as _section
+from quality.page_kit import table as _table
 from schemas.errors import ReasonCodedError
 from schemas.ledger import STATUSES
 from schemas.ontology import load_ontology
 from schemas.splits import SPLITS
 from schemas.tables import SCHEMAS
 
-TEMPLATE_FILE = Path(__file__).with_name("dashboard_template.html")
-PAGES = (
-    ("index.html", "Run overview"),
-    ("deid.html", "De-identification audit"),
-    ("images.html", "Images"),
-    ("reports.html", "Reports"),
-    ("pairs.html", "Pairs & VQA"),
-    ("splits.html", "Splits"),
-    ("checks.html", "Quality checks"),
-    ("quarantine.html", "Quarantine"),
-)
 REVIEW_DECISIONS = ("release", "reject")
 PHI_EXPECTATION = "expect_column_values_to_not_match_regex_list"
 STATUS_COLOURS = {"ingested": "#2e7d4f", "quarantined": "#b3261e", "duplicate": "#d08a00", "skipped": "#8a94a6"}
@@ -48,6 +45,7 @@ PALETTE = ("#2156a5", "#2e7d4f", "#d08a00", "#b3261e", "#6a3d9a", "#1f9aa8", "#8
 #: run_info keys that may name locations (source roots, config paths) are never rendered
 _LOCATION_KEY = re.compile(r"(path|uri|root|dir|file|source|location|url)", re.IGNORECASE)
 _MAX_HEATMAP_ENTITIES = 30
+_BAR_LABEL_CHARS = 40
 _NONE = "(none)"
 _HERE = ' class="here"'
 
@@ -56,30 +54,20 @@ class DashboardInputError(ReasonCodedError, ValueError):
     """Bad input to :func:`build_dashboard`; ``reason`` is ``missing_run_id``, ``bad_history`` or ``bad_review``."""
 
 
-class _Html(str):
-    """A trusted HTML fragment (produced here); every other string is escaped on output."""
-
-
-def _e(value) -> str:
-    if isinstance(value, _Html):
-        return str(value)
-    return html.escape("" if value is None else str(value), quote=True)
-
-
 def _clip(label: str, n: int) -> str:
     """Shorten a chart label to ``n`` characters (the full label stays in the SVG ``<title>`` tooltip)."""
     label = str(label)
     return label if len(label) <= n else label[: n - 1] + "…"
 
 
-def _fmt(v) -> str:
-    if isinstance(v, bool) or v is None:
-        return str(v)
-    if isinstance(v, (int, np.integer)):
-        return f"{int(v):,}"
-    if isinstance(v, (float, np.floating)):
-        return f"{float(v):,.3g}" if abs(v) < 1000 else f"{float(v):,.0f}"
-    return str(v)
+#: width of one character in px per px of font size: an upper bound for system-ui sans-serif (capitals and
+#: digits included), so a label given this room is never cut by the SVG's edge
+CHAR_EM = 0.68
+
+
+def text_width(label: str, font_px: float) -> float:
+    """Upper bound of the rendered width (px) of ``label`` at ``font_px`` (see :data:`CHAR_EM`)."""
+    return len(str(label)) * font_px * CHAR_EM
 
 
 # ------------------------------------------------------------------------------------------ SVG charts
@@ -98,7 +86,8 @@ def svg_bar_chart(items: Sequence[tuple[str, float]], *, title: str = "", unit: 
     unit : str
         appended to the printed values (e.g. ``"%"``).
     width : int
-        total width in px; bar height is 18 px.
+        width in px with a 170 px label column; the label column grows to fit the longest label (labels are
+        cut at 40 characters, the full label in the tooltip), widening the chart; bar height is 18 px.
     colour, colours : str, mapping of label to str
         bar fill, optionally per label.
 
@@ -109,8 +98,11 @@ def svg_bar_chart(items: Sequence[tuple[str, float]], *, title: str = "", unit: 
     """
     if not items:
         return f'<p class="empty">{_e(title)}: no data</p>'
-    label_w, value_w, bar_h, gap, top = 170, 70, 18, 4, 22 if title else 4
-    plot_w = width - label_w - value_w
+    labels = [_clip(label, _BAR_LABEL_CHARS) for label, _ in items]
+    label_w = int(max(60, 10 + max(text_width(t, 12) for t in labels)))  # room for the longest label
+    value_w, bar_h, gap, top = 70, 18, 4, 22 if title else 4
+    plot_w = max(width - 170 - value_w, 120)  # the bars keep their length; a long label widens the chart
+    width = label_w + plot_w + value_w
     vmax = max(max(float(v) for _, v in items), 1e-12)
     height = top + len(items) * (bar_h + gap) + 4
     parts = [f'<svg role="img" width="{width}" height="{height}" '
@@ -122,7 +114,7 @@ def svg_bar_chart(items: Sequence[tuple[str, float]], *, title: str = "", unit: 
         w = max(0.0, float(value)) / vmax * plot_w
         fill = (colours or {}).get(label, colour)
         text = f"{_fmt(value)}{unit}"
-        parts.append(f'<text x="{label_w - 6}" y="{y + 13}" font-size="12" text-anchor="end">{_e(_clip(label, 26))}'
+        parts.append(f'<text x="{label_w - 6}" y="{y + 13}" font-size="12" text-anchor="end">{_e(labels[i])}'
                      f'<title>{_e(label)}</title></text>'
                      f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{_e(fill)}">'
                      f'<title>{_e(label)}: {_e(text)}</title></rect>'
@@ -214,8 +206,15 @@ def svg_heatmap(row_labels: Sequence[str], col_labels: Sequence[str], matrix: np
         raise ValueError(f"heatmap matrix shape {m.shape} != ({len(row_labels)}, {len(col_labels)})")
     if m.size == 0:
         return f'<p class="empty">{_e(title)}: no data</p>'
-    cw, label_w, top = int(cell * 2.4), 230, 22 + 70
-    width, height = label_w + cw * len(col_labels) + 10, top + cell * len(row_labels) + 6
+    rows_txt = [_clip(r, 36) for r in row_labels]
+    cols_txt = [_clip(c, 14) for c in col_labels]
+    cw = int(cell * 2.4)
+    label_w = int(max(60, 10 + max(text_width(t, 11) for t in rows_txt)))
+    # column labels are rotated 40 degrees up and to the right of their column's centre: room above and right
+    col_w = max(text_width(t, 11) for t in cols_txt)
+    top = int(max(22 + 70, 22 + col_w * math.sin(math.radians(40)) + 12))
+    right = int(max(10, col_w * math.cos(math.radians(40)) - cw / 2 + 6))
+    width, height = label_w + cw * len(col_labels) + right, top + cell * len(row_labels) + 6
     scale = 1.0 if percent else max(np.nanmax(m) if np.isfinite(m).any() else 1.0, 1e-12)
     parts = [f'<svg role="img" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}">',
@@ -223,11 +222,11 @@ def svg_heatmap(row_labels: Sequence[str], col_labels: Sequence[str], matrix: np
     for j, c in enumerate(col_labels):
         x = label_w + j * cw + cw / 2
         parts.append(f'<text x="{x:.1f}" y="{top - 6}" font-size="11" transform="rotate(-40 {x:.1f} {top - 6})">'
-                     f'{_e(_clip(c, 14))}<title>{_e(c)}</title></text>')
+                     f'{_e(cols_txt[j])}<title>{_e(c)}</title></text>')
     for i, r in enumerate(row_labels):
         y = top + i * cell
         parts.append(f'<text x="{label_w - 6}" y="{y + cell * 0.65:.1f}" font-size="11" text-anchor="end">'
-                     f'{_e(_clip(r, 36))}<title>{_e(r)}</title></text>')
+                     f'{_e(rows_txt[i])}<title>{_e(r)}</title></text>')
         for j, c in enumerate(col_labels):
             v = m[i, j]
             if np.isnan(v):
@@ -243,6 +242,18 @@ def svg_heatmap(row_labels: Sequence[str], col_labels: Sequence[str], matrix: np
                          f'text-anchor="middle" fill="{ink}">{_e(txt)}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+_RUN_ID_TIME = re.compile(r"^(?P<kind>[a-z_]+?)__(?P<date>\d{4}-\d{2}-\d{2})T(?P<h>\d{2})[_:](?P<m>\d{2})[_:](?P<s>\d{2})")
+
+
+def _short_category(label: str, n: int = 32) -> str:
+    """A category label for an axis: an Airflow run id ``manual__2026-12-01T23_46_54.008100_00_00`` becomes
+    ``manual 2026-12-01 23:46:54`` (what tells runs apart); anything else is cut at ``n`` characters."""
+    m = _RUN_ID_TIME.match(str(label))
+    if m:
+        return f"{m['kind']} {m['date']} {m['h']}:{m['m']}:{m['s']}"
+    return _clip(label, n)
 
 
 def svg_stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[float]], *, title: str = "",
@@ -272,7 +283,17 @@ def svg_stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[fl
     col = {n: (colours or {}).get(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(names)}
     totals = [sum(float(series[n][k]) for n in names) for k in range(len(categories))]
     vmax = max(max(totals), 1e-12)
-    top, bottom, left, legend_w = 22, 80, 44, 130
+    # category labels are rotated 30 degrees down-left from under their bar: the bottom margin and the left
+    # margin (for the first bar's label) grow with the longest label, so none is cut at the SVG's edge
+    cats_txt = [_short_category(c) for c in categories]
+    lab_w = max(text_width(t, 10) for t in cats_txt)
+    legend_w = int(max(130, 30 + max(text_width(n, 11) for n in names)))
+    top, bottom = 22, int(max(80, 24 + lab_w * math.sin(math.radians(30))))
+    height = max(height, top + bottom + 120)
+    left = 44
+    for _ in range(2):
+        bw = (width - left - legend_w) / len(categories)
+        left = int(max(44, lab_w * math.cos(math.radians(30)) - bw / 2 + 6))
     plot_w, plot_h = width - left - legend_w, height - top - bottom
     bw = plot_w / len(categories)
     parts = [f'<svg role="img" width="{width}" height="{height}" '
@@ -290,7 +311,7 @@ def svg_stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[fl
                          f'<title>{_e(cat)} · {_e(n)}: {_fmt(series[n][k])}</title></rect>')
         cx = left + k * bw + bw / 2
         parts.append(f'<text x="{cx:.1f}" y="{top + plot_h + 12}" font-size="10" text-anchor="end" '
-                     f'transform="rotate(-30 {cx:.1f} {top + plot_h + 12})">{_e(_clip(cat, 24))}'
+                     f'transform="rotate(-30 {cx:.1f} {top + plot_h + 12})">{_e(cats_txt[k])}'
                      f'<title>{_e(cat)}</title></text>')
     for i, n in enumerate(names):
         y = top + i * 16
@@ -301,39 +322,6 @@ def svg_stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[fl
 
 
 # ------------------------------------------------------------------------------------------ HTML bits
-
-
-def _table(headers: Sequence[str], rows: Iterable[Sequence], numeric: Iterable[int] = ()) -> str:
-    num = set(numeric)
-    head = "".join(f'<th class="num">{_e(h)}</th>' if i in num else f"<th>{_e(h)}</th>"
-                   for i, h in enumerate(headers))
-    body = []
-    for row in rows:
-        cells = []
-        for i, v in enumerate(row):
-            txt = _e(v) if isinstance(v, _Html) else _e(_fmt(v) if i in num else v)
-            cells.append(f'<td class="num">{txt}</td>' if i in num else f"<td>{txt}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    if not body:
-        body.append(f'<tr><td colspan="{len(headers)}" class="empty">none</td></tr>')
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def _cards(items: Sequence[tuple[str, object]]) -> str:
-    return '<div class="cards">' + "".join(
-        f'<div class="card"><div class="v">{_e(_fmt(v))}</div><div class="k">{_e(k)}</div></div>' for k, v in items
-    ) + "</div>"
-
-
-def _section(title: str, *content: str) -> str:
-    return f"<section><h2>{_e(title)}</h2>{''.join(content)}</section>"
-
-
-def _badge(passed: bool, severity: str = "critical") -> _Html:
-    if passed:
-        return _Html('<span class="badge pass">PASS</span>')
-    cls = "fail" if severity == "critical" else "warn"
-    return _Html(f'<span class="badge {cls}">FAIL</span>')
 
 
 def _row(*charts: str) -> str:
@@ -360,30 +348,56 @@ def _n(tables: Mapping[str, pa.Table], table: str) -> int:
     return 0 if t is None else t.num_rows
 
 
+_SEP = re.compile(r"[\\/]+")
+_PLAIN_WORD = re.compile(r"[A-Za-z]+")
+_TOKEN = r"(?<![A-Za-z0-9_]){}(?![A-Za-z0-9_])"
+
+
 def _path_fragments(*uris: str | None) -> list[str]:
-    """Every piece of a source path (folders, file name, stem, PN components) of >= 3 characters."""
+    """What of a source path is removed from a ledger text (longest first; each matched as a whole token).
+
+    - the path as given and every run of two or more of its consecutive components (``a/b/c``, ``b/c``, ``a/b``), with
+      either separator;
+    - the file name and its stem (``IM0001.dcm``, ``IM0001``);
+    - every component that is not a plain word (it holds a digit, ``^``, ``_``, ``.``, a space: the shapes of
+      patient-named folders, ids and UIDs, ``SMITH^JANE_1961``, ``2.25.1234``) and its pieces split at
+      ``^ _ , . -`` and spaces, except all-lowercase words (``raw`` of ``raw_data``);
+
+    pieces shorter than 3 characters are kept. A component that is a plain word (``data``, ``reports``,
+    ``dicom``) is removed only as part of the path (a run of components above), never where it stands as a
+    word of the text: the stage name ``reports`` or the word ``data`` are not paths.
+    """
     frags: set[str] = set()
     for uri in uris:
         if not uri:
             continue
         frags.add(uri)
-        for part in re.split(r"[\\/]", uri):
-            if not part:
+        parts = [p for p in _SEP.split(uri) if p]
+        for i in range(len(parts)):
+            for j in range(i + 2, len(parts) + 1):
+                frags.add("/".join(parts[i:j]))
+                frags.add("\\".join(parts[i:j]))
+        if parts:
+            frags.add(parts[-1])
+            frags.add(parts[-1].rsplit(".", 1)[0])
+        for part in parts:
+            if _PLAIN_WORD.fullmatch(part):
                 continue
             frags.add(part)
-            frags.add(part.rsplit(".", 1)[0])
-            frags.update(re.split(r"[\^\s_,]+", part.rsplit(".", 1)[0]))
-    return sorted((f for f in frags if len(f) >= 3), key=len, reverse=True)
+            frags.update(p for p in re.split(r"[\^\s_,.\-]+", part) if not re.fullmatch(r"[a-z]+", p))
+    return sorted((f for f in frags if len(f) >= 3), key=lambda f: (-len(f), f))
 
 
 def _scrub(text: str | None, fragments: Sequence[str]) -> str:
+    """``text`` with every fragment of :func:`_path_fragments` (a whole token, any case) replaced by
+    ``[source path]``."""
     if not text:
         return ""
+    low = text.lower()
     for f in fragments:
-        if f.lower() in text.lower():
-            # whole tokens only: the folder "data" must not mangle "pixel_data_length_mismatch" or "PixelData"
-            text = re.sub(rf"(?<![A-Za-z0-9_]){re.escape(f)}(?![A-Za-z0-9_])", "[source path]", text,
-                          flags=re.IGNORECASE)
+        if f.lower() in low:
+            text = re.sub(_TOKEN.format(re.escape(f)), "[source path]", text, flags=re.IGNORECASE)
+            low = text.lower()
     return text
 
 
@@ -537,7 +551,7 @@ def _deid(tables, quality: QualityReport, run_info: dict) -> str:
                           "phone numbers, e-mail addresses, URLs, labelled ids, DICOM person names; dates outside "
                           "report text). Counts only: a flagged value is never shown.</p>",
                           _table(["status", "severity", "table", "columns", "values scanned", "values flagged"],
-                                 rows, numeric=[4, 5])))
+                                 rows, numeric=[4, 5], wrap=[3])))
     return "".join(parts)
 
 
@@ -698,10 +712,10 @@ def _checks(quality: QualityReport, data_docs_href: str | None = None) -> str:
                             ("flagged rows", sum(quality.row_flags.values()))]),
                     flags_html,
                     (f'<p>Per-table suites run as Great Expectations Checkpoints; their validation results are '
-                     f'in the <a href="{_e(data_docs_href)}">Data Docs</a> site (styled from a CDN: plain '
-                     "when offline). Checks named without <span class=\"mono\">expect_</span> are the "
+                     f'in the <a href="{_e(data_docs_href)}">Data Docs</a> (the project\'s own pages of GX\'s '
+                     "validation results: no script, no external resource). Checks named without <span class=\"mono\">expect_</span> are the "
                      "cross-table checks of quality/checks.py.</p>" if data_docs_href else ""),
-                    _table(["status", "severity", "table", "check", "message", "observed"], rows))
+                    _table(["status", "severity", "table", "check", "message", "observed"], rows, wrap=[3, 4, 5]))
 
 
 def _review_index(review: list[dict]) -> dict[str, dict]:
@@ -735,7 +749,8 @@ def _quarantine(tables, review: list[dict]) -> str:
             decision = _Html('<span class="muted" data-decision="pending">pending</span>')
         rows.append((_Html(f'<span class="mono" id="q-{_e(oid)}">{_e(oid)}</span>'), cols["institution"][k],
                      cols["run_id"][k], cols["kind"][k], cols["stage"][k], cols["reason"][k], cols["detail"][k],
-                     decision, str(d.get("decided_at", ""))[:10] if d else "", d.get("note", "") if d else ""))
+                     decision, str(d.get("decided_at", ""))[:10] if d else "", d.get("curator", "") if d else "",
+                     d.get("note", "") if d else ""))
     rows.sort(key=lambda r: (str(r[1]), str(r[5]), str(r[0])))
     unmatched = sorted(set(decisions) - matched)
     decided = Counter(decisions[o]["decision"] for o in matched)
@@ -748,8 +763,9 @@ def _quarantine(tables, review: list[dict]) -> str:
         "with <span class=\"mono\">medreco dashboard --serve</span> (or the Airflow UI's MedReCo review page); the "
         "next run honours them (a rejected file is recorded as <span class=\"mono\">curator_rejected</span>, a "
         "file released after fix flows on once it passes).</p>",
-        _table(["id", "institution", "run", "kind", "stage", "reason", "detail", "decision", "decided", "note"],
-               rows),
+        _table(["id", "institution", "run", "kind", "stage", "reason", "detail", "decision", "decided", "curator",
+                "note"],
+               rows, wrap=[6, 10]),
     )
 
 
@@ -833,8 +849,8 @@ def build_dashboard(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for page, title in PAGES:
-        nav = "".join(f'<a href="{p}"{_HERE if p == page else ""}>{_e(t)}</a>' for p, t in PAGES)
-        doc = template.substitute(title=_e(title), run_id=_e(run_id), subtitle=_e(subtitle), nav=nav,
+        nav = "".join(f'<a href="{p}"{_HERE if p == page else ""}>{_e(t)}</a>' for p, t in PAGES) + REVIEW_LINK
+        doc = template.substitute(site="MedReCo-DB curator dashboard", title=_e(title), run_id=_e(run_id), subtitle=_e(subtitle), nav=nav,
                                   body=bodies[page])
         (out_dir / page).write_text(doc, encoding="utf-8")
     return out_dir / "index.html"

@@ -1,12 +1,13 @@
 """Great Expectations 1.x suites of the curated tables: built from ``quality/expectations.yaml``, run through
-Checkpoints in a GE file context (``<root>/reports/gx``), Data Docs as a static site with a cap on retained runs.
+Checkpoints in a GE file context (``<root>/reports/gx``), Data Docs as a static site with a cap on retained runs
+(the project's own pages of GX's validation results, :mod:`quality.data_docs`: GX's own load from CDNs).
 
 One suite per table of :data:`schemas.tables.SCHEMAS` (key checks and the PHI scan are generated for every
 table; the rest is listed in the YAML) plus one per exploded list column (a *view*: ``pairs.change_labels``
 gives one row per change label). Each pyarrow table becomes a pandas DataFrame (binary columns dropped,
 ``list<string>`` columns joined with newlines for the PHI scan, other list columns only in their views) and
 is validated by its Checkpoint ``medreco_<suite>`` (one per suite: a DataFrame batch is a Checkpoint run
-parameter); the Data Docs site is then updated once for the run; each result becomes one
+parameter); the Data Docs site is then rewritten once for the run; each result becomes one
 :class:`quality.checks.CheckResult` (check id ``<expectation type>:<column>``, GE's ``severity``).
 
 PHI safety: results are requested in GE's ``SUMMARY`` format with ``partial_unexpected_count: 0``, so neither
@@ -39,7 +40,6 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")  # never phone home (set 
 
 SUITES_FILE = Path(__file__).with_name("expectations.yaml")
 DATASOURCE = "medreco"
-SITE_NAME = "medreco_data_docs"
 DEFAULT_KEEP_RUNS = 20
 #: GE result format: counts only, never a value of the data (PHI-free results and Data Docs)
 RESULT_FORMAT = {"result_format": "SUMMARY", "partial_unexpected_count": 0, "include_unexpected_rows": False}
@@ -358,7 +358,7 @@ def to_frame(table: pa.Table, explode: str | None = None, melt: list[str] | None
 # ------------------------------------------------------------------------------------------ running
 
 
-def _context(project_dir: Path | None, data_docs_dir: Path | None):
+def _context(project_dir: Path | None):
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -369,19 +369,10 @@ def _context(project_dir: Path | None, data_docs_dir: Path | None):
         # GE re-reads this (comment-only) YAML on every config lookup: without it, lookups are free
         Path(project_dir, "gx", "uncommitted", "config_variables.yml").unlink(missing_ok=True)
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
-    if data_docs_dir is not None:
-        site = {"class_name": "SiteBuilder", "show_how_to_buttons": False,
-                "store_backend": {"class_name": "TupleFilesystemStoreBackend",
-                                  "base_directory": str(Path(data_docs_dir).resolve())},
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
-        sites = ctx.variables.data_docs_sites or {}
-        for name in list(sites):
-            if name != SITE_NAME:
-                ctx.delete_data_docs_site(name)
-        if SITE_NAME in (ctx.variables.data_docs_sites or {}):
-            ctx.update_data_docs_site(SITE_NAME, site)
-        else:
-            ctx.add_data_docs_site(SITE_NAME, site)
+    # GX's own Data Docs load Bootstrap, jQuery, Vega and a logo from CDNs: no GX site is configured (one left by an
+    # earlier version is removed); the site is the project's own pages (quality/data_docs.py)
+    for name in list(ctx.variables.data_docs_sites or {}):
+        ctx.delete_data_docs_site(name)
     return ctx
 
 
@@ -521,8 +512,8 @@ def run_suites(
         folder of a GE *file* context (``<project_dir>/gx``, created on first use): suites, validation
         definitions, checkpoints and validation results persist there. Default: an ephemeral context.
     data_docs_dir : path, optional
-        with ``project_dir``: the static Data Docs site, updated once after the Checkpoints (this run's
-        validation results and suites, and the index).
+        with ``project_dir``: the static Data Docs site, rewritten after the Checkpoints from every stored
+        validation result (:func:`quality.data_docs.write_data_docs`: the project's own pages, no CDN).
     run_name : str, optional
         GE run name (the build's run id).
     keep_runs : int, optional
@@ -538,7 +529,6 @@ def run_suites(
     """
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
-    from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
     config = config or load_suite_config()
@@ -552,7 +542,7 @@ def run_suites(
         if keep < 1:
             raise ValueError(f"keep_runs must be >= 1, got {keep}")
         prune_validation_results(project, docs, keep - 1, current_run=run_name)
-    ctx = _context(project, docs)
+    ctx = _context(project)
     try:  # a file context keeps the datasource and its assets: re-adding them rewrites the project YAML each time
         ds = ctx.data_sources.get(DATASOURCE)
     except (KeyError, ValueError, LookupError):
@@ -560,7 +550,6 @@ def run_suites(
     existing = {a.name for a in ds.assets}
     run_id = RunIdentifier(run_name=run_name or "adhoc")
     out: list[CheckResult] = []
-    rendered: list = []
     for spec in specs:
         if spec.name in existing:
             batch = ds.get_asset(spec.name).get_batch_definition("whole_table")
@@ -577,13 +566,12 @@ def run_suites(
                                                          actions=[], result_format=RESULT_FORMAT))
         frame = to_frame(tables[spec.table], spec.explode, spec.melt)
         res = cp.run(batch_parameters={"dataframe": frame}, expectation_parameters=params, run_id=run_id)
-        ((vr_id, vr),) = res.run_results.items()
-        rendered += [vr_id, ExpectationSuiteIdentifier(name=spec.name)]
+        ((_, vr),) = res.run_results.items()
         by_check = {r.expectation_config.meta.get("check"): r for r in vr.results}
         for e in spec.expectations:
             out.append(_to_check_result(spec, e, by_check[e["check"]]))
-    if docs is not None:
-        # what UpdateDataDocsAction does per Checkpoint, once for all of them: GE's renderer recompiles its
-        # Jinja templates per build, so one build instead of one per suite (26 of them) saves most of the time
-        ctx.build_data_docs(site_names=[SITE_NAME], resource_identifiers=rendered, build_index=True)
+    if docs is not None and project is not None:
+        from quality.data_docs import write_data_docs
+
+        write_data_docs(project.joinpath("gx", *_VALIDATIONS_DIR), docs)
     return out

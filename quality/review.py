@@ -54,7 +54,7 @@ def quarantine_items(storage: Storage) -> list[dict]:
     -------
     list of dict
         ``{"id", "run_id", "institution", "kind", "stage", "reason", "detail", "decision", "decided_at",
-        "note"}``, sorted by institution, reason and id; ``id`` is ``sha256[:12]``.
+        "note", "curator"}``, sorted by institution, reason and id; ``id`` is ``sha256[:12]``.
     """
     from quality.dashboard import safe_ledger
 
@@ -69,7 +69,7 @@ def quarantine_items(storage: Storage) -> list[dict]:
         out.append({"id": r["opaque_id"], "run_id": r["run_id"], "institution": r["institution"], "kind": r["kind"],
                     "stage": r["stage"], "reason": r["reason"], "detail": r["detail"],
                     "decision": d.get("decision", "pending"), "decided_at": d.get("decided_at"),
-                    "note": d.get("note", "")})
+                    "note": d.get("note", ""), "curator": d.get("curator", "")})
     return sorted(out, key=lambda i: (str(i["institution"]), str(i["reason"]), i["id"]))
 
 

@@ -7,8 +7,9 @@ Served on 127.0.0.1 by ``medreco dashboard --serve`` and registered in the Airfl
 - ``GET /`` redirects to ``dashboard/index.html``; ``GET /dashboard/<page>`` and ``GET /data_docs/<page>``
   serve ``reports/dashboard/`` and ``reports/data_docs/`` of the storage root;
 - ``GET /review``: every quarantined file of the latest run (opaque id, reason, PHI-scrubbed detail) with
-  its decision and two buttons (release after fix, reject); ``POST /review/<id>`` (form: ``decision``,
-  ``note``) records it and redirects back;
+  its decision, curator and note, and a form per file (a free-text note, two buttons: release after fix,
+  reject); ``POST /review/<id>`` (form: ``decision``, ``note``) records it with the logged-in curator and
+  redirects back;
 - ``GET /api/quarantine`` (JSON list) and ``POST /api/decisions`` (JSON ``{"id", "decision", "note"}``).
 
 It never reads the source zone: items come from the ledger through :func:`quality.review.quarantine_items`
@@ -29,13 +30,17 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 
 from etl import zones
 from etl.storage import Storage, StorageError
+from quality.page_kit import PAGES
 from quality.review import ReviewError, quarantine_items, record_decision
 from quality.review_auth import Authenticator, RequestGuard
 
 _ZONES = {"dashboard": zones.DASHBOARD_DIR, "data_docs": zones.DATA_DOCS_DIR}
 _STYLE = """body{margin:0;font:14px/1.45 system-ui,sans-serif;color:#1d2430;background:#f6f7fa}
 header{background:#18263d;color:#fff;padding:12px 24px}header h1{font-size:18px;margin:0}
+header .sub{color:#b8c4d8;font-size:12px}
 nav{background:#223554;padding:0 24px}nav a{color:#d6e0f0;text-decoration:none;display:inline-block;padding:8px 12px}
+nav a.here{background:#f6f7fa;color:#1d2430;border-radius:4px 4px 0 0}td{overflow-wrap:anywhere}
+input[type=text]{font-size:12px;width:14em;margin-right:4px}
 main{padding:16px 24px}table{border-collapse:collapse;font-size:13px;background:#fff}
 th,td{border-bottom:1px solid #d9dee7;padding:4px 10px;text-align:left}th{background:#eef1f6}
 .mono{font-family:ui-monospace,monospace;font-size:12px}form{display:inline}
@@ -47,34 +52,54 @@ def _e(v) -> str:
     return html.escape("" if v is None else str(v), quote=True)
 
 
-def review_page(items: list[dict], request: Request, message: str = "") -> str:
-    """The quarantine review page (HTML): one row per item with its decision and the decision buttons."""
+def review_page(items: list[dict], request: Request, message: str = "", curator: str = "") -> str:
+    """The quarantine review page (HTML): one row per item with its decision, who made it, the note, and a form
+    (a free-text note and the two decision buttons).
+
+    Parameters
+    ----------
+    items : list of dict
+        :func:`quality.review.quarantine_items`.
+    request : fastapi.Request
+        for the app's own URLs (the page works wherever the app is mounted).
+    message : str
+        a status line (the last decision recorded).
+    curator : str
+        the logged-in curator (shown: the name every decision from this page will carry).
+    """
     rows = []
     for i in items:
         action = _e(request.url_for("post_decision", item_id=i["id"]).path)
-        buttons = "".join(
-            f'<form method="post" action="{action}"><input type="hidden" name="decision" value="{d}">'
-            f'<button type="submit" name="do" value="{d}" id="{d}-{_e(i["id"])}">{label}</button></form>'
-            for d, label in (("release", "Release after fix"), ("reject", "Reject")))
+        buttons = "".join(f'<button type="submit" name="decision" value="{d}" id="{d}-{_e(i["id"])}">{label}</button>'
+                          for d, label in (("release", "Release after fix"), ("reject", "Reject")))
+        form = (f'<form method="post" action="{action}"><input type="text" name="note" maxlength="200" '
+                f'id="note-{_e(i["id"])}" placeholder="note (letters and punctuation)" '
+                f'aria-label="note on {_e(i["id"])}">{buttons}</form>')
         rows.append(f'<tr id="item-{_e(i["id"])}"><td class="mono">{_e(i["id"])}</td><td>{_e(i["institution"])}</td>'
                     f'<td>{_e(i["kind"])}</td><td>{_e(i["stage"])}</td><td>{_e(i["reason"])}</td>'
                     f'<td>{_e(i["detail"])}</td><td class="{_e(i["decision"])}" data-decision="{_e(i["decision"])}">'
                     f'{_e(i["decision"])}</td><td>{_e(str(i.get("decided_at") or "")[:10])}</td>'
-                    f"<td>{buttons}</td></tr>")
+                    f'<td data-curator>{_e(i.get("curator") or "")}</td><td data-note>{_e(i.get("note") or "")}</td>'
+                    f"<td>{form}</td></tr>")
     pending = sum(i["decision"] == "pending" for i in items)
     body = ("<table><thead><tr><th>id</th><th>institution</th><th>kind</th><th>stage</th><th>reason</th>"
-            "<th>detail</th><th>decision</th><th>decided</th><th>record</th></tr></thead><tbody>"
-            + ("".join(rows) or '<tr><td colspan="9">no quarantined files</td></tr>') + "</tbody></table>")
-    dash = _e(request.url_for("zone_file", zone="dashboard", path="index.html").path)
+            "<th>detail</th><th>decision</th><th>decided</th><th>curator</th><th>note</th><th>record</th></tr></thead>"
+            "<tbody>" + ("".join(rows) or '<tr><td colspan="11">no quarantined files</td></tr>') + "</tbody></table>")
+    nav = "".join(f'<a href="{_e(request.url_for("zone_file", zone="dashboard", path=page).path)}">{_e(title)}</a>'
+                  for page, title in PAGES)
     docs = _e(request.url_for("zone_file", zone="data_docs", path="index.html").path)
     note = f'<p role="status">{_e(message)}</p>' if message else ""
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>Quarantine review · MedReCo-DB'
-            f"</title><style>{_STYLE}</style></head><body><header><h1>MedReCo-DB quarantine review</h1></header>"
-            f'<nav><a href="{dash}">Dashboard</a><a href="{docs}">Data Docs</a></nav><main>{note}'
+    who = f' · signed in as <span class="mono" id="curator">{_e(curator)}</span>' if curator else ""
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+            f"<title>Quarantine review · MedReCo-DB</title><style>{_STYLE}</style></head><body><header>"
+            f"<h1>MedReCo-DB quarantine review</h1><div class=\"sub\">curator review{who}</div></header>"
+            f'<nav>{nav}<a href="{docs}">Data Docs</a><a class="here" href="">Quarantine review</a></nav><main>{note}'
             f"<p>{len(items)} quarantined files of the latest run, {pending} pending. A decision is stored in "
-            "<span class=\"mono\">reports/quarantine_review.json</span> and honoured by the next run: a rejected "
+            "<span class=\"mono\">reports/quarantine_review.json</span> with your name and note, appended to the "
+            "audit trail, and honoured by the next run: a rejected "
             "file stays out for good (<span class=\"mono\">curator_rejected</span>); a file released after fix "
-            "flows on once the fix lets it pass. Files are shown by opaque id only.</p>"
+            "flows on once the fix lets it pass. Files are shown by opaque id only; notes take letters and "
+            "punctuation (no digits: no date, id or phone number can be typed in).</p>"
             f"{body}</main></body></html>")
 
 
@@ -120,7 +145,8 @@ def create_app(storage: Storage | Callable[[], Storage], *, authenticate: Authen
 
     @app.get("/review", response_class=HTMLResponse, name="review")
     def review(request: Request, message: str = "") -> HTMLResponse:
-        return HTMLResponse(review_page(quarantine_items(get_storage()), request, message[:200]))
+        return HTMLResponse(review_page(quarantine_items(get_storage()), request, message[:200],
+                                        curator=request.state.curator))
 
     @app.post("/review/{item_id}", name="post_decision")
     def post_decision(request: Request, item_id: str, decision: str = Form(...), note: str = Form("")) -> Response:

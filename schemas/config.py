@@ -149,6 +149,26 @@ class NormalisationConfig(_Strict):
         return v
 
 
+class BatchConfig(_Strict):
+    """Tensor shapes the torch Datasets of a release return (``etl.snapshots.torch_data``): fixed, so PyTorch's
+    default collate stacks any batch."""
+
+    channels: Literal[1, 3] = Field(default=1, description="2D image channels: 1 (RGB averaged) or 3 (grey repeated)")
+    image_size: tuple[int, int] | None = Field(
+        default=None, description="2D rows x cols, pixels (aspect kept by resizing and zero padding); "
+        "null: normalisation.image_size")
+    volume_shape: tuple[int, int, int] = Field(
+        default=(240, 480, 480), description="volumes slices x rows x cols, voxels: centre crop / pad (MedReCo "
+        "480 x 480 x 240)")
+
+    @field_validator("volume_shape")
+    @classmethod
+    def _volume(cls, v: tuple[int, int, int]) -> tuple[int, int, int]:
+        if min(v) < 1 or max(v) > 4096:
+            raise ValueError("each side must be between 1 and 4096 voxels")
+        return v
+
+
 class PairingConfig(_Strict):
     """Longitudinal prior/current pairing."""
 
@@ -297,6 +317,7 @@ class PipelineConfig(_Strict):
     retrieval: RetrievalConfig = RetrievalConfig()
     deid: DeidConfig = DeidConfig()
     training: TrainingConfig = TrainingConfig()
+    batches: BatchConfig = BatchConfig()
     #: where relative paths in this file are resolved from; set by :func:`load_config`
     base_dir: str = Field(default=".", exclude=True)
 

@@ -415,8 +415,7 @@ def reports(ctx: BuildContext) -> dict:
     ``report_processing_error``, ``verification_failed``, or the parser's) and listed under
     ``quarantine/<run>/reports/``. No report can fail the task.
     """
-    from etl.sources.report_linking import StudyIndex
-    from etl.sources.reports import ReportSourceError, iter_report_source
+    from etl.sources.report_linking import StudyIndex, header_phi
 
     key, shard_count = ctx.key, ctx.cfg.shard_count
     instances = pl.from_arrow(_all_shards(ctx, "instances", instances_schema.SCHEMA))
@@ -427,49 +426,26 @@ def reports(ctx: BuildContext) -> dict:
     rows_by_shard: dict[int, list[dict]] = {s: [] for s in range(shard_count)}
     events, seen_ids, withheld = [], set(), []
     phi_cache: dict[str, list[str]] = {}
+
+    def header_phi_of(uri: str) -> list[str]:
+        if uri not in phi_cache:
+            phi_cache[uri] = header_phi(read_uri(uri, endpoint_url=ctx.cfg.storage.s3_endpoint_url))
+        return phi_cache[uri]
+
     for f in files.iter_rows(named=True):
-        inst = ctx.cfg.institution(f["institution"])
-        event = {"source_uri": f["source_uri"], "sha256": f["sha256"], "stage": "reports"}
         try:
             data = read_uri(f["source_uri"], endpoint_url=ctx.cfg.storage.s3_endpoint_url)
-            items = list(iter_report_source(data, inst.report_format, f["source_uri"].rsplit("/", 1)[-1]))
-        except ReportSourceError as err:
-            events.append({**event, "status": "quarantined", "reason": err.reason, "detail": str(err)[:300]})
-            continue
-        except Exception as err:  # noqa: BLE001  an unforeseen parse failure quarantines the file, not the task
-            events.append({**event, "status": "quarantined", "reason": "malformed_report_record",
+        except Exception as err:  # noqa: BLE001  an unreadable file quarantines the file, not the task
+            events.append({"source_uri": f["source_uri"], "sha256": f["sha256"], "stage": "reports",
+                           "status": "quarantined", "reason": "malformed_report_record",
                            "detail": f"{type(err).__name__} while reading the report file"})
             continue
-        records = [r for r in items if not isinstance(r, ReportSourceError)]
-        for bad in (r for r in items if isinstance(r, ReportSourceError)):
-            withheld.append({"run_id": ctx.run_id, "source_uri": f["source_uri"], "record": None,
-                             "reason": bad.reason, "detail": str(bad)[:300]})
-        if items and not records:
-            events.append({**event, "status": "quarantined", "reason": "malformed_report_record",
-                           "detail": "no record of the file could be read"})
-            continue
-        for rec in records:
-            report_id = key.pseudonym("report", f"{inst.id}|{rec['report_id']}")
-            if report_id in seen_ids:
-                continue  # the same report delivered twice in one file: first wins (deterministic order)
-            seen_ids.add(report_id)
-            held = {"run_id": ctx.run_id, "source_uri": f["source_uri"], "record": rec["report_id"]}
-            try:  # one report's failure withholds that report (PHI-free record), never fails the task
-                row = _report_row(ctx, rec, inst, report_id, index, phi_cache)
-            except RecordLimitError as err:
-                withheld.append({**held, "reason": err.reason, "detail": str(err)})
-                continue
-            except Exception as err:  # noqa: BLE001  the exception's text may quote report text: type only
-                withheld.append({**held, "reason": "report_processing_error",
-                                 "detail": f"{type(err).__name__} while de-identifying the report"})
-                continue
-            if row is None:
-                # fail closed: the report is withheld and a PHI-free quarantine record names it
-                withheld.append({**held, "reason": "verification_failed",
-                                 "detail": "a date of the source text survived text de-identification"})
-                continue
+        event, rows, held = read_report_file(data, f["source_uri"], f["sha256"], ctx.cfg.institution(f["institution"]),
+                                             key, index, header_phi_of, shard_count, seen_ids)
+        events.append(event)
+        withheld += [{"run_id": ctx.run_id, **w} for w in held]
+        for row in rows:
             rows_by_shard[row["shard"]].append(row)
-        events.append({**event, "status": "ingested"})
     total = 0
     for shard, rows in rows_by_shard.items():
         total += write_partition(ctx, "reports", reports_schema.SCHEMA, shard, rows)
@@ -479,9 +455,88 @@ def reports(ctx: BuildContext) -> dict:
     return {"reports": total, "withheld": len(withheld), **{f"link:{k}": v for k, v in sorted(links.items())}}
 
 
-def _report_row(ctx: BuildContext, rec: dict, inst, report_id: str, index, phi_cache: dict[str, list[str]]) -> dict | None:
+def read_report_file(data: bytes, source_uri: str, sha256: str, inst, key, index, header_phi_of, shard_count: int,
+                     seen_ids: set[str]) -> tuple[dict, list[dict], list[dict]]:
+    """The reports stage on one report file: parse, link, de-identify every record; never raises.
+
+    Parameters
+    ----------
+    data : bytes
+        the file (restricted: PHI).
+    source_uri, sha256 : str
+        the file's plan row.
+    inst, key, index, header_phi_of, shard_count
+        as for :func:`report_record_row`.
+    seen_ids : set of str
+        report pseudonyms already read in this run (updated: a report delivered twice is read once).
+
+    Returns
+    -------
+    tuple of (dict, list of dict, list of dict)
+        the file's event (``status`` ``ingested`` or ``quarantined`` with ``reason`` and ``detail``; a file none
+        of whose records can be read is quarantined with the first error's precise reason), its ``reports`` rows
+        and its withheld records ``{"source_uri", "record", "reason", "detail"}`` (``record``: the source's
+        report id, None for a record that could not be parsed).
+    """
+    from etl.sources.reports import ReportSourceError, iter_report_source, unreadable_file_detail
+
+    event = {"source_uri": source_uri, "sha256": sha256, "stage": "reports"}
+    try:
+        items = list(iter_report_source(data, inst.report_format, source_uri.rsplit("/", 1)[-1]))
+    except ReportSourceError as err:
+        return {**event, "status": "quarantined", "reason": err.reason, "detail": str(err)[:300]}, [], []
+    except Exception as err:  # noqa: BLE001  an unforeseen parse failure quarantines the file, not the task
+        return {**event, "status": "quarantined", "reason": "malformed_report_record",
+                "detail": f"{type(err).__name__} while reading the report file"}, [], []
+    records = [r for r in items if not isinstance(r, ReportSourceError)]
+    errors = [r for r in items if isinstance(r, ReportSourceError)]
+    withheld = [{"source_uri": source_uri, "record": None, "reason": bad.reason, "detail": str(bad)[:300]}
+                for bad in errors]
+    if items and not records:  # the precise reason of the file, not only of its records
+        return {**event, "status": "quarantined", "reason": "malformed_report_record",
+                "detail": unreadable_file_detail(errors)}, [], withheld
+    rows = []
+    for rec in records:
+        report_id = key.pseudonym("report", f"{inst.id}|{rec['report_id']}")
+        if report_id in seen_ids:
+            continue  # the same report delivered twice in one file: first wins (deterministic order)
+        seen_ids.add(report_id)
+        held = {"source_uri": source_uri, "record": rec["report_id"]}
+        try:  # one report's failure withholds that report (PHI-free record), never fails the task
+            row = report_record_row(rec, inst, report_id, key, index, header_phi_of, shard_count)
+        except RecordLimitError as err:
+            withheld.append({**held, "reason": err.reason, "detail": str(err)})
+            continue
+        except Exception as err:  # noqa: BLE001  the exception's text may quote report text: type only
+            withheld.append({**held, "reason": "report_processing_error",
+                             "detail": f"{type(err).__name__} while de-identifying the report"})
+            continue
+        if row is None:
+            # fail closed: the report is withheld and a PHI-free quarantine record names it
+            withheld.append({**held, "reason": "verification_failed",
+                             "detail": "a date of the source text survived text de-identification"})
+            continue
+        rows.append(row)
+    return {**event, "status": "ingested"}, rows, withheld
+
+
+def report_record_row(rec: dict, inst, report_id: str, key, index, header_phi_of, shard_count: int) -> dict | None:
     """The ``reports`` row of one report record: linked, de-identified, split into sections; None when a date of
     the source text survives de-identification (the caller withholds it).
+
+    Parameters
+    ----------
+    rec : dict
+        a record of :func:`etl.sources.reports.iter_report_source` (restricted: it holds PHI).
+    inst : schemas.config.Institution
+    report_id : str
+        the record's report pseudonym.
+    key : etl.keys.PseudonymKey
+    index : etl.sources.report_linking.StudyIndex
+        the run's de-identified studies.
+    header_phi_of : callable(str) -> list of str
+        the header PHI (:func:`etl.sources.report_linking.header_phi`) of a study's source file, by its URI.
+    shard_count : int
 
     Raises
     ------
@@ -493,22 +548,14 @@ def _report_row(ctx: BuildContext, rec: dict, inst, report_id: str, index, phi_c
     """
     from entity_extraction.sections import split_sections
     from entity_extraction.text_deid import deidentify_text
-    from etl.sources.report_linking import (
-        header_phi,
-        link_report,
-        parse_report_datetime,
-        surviving_source_dates,
-    )
+    from etl.sources.report_linking import link_report, parse_report_datetime, surviving_source_dates
 
-    key = ctx.key
     check_length(rec["text"], MAX_REPORT_CHARS, "report_too_long", "report text")
     link = link_report(rec, inst, key, index)
     patient_key = link.patient_key
     known_phi = [str(rec[k]) for k in ("patient_id", "patient_name", "accession_number") if rec.get(k)]
     uri = index.study_source.get(link.study_key) if link.study_key else None
-    if uri and uri not in phi_cache:
-        phi_cache[uri] = header_phi(read_uri(uri, endpoint_url=ctx.cfg.storage.s3_endpoint_url))
-    known_phi += phi_cache.get(uri, []) if uri else []
+    known_phi += header_phi_of(uri) if uri else []
     shift = key.date_shift_days(patient_key) if patient_key else None
     with time_limit(REPORT_TIME_LIMIT_S, "report_timeout", "report's de-identification"):
         text, counts = deidentify_text(rec["text"], known_phi=known_phi, date_shift_days=shift,
@@ -525,7 +572,7 @@ def _report_row(ctx: BuildContext, rec: dict, inst, report_id: str, index, phi_c
         "text": text, "redactions": int(sum(counts.values())),
         "redaction_counts": json.dumps(dict(sorted(counts.items()))),
         "report_date_shifted": (rdate + dt.timedelta(days=shift)) if (rdate and shift is not None) else None,
-        "shard": key.shard(patient_key or report_id, ctx.cfg.shard_count),
+        "shard": key.shard(patient_key or report_id, shard_count),
     }
 
 

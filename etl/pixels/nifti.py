@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from medreco_reader.payloads import decode_nifti as reader_decode_nifti
+
 #: ``payload_format`` of an images row whose volume is a NIfTI-1 object (images schema 2.0)
 NIFTI_FORMAT = "nifti"
 #: file name suffix of the objects
@@ -125,37 +127,13 @@ def encode_nifti(volume: np.ndarray, spacing_mm: Any, origin_mm: Any, direction:
 def decode_nifti(data: bytes) -> tuple[np.ndarray, dict[str, Any]]:
     """Decode a ``.nii.gz`` object (as written by :func:`encode_nifti`) to the pipeline's array and geometry.
 
-    Parameters
-    ----------
-    data : bytes
-        the object (gzipped NIfTI-1; an uncompressed ``.nii`` is accepted too).
-
-    Returns
-    -------
-    (numpy.ndarray, dict)
-        the stored array (int16 HU for CT, float32 for MR) as (slices, rows, cols), and ``spacing_mm``
-        ([row, col, slice] mm), ``origin_mm`` (LPS mm) and ``direction`` (9 row-major cosines, LPS), from the
-        NIfTI header (sform) converted back from RAS.
+    The reader package's decoder (:func:`medreco_reader.payloads.decode_nifti`, one implementation): the stored
+    array (int16 HU for CT, float32 for MR) as (slices, rows, cols), and ``spacing_mm`` ([row, col, slice] mm),
+    ``origin_mm`` (LPS mm) and ``direction`` (9 row-major cosines, LPS) from the header converted back from RAS.
 
     Raises
     ------
     ValueError
         when ``data`` is not a readable NIfTI-1 volume.
     """
-    import nibabel as nib
-
-    try:
-        raw = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
-        img = nib.Nifti1Image.from_bytes(raw)
-        array = np.asarray(img.dataobj.get_unscaled())
-    except Exception as exc:  # noqa: BLE001  nibabel raises several types for a bad header
-        raise ValueError(f"payload is not a readable NIfTI-1 volume: {type(exc).__name__}: {exc}") from None
-    if array.ndim != 3:
-        raise ValueError(f"NIfTI volume has {array.ndim} dimensions, expected 3")
-    affine = np.diag([-1.0, -1.0, 1.0, 1.0]) @ img.affine  # RAS -> LPS
-    zooms = np.linalg.norm(affine[:3, :3], axis=0)
-    direction = affine[:3, :3] / zooms
-    meta = {"spacing_mm": [float(zooms[1]), float(zooms[0]), float(zooms[2])],
-            "origin_mm": [float(v) for v in affine[:3, 3]],
-            "direction": [float(v) for v in direction.reshape(-1)]}
-    return np.ascontiguousarray(array.transpose(2, 1, 0)), meta
+    return reader_decode_nifti(data)

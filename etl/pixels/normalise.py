@@ -17,7 +17,6 @@ import hashlib
 import io
 import json
 import math
-import zipfile
 from typing import Any
 
 import numpy as np
@@ -38,7 +37,7 @@ from etl.pixels.decode import (
     pixel_keyword,
 )
 from etl.pixels.mosaic import check_not_mosaic
-from etl.pixels.npy_payload import NpyPayload, encode_npy, read_npy
+from etl.pixels.npy_payload import NpyPayload, encode_npy
 from etl.pixels.separable import is_axis_aligned, resampled_size
 from etl.pixels.volumes import (
     Geometry,
@@ -51,6 +50,8 @@ from etl.pixels.volumes import (
     resample,
     slice_geometry,
 )
+from medreco_reader.payloads import VOLUME_FORMATS as READER_VOLUME_FORMATS
+from medreco_reader.payloads import decode_payload
 from schemas.config import NormalisationConfig
 
 __all__ = [
@@ -78,7 +79,7 @@ _POSITION_TOL_MM = 1e-3
 _SPACING_TOL_MM = 1e-3
 #: payload formats of 3D volumes: ``nifti`` (a NIfTI-1 object, images schema 2.0 on), ``npy`` (schema 1.2; what
 #: :func:`normalise_volume` returns), ``npz`` (read for schema 1.1 snapshots)
-VOLUME_FORMATS = frozenset({"nifti", "npy", "npz"})
+VOLUME_FORMATS = READER_VOLUME_FORMATS
 
 _VOLUME_MODALITIES = {"CT", "MR"}
 #: objects that carry PixelData but are not images of the patient (segmentations, dose grids)
@@ -301,49 +302,16 @@ def _png(unit: np.ndarray, bit_depth: int) -> tuple[bytes, dict[str, Any]]:
 def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
     """Decode an ``images.payload`` back to an array (the inverse of the normalisers, for ML users).
 
-    Parameters
-    ----------
-    payload : bytes
-        The ``payload`` column value, or for ``nifti`` the bytes of the object at ``payload_uri``.
-    payload_format : str
-        ``"png"``, ``"nifti"``, ``"npy"`` or ``"npz"`` (the ``payload_format`` column; ``npy`` and ``npz`` are
-        the inline volume formats of images schema 1.2 and 1.1, still read).
-
-    Returns
-    -------
-    numpy.ndarray
-        ``png``: uint8 or uint16, shape (rows, cols) for grayscale or (rows, cols, 3) for RGB.
-        ``nifti``: the stored volume as (slices, rows, cols): int16 HU for CT, float32 0..1 for MR
-        (:func:`etl.pixels.nifti.decode_nifti`).
-        ``npy``: the float32 volume of shape (slices, rows, cols) (HU for CT, 0..1 for MR);
-        ``npz``: its ``volume`` member, the same array.
+    The reader package's decoder (:func:`medreco_reader.payloads.decode_payload`, one implementation): ``png``
+    uint8/uint16 (rows, cols) or (rows, cols, 3); ``nifti`` the stored volume (slices, rows, cols), int16 HU for CT,
+    float32 0..1 for MR; ``npy`` / ``npz`` (inline volumes of images schema 1.2 / 1.1) float32 (slices, rows, cols).
 
     Raises
     ------
     ValueError
         For an unknown ``payload_format`` or a payload that is not of that format.
     """
-    if payload_format == "png":
-        try:
-            with Image.open(io.BytesIO(payload)) as image:
-                if image.format != "PNG":
-                    raise ValueError(f"payload is {image.format}, not PNG")
-                return np.array(image)
-        except OSError as exc:
-            raise ValueError(f"payload is not a readable PNG: {exc}") from None
-    if payload_format == "npy":
-        return read_npy(payload)
-    if payload_format == "nifti":
-        from etl.pixels.nifti import decode_nifti
-
-        return decode_nifti(payload)[0]
-    if payload_format == "npz":
-        try:
-            with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
-                return npz["volume"]
-        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
-            raise ValueError(f"payload is not an npz holding 'volume': {exc}") from None
-    raise ValueError(f"unknown payload_format {payload_format!r}; expected 'png', 'npy' or 'npz'")
+    return decode_payload(payload, payload_format)
 
 
 def _result(

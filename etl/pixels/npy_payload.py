@@ -21,12 +21,15 @@ from typing import Any
 
 import numpy as np
 
+from medreco_reader.payloads import (
+    read_npy as read_npy,  # re-exported: the reader's decoder (one implementation)
+)
+
 #: buffers at least this large are advised for transparent huge pages (as numpy does for its own arrays):
 #: page faults on a fresh 100 MB buffer otherwise cost about as much as filling it
 _HUGE_PAGE_MIN = 4 << 20
 _PAGE = 4096
 _MADV_HUGEPAGE = 14
-_MAGIC = b"\x93NUMPY"
 
 
 @functools.lru_cache(maxsize=256)
@@ -77,22 +80,6 @@ def encode_npy(array: np.ndarray) -> bytes:
     buffer = NpyPayload(array.shape, array.dtype.str)
     buffer.array[...] = array
     return buffer.finish(buffer.array)
-
-
-def read_npy(payload: bytes) -> np.ndarray:
-    """The array of a ``.npy`` payload (a new, writable array; pickled objects refused).
-
-    Raises
-    ------
-    ValueError
-        When ``payload`` is not a ``.npy`` (an ``.npz`` included) or holds objects.
-    """
-    if not bytes(payload[:6]) == _MAGIC:
-        raise ValueError("payload is not an .npy array: it does not start with the .npy magic string")
-    try:
-        return np.load(io.BytesIO(payload), allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise ValueError(f"payload is not an .npy array: {exc}") from None
 
 
 class NpyPayload:

@@ -11,6 +11,9 @@ Layout under the storage root (a local folder or ``s3://bucket/prefix``)::
         manifest.sha256                    sha256 of manifest.json
         DATASET_CARD.md                    counts per institution, modality, entity and split, de-id codes, limits
         publish_log.json                   this publish's run ids and wall-clock time (not hashed, see below)
+        README.md, croissant.json          what the field's tools read without the project (:mod:`~etl.snapshots.
+        files/<table>.txt, views/*.parquet ecosystem`): Hugging Face card, Croissant, pinned file lists, pair/VQA
+                                           image views; sha256 in the manifest's ``release_files``
 
 A release pins, per table, the Delta table version it was published as (time travel:
 ``DeltaTable(uri, version=n)``), the data files of that version with sha256 and row counts, and the
@@ -53,9 +56,11 @@ commit files, so it also matches across roots with different histories.
 
 Modules: :mod:`~etl.snapshots.manifest` (versions, content hash, lineage, reading pinned files),
 :mod:`~etl.snapshots.delta` (data files and Delta commits), :mod:`~etl.snapshots.publish`,
-:mod:`~etl.snapshots.card` (dataset card), :mod:`~etl.snapshots.verify`, :mod:`~etl.snapshots.diff`,
+:mod:`~etl.snapshots.card` (dataset card), :mod:`~etl.snapshots.ecosystem` (Hugging Face card, Croissant, file
+lists, views), :mod:`~etl.snapshots.verify`, :mod:`~etl.snapshots.diff`,
 :mod:`~etl.snapshots.api` (:func:`load_snapshot`, :class:`Snapshot`), :mod:`~etl.snapshots.loader` (pixels of a row),
-:mod:`~etl.snapshots.torch_data` (torch Datasets; imports torch). This package re-exports the public names, so
+:mod:`~etl.snapshots.torch_data` (fixed-shape torch Datasets; imports torch). Reading is the reader package's
+(:mod:`medreco_reader`, also installable alone from ``reader/``). This package re-exports the public names, so
 ``from etl.snapshots import load_snapshot`` is the one-line entry of the README.
 """
 

@@ -6,18 +6,23 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import posixpath
 import re
 from collections import Counter
 from dataclasses import dataclass
 from importlib import metadata
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from etl import zones
 from etl.storage import Storage
+from medreco_reader.snapshot import (
+    SnapshotError as SnapshotError,  # the reader package's (one implementation)
+)
+from medreco_reader.snapshot import list_versions as list_versions
+from medreco_reader.snapshot import read_manifest as read_manifest
+from medreco_reader.snapshot import release_files as release_files
+from medreco_reader.snapshot import resolve_version as resolve_version
 
 #: manifest format written by this module; ``/3``: release time from ``SOURCE_DATE_EPOCH``, no run ids (they
 #: are in the publish log), Delta commit files written deterministically; ``/4``: one data file per curated
@@ -30,12 +35,7 @@ MANIFEST = "manifest.json"
 MANIFEST_SHA = "manifest.sha256"
 CARD = "DATASET_CARD.md"
 PUBLISH_LOG = "publish_log.json"
-_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
 _LEDGER_RE = re.compile(r"^ledger/run_id=([^/]+)/ledger\.parquet$")
-
-
-class SnapshotError(RuntimeError):
-    """Raised for a missing release, a release whose files do not match its manifest, or a failed publish."""
 
 
 @dataclass(frozen=True)
@@ -51,51 +51,6 @@ class Release:
 
 def _vkey(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in v.split("."))
-
-
-def list_versions(storage: Storage) -> list[str]:
-    """Published versions (folders ``snapshots/<MAJOR.MINOR.PATCH>/`` holding a manifest), oldest first."""
-    if not storage.exists("snapshots"):
-        return []
-    folders = storage.fs.get_file_info(pafs.FileSelector(storage.path("snapshots"), recursive=False))
-    names = [posixpath.basename(f.path) for f in folders if f.type == pafs.FileType.Directory]
-    versions = [v for v in names if _VERSION_RE.match(v) and storage.is_file(f"{zones.release_dir(v)}/{MANIFEST}")]
-    return sorted(versions, key=_vkey)
-
-
-def resolve_version(storage: Storage, version: str = "latest") -> str:
-    """``"latest"`` -> the newest published version; any other value is checked to exist.
-
-    Raises
-    ------
-    SnapshotError
-        when there is no release, or no release ``version``.
-    """
-    versions = list_versions(storage)
-    if version == "latest":
-        if not versions:
-            raise SnapshotError(f"no published snapshot under {storage.full_uri('snapshots')}")
-        return versions[-1]
-    if version not in versions:
-        raise SnapshotError(f"no snapshot {version} under {storage.full_uri('snapshots')}"
-                            + (f" (published: {', '.join(versions)})" if versions else ""))
-    return version
-
-
-def read_manifest(storage: Storage, version: str) -> dict:
-    """The manifest of one release (``version`` may be ``"latest"``).
-
-    Raises
-    ------
-    SnapshotError
-        if there is no such release.
-    """
-    if version == "latest":
-        version = resolve_version(storage)
-    path = f"{zones.release_dir(version)}/{MANIFEST}"
-    if not storage.is_file(path):
-        raise SnapshotError(f"no snapshot {version} under {storage.full_uri('snapshots')}")
-    return json.loads(storage.read_text(path))
 
 
 def bump_version(parent: str | None, change: str) -> str:
@@ -228,23 +183,6 @@ def input_ledger_summary(storage: Storage, run_id: str | None) -> dict | None:
     return {"ledger_run_id": run_id, "input_ledger_sha256": digest, "files_seen": t.num_rows,
             "by_status": dict(sorted(statuses.items())), "quarantined_by_reason": dict(sorted(reasons.items()))}
 
-
-
-def release_files(storage: Storage, version: str, table: str) -> list[str]:
-    """Root-relative paths of a table's data files pinned by a release, in manifest order (partition order since
-    format ``/4``: rows are in key order within each file, not across files).
-
-    Raises
-    ------
-    SnapshotError
-        for an unknown release or table.
-    """
-    manifest = read_manifest(storage, version)
-    if table not in manifest["tables"]:
-        raise SnapshotError(f"snapshot {manifest['version']} has no table {table!r}; "
-                            f"tables: {', '.join(manifest['tables'])}")
-    v = manifest["tables"][table]
-    return [f"{v['uri']}/{f['path']}" for f in v["files"]]
 
 
 def read_snapshot_table(storage: Storage, version: str, table: str, columns: list[str] | None = None) -> pa.Table:

@@ -21,6 +21,7 @@ from etl.snapshots.delta import (
     place_data_file,
     table_data_sha256,
 )
+from etl.snapshots.ecosystem import VIEW_INPUTS, VIEWS, build_views, parquet_bytes, release_extras
 from etl.snapshots.manifest import (
     CARD,
     FORMAT,
@@ -55,14 +56,16 @@ CARD_COLUMNS = {
 }
 
 
-def _card_tables(storage: Storage, files: dict[str, list[PartitionFile]]) -> dict:
-    """The card's columns of every table, read from the curated partition files (no payload column is read)."""
+def _card_tables(storage: Storage, files: dict[str, list[PartitionFile]],
+                 wanted: dict[str, list[str]] | None = None) -> dict:
+    """The card's columns of every table (or the ``wanted`` ones), read from the curated partition files (no
+    payload column is read)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     out = {}
     for t, fs in files.items():
-        cols = [c for c in CARD_COLUMNS.get(t, []) if c in SCHEMAS[t].names]
+        cols = [c for c in (wanted or CARD_COLUMNS).get(t, []) if c in SCHEMAS[t].names]
         if not cols:  # only the row count matters (empty tables): a null column holds no buffer
             out[t] = pa.table({"_rows": pa.nulls(sum(f.rows for f in fs))})
             continue
@@ -220,6 +223,19 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
     card = dataset_card(manifest, card_facts(_card_tables(storage, files), inputs)).encode()
     manifest["card_sha256"] = hashlib.sha256(card).hexdigest()
     storage.write_bytes(f"{base}/{CARD}", card)
+    # what the field's tools read (etl.snapshots.ecosystem): views, Hugging Face card, Croissant, file lists
+    extras: dict[str, bytes] = {}
+    view_inputs = _card_tables(storage, {t: files[t] for t in VIEW_INPUTS if t in files}, VIEW_INPUTS)
+    manifest["views"] = {}
+    for name, view in build_views(view_inputs).items():
+        data = parquet_bytes(view)
+        extras[f"{VIEWS}/{name}.parquet"] = data
+        manifest["views"][name] = {"path": f"{VIEWS}/{name}.parquet", "rows": view.num_rows,
+                                   "sha256": hashlib.sha256(data).hexdigest()}
+    extras.update(release_extras(manifest, SCHEMAS, card.decode()))
+    manifest["release_files"] = {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(extras.items())}
+    for rel, data in extras.items():
+        storage.write_bytes(f"{base}/{rel}", data)
     log_record = {"version": version, "published_at": published_at.isoformat(timespec="seconds"),
                   "publish_run_id": run_id, "run_ids": list(run_ids or [run_id]), "ledger_run_id": ledger_run_id,
                   "source_date_epoch": epoch, "source_date_epoch_from": epoch_origin,
@@ -229,7 +245,7 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
     storage.write_bytes(f"{base}/{MANIFEST}", text)
     storage.write_text(f"{base}/{MANIFEST_SHA}", hashlib.sha256(text).hexdigest() + "\n")
     if storage.is_local:  # immutable on disk too: read-only files (Delta only ever adds files)
-        pinned = [f"{base}/{n}" for n in (CARD, PUBLISH_LOG, MANIFEST, MANIFEST_SHA)]
+        pinned = [f"{base}/{n}" for n in (CARD, PUBLISH_LOG, MANIFEST, MANIFEST_SHA, *manifest["release_files"])]
         for t, v in tables.items():
             pinned += [f"{TABLES_DIR}/{t}/{f['path']}" for f in v["files"]]
             pinned += [delta_log_path(t, n) for n in range(v["delta_version"] + 1)

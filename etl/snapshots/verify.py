@@ -30,7 +30,8 @@ def verify(storage: Storage, version: str, *, deep: bool = True) -> list[str]:
     Checks: ``manifest.sha256`` against the manifest's bytes; the manifest format; for every table each
     data file's presence, sha256 (re-hashed, streamed) and row count (Parquet footer), the pinned Delta
     commit file's presence and sha256, and that the pinned Delta version lists exactly the manifest's data
-    files; every volume object the ``images`` rows pin (present, sha256 re-hashed); the dataset card's sha256; the content hash recomputed from the manifest; that the publish log,
+    files; every volume object the ``images`` rows pin (present, sha256 re-hashed); the dataset card's sha256 and
+    that of every ``release_files`` entry (views, ``README.md``, ``croissant.json``, ``files/``); the content hash recomputed from the manifest; that the publish log,
     if any, names this release (it is not hashed: it records run ids and the wall-clock time); and that
     the release folder holds no other file. Each problem names the file.
 
@@ -106,6 +107,12 @@ def verify(storage: Storage, version: str, *, deep: bool = True) -> list[str]:
             named = None
         if named != version:
             problems.append(f"{log}: not the publish log of {version}")
-    listed = {f"{base}/{n}" for n in (MANIFEST, MANIFEST_SHA, CARD, PUBLISH_LOG)}
+    extras = manifest.get("release_files", {})  # views, Hugging Face card, Croissant, file lists (ecosystem)
+    for rel, sha in sorted(extras.items()):
+        if not storage.is_file(f"{base}/{rel}"):
+            problems.append(f"missing file {base}/{rel}")
+        elif sha256_file(storage, f"{base}/{rel}") != sha:
+            problems.append(f"{base}/{rel}: sha256 mismatch")
+    listed = {f"{base}/{n}" for n in (MANIFEST, MANIFEST_SHA, CARD, PUBLISH_LOG, *extras)}
     problems += [f"unlisted file {f}" for f in storage.list_files(base) if f not in listed]
     return problems

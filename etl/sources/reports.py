@@ -584,3 +584,14 @@ def read_report_source(data: bytes, fmt: str, source_name: str) -> list[dict]:
             raise item
         records.append(item)
     return records
+
+
+def unreadable_file_detail(errors: list[ReportSourceError]) -> str:
+    """The ledger detail of a report file none of whose records could be read: how many errors and the first
+    one's reason and message (a line number and what is wrong, never a value: the parser's messages quote none),
+    e.g. ``no record could be read (1 error): malformed_report_record: r.csv line 1: CSV header lacks
+    ['report_id']``; at most 300 characters. ``errors`` are the file's
+    :class:`ReportSourceError` items, in file order (at least one)."""
+    first = errors[0]
+    more = f"; first: {first}" if len(errors) > 1 else f": {first}"
+    return f"no record could be read ({len(errors)} error{'s' if len(errors) != 1 else ''}){more}"[:300]

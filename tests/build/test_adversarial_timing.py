@@ -81,34 +81,34 @@ def _report(text: str) -> dict:
 
 @pytest.mark.parametrize("text", ["a" * 2_000_000, "word " * (MAX_REPORT_CHARS // 5 + 1)])
 def test_report_over_the_cap_is_withheld_at_once(key, text):
-    from etl.build.stages import _report_row
+    from etl.build.stages import report_record_row
 
     ctx, inst, index = _report_ctx(key)
     t0 = time.monotonic()
     with pytest.raises(RecordLimitError) as err:
-        _report_row(ctx, _report(text), inst, "rid", index, {})
+        report_record_row(_report(text), inst, "rid", ctx.key, index, lambda uri: [], ctx.cfg.shard_count)
     assert time.monotonic() - t0 < BOUND_S
     assert err.value.reason == "report_too_long"
 
 
 def test_long_ordinary_report_is_deidentified_in_time(key):
-    from etl.build.stages import _report_row
+    from etl.build.stages import report_record_row
 
     ctx, inst, index = _report_ctx(key)
     text = ("FINDINGS: The lungs are clear. No effusion, seen on 03/04/2021 by Dr Smith. " * 600)[:MAX_REPORT_CHARS]
     t0 = time.monotonic()
-    row = _report_row(ctx, _report(text), inst, "rid", index, {})
+    row = report_record_row(_report(text), inst, "rid", ctx.key, index, lambda uri: [], ctx.cfg.shard_count)
     assert time.monotonic() - t0 < BOUND_S * 4
     assert row is not None and "Smith" not in row["text"]
 
 
 def test_letters_just_under_the_report_cap_are_deidentified_in_time(key):
-    from etl.build.stages import _report_row
+    from etl.build.stages import report_record_row
 
     ctx, inst, index = _report_ctx(key)
     t0 = time.monotonic()
     try:
-        _report_row(ctx, _report("a" * (MAX_REPORT_CHARS - 1)), inst, "rid", index, {})
+        report_record_row(_report("a" * (MAX_REPORT_CHARS - 1)), inst, "rid", ctx.key, index, lambda uri: [], ctx.cfg.shard_count)
     except RecordLimitError:  # stopped by the time limit: in bound, but not de-identified
         pass
     assert time.monotonic() - t0 < BOUND_S

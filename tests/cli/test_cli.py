@@ -12,7 +12,8 @@ from etl.cli.app import _print_training, app
 
 def test_every_documented_command_is_registered():
     out = CliRunner().invoke(app, ["--help"]).output
-    for name in ("demo-corpus", "run", "demo", "deid", "reports", "eval", "snapshot", "train", "dashboard"):
+    for name in ("demo-corpus", "run", "demo", "deid", "reports", "eval", "snapshot", "train", "dashboard",
+                 "validate-source"):
         assert name in out, name
 
 

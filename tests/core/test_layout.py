@@ -1,5 +1,6 @@
 """The layout's import rules (README "Layout"): no import loop between files or between top-level folders,
-and only ``etl.cli`` of ``etl`` imports ``dags``, ``training`` or ``quality``.
+and only ``etl.cli`` of ``etl`` imports ``dags``, ``training`` or ``quality``; ``medreco_reader`` (the reader distribution,
+``reader/``) imports nothing of the project.
 
 Imports are read from the source with :mod:`ast` (every ``import`` and ``from ... import``, at module level and
 inside functions), so a loop hidden behind a function-level import is found too.
@@ -14,7 +15,7 @@ import pytest
 
 from schemas.config import PROJECT_ROOT
 
-PACKAGES = ("etl", "schemas", "entity_extraction", "quality", "training", "dags", "plugins")
+PACKAGES = ("etl", "schemas", "entity_extraction", "quality", "training", "dags", "plugins", "medreco_reader")
 
 
 def _module_name(path: Path) -> str:
@@ -132,7 +133,7 @@ def test_only_the_cli_imports_the_upper_layers(upper):
     assert offenders == []
 
 
-@pytest.mark.parametrize("lower", ["schemas", "entity_extraction"])
+@pytest.mark.parametrize("lower", ["schemas", "entity_extraction", "medreco_reader"])
 def test_lower_layers_import_nothing_above_them(lower):
     allowed = {"schemas"} if lower == "entity_extraction" else set()
     offenders = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() if _room(m) == lower for d in deps

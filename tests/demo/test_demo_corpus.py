@@ -500,3 +500,23 @@ def test_plan_entities_rejects_unknown_family_and_subtype():
     with pytest.raises(DemoReportError) as e:
         plan_entities(random.Random(0), "2D-Ultrasound", None, us_subtype="kidney")
     assert e.value.reason == "unknown_us_subtype"
+
+
+def test_archive_pixel_profile_has_real_sizes_and_an_unknown_profile_is_refused(tmp_path):
+    """``pixels="archive"`` (the build benchmark's corpora): 512 x 512 CT slices of the real 693 slice, 1.25 mm
+    apart, 100-300 per series; a profile outside PIXEL_PROFILES raises before anything is written."""
+    import numpy as np
+
+    from etl.demo.corpus import ARCHIVE_CT_SLICES, PIXEL_PROFILES, _archive_sources, _ct_archive_slices
+
+    with pytest.raises(DemoCorpusError) as e:
+        generate_corpus(tmp_path / "x", n_patients=8, pixels="tiny")
+    assert e.value.reason == "unknown_pixel_profile" and not (tmp_path / "x").exists()
+    assert PIXEL_PROFILES == ("demo", "archive") and min(ARCHIVE_CT_SLICES) >= 100 and max(ARCHIVE_CT_SLICES) <= 300
+    src = _archive_sources()
+    assert src.ct.shape == (512, 512) and src.mr.shape == (256, 256) and int(src.mr.max()) <= 4095
+    slices, thickness = _ct_archive_slices(random.Random(0), 3, 0)
+    assert thickness == 1.25 and [s.pixels.shape for s in slices] == [(512, 512)] * 3
+    assert all(s.pixels.dtype == np.dtype("<i2") for s in slices)
+    assert [s.attrs["ImagePositionPatient"][2] for s in slices] == [0.0, -1.25, -2.5]
+    assert not np.array_equal(slices[0].pixels, slices[1].pixels)  # neighbouring slices differ

@@ -164,3 +164,40 @@ def test_written_objects_are_verified_where_written(ct, tmp_path):
     assert verify_image_files(storage, [rel]).mismatches == ["vol1"]
     storage.delete(row["payload_uri"])
     assert verify_image_files(storage, [rel]).mismatches == ["vol1"]
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def test_loader_reads_a_volume_object_from_s3(ct, moto_endpoint, monkeypatch):
+    """The same volume written to an ``s3://`` root (moto): the row's relative URI, sha256 and bytes hold, and the
+    loader and ``to_tensor`` read it back through the object store with the values of the local object."""
+    import boto3
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket="medreco-vol")
+    s3 = Storage.open("s3://medreco-vol/root", endpoint_url=moto_endpoint)
+    local_storage, npy_row, local_row, array = ct
+    row = externalise_volume(s3, npy_row, gzip_level=1)
+    assert row["payload_uri"] == local_row["payload_uri"] and row["payload_sha256"] == local_row["payload_sha256"]
+    assert s3.is_file(row["payload_uri"]) and s3.sha256(row["payload_uri"]) == row["payload_sha256"]
+    got, meta = load_image(row, s3)
+    local, _ = load_image(local_row, local_storage)
+    assert got.dtype == np.int16 and got.shape == array.shape
+    np.testing.assert_array_equal(got, local)
+    assert meta["origin_mm"] == [float(v) for v in row["origin_mm"]]
+    assert tuple(to_tensor(row, s3).shape) == array.shape

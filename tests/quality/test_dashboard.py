@@ -6,8 +6,10 @@ import datetime as dt
 import hashlib
 import json
 import re
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from quality.checks import run_checks
@@ -177,7 +179,7 @@ def test_deid_audit_renders_every_count(site):
     assert "<svg" in html
     # residual PHI scan (GE, counts only): the report text columns flag the planted phone number once
     assert re.search(r'<span class="badge fail">FAIL</span></td><td>critical</td><td>reports</td>'
-                     r'<td>text, indication, comparison, findings, impression</td><td class="num">16</td>'
+                     r'<td class="wrap">text, indication, comparison, findings, impression</td><td class="num">16</td>'
                      r'<td class="num">1</td>', html)
     assert "617-555-0123" not in html
 
@@ -207,7 +209,7 @@ def test_checks_and_quarantine_pages(site):
     checks = pages["checks.html"]
     assert "expect_column_values_to_be_unique:study_key" in checks and "ledger_balance" in checks
     assert re.search(r'<span class="badge fail">FAIL</span></td><td>critical</td><td>reports</td>'
-                     r'<td>expect_column_values_to_not_match_regex_list:text\|', checks)  # the planted phone, first
+                     r'<td class="wrap">expect_column_values_to_not_match_regex_list:text\|', checks)  # the planted phone, first
     assert checks.count('class="badge fail"') == 1
     assert '<a href="../data_docs/index.html">Data Docs</a>' in checks
     q = pages["quarantine.html"]
@@ -277,7 +279,6 @@ def test_svg_helpers():
 
 
 def test_every_inline_svg_is_well_formed(site):
-    import xml.etree.ElementTree as ET
 
     _, pages = site
     n = 0
@@ -297,3 +298,54 @@ def test_path_scrubber_replaces_whole_tokens_only():
     assert _scrub("pixel_data_length_mismatch", fr) == "pixel_data_length_mismatch"
     assert _scrub("PixelData holds 0 bytes", fr) == "PixelData holds 0 bytes"
     assert _scrub("file DOE_JOHN_1.dcm; patient DOE", fr) == "file [source path]; patient [source path]"
+
+
+def test_path_scrubber_removes_paths_not_words():
+    """Found by a new-user trial: the stage name 'reports' and the word 'data' became '[source path]'."""
+    from quality.dashboard import _path_fragments, _scrub
+
+    fr = _path_fragments("/work/shared/data/reports/us-bos/SMITH^JANE_1961/IM0001.dcm")
+    assert _scrub("reports", fr) == "reports"
+    assert _scrub("no data in the reports stage", fr) == "no data in the reports stage"
+    assert _scrub("read /work/shared/data/reports/us-bos/SMITH^JANE_1961/IM0001.dcm: bad", fr) == \
+        "read [source path]: bad"
+    assert _scrub("in data/reports/us-bos", fr) == "in [source path]"  # a piece of the path is still a path
+    assert _scrub("IM0001.dcm line 3; SMITH^JANE_1961; patient SMITH", fr) == \
+        "[source path] line 3; [source path]; patient [source path]"  # name-shaped folders and their parts
+    led = table_from_rows([dict(run_id=RUN_ID, source_uri="/srv/data/reports/r.jsonl", sha256=_sha(1), bytes=1,
+                                institution="us-bos", kind="report", shard=0, status="quarantined", stage="reports",
+                                reason="malformed_report_record",
+                                detail="no record could be read (1 error): r.jsonl line 1: no data")],
+                          SCHEMAS["ledger"])
+    row = safe_ledger(led).to_pylist()[0]
+    assert row["stage"] == "reports" and row["detail"] == "no record could be read (1 error): [source path] line 1: no data"
+
+
+def test_labels_get_the_room_they_need():
+    """Found by a new-user trial: 'pixel_data_length_mismatch' was drawn as 'ixel_data_length_mismatch'."""
+    from quality.dashboard import _short_category, text_width
+
+    label = "quarantined:pixel_data_length_mismatch"
+    svg = svg_bar_chart([(label, 3), ("ok", 1)], title="t")
+    x = float(re.search(r'<text x="([0-9.]+)" y="[0-9.]+" font-size="12" text-anchor="end">quarantined', svg).group(1))
+    assert x >= text_width(label, 12)  # the right-aligned label starts inside the chart
+    heat = svg_heatmap(["F045 Other non-mass brain parenchymal abnormality"], ["us-sea-university"], np.ones((1, 1)))
+    root = ET.fromstring(heat)
+    row_label = [t for t in root.iter("text") if t.get("text-anchor") == "end"][0]
+    assert float(row_label.get("x")) >= text_width(row_label.text, 11)
+    assert _short_category("manual__2026-12-01T23_46_54.008100_00_00") == "manual 2026-12-01 23:46:54"
+    assert _short_category("scheduled__2026-12-02T02:00:00+00:00") == "scheduled 2026-12-02 02:00:00"
+    bars = ET.fromstring(svg_stacked_bars(["manual__2026-12-01T23_46_54.008100_00_00"] * 3, {"a": [1, 2, 3]}))
+    assert int(bars.get("height")) >= 24 + text_width("manual 2026-12-01 23:46:54", 10) / 2
+
+
+def test_every_page_links_the_review_app_and_names_the_curator(tmp_path):
+    tables = make_tables()
+    quality = run_checks(tables, load_ontology(), today=dt.date(2025, 6, 1))
+    review = [{"sha256": _sha(5), "decision": "reject", "note": "text in the pixel data confirmed",
+               "curator": "carol"}]
+    build_dashboard(tables, quality, {"run_id": RUN_ID}, tmp_path, review=review)
+    for page, _ in PAGES:
+        assert '<a class="review" href="../review" id="review-link">' in (tmp_path / page).read_text(), page
+    q = (tmp_path / "quarantine.html").read_text()
+    assert "<th>curator</th><th>note</th>" in q and "<td>carol</td>" in q

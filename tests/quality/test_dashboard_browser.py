@@ -1,6 +1,8 @@
 """The curator dashboard in a real browser: Debian's chromium (headless) driven by selenium through
-chromium-driver. A curator rejects a quarantined file with a click in the served review app, the next run
-honours it, and every page of the demo run's dashboard renders its plots with no console error.
+chromium-driver. A curator rejects a quarantined file with a note and a click in the served review app (the
+decision names the logged-in curator), the next run honours it, every page of the demo run's dashboard renders
+its plots with no console error, no overflowing card, no label cut at its chart's edge and a link to the review
+page, and the Data Docs render styled with nothing fetched from another origin.
 
 Needs ``chromium`` and ``chromedriver`` on the PATH (apt packages ``chromium chromium-driver``; ``.ci/run``
 installs them). Uses the session's demo build (``demo_build`` of conftest.py) on a copy of its zones.
@@ -8,18 +10,20 @@ installs them). Uses the session's demo build (``demo_build`` of conftest.py) on
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import uvicorn
 import yaml
 
 from etl.build.context import BuildContext
-from etl.build.ledger import REJECTED_REASON, finalise
+from etl.build.ledger import REJECTED_REASON, REVIEW_FILE, finalise
 from etl.storage import Storage
 from quality.dashboard import PAGES
 from quality.gate import quality_stage
@@ -90,6 +94,43 @@ def served(demo_build, tmp_path_factory):
 REVIEW_TOKEN = "browser-test-review-token-0123456789"
 
 
+#: layout faults a curator would see at the window size of the fixture (1400 px): the page or a card scrolling
+#: sideways, a table cell wider than itself, a chart label cut by its chart's edge (the label's box outside the
+#: SVG's box, rotated labels included)
+LAYOUT_FAULTS_JS = """
+const out = [];
+const de = document.documentElement;
+if (de.scrollWidth > de.clientWidth + 1) out.push(`page scrolls sideways: ${de.scrollWidth} > ${de.clientWidth}`);
+for (const el of document.querySelectorAll('main section, main .row > div, main td')) {
+  if (el.scrollWidth > el.clientWidth + 1) {
+    const h = el.closest('section')?.querySelector('h2')?.textContent || '';
+    out.push(`overflow in ${el.tagName.toLowerCase()} of "${h}": ${el.scrollWidth} > ${el.clientWidth}`);
+  }
+}
+for (const svg of document.querySelectorAll('main svg')) {
+  const r = svg.getBoundingClientRect();
+  for (const t of svg.querySelectorAll('text')) {
+    const b = t.getBoundingClientRect();
+    if (!b.width) continue;
+    if (b.left < r.left - 1 || b.right > r.right + 1 || b.top < r.top - 1 || b.bottom > r.bottom + 1)
+      out.push(`label cut by its chart's edge: "${t.firstChild ? t.firstChild.textContent : ''}"`);
+  }
+}
+return out;
+"""
+
+
+def _layout_faults(driver) -> list[str]:
+    return driver.execute_script(LAYOUT_FAULTS_JS)
+
+
+def _resources_off_site(driver) -> list[str]:
+    """URLs the page loaded (or tried to) from another origin than its own."""
+    return driver.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+        ".filter(u => !u.startsWith(location.origin) && !u.startsWith('data:'))")
+
+
 def _console_errors(driver) -> list[str]:
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
@@ -106,6 +147,9 @@ def test_curator_rejects_with_a_click_and_the_next_run_honours_it(browser, serve
     pending = [r for r in rows if r.find_element(By.CSS_SELECTOR, "td[data-decision]").text == "pending"]
     oid = pending[0].get_attribute("id").removeprefix("item-")
     assert len(oid) == 12
+    assert browser.find_element(By.ID, "curator").text == "curator"  # the login name decisions will carry
+    assert _layout_faults(browser) == []
+    browser.find_element(By.ID, f"note-{oid}").send_keys("burned in text seen on the image")
     browser.find_element(By.ID, f"reject-{oid}").click()
 
     def decision(driver):  # the page re-renders the row after the POST: find it afresh on every poll
@@ -119,6 +163,11 @@ def test_curator_rejects_with_a_click_and_the_next_run_honours_it(browser, serve
     got = WebDriverWait(browser, 10).until(
         lambda d: (lambda v: v if v and v[0] == "reject" and "recorded" in v[1] else False)(decision(d)))
     assert got[0] == "reject" and f"{oid}: reject recorded" in got[1]
+    row = browser.find_element(By.ID, f"item-{oid}")
+    assert row.find_element(By.CSS_SELECTOR, "td[data-curator]").text == "curator"
+    assert row.find_element(By.CSS_SELECTOR, "td[data-note]").text == "burned in text seen on the image"
+    stored = [d for d in json.loads(st.read_text(REVIEW_FILE))["decisions"] if d["sha256"].startswith(oid)]
+    assert [(d["curator"], d["note"]) for d in stored] == [("curator", "burned in text seen on the image")]
     browser.save_screenshot(str(tmp_path / "review.png"))
     assert (tmp_path / "review.png").stat().st_size > 10_000
     assert _console_errors(browser) == []
@@ -135,6 +184,7 @@ def test_curator_rejects_with_a_click_and_the_next_run_honours_it(browser, serve
     browser.get(f"{base}/dashboard/quarantine.html")
     decided = browser.find_element(By.XPATH, f"//tr[td/span[@id='q-{oid}']]")
     assert "reject" in decided.text and REJECTED_REASON in decided.text
+    assert "curator" in decided.text and "burned in text seen on the image" in decided.text
     assert not browser.find_elements(By.TAG_NAME, "button")  # the static export is read-only
     assert _console_errors(browser) == []
 
@@ -154,12 +204,38 @@ def test_every_dashboard_page_renders_its_plots(browser, served, tmp_path):
         if page not in PLOT_PAGES:
             assert browser.find_elements(By.CSS_SELECTOR, "main table tbody tr"), page
         assert _console_errors(browser) == [], page
+        assert _layout_faults(browser) == [], page  # no card overflows, no label is cut at 1400 px
+        assert _resources_off_site(browser) == [], page
+        review = browser.find_element(By.ID, "review-link").get_attribute("href")
+        assert urlsplit(review).path == "/review", page
         shot = tmp_path / f"{page}.png"
         browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000, page
-    # the dashboard links to the Data Docs the quality stage built, served from the reports zone
+    browser.find_element(By.ID, "review-link").click()  # the served review page, from any dashboard page
+    assert "Quarantine review" in browser.title
+
+
+def test_data_docs_render_styled_offline(browser, served, tmp_path):
+    """GX's own Data Docs loaded eight CDNs and a logo URL with the data context id; offline they were unstyled
+    with an empty index. The project's pages: styled inline, nothing fetched from elsewhere."""
+    from selenium.webdriver.common.by import By
+
+    base = served["url"]
     browser.get(f"{base}/dashboard/checks.html")
     href = browser.find_element(By.LINK_TEXT, "Data Docs").get_attribute("href")
     assert href.endswith("/data_docs/index.html")
     browser.get(href)
-    assert "Data Docs" in browser.page_source or "Validation" in browser.page_source
+    assert "Validation results" in browser.title
+    header = browser.find_element(By.TAG_NAME, "header")
+    assert header.value_of_css_property("background-color") == "rgba(24, 38, 61, 1)"  # the inline style applies
+    runs = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "main section h2")]
+    assert runs.index(f"Run {served['second_run_id']}") < runs.index(f"Run {served['run_id']}")  # newest first
+    links = browser.find_elements(By.CSS_SELECTOR, "main table a[href*='validations/']")
+    assert len(links) >= 20  # one per suite and run: the index is not empty
+    assert _resources_off_site(browser) == [] and _layout_faults(browser) == [] and _console_errors(browser) == []
+    links[0].click()
+    assert browser.find_elements(By.CSS_SELECTOR, "main table tbody tr")
+    assert browser.find_elements(By.CSS_SELECTOR, "main .badge.pass, main .badge.fail")  # status badges drawn
+    assert _resources_off_site(browser) == [] and _layout_faults(browser) == [] and _console_errors(browser) == []
+    browser.save_screenshot(str(tmp_path / "data_docs.png"))
+    assert browser.find_element(By.ID, "review-link").get_attribute("href").endswith("/review")

@@ -20,6 +20,7 @@ from etl.build.ledger import REJECTED_REASON, REVIEW_FILE, apply_review, build_l
 from etl.sources.discover import PLAN_SCHEMA
 from etl.storage import Storage
 from quality.checks import run_checks
+from quality.dashboard import PAGES
 from quality.gate import QualityGateError, quality_stage, raise_on_critical
 from quality.gx_suites import prune_validation_results, run_suites
 from schemas.base import table_from_rows
@@ -219,6 +220,12 @@ def test_review_app_records_a_decision_the_next_run_honours(failed_stage):
     assert client.get("/api/quarantine").json()[0]["decision"] == "reject"
     stored = json.loads(st.read_text(REVIEW_FILE))["decisions"]
     assert len(stored) == 1 and stored[0]["sha256"].startswith(oid) and len(stored[0]["sha256"]) == 64
+    # the decision names the logged-in curator and keeps the note typed in the page's form
+    assert (stored[0]["curator"], stored[0]["note"]) == ("carol", "burned in text confirmed")
+    page = client.get("/review").text
+    assert f'id="note-{oid}"' in page and 'name="note"' in page and 'id="curator">carol<' in page
+    assert "<td data-curator>carol</td><td data-note>burned in text confirmed</td>" in page
+    assert all(f'/dashboard/{p}"' in page for p, _ in PAGES) and '/data_docs/index.html"' in page
     # refused: unknown item, bad decision, digits in a note, another site's form
     assert client.post("/review/0123456789ab", data={"decision": "reject"}).status_code == 404
     assert client.post(f"/review/{oid}", data={"decision": "maybe"}).status_code == 400

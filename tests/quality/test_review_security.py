@@ -98,6 +98,7 @@ def test_frame_and_content_security_headers(client):
         r = client.get(path, headers={**LOCAL, **_basic("alice")})
         assert r.headers["x-frame-options"] == "DENY"
         assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+        assert "default-src 'none'" in r.headers["content-security-policy"]  # the dashboard and Data Docs too
         assert r.headers["x-content-type-options"] == "nosniff"
     assert client.get("/review", headers=LOCAL).headers["x-frame-options"] == "DENY"  # on a 401 too
 

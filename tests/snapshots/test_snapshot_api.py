@@ -101,7 +101,7 @@ def test_image_dataset_decodes_png_and_volume_rows(released):
 
     st, _ = released
     snap = load_snapshot(st, "0.1.0")
-    ds = ImageDataset(snap)
+    ds = ImageDataset(snap, kind=None, fixed_shape=False)  # stored sizes (fixed shapes: test_ecosystem)
     assert len(ds) == 10
     by_key = {ds[i]["image_key"]: ds[i] for i in range(len(ds))}
     png = by_key["us-a-p1-s0-i"]
@@ -112,14 +112,15 @@ def test_image_dataset_decodes_png_and_volume_rows(released):
     vol = by_key["gb-b-ct-v"]
     _, expected = npy_payload(zlib.crc32(b"gb-b"))
     assert vol["image"].shape == (3, 8, 8) and torch.equal(vol["image"], torch.from_numpy(expected))
-    assert len(ImageDataset(snap, split="train")) == 6 and len(ImageDataset(snap, modality="CT")) == 2
+    assert len(ImageDataset(snap, split="train", kind="3d")) == 2 and len(ImageDataset(snap, split="train")) == 4
+    assert len(ImageDataset(snap, modality="CT", kind="3d")) == 2 and len(ImageDataset(snap, modality="CT")) == 0
     assert len(ImageDataset(snap, split=["train", "test"], modality=("CR",))) == 8
 
 
 def test_pair_and_vqa_datasets(released):
     st, _ = released
     snap = load_snapshot(st)
-    pairs = PairDataset(snap)
+    pairs = PairDataset(snap, kind=None, fixed_shape=False)
     assert len(pairs) == 6 and pairs.excluded == []
     item = next(pairs[i] for i in range(len(pairs)) if pairs[i]["pair_id"] == "ie-c-p0-pair")
     assert item["prior"].shape == item["current"].shape == (1, 24, 32)
@@ -128,13 +129,13 @@ def test_pair_and_vqa_datasets(released):
     assert not torch.equal(item["prior"], item["current"])
     assert len(PairDataset(snap, split="test")) == 3
 
-    vqa = VQADataset(snap, store=pairs.store)  # one image index shared between datasets
+    vqa = VQADataset(snap, store=pairs.store, kind=None, fixed_shape=False)  # one image index shared between datasets
     assert len(vqa) == 9 and vqa.excluded == []
     by_id = {vqa[i]["item_id"]: vqa[i] for i in range(len(vqa))}
     assert [t.shape for t in by_id["us-a-p0-q0"]["images"]] == [(1, 24, 32), (1, 24, 32)]
     assert by_id["us-a-p0-q0"]["image_keys"] == ["us-a-p0-s0-i", "us-a-p0-s1-i"]
     assert [t.shape for t in by_id["gb-b-ct-q"]["images"]] == [(3, 8, 8)] and by_id["gb-b-ct-q"]["answer"] == "B"
-    assert len(VQADataset(snap, question_type="presence")) == 3
+    assert len(VQADataset(snap, question_type="presence", kind="3d")) == 3
 
 
 def test_items_without_images_are_excluded_and_named(released):
@@ -144,19 +145,20 @@ def test_items_without_images_are_excluded_and_named(released):
     do_publish(st)
     snap = load_snapshot(st)
     assert snap.version == "0.3.0"
-    assert PairDataset(snap).excluded == ["ie-c-p1-pair"] and VQADataset(snap).excluded == ["ie-c-p1-q0"]
+    assert PairDataset(snap).excluded == ["ie-c-p1-pair"]
+    assert VQADataset(snap, kind=None, fixed_shape=False).excluded == ["ie-c-p1-q0"]
 
 
 def test_dataloader_batches_and_workers(released):
     st, _ = released
-    ds = PairDataset(load_snapshot(st), split="train")
+    ds = PairDataset(load_snapshot(st), split="train", fixed_shape=False)
     batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=3, collate_fn=collate)))
     assert batch["prior"].shape == (3, 1, 24, 32) and len(batch["change_labels"]) == 3
     # datasets pickle without open files and work in worker processes
     clone = pickle.loads(pickle.dumps(ds))
     assert torch.equal(clone[0]["current"], ds[0]["current"])
-    loader = torch.utils.data.DataLoader(ImageDataset(load_snapshot(st), modality="CT"), batch_size=None,
-                                         num_workers=2)
+    loader = torch.utils.data.DataLoader(ImageDataset(load_snapshot(st), modality="CT", kind="3d", fixed_shape=False),
+                                         batch_size=None, num_workers=2)
     assert sorted(tuple(item["image"].shape) for item in loader) == [(3, 8, 8)] * 3
     with pytest.raises(ValueError, match="empty batch"):
         collate([])
@@ -283,7 +285,7 @@ def test_real_release_reads_through_every_route_and_decodes(two_builds):
         assert len(api) == snap.manifest["tables"][t]["rows"]
         assert _duckdb_keys(snap.files(t), key) == api, t
         assert sorted(pl.read_delta(snap.table_uri(t), version=snap.delta_version(t)).select(key).iter_rows()) == api, t
-    images = ImageDataset(snap)
+    images = ImageDataset(snap, kind=None, fixed_shape=False)
     assert len(images) == snap.manifest["tables"]["images"]["rows"] > 0
     kinds = set()
     for i in range(len(images)):
@@ -297,12 +299,41 @@ def test_real_release_reads_through_every_route_and_decodes(two_builds):
             assert 0.0 <= float(item["image"].min()) <= float(item["image"].max()) <= 1.0
         assert item["image"].dtype == torch.float32
     assert kinds == {"2d", "3d"}
-    pairs = PairDataset(snap, store=images.store)
+    pairs = PairDataset(snap, store=images.store, kind=None, fixed_shape=False)
     assert len(pairs) > 0
     p = pairs[0]
     assert p["prior"].ndim == p["current"].ndim >= 3 and p["prior_image_key"] != p["current_image_key"]
-    vqa = VQADataset(snap, store=images.store)
+    vqa = VQADataset(snap, store=images.store, kind=None, fixed_shape=False)
     assert len(vqa) > 0 and all(t.ndim >= 3 for t in vqa[0]["images"])
+
+
+@pytest.mark.slow
+def test_real_releases_read_by_the_fields_tools_and_batch_with_the_default_collate(two_builds):
+    """The demo build's releases: Hugging Face and DuckDB get 0.1.0's rows after 0.2.0 exists, mlcroissant
+    validates, and fixed-shape datasets over real PNGs and NIfTI volumes batch with the default collate."""
+    import datasets
+    import mlcroissant as mlc
+
+    from etl.snapshots.torch_data import TensorShape
+
+    st = two_builds["storage"]
+    old, new = load_snapshot(st, "0.1.0"), load_snapshot(st, "0.2.0")
+    folder = st.path("snapshots/0.1.0")
+    for t in ("pairs", "vqa", "images"):
+        rows = old.manifest["tables"][t]["rows"]
+        assert rows < new.manifest["tables"][t]["rows"], t
+        assert datasets.load_dataset(folder, t, split="full").num_rows == rows, t
+        files = [f"{folder}/{p}" for p in open(f"{folder}/files/{t}.txt").read().split()]
+        assert duckdb.read_parquet(files).count("*").fetchall()[0][0] == rows, t
+    assert mlc.Dataset(f"{folder}/croissant.json").metadata.ctx.issues.errors == set()
+    shape = TensorShape(channels=1, image_size=(64, 64), volume_shape=(16, 32, 32))
+    for ds, key, want in ((ImageDataset(new, shape=shape), "image", (4, 1, 64, 64)),
+                          (ImageDataset(new, kind="3d", shape=shape), "image", (4, 1, 16, 32, 32)),
+                          (PairDataset(new, shape=shape), "prior", (4, 1, 64, 64)),
+                          (VQADataset(new, shape=shape), "images", (4, 2, 1, 64, 64))):
+        assert len(ds) >= 4, type(ds).__name__
+        batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)))
+        assert tuple(batch[key].shape) == want and batch[key].dtype == torch.float32, type(ds).__name__
 
 
 @pytest.mark.slow

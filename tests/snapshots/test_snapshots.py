@@ -232,10 +232,12 @@ def test_rebuild_at_the_same_release_time_is_byte_identical(store, tmp_path, mon
     assert fa["snapshots/0.1.0/manifest.sha256"].decode().strip() == hashlib.sha256(
         fa["snapshots/0.1.0/manifest.json"]).hexdigest()
     # all of it is there: per table one data file per non-empty curated partition (one empty file for an empty
-    # table), its create and data commits; + 3 release files
+    # table), its create and data commits; + 3 release files and the ecosystem files (views, Hugging Face card,
+    # Croissant, one file list per table), byte-identical as well
     n_files = sum(len(v["files"]) for v in a.manifest["tables"].values())
     assert n_files == 2 * len(SNAPSHOT_TABLES) - 1  # two shards; retrieval_targets is empty
-    assert len(fa) == n_files + 2 * len(SNAPSHOT_TABLES) + 3
+    assert len(a.manifest["release_files"]) == 2 + 2 + len(SNAPSHOT_TABLES)
+    assert len(fa) == n_files + 2 * len(SNAPSHOT_TABLES) + 3 + len(a.manifest["release_files"])
     # only the publish logs differ: they hold the run ids and the wall-clock time
     la, lb = read_publish_log(store, "0.1.0"), read_publish_log(other, "0.1.0")
     assert (la["publish_run_id"], lb["publish_run_id"], lb["source_date_epoch_from"]) == (
