@@ -171,7 +171,9 @@ def run_scheduled(dag_id: str, conf: dict, workers: int, config_path: str, log_d
     try:
         groups.start("api-server", [*airflow, "api-server", "--host", "127.0.0.1", "--port", str(api_port),
                                     "--workers", "1", "--apps", "execution"], env)
-        groups.start("scheduler", [*airflow, "scheduler", "--skip-serve-logs"], env)
+        # warm: the LocalExecutor's workers and their task runners are forks of the scheduler (etl.cli.warm_scheduler)
+        groups.start("scheduler", [sys.executable, "-m", "etl.cli.warm_scheduler", "scheduler", "--skip-serve-logs"],
+                     env)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not _api_up(api_port):
             _check_alive(groups)
