@@ -6,7 +6,8 @@ by side), its tasks executed through the Execution API of an ``airflow api-serve
 allows the LocalExecutor on SQLite (``airflow standalone`` forces exactly that pair); the configured
 ``sql_alchemy_conn`` is used when it is set. What ``airflow standalone`` also starts is left out on purpose:
 the DAG-processor (this process writes the serialized DAGs once, as ``dag.test()`` does), the triggerer (the
-build has no deferrable task) and the UI.
+build has no deferrable task) and the UI. The scheduler starts warm (:mod:`etl.cli.warm_scheduler`), so the
+worker processes and task runners it forks inherit the loaded stage modules and caches.
 
 While the run is on, the scheduler creates no other run (``[scheduler] use_job_schedule = False``: no cron or
 Asset-triggered runs) and the DAG is unpaused; afterwards its paused flag is put back. Both components are

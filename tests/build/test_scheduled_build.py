@@ -89,6 +89,8 @@ def test_every_process_it_started_is_gone_and_the_dag_paused_again(builds):
     assert _processes_with_home(builds["home"]) == []
     logs = builds["home"] / "medreco-run-logs"
     assert (logs / "scheduler.log").is_file() and (logs / "api-server.log").is_file()
+    # the workers fork from a warmed scheduler (etl.cli.warm_scheduler)
+    assert "medreco warm start: imports" in (logs / "scheduler.log").read_text(errors="replace")
     from airflow.models.dag import DagModel
     from airflow.utils.session import create_session
 
