@@ -13,7 +13,8 @@ Run as a script, it writes an archive of real-sized radiographs first: the Phili
 under new patient ids and UIDs (so the files spread over the patient-hash shards), and ends with one line
 ``BENCH workers speedup_pixel_stages=... workers=... pixel_s_serial=... pixel_s_workers=... build_s_serial=...
 build_s_workers=... files=... load_1m_before=... load_1m_after=...``. The machine is shared: the load averages
-are part of the figure. Usage: ``python benchmarks/bench_workers.py [patients] [workers]`` (default 32, 2).
+are part of the figure. Usage: ``python benchmarks/bench_workers.py [patients] [workers]`` (default 32, 2);
+``BENCH_MAX_MAP_LENGTH`` sets the mapped tasks per stage, ``BENCH_WORK_DIR`` keeps the roots and the Airflow home.
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ def main() -> int:
     workers = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     with tempfile.TemporaryDirectory(prefix="bench_workers_archive_") as tmp:
         archive = write_archive(Path(tmp), patients)
-        r = speedup(archive, workers)
+        r = speedup(archive, workers, max_map_length=int(os.environ.get("BENCH_MAX_MAP_LENGTH", 0)) or None,
+                    work_dir=os.environ.get("BENCH_WORK_DIR") or None)
     keys = ("speedup_pixel_stages", "workers", "pixel_s_serial", "pixel_s_workers", "build_s_serial",
             "build_s_workers", "files", "load_1m_before", "load_1m_after")
     print(f"BENCH workers {' '.join(f'{k}={r[k]}' for k in keys)} cores={os.cpu_count()}")

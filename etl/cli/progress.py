@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 #: the build DAG's tasks in the order they run (others are shown after them, in the order they appear)
 STAGE_ORDER = ("build_lock", "institutions", "discover", "plan", "deidentify", "normalise", "reports", "entities",
@@ -256,7 +256,7 @@ class BuildProgress:
         self.files: RunFiles | None = None
         self.printed: set[str] = set()
         self.last: list[StageProgress] = []
-        self._rich = None
+        self._rich: Any = None  # rich.progress.Progress while a terminal display is on
         self._rich_tasks: dict[str, int] = {}
         self._lock = threading.Lock()
 

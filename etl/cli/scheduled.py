@@ -116,6 +116,37 @@ def _run_state(dag_id: str, run_id: str) -> str | None:
         return None if run is None else str(run.state)
 
 
+def unfinished_runs(dag_id: str) -> list[str]:
+    """Run ids of ``dag_id`` marked running or queued in the metadata database."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+
+    with create_session() as session:
+        return [r.run_id for r in session.query(DagRun).filter(
+            DagRun.dag_id == dag_id, DagRun.state.in_([DagRunState.RUNNING, DagRunState.QUEUED]))]
+
+
+def fail_run(dag_id: str, run_id: str) -> None:
+    """Mark a run that did not finish (interrupted, timed out, a component died) failed, with its unfinished
+    tasks, so that it does not hold the DAG's only active-run slot (``max_active_runs=1``) for the next one."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    finished = [TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, TaskInstanceState.SKIPPED,
+                TaskInstanceState.UPSTREAM_FAILED, TaskInstanceState.REMOVED]
+    with create_session() as session:
+        run = session.query(DagRun).filter(DagRun.dag_id == dag_id, DagRun.run_id == run_id).one_or_none()
+        if run is None or str(run.state).rsplit(".", 1)[-1] in ("success", "failed"):
+            return
+        for ti in session.query(TaskInstance).filter(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id):
+            if ti.state not in finished:
+                ti.state = TaskInstanceState.FAILED
+        run.state = DagRunState.FAILED
+
+
 def _api_up(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/execution/health", timeout=3) as resp:
@@ -166,6 +197,12 @@ def run_scheduled(dag_id: str, conf: dict, workers: int, config_path: str, log_d
     groups = ProcessGroups(log_dir)
     airflow = [sys.executable, "-m", "airflow"]
     _sync_dags()
+    stale = unfinished_runs(dag_id)
+    if stale:
+        raise ScheduledRunError(
+            f"{dag_id} has runs still marked running or queued in the metadata database ({', '.join(stale)}): a "
+            f"scheduled run would wait behind them (max_active_runs=1). If no build is running, mark them failed "
+            f"(`airflow dags list-runs {dag_id}`, then the UI or the REST API) or use --workers 1")
     run_id = f"manual__medreco_run_{time.strftime('%Y%m%dT%H%M%S')}_{secrets.token_hex(3)}"
     was_paused = _set_paused(dag_id, False)
     state: str | None = None
@@ -202,6 +239,8 @@ def run_scheduled(dag_id: str, conf: dict, workers: int, config_path: str, log_d
             _set_paused(dag_id, was_paused)
         finally:
             left = groups.stop_all()
+            if state is None or state.rsplit(".", 1)[-1] not in ("success", "failed"):
+                fail_run(dag_id, run_id)  # interrupted or a component failed: do not leave it "running"
         if left:
             raise ScheduledRunError("processes survived the stop: " + "; ".join(
                 f"{name}: pids {', '.join(map(str, pids))}" for name, pids in left.items()))
