@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -97,7 +98,7 @@ def _db_run_id(summary_run_id: str) -> str:
 
 
 def speedup(archive_dir: str | Path, workers: int = 2, shard_count: int = 8, max_map_length: int | None = None,
-            work_dir: str | Path | None = None) -> dict:
+            work_dir: str | Path | None = None, make_config: Callable[[Path], Path] | None = None) -> dict:
     """Build ``archive_dir`` serially and with ``workers`` LocalExecutor workers; compare the pixel stages.
 
     Parameters
@@ -115,6 +116,10 @@ def speedup(archive_dir: str | Path, workers: int = 2, shard_count: int = 8, max
         0.64x, 48 patients in 2 tasks 1.24x).
     work_dir : str or Path, optional
         where the two storage roots and the Airflow home go (default: a temporary folder, removed after).
+    make_config : callable, optional
+        ``make_config(root) -> config path`` for a fresh storage root ``root`` (e.g. ``bench_build.write_config``
+        bound to its corpus and shard count, whose institutions carry reports); default: one institution per
+        ``sources/`` subfolder, reports ``none``, ``shard_count`` and ``max_map_length`` as given.
 
     Returns
     -------
@@ -146,7 +151,8 @@ def speedup(archive_dir: str | Path, workers: int = 2, shard_count: int = 8, max
         for label, n in (("serial", 1), ("workers", workers)):
             root = base / f"root_{label}"
             root.mkdir(parents=True)
-            cfg = _config(Path(archive_dir), root, shard_count, max_map_length)
+            cfg = (make_config(root) if make_config is not None
+                   else _config(Path(archive_dir), root, shard_count, max_map_length))
             t0 = time.perf_counter()
             summary = run_build(cfg, workers=n)
             out[f"build_s_{label}"] = round(time.perf_counter() - t0, 2)
