@@ -11,7 +11,7 @@ first-use caches) is. Both builds must publish the same content hash.
 Run as a script, it writes an archive of real-sized radiographs first: the Philips CR chest PA of WG04
 (``../shared/data/dicom/chest-cr-dx``, 1955 x 1841 pixels, uncompressed and JPEG 2000), one of each per patient
 under new patient ids and UIDs (so the files spread over the patient-hash shards), and ends with one line
-``BENCH workers speedup_pixel_stages=... workers=... pixel_s_serial=... pixel_s_workers=... build_s_serial=...
+``BENCH workers speedup_pixel_stages=... process_ceiling=... workers=... pixel_s_serial=... pixel_s_workers=... build_s_serial=...
 build_s_workers=... files=... load_1m_before=... load_1m_after=...``. The machine is shared: the load averages
 are part of the figure. Usage: ``python benchmarks/bench_workers.py [patients] [workers]`` (default 32, 2);
 ``BENCH_MAX_MAP_LENGTH`` sets the mapped tasks per stage, ``BENCH_WORK_DIR`` keeps the roots and the Airflow home.
@@ -57,6 +57,40 @@ def write_archive(out: Path, patients: int) -> Path:
             ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
             ds.save_as(src / f"p{p:05d}_{k}.dcm", enforce_file_format=True)
     return out
+
+
+def _normalise_loop(path: str, n: int) -> None:
+    import pydicom
+
+    from etl.pixels.normalise import normalise_2d
+    from schemas.config import NormalisationConfig
+
+    cfg = NormalisationConfig(image_size=[256, 256])
+    for _ in range(n):
+        normalise_2d(pydicom.dcmread(path), cfg)
+
+
+def process_ceiling(workers: int, files: int = 12, rounds: int = 2) -> float:
+    """What ``workers`` plain processes get out of this machine now: the throughput of ``workers`` processes each
+    normalising the JPEG 2000 radiograph ``files`` times, over that of one process (best of ``rounds``,
+    alternating). On an idle machine of ``workers`` cores it is near ``workers``; on a shared one it is the most
+    the build's workers can reach at that moment."""
+    from multiprocessing import get_context
+
+    path = str(SHARED / RADIOGRAPHS[1])
+    _normalise_loop(path, 1)  # imports and decoder plugins, before the forks
+    best = {1: float("inf"), workers: float("inf")}
+    ctx = get_context("fork")
+    for _ in range(rounds):
+        for k in (1, workers):
+            t0 = time.perf_counter()
+            procs = [ctx.Process(target=_normalise_loop, args=(path, files)) for _ in range(k)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join()
+            best[k] = min(best[k], (time.perf_counter() - t0) / k)  # seconds per process-load of files
+    return round(best[1] / best[workers], 2)
 
 
 def _config(archive_dir: Path, root: Path, shard_count: int, max_map_length: int) -> Path:
@@ -127,7 +161,9 @@ def speedup(archive_dir: str | Path, workers: int = 2, shard_count: int = 8, max
         ``speedup_pixel_stages`` (serial pixel seconds / parallel pixel seconds), ``pixel_s_serial``,
         ``pixel_s_workers``, ``build_s_serial``, ``build_s_workers`` (whole ``run_build`` calls, the
         scheduler's start and stop included), ``files`` (ledger files seen), ``workers``,
-        ``load_1m_before``, ``load_1m_after`` (1-minute load averages around the two builds).
+        ``process_ceiling`` (:func:`process_ceiling` right after the builds: what ``workers`` plain processes
+        reached on this machine at that moment), ``load_1m_before``, ``load_1m_after`` (1-minute load averages
+        around the two builds).
 
     Raises
     ------
@@ -159,6 +195,7 @@ def speedup(archive_dir: str | Path, workers: int = 2, shard_count: int = 8, max
             out[f"pixel_s_{label}"] = round(_pixel_seconds(_db_run_id(summary["run_id"])), 2)
             hashes[label] = summary["content_hash"]
             out["files"] = summary["ledger"]["files_seen"]
+        out["process_ceiling"] = process_ceiling(workers)
         out["load_1m_before"], out["load_1m_after"] = round(load_before, 2), round(os.getloadavg()[0], 2)
         assert hashes["serial"] == hashes["workers"], f"content hashes differ: {hashes}"
         out["speedup_pixel_stages"] = round(out["pixel_s_serial"] / out["pixel_s_workers"], 2)
@@ -172,7 +209,7 @@ def main() -> int:
         archive = write_archive(Path(tmp), patients)
         r = speedup(archive, workers, max_map_length=int(os.environ.get("BENCH_MAX_MAP_LENGTH", 0)) or None,
                     work_dir=os.environ.get("BENCH_WORK_DIR") or None)
-    keys = ("speedup_pixel_stages", "workers", "pixel_s_serial", "pixel_s_workers", "build_s_serial",
+    keys = ("speedup_pixel_stages", "process_ceiling", "workers", "pixel_s_serial", "pixel_s_workers", "build_s_serial",
             "build_s_workers", "files", "load_1m_before", "load_1m_after")
     print(f"BENCH workers {' '.join(f'{k}={r[k]}' for k in keys)} cores={os.cpu_count()}")
     return 0
