@@ -15,6 +15,38 @@ def run_summary_path(run_id: str) -> str:
     return zones.run_summary(run_id)
 
 
+def run_locations(ctx: BuildContext) -> dict:
+    """Where a person looks after a run, for its summary (every value PHI-free).
+
+    Returns
+    -------
+    dict
+        ``quarantine`` (URI of ``quarantine/<run>``: one record per quarantined file, withheld report records
+        under ``reports/``), ``ledger_file`` (URI of the run's ledger), ``quality_report`` (URI of
+        ``reports/quality/<run>.json``), ``quality_warnings`` (the failed warning checks the dashboard counts:
+        ``[{"table", "check", "message"}]`` in table then check order; empty when there is no report) and
+        ``withheld_reports_by_reason`` (``{reason: records}``).
+    """
+    st = ctx.storage
+    report_path = zones.quality_report(ctx.run_id)
+    results = json.loads(st.read_text(report_path)).get("results", []) if st.is_file(report_path) else []
+    warnings = sorted(({"table": r["table"], "check": r["check"], "message": r["message"]} for r in results
+                       if r.get("severity") == "warning" and not r.get("passed")),
+                      key=lambda w: (w["table"], w["check"]))
+    withheld_path = f"{ctx.run_dir}/withheld_reports.json"
+    withheld = json.loads(st.read_text(withheld_path)) if st.is_file(withheld_path) else []
+    by_reason: dict[str, int] = {}
+    for w in withheld:
+        by_reason[str(w.get("reason"))] = by_reason.get(str(w.get("reason")), 0) + 1
+    return {
+        "quarantine": st.full_uri(zones.quarantine_dir(ctx.run_id)),
+        "ledger_file": st.full_uri(zones.ledger_file(ctx.run_id)),
+        "quality_report": st.full_uri(report_path),
+        "quality_warnings": warnings,
+        "withheld_reports_by_reason": dict(sorted(by_reason.items())),
+    }
+
+
 def publish_stage(ctx: BuildContext) -> dict:
     """Publish the curated tables as a snapshot (:func:`etl.snapshots.publish`); write and return the run summary.
 
@@ -34,7 +66,9 @@ def publish_stage(ctx: BuildContext) -> dict:
         ``published``, ``version``, ``parent``, ``change`` (initial | major | minor | patch, or the existing release's),
         ``uri``, ``content_hash``, ``manifest_sha256``, ``created_at`` (the release time, ISO 8601 UTC),
         ``created``, ``tables`` (rows per table), ``delta_versions`` (pinned
-        Delta table version per table), ``ledger`` (balance), ``dashboard`` (path of index.html).
+        Delta table version per table), ``ledger`` (balance, with ``withheld_report_records``), ``dashboard`` (path
+        of index.html), and the keys of :func:`run_locations` (quarantine and ledger locations, quality warnings,
+        withheld report records by reason).
         ``version``, ``content_hash`` and ``uri`` are what the build DAG puts in the
         ``medreco://snapshot`` Asset event's extra.
     """
@@ -64,6 +98,7 @@ def publish_stage(ctx: BuildContext) -> dict:
         "ledger": balance,
         "dashboard": st.full_uri(zones.DASHBOARD_INDEX),
         "quarantined_by_reason": balance.get("quarantine_reasons", {}),
+        **run_locations(ctx),
     }
     st.write_text(run_summary_path(ctx.run_id), json.dumps(summary, indent=1, sort_keys=True))
     return summary

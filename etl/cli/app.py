@@ -45,7 +45,9 @@ def _storage(config: Path):
     return cfg, Storage.from_config(cfg)
 
 
-def _print_summary(summary: dict, quiet: bool = False) -> None:
+def summary_lines(summary: dict) -> list[str]:
+    """The run summary as printed: rows per table, the ledger balance and where its records are, quarantines by
+    reason, quality warnings and withheld report records by count, the snapshot, content hash and dashboard."""
     led = summary["ledger"]
     lines = [f"run {summary['run_id']}", "rows per table:"]
     lines += [f"  {t:<16} {n:>8}" for t, n in summary["tables"].items()]
@@ -53,11 +55,25 @@ def _print_summary(summary: dict, quiet: bool = False) -> None:
         f"ledger: files_seen={led['files_seen']} = ingested {led['ingested']} + quarantined {led['quarantined']}"
         f" + duplicate {led['duplicate']} + skipped {led['skipped']}  -> {'BALANCED' if led['balanced'] else 'UNBALANCED'}"
     )
+    if summary.get("ledger_file"):
+        lines.append(f"  ledger file: {summary['ledger_file']}")
     if summary.get("quarantined_by_reason"):
         lines.append("quarantined by reason: " + ", ".join(f"{k}={v}" for k, v in summary["quarantined_by_reason"].items()))
     empty = [i for i, n in (led.get("files_by_institution") or {}).items() if n == 0]
     if empty:
         lines.append("no files: " + ", ".join(empty) + " (source there and readable, but empty)")
+    if summary.get("quarantine") and (led.get("quarantined") or led.get("withheld_report_records")):
+        lines.append(f"  quarantine records: {summary['quarantine']}")
+    if "withheld_reports_by_reason" in summary:
+        withheld = led.get("withheld_report_records", sum(summary["withheld_reports_by_reason"].values()))
+        by_reason = ", ".join(f"{k}={v}" for k, v in summary["withheld_reports_by_reason"].items())
+        lines.append(f"withheld report records: {withheld}" + (f" ({by_reason}; listed under the quarantine "
+                                                               "records' reports/)" if withheld else ""))
+    if "quality_warnings" in summary:
+        warns = summary["quality_warnings"]
+        shown = ", ".join(f"{w['table']}/{w['check']}" for w in warns[:5]) + (", ..." if len(warns) > 5 else "")
+        lines.append(f"quality warnings: {len(warns)}" + (f" ({shown}; {summary.get('quality_report', '')})"
+                                                          if warns else ""))
     if summary.get("published", True):
         lines.append(f"snapshot: {summary['version']} ({'new' if summary['created'] else 'unchanged content, existing release'})"
                      f" at {summary['uri']}")
@@ -66,7 +82,17 @@ def _print_summary(summary: dict, quiet: bool = False) -> None:
         lines.append(f"snapshot: none ({summary['reason']}; latest release: {summary.get('latest_existing_version')})")
         lines.append("content hash: -")
     lines.append(f"dashboard: {summary['dashboard']}")
-    typer.echo("\n".join(lines if not quiet else lines[-3:]))
+    return lines
+
+
+def _print_summary(summary: dict) -> None:
+    typer.echo("\n".join(summary_lines(summary)))
+
+
+def _progress(quiet: bool):
+    from etl.cli.progress import BuildProgress
+
+    return None if quiet else BuildProgress()
 
 
 @app.command("demo-corpus")
@@ -88,9 +114,13 @@ def demo_corpus(
 @app.command()
 def run(
     config: Path = typer.Option(DEMO_CONFIG, "--config", "-c", help="pipeline YAML config"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the snapshot and dashboard lines"),
+    workers: int = typer.Option(os.cpu_count() or 1, "--workers", "-w", min=1,
+                                help="task processes: 1 runs dag.test() in this process; N > 1 runs the DAG under "
+                                     "a real scheduler with the LocalExecutor (N workers) on the same database"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display: print the summary only"),
 ) -> None:
-    """Run the build DAG on the embedded default (Airflow dag.test on SQLite)."""
+    """Run the build DAG on the embedded default (Airflow on SQLite): dag.test() with --workers 1, else a
+    scheduler with the LocalExecutor running mapped tasks in parallel (default: one worker per CPU core)."""
     from etl.build.context import KeyMismatchError
     from etl.cli.embedded import BuildFailedError, run_build
     from etl.keys import MissingKeyError, load_key
@@ -103,17 +133,20 @@ def run(
         check_sources(cfg, Storage.from_config(cfg))  # a missing or unreadable source: refused before Airflow starts
         if not os.environ.get("AIRFLOW_CONN_MEDRECO_PSEUDONYM"):
             load_key(allow_airflow=False)  # refuse before any work; tasks may also read the Airflow connection
-        summary = run_build(config)
+        summary = run_build(config, workers=workers, progress=_progress(quiet))
     except (ConfigError, MissingKeyError, KeyMismatchError, BuildFailedError, SourceUnavailableError) as err:
         _fail(str(err))
-    _print_summary(summary, quiet)
+    _print_summary(summary)
 
 
 @app.command()
 def demo(
     seed: int = typer.Option(0, help="demo corpus seed"),
     patients: int = typer.Option(48, help="demo corpus patients"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the snapshot and dashboard lines"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no corpus line, no progress display: the summaries only"),
+    workers: int = typer.Option(1, "--workers", "-w", min=1,
+                                help="task processes (as `medreco run`); 1 by default: on the small demo corpus "
+                                     "the scheduler's start-up and per-task warm-up cost more than they save"),
     train: bool = typer.Option(True, "--train/--no-train", help="then run the training DAG on the snapshot"),
 ) -> None:
     """Generate the demo corpus (once), create a local demo key (demo only), run the build, then the training
@@ -135,10 +168,10 @@ def demo(
 
     os.environ[ENV_VAR] = demo_key(DEMO_DIR / "demo.key")
     try:
-        summary = run_build(DEMO_CONFIG)
+        summary = run_build(DEMO_CONFIG, workers=workers, progress=_progress(quiet))
     except (BuildFailedError, KeyMismatchError, SourceUnavailableError) as err:
         _fail(str(err))
-    _print_summary(summary, quiet)
+    _print_summary(summary)
     if not train or not summary.get("published", True):
         return
     # the training DAG the snapshot Asset triggers, run here the same way (dag.test, local launcher, tiny CPU configs)

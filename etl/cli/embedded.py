@@ -46,26 +46,41 @@ def prepare_airflow_env(airflow_home: str | Path | None = None) -> Path:
     return home
 
 
-def run_build(config_path: str | Path) -> dict:
-    """Run the ``medreco_build`` DAG once with ``dag.test()`` and return the run summary.
+def run_build(config_path: str | Path, workers: int = 1, progress=None) -> dict:
+    """Run the ``medreco_build`` DAG once and return the run summary.
+
+    Parameters
+    ----------
+    config_path : str or Path
+        the pipeline config.
+    workers : int
+        1 (default): ``dag.test()`` in this process, one task at a time. N > 1: the same DAG under a real
+        scheduler with the LocalExecutor and N worker processes on the same metadata database
+        (:func:`etl.cli.scheduled.run_scheduled`), mapped tasks in parallel; every process it starts is
+        stopped before this returns.
+    progress : etl.cli.progress.BuildProgress, optional
+        shown while the run is on (per stage: tasks and files done of total, throughput, time left).
 
     Raises
     ------
     BuildFailedError
-        naming the failed tasks when the run does not succeed.
+        naming the failed tasks when the run does not succeed (also when a scheduler component fails).
     BuildLockedError
         before any work, naming the holder, when another build holds the root's lock
         (:class:`etl.build.ledger.BuildLock`): two builds on one root never interleave.
     ConfigError, MissingKeyError, KeyMismatchError, etl.sources.source_access.SourceUnavailableError
         before any work.
+    ValueError
+        when ``workers`` < 1.
     """
-    prepare_airflow_env()
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    home = prepare_airflow_env()
     from etl.build.runtime import quiet_library_logs
     from etl.cli.output import after_airflow_setup
 
     quiet_library_logs()
     after_airflow_setup()
-    from dags.medreco_build import build_dag
     from etl.build.context import BuildContext
     from etl.build.lock import BuildLock, BuildLockHeldError
     from etl.build.publish_stage import run_summary_path
@@ -84,19 +99,65 @@ def run_build(config_path: str | Path) -> dict:
         lock.acquire()
     except BuildLockHeldError as err:
         raise BuildLockedError(str(err)) from None
+    # the DAG's first task adopts this lock (same token) instead of refusing its own caller
+    conf = {"config": cfg_path, "build_lock_token": lock.token}
     try:
-        # the DAG's first task adopts this lock (same token) instead of refusing its own caller
-        dagrun = build_dag.test(run_conf={"config": cfg_path, "build_lock_token": lock.token})
+        if progress is not None:
+            progress.start(pre.storage, pre.cfg)
+        if workers == 1:
+            run_id, state, failed = _run_dag_test(conf, progress)
+        else:
+            run_id, state, failed = _run_under_scheduler(conf, workers, cfg_path, home, progress)
     finally:
-        lock.release()
-    state = str(getattr(dagrun, "state", ""))
-    if not state.endswith("success"):
-        failed = sorted({ti.task_id for ti in dagrun.get_task_instances() if str(ti.state).endswith("failed")})
-        raise BuildFailedError(f"build run {dagrun.run_id} ended {state}; failed tasks: {', '.join(failed) or '?'}")
-    ctx = BuildContext.from_config_file(cfg_path, run_id=dagrun.run_id)
+        try:
+            if progress is not None:
+                progress.stop()
+        finally:
+            lock.release()
+    if state != "success":
+        raise BuildFailedError(f"build run {run_id} ended {state}; failed tasks: {', '.join(failed) or '?'}")
+    ctx = BuildContext.from_config_file(cfg_path, run_id=run_id)
     import json
 
     return json.loads(ctx.storage.read_text(run_summary_path(ctx.run_id)))
+
+
+def _failed_tasks(dag_id: str, run_id: str) -> list[str]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(TaskInstance.task_id, TaskInstance.state).filter(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id).all()
+    return sorted({t for t, s in rows if str(s).endswith(("failed", "upstream_failed"))})
+
+
+def _run_dag_test(conf: dict, progress) -> tuple[str, str, list[str]]:
+    """One run with ``dag.test()`` in this process; the progress display polls the database from a thread."""
+    from dags.medreco_build import build_dag
+
+    watcher = progress.watch_thread(build_dag.dag_id, conf["build_lock_token"]) if progress is not None else None
+    try:
+        dagrun = build_dag.test(run_conf=conf)
+    finally:
+        if watcher is not None:
+            watcher.stop()
+    state = str(getattr(dagrun, "state", "")).rsplit(".", 1)[-1]
+    failed = sorted({ti.task_id for ti in dagrun.get_task_instances() if str(ti.state).endswith("failed")})
+    return dagrun.run_id, state, failed
+
+
+def _run_under_scheduler(conf: dict, workers: int, cfg_path: str, home: Path, progress) -> tuple[str, str, list[str]]:
+    """One run under ``airflow scheduler`` (LocalExecutor, ``workers`` processes) and the Execution API."""
+    from etl.cli.scheduled import ScheduledRunError, run_scheduled
+
+    dag_id = "medreco_build"
+    on_poll = (lambda run_id: progress.poll(dag_id, run_id)) if progress is not None else None
+    try:
+        run_id, state = run_scheduled(dag_id, conf, workers, cfg_path, home / "medreco-run-logs", on_poll=on_poll)
+    except ScheduledRunError as err:
+        raise BuildFailedError(f"scheduled build ({workers} workers) failed: {err}") from None
+    return run_id, state, _failed_tasks(dag_id, run_id) if state != "success" else []
 
 
 def run_training(config_path: str | Path, version: str) -> dict:
