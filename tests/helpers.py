@@ -81,3 +81,20 @@ def fresh_root(base, name: str):
     root = base / name
     shutil.copytree(base / "template" / "sources", root / "sources")
     return root
+
+
+def demo_config_with_empty_sources(tmp_path):
+    """``config/demo.yaml`` with its storage root in ``tmp_path`` and every institution's source folder there,
+    empty: a run on it gets past the source checks (``etl.sources.source_access``) on a clean clone too."""
+    import yaml
+
+    from schemas.config import PROJECT_ROOT
+
+    data = yaml.safe_load((PROJECT_ROOT / "config" / "demo.yaml").read_text())
+    root = tmp_path / "root"
+    data["storage"]["root"] = str(root)
+    for inst in data["institutions"]:
+        (root / inst["source_uri"]).mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "demo-empty-sources.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path

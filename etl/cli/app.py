@@ -158,9 +158,9 @@ def demo(
 
     root = DEMO_DIR / "root"
     if not (root / "sources").is_dir():
-        summary = generate_corpus(root, seed=seed, n_patients=patients)
+        corpus = generate_corpus(root, seed=seed, n_patients=patients)
         if not quiet:
-            typer.echo(f"demo corpus: {json.dumps(summary, sort_keys=True)}")
+            typer.echo(f"demo corpus: {json.dumps(corpus, sort_keys=True)}")
     elif not quiet:
         typer.echo(f"demo corpus: reusing {root / 'sources'} (--seed/--patients apply to a new corpus; "
                    "`make clean` removes it)")

@@ -27,9 +27,9 @@ def test_demo_keeps_dag_test_by_default():
 
 
 def test_run_without_a_key_fails_before_any_work_whatever_the_workers(tmp_path, monkeypatch):
-    from schemas.config import PROJECT_ROOT
+    from helpers import demo_config_with_empty_sources
 
     monkeypatch.delenv("MEDRECO_PSEUDONYM_KEY", raising=False)
     monkeypatch.delenv("AIRFLOW_CONN_MEDRECO_PSEUDONYM", raising=False)
-    result = CliRunner().invoke(app, ["run", "--workers", "2", "--config", str(PROJECT_ROOT / "config" / "demo.yaml")])
+    result = CliRunner().invoke(app, ["run", "--workers", "2", "--config", str(demo_config_with_empty_sources(tmp_path))])
     assert result.exit_code == 1 and "MEDRECO_PSEUDONYM_KEY" in result.output

@@ -93,14 +93,15 @@ def test_cli_run_fails_before_work_on_bad_config(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_cli_run_refuses_a_missing_key(monkeypatch):
+def test_cli_run_refuses_a_missing_key(monkeypatch, tmp_path):
+    from helpers import demo_config_with_empty_sources
     from typer.testing import CliRunner
 
     from etl.cli.app import app
 
     monkeypatch.delenv("MEDRECO_PSEUDONYM_KEY", raising=False)
     monkeypatch.delenv("AIRFLOW_CONN_MEDRECO_PSEUDONYM", raising=False)
-    result = CliRunner().invoke(app, ["run", "--config", str(PROJECT_ROOT / "config" / "demo.yaml")])
+    result = CliRunner().invoke(app, ["run", "--config", str(demo_config_with_empty_sources(tmp_path))])
     assert result.exit_code == 1
     assert "no pseudonymisation secret" in result.output and "refusing to run" in result.output
 
