@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from quality.partitions import PartitionedTable, as_partitioned
 from quality.results import QUALITY_SCHEMA, SEVERITIES, CheckResult, QualityInputError  # noqa: F401  (public names of the checks)
 from schemas.ledger import STATUSES
 from schemas.tables import PAYLOAD_COLUMNS, SCHEMAS
@@ -147,7 +148,7 @@ def _validate_rule(section: str, rule: dict) -> None:
 # ------------------------------------------------------------------------------------------- helpers
 
 
-def _prepare_tables(tables: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
+def _prepare_tables(tables: Mapping[str, pa.Table | PartitionedTable]) -> dict[str, pa.Table | PartitionedTable]:
     unknown = sorted(set(tables) - set(SCHEMAS))
     if unknown:
         raise QualityInputError("unknown_table", f"tables {unknown} are not in schemas.tables.SCHEMAS")
@@ -179,14 +180,20 @@ def _result(table, check, severity, passed, observed, message) -> CheckResult:
 
 
 def check_foreign_key(rule: dict, tables: dict[str, pa.Table]) -> CheckResult:
-    """Non-null ``table.column`` values exist in ``ref_table.ref_column``."""
+    """Non-null ``table.column`` values exist in ``ref_table.ref_column``.
+
+    Reads the two key columns only: the referenced one whole, the referring one partition by partition
+    (:class:`quality.partitions.PartitionedTable`).
+    """
     table = tables[rule["table"]]
-    col = table.column(rule["column"])
     ref = tables[rule["ref_table"]].column(rule["ref_column"]).combine_chunks()
-    present = pc.is_in(col, value_set=ref, skip_nulls=True)
-    valid = pc.is_valid(col)
-    orphans = pc.sum(pc.and_(valid, pc.invert(pc.fill_null(present, False)))).as_py() or 0
-    nulls = table.num_rows - (pc.sum(valid).as_py() or 0)
+    orphans = nulls = 0
+    for part in as_partitioned(table).partitions([rule["column"]]):  # the child key, one partition at a time
+        col = part.column(rule["column"])
+        present = pc.is_in(col, value_set=ref, skip_nulls=True)
+        valid = pc.is_valid(col)
+        orphans += pc.sum(pc.and_(valid, pc.invert(pc.fill_null(present, False)))).as_py() or 0
+        nulls += part.num_rows - (pc.sum(valid).as_py() or 0)
     target = f"{rule['ref_table']}.{rule['ref_column']}"
     obs = {"rows": table.num_rows, "orphans": orphans, "null_skipped": nulls, "references": target}
     return _result(rule["table"], rule.get("check", f"foreign_key:{rule['column']}"), rule["severity"],
@@ -449,7 +456,7 @@ def check_review(ledger: pa.Table, review: list[dict] | None, run_id: str | None
 
 
 def run_checks(
-    tables: Mapping[str, pa.Table],
+    tables: Mapping[str, pa.Table | PartitionedTable],
     ontology: Any,
     *,
     rules: dict | str | Path | None = None,
@@ -468,9 +475,12 @@ def run_checks(
 
     Parameters
     ----------
-    tables : mapping of str to pyarrow.Table
+    tables : mapping of str to pyarrow.Table or quality.partitions.PartitionedTable
         table name (``schemas.tables.SCHEMAS`` keys) -> table with at least that schema's columns and
-        types. Absent tables are checked as empty (fail-closed for references into them).
+        types. Absent tables are checked as empty (fail-closed for references into them). A PartitionedTable
+        (the build's curated tables) is never read whole: the GE suites run partition by partition on the
+        columns they need, the row flags likewise, and the cross-table checks read only their columns (keys,
+        the columns they compare).
     ontology : schemas.ontology.Ontology
         anything with a ``concepts`` mapping keyed by concept id (``"F029"``).
     rules : dict or path, optional

@@ -674,7 +674,7 @@ def run_suites(
     except (KeyError, ValueError, LookupError):
         ds = ctx.data_sources.add_pandas(DATASOURCE)
     existing = {a.name for a in ds.assets}
-    run_id = RunIdentifier(run_name=run_name or "adhoc", run_time=dt.datetime.now(dt.timezone.utc))
+    run_id = RunIdentifier(run_name=run_name or "adhoc", run_time=dt.datetime.now(dt.UTC))
     out: list[CheckResult] = []
     for spec in specs:
         if spec.name in existing:
