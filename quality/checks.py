@@ -365,11 +365,12 @@ def check_ledger(ledger: pa.Table, expected_files: Mapping[str, int] | None) -> 
     scan), equals that number too: nothing discovered is silently lost.
     """
     runs: dict[str, dict[str, int]] = {}
-    for run, status in zip(ledger.column("run_id").to_pylist(), ledger.column("status").to_pylist(), strict=True):
-        r = runs.setdefault(run, {"rows": 0, **{s: 0 for s in STATUSES}})
-        r["rows"] += 1
-        if status in STATUSES:
-            r[status] += 1
+    counted = ledger.select(["run_id", "status"]).group_by(["run_id", "status"]).aggregate([([], "count_all")])
+    for c in counted.to_pylist():  # one row per (run, status): no per-file Python objects
+        r = runs.setdefault(c["run_id"], {"rows": 0, **{s: 0 for s in STATUSES}})
+        r["rows"] += int(c["count_all"])
+        if c["status"] in STATUSES:
+            r[c["status"]] += int(c["count_all"])
     for run, n in (expected_files or {}).items():
         runs.setdefault(run, {"rows": 0, **{s: 0 for s in STATUSES}})["expected_files"] = int(n)
     unbalanced = []
@@ -442,6 +443,12 @@ def check_review(ledger: pa.Table, review: list[dict] | None, run_id: str | None
     prefixes = {str(d.get("sha256", "")).lower()[:12]: d.get("decision") for d in review}
     rows = ledger.filter(pc.equal(ledger.column("run_id"), run_id)) if run_id else ledger
     ingested_rejected = 0
+    rejected = {p for p, d in prefixes.items() if d == "reject"}
+    if rejected:  # only then are the ledger's digests looked at
+        rows = rows.filter(pc.is_in(pc.utf8_slice_codeunits(pc.utf8_lower(rows.column("sha256")), 0, 12),
+                                    value_set=pa.array(sorted(rejected), type=pa.string())))
+    else:
+        rows = rows.slice(0, 0)
     for sha, status in zip(rows.column("sha256").to_pylist(), rows.column("status").to_pylist(), strict=True):
         if status == "ingested" and prefixes.get((sha or "").lower()[:12]) == "reject":
             ingested_rejected += 1
