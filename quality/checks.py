@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from quality.partitions import PartitionedTable, as_partitioned
 from quality.results import QUALITY_SCHEMA, SEVERITIES, CheckResult, QualityInputError  # noqa: F401  (public names of the checks)
 from schemas.ledger import STATUSES
 from schemas.tables import PAYLOAD_COLUMNS, SCHEMAS
@@ -147,7 +148,7 @@ def _validate_rule(section: str, rule: dict) -> None:
 # ------------------------------------------------------------------------------------------- helpers
 
 
-def _prepare_tables(tables: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
+def _prepare_tables(tables: Mapping[str, pa.Table | PartitionedTable]) -> dict[str, pa.Table | PartitionedTable]:
     unknown = sorted(set(tables) - set(SCHEMAS))
     if unknown:
         raise QualityInputError("unknown_table", f"tables {unknown} are not in schemas.tables.SCHEMAS")
@@ -179,14 +180,20 @@ def _result(table, check, severity, passed, observed, message) -> CheckResult:
 
 
 def check_foreign_key(rule: dict, tables: dict[str, pa.Table]) -> CheckResult:
-    """Non-null ``table.column`` values exist in ``ref_table.ref_column``."""
+    """Non-null ``table.column`` values exist in ``ref_table.ref_column``.
+
+    Reads the two key columns only: the referenced one whole, the referring one partition by partition
+    (:class:`quality.partitions.PartitionedTable`).
+    """
     table = tables[rule["table"]]
-    col = table.column(rule["column"])
     ref = tables[rule["ref_table"]].column(rule["ref_column"]).combine_chunks()
-    present = pc.is_in(col, value_set=ref, skip_nulls=True)
-    valid = pc.is_valid(col)
-    orphans = pc.sum(pc.and_(valid, pc.invert(pc.fill_null(present, False)))).as_py() or 0
-    nulls = table.num_rows - (pc.sum(valid).as_py() or 0)
+    orphans = nulls = 0
+    for part in as_partitioned(table).partitions([rule["column"]]):  # the child key, one partition at a time
+        col = part.column(rule["column"])
+        present = pc.is_in(col, value_set=ref, skip_nulls=True)
+        valid = pc.is_valid(col)
+        orphans += pc.sum(pc.and_(valid, pc.invert(pc.fill_null(present, False)))).as_py() or 0
+        nulls += part.num_rows - (pc.sum(valid).as_py() or 0)
     target = f"{rule['ref_table']}.{rule['ref_column']}"
     obs = {"rows": table.num_rows, "orphans": orphans, "null_skipped": nulls, "references": target}
     return _result(rule["table"], rule.get("check", f"foreign_key:{rule['column']}"), rule["severity"],
@@ -358,11 +365,12 @@ def check_ledger(ledger: pa.Table, expected_files: Mapping[str, int] | None) -> 
     scan), equals that number too: nothing discovered is silently lost.
     """
     runs: dict[str, dict[str, int]] = {}
-    for run, status in zip(ledger.column("run_id").to_pylist(), ledger.column("status").to_pylist(), strict=True):
-        r = runs.setdefault(run, {"rows": 0, **{s: 0 for s in STATUSES}})
-        r["rows"] += 1
-        if status in STATUSES:
-            r[status] += 1
+    counted = ledger.select(["run_id", "status"]).group_by(["run_id", "status"]).aggregate([([], "count_all")])
+    for c in counted.to_pylist():  # one row per (run, status): no per-file Python objects
+        r = runs.setdefault(c["run_id"], {"rows": 0, **{s: 0 for s in STATUSES}})
+        r["rows"] += int(c["count_all"])
+        if c["status"] in STATUSES:
+            r[c["status"]] += int(c["count_all"])
     for run, n in (expected_files or {}).items():
         runs.setdefault(run, {"rows": 0, **{s: 0 for s in STATUSES}})["expected_files"] = int(n)
     unbalanced = []
@@ -435,6 +443,12 @@ def check_review(ledger: pa.Table, review: list[dict] | None, run_id: str | None
     prefixes = {str(d.get("sha256", "")).lower()[:12]: d.get("decision") for d in review}
     rows = ledger.filter(pc.equal(ledger.column("run_id"), run_id)) if run_id else ledger
     ingested_rejected = 0
+    rejected = {p for p, d in prefixes.items() if d == "reject"}
+    if rejected:  # only then are the ledger's digests looked at
+        rows = rows.filter(pc.is_in(pc.utf8_slice_codeunits(pc.utf8_lower(rows.column("sha256")), 0, 12),
+                                    value_set=pa.array(sorted(rejected), type=pa.string())))
+    else:
+        rows = rows.slice(0, 0)
     for sha, status in zip(rows.column("sha256").to_pylist(), rows.column("status").to_pylist(), strict=True):
         if status == "ingested" and prefixes.get((sha or "").lower()[:12]) == "reject":
             ingested_rejected += 1
@@ -449,7 +463,7 @@ def check_review(ledger: pa.Table, review: list[dict] | None, run_id: str | None
 
 
 def run_checks(
-    tables: Mapping[str, pa.Table],
+    tables: Mapping[str, pa.Table | PartitionedTable],
     ontology: Any,
     *,
     rules: dict | str | Path | None = None,
@@ -468,9 +482,12 @@ def run_checks(
 
     Parameters
     ----------
-    tables : mapping of str to pyarrow.Table
+    tables : mapping of str to pyarrow.Table or quality.partitions.PartitionedTable
         table name (``schemas.tables.SCHEMAS`` keys) -> table with at least that schema's columns and
-        types. Absent tables are checked as empty (fail-closed for references into them).
+        types. Absent tables are checked as empty (fail-closed for references into them). A PartitionedTable
+        (the build's curated tables) is never read whole: the GE suites run partition by partition on the
+        columns they need, the row flags likewise, and the cross-table checks read only their columns (keys,
+        the columns they compare).
     ontology : schemas.ontology.Ontology
         anything with a ``concepts`` mapping keyed by concept id (``"F029"``).
     rules : dict or path, optional

@@ -7,7 +7,7 @@ definitions, checkpoints, validation results of the last ``keep_runs`` runs), ``
 Docs site), ``quality/<run_id>.json``, ``quality/row_flags/<run_id>.parquet`` (rows flagged by row-level
 expectations: table, key, check) and ``quality/latest_run.json``, ``dashboard/``.
 
-Only metadata is read: every curated table without its payload columns (:func:`load_tables`), and the payload
+Only metadata is read, one partition and one column set at a time (:func:`load_tables`), and the payload
 check recorded where the payloads were written (:func:`etl.pixels.integrity.recorded_integrity`). With an ``s3://``
 root the GE folders are worked on in a local temporary copy and synced back.
 """
@@ -41,14 +41,18 @@ class QualityGateError(RuntimeError):
 
 
 def load_tables(ctx: BuildContext) -> dict:
-    """All curated tables of the storage root plus this run's ledger, as pyarrow Tables, without payload columns.
+    """All curated tables of the storage root as :class:`quality.partitions.PartitionedTable` (their partition
+    files, read on demand), plus this run's ledger as a pyarrow Table.
 
-    Each table is read with ``columns=`` :func:`schemas.tables.metadata_columns` (the schema's columns in order,
-    payload columns left out: ``images.payload`` is never fetched from disk or the object store; partition
-    columns the Parquet readers may add are not requested).
+    Nothing is read here: each check later reads one partition at a time and only the columns it needs, always
+    within :func:`schemas.tables.metadata_columns` (``images.payload`` is never fetched from disk or the object
+    store; partition columns the Parquet readers may add are not requested), so the task's memory is bounded by
+    one partition's metadata plus the key columns of the table-level invariants.
     """
-    tables = {t: ctx.storage.read_table(zones.curated_table(t), schema=s, columns=metadata_columns(t))
-              for t, s in SCHEMAS.items() if t != "ledger"}
+    from quality.partitions import PartitionedTable
+
+    tables: dict = {t: PartitionedTable.from_storage(ctx.storage, zones.curated_table(t), s, metadata_columns(t))
+                    for t, s in SCHEMAS.items() if t != "ledger"}
     tables["ledger"] = ctx.storage.read_table(ctx.ledger_path, schema=SCHEMAS["ledger"])
     return tables
 

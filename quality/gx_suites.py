@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from quality.partitions import PartitionedTable, as_partitioned
 from quality.results import CheckResult, QualityInputError
 from schemas.base import key_columns
 from schemas.config import PROJECT_ROOT
@@ -460,6 +461,127 @@ def _to_check_result(spec: SuiteSpec, entry: dict, r) -> CheckResult:
     return CheckResult(spec.table, entry["check"], entry["severity"], bool(r.success) and not raised, obs, message)
 
 
+#: column-map expectation types whose per-partition results add up (counts of failing rows summed): run
+#: partition by partition; every other type (uniqueness across the table) runs once on its own columns
+PARTITION_TYPES = ROW_LEVEL_TYPES | frozenset({"expect_column_values_to_not_match_regex_list",
+                                               "expect_column_values_to_not_match_regex",
+                                               "expect_column_pair_values_a_to_be_greater_than_b"})
+_SUMMED_KEYS = ("element_count", "unexpected_count", "missing_count")
+
+
+def suite_columns(spec: SuiteSpec, entries: list[dict] | None = None) -> list[str]:
+    """The base-table columns a suite (or some of its entries) reads: a view's list column, a PHI view's text
+    columns, else the entries' columns (schema order not kept: first use first)."""
+    if spec.melt is not None:
+        return list(spec.melt)
+    if spec.explode is not None:
+        return [spec.explode]
+    cols: list[str] = []
+    for e in spec.expectations if entries is None else entries:
+        cols += [c for c in e["columns"] if c not in cols]
+    return cols
+
+
+def _pct(num: int, den: int) -> float | None:
+    return 100.0 * num / den if den else None
+
+
+def merge_partition_results(entry: dict, parts: list) -> Any:
+    """One column-map expectation's result over all partitions, from its per-partition results.
+
+    Counts (``element_count``, ``unexpected_count``, ``missing_count``) are summed and the percentages recomputed
+    from the sums as GE computes them (``unexpected_percent`` over the non-missing values where GE counts missing
+    ones, over all values for ``expect_column_values_to_not_be_null``); success is GE's rule (no value fails, or
+    at least ``mostly`` of the non-missing values pass). A partition whose evaluation raised gives its result as
+    the merged one (the exception is reported, never hidden by the others).
+
+    Parameters
+    ----------
+    entry : dict
+        the suite entry (``type``, ``kwargs``).
+    parts : list of great_expectations ExpectationValidationResult
+        one per partition, in partition order (at least one).
+
+    Returns
+    -------
+    great_expectations ExpectationValidationResult
+    """
+    from great_expectations.core.expectation_validation_result import ExpectationValidationResult
+
+    for r in parts:
+        exc = getattr(r, "exception_info", None) or {}
+        if isinstance(exc, dict) and exc.get("raised_exception"):
+            return r
+    first = parts[0]
+    res = dict(first.result or {})
+    for k in _SUMMED_KEYS:
+        if k in res:
+            res[k] = int(sum(int((r.result or {}).get(k) or 0) for r in parts))
+    n, bad, missing = res.get("element_count", 0), res.get("unexpected_count", 0), res.get("missing_count")
+    if missing is not None:
+        res["missing_percent"] = _pct(missing, n)
+        res["unexpected_percent_total"] = _pct(bad, n)
+        res["unexpected_percent_nonmissing"] = _pct(bad, n - missing)
+        res["unexpected_percent"] = res["unexpected_percent_nonmissing"]
+        den = n - missing
+    else:
+        res["unexpected_percent"] = _pct(bad, n)
+        den = n
+    mostly = float(entry["kwargs"].get("mostly", 1.0))
+    success = bad == 0 if mostly >= 1.0 else (den == 0 or (den - bad) / den >= mostly)
+    return ExpectationValidationResult(success=success, expectation_config=first.expectation_config, result=res,
+                                       meta=first.meta, exception_info=first.exception_info)
+
+
+def _validate_partitioned(gx, ctx, spec: SuiteSpec, suite, batch_def, table: PartitionedTable, params: dict):
+    """Validate ``suite`` partition by partition (column-map entries, :data:`PARTITION_TYPES`, on the columns they
+    read) and once on the whole table's columns for the other entries (uniqueness: the key columns only); one
+    ExpectationSuiteValidationResult with the merged results in suite order (not stored)."""
+    from great_expectations.core.expectation_validation_result import ExpectationSuiteValidationResult
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+    def sub_suite(entries: list[dict]):
+        sub = gx.ExpectationSuite(name=spec.name, meta=suite.meta)
+        for e in entries:
+            sub.add_expectation_configuration(ExpectationConfiguration(
+                type=e["type"], kwargs=e["kwargs"], severity=e["severity"],
+                meta={"severity": e["severity"], "check": e["check"], "table": spec.table}))
+        return sub
+
+    def run(frame, sub):
+        batch = batch_def.get_batch(batch_parameters={"dataframe": frame})
+        return batch.validate(sub, result_format=RESULT_FORMAT, expectation_parameters=params)
+
+    per_part = [e for e in spec.expectations if e["type"] in PARTITION_TYPES]
+    whole = [e for e in spec.expectations if e["type"] not in PARTITION_TYPES]
+    by_check: dict[str, Any] = {}
+    template = None
+    if per_part:
+        sub, collected = sub_suite(per_part), {e["check"]: [] for e in per_part}
+        for part in table.partitions(suite_columns(spec, per_part)):
+            vr = run(to_frame(part, spec.explode, spec.melt), sub)
+            template = template or vr
+            for r in vr.results:
+                collected[r.expectation_config.meta.get("check")].append(r)
+        for e in per_part:
+            by_check[e["check"]] = merge_partition_results(e, collected[e["check"]])
+    if whole:
+        vr = run(to_frame(table.select(suite_columns(spec, whole)), spec.explode, spec.melt), sub_suite(whole))
+        template = template or vr
+        by_check.update({r.expectation_config.meta.get("check"): r for r in vr.results})
+    results = [by_check[e["check"]] for e in spec.expectations]
+    ok = sum(bool(r.success) for r in results)
+    stats = {"evaluated_expectations": len(results), "successful_expectations": ok,
+             "unsuccessful_expectations": len(results) - ok,
+             "success_percent": 100.0 * ok / len(results) if results else None}
+    meta = dict(template.meta) if template is not None else {}
+    meta["partitions"] = table.n_partitions
+    return ExpectationSuiteValidationResult(success=ok == len(results), results=results, suite_name=spec.name,
+                                            suite_parameters=getattr(template, "suite_parameters", None),
+                                            statistics=stats, meta=meta,
+                                            batch_id=getattr(template, "batch_id", None))
+
+
 def suite_parameters(config: dict, ontology: Any, today: dt.date | None = None) -> dict[str, Any]:
     """The GE run-time parameters (``$PARAMETER``) of the suites.
 
@@ -529,6 +651,10 @@ def run_suites(
     """
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+        ValidationResultIdentifier,
+    )
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
     config = config or load_suite_config()
@@ -548,26 +674,33 @@ def run_suites(
     except (KeyError, ValueError, LookupError):
         ds = ctx.data_sources.add_pandas(DATASOURCE)
     existing = {a.name for a in ds.assets}
-    run_id = RunIdentifier(run_name=run_name or "adhoc")
+    run_id = RunIdentifier(run_name=run_name or "adhoc", run_time=dt.datetime.now(dt.UTC))
     out: list[CheckResult] = []
     for spec in specs:
         if spec.name in existing:
-            batch = ds.get_asset(spec.name).get_batch_definition("whole_table")
+            batch_def = ds.get_asset(spec.name).get_batch_definition("whole_table")
         else:
-            batch = ds.add_dataframe_asset(spec.name).add_batch_definition_whole_dataframe("whole_table")
+            batch_def = ds.add_dataframe_asset(spec.name).add_batch_definition_whole_dataframe("whole_table")
         suite = gx.ExpectationSuite(name=spec.name, meta={"table": spec.table, "view_of": spec.explode})
         for e in spec.expectations:
             suite.add_expectation_configuration(ExpectationConfiguration(
                 type=e["type"], kwargs=e["kwargs"], severity=e["severity"],
                 meta={"severity": e["severity"], "check": e["check"], "table": spec.table}))
         suite = ctx.suites.add_or_update(suite)
-        vd = ctx.validation_definitions.add_or_update(gx.ValidationDefinition(name=spec.name, data=batch, suite=suite))
-        cp = ctx.checkpoints.add_or_update(gx.Checkpoint(name=f"medreco_{spec.name}", validation_definitions=[vd],
-                                                         actions=[], result_format=RESULT_FORMAT))
-        frame = to_frame(tables[spec.table], spec.explode, spec.melt)
-        res = cp.run(batch_parameters={"dataframe": frame}, expectation_parameters=params, run_id=run_id)
-        ((_, vr),) = res.run_results.items()
-        by_check = {r.expectation_config.meta.get("check"): r for r in vr.results}
+        vd = ctx.validation_definitions.add_or_update(gx.ValidationDefinition(name=spec.name, data=batch_def,
+                                                                              suite=suite))
+        ctx.checkpoints.add_or_update(gx.Checkpoint(name=f"medreco_{spec.name}", validation_definitions=[vd],
+                                                    actions=[], result_format=RESULT_FORMAT))
+        merged = _validate_partitioned(gx, ctx, spec, suite, batch_def, as_partitioned(tables[spec.table]), params)
+        merged.meta.update({"validation_id": vd.id, "checkpoint_id": None, "run_id": run_id,
+                            "validation_time": run_id.run_time,
+                            "batch_parameters": {"dataframe": "<partitions>"}})
+        suite_id = ExpectationSuiteIdentifier(name=suite.name)
+        ctx.validation_results_store.store_validation_results(
+            suite_validation_result=merged, expectation_suite_identifier=suite_id,
+            suite_validation_result_identifier=ValidationResultIdentifier(
+                batch_identifier=merged.batch_id or spec.name, expectation_suite_identifier=suite_id, run_id=run_id))
+        by_check = {r.expectation_config.meta.get("check"): r for r in merged.results}
         for e in spec.expectations:
             out.append(_to_check_result(spec, e, by_check[e["check"]]))
     if docs is not None and project is not None:

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from quality.gx_suites import SuiteSpec
+from quality.partitions import PartitionedTable, as_partitioned
 from quality.results import CheckResult
 from schemas.base import key_columns
 from schemas.tables import SCHEMAS
@@ -117,7 +118,7 @@ def _keys(table: pa.Table, name: str, rows: np.ndarray) -> list[str]:
 
 def apply_row_tolerance(
     results: Sequence[CheckResult],
-    tables: Mapping[str, pa.Table],
+    tables: Mapping[str, pa.Table | PartitionedTable],
     specs: Sequence[SuiteSpec],
     params: Mapping[str, Any],
     max_failed_rate: float = DEFAULT_MAX_FAILED_RATE,
@@ -128,8 +129,9 @@ def apply_row_tolerance(
     ----------
     results : sequence of CheckResult
         :func:`quality.gx_suites.run_suites`'s results, in order.
-    tables : mapping of str to pyarrow.Table
-        the tables the suites ran on.
+    tables : mapping of str to pyarrow.Table or PartitionedTable
+        the tables the suites ran on; read partition by partition, only the key columns and the failing
+        expectation's column.
     specs : sequence of SuiteSpec
         :func:`quality.gx_suites.build_suite_specs` (entries carry ``row_level``).
     params : mapping
@@ -160,22 +162,28 @@ def apply_row_tolerance(
                 or "exception" in r.observed or "unexpected_count" not in r.observed):
             out.append(r)
             continue
-        s, parents = _values(tables[r.table], spec, entry["kwargs"]["column"])
-        bad = failing_values(s, entry["type"], entry["kwargs"], params)
-        checked = int(s.notna().sum()) if entry["type"] != "expect_column_values_to_not_be_null" else len(s)
-        rows = np.unique(parents[bad]) if parents is not None else np.flatnonzero(bad)
-        flags += [{"table": r.table, "key": k, "check": r.check} for k in _keys(tables[r.table], r.table, rows)]
-        rate = float(bad.sum()) / checked if checked else 0.0
-        obs = {**r.observed, "flagged_rows": int(len(rows)), "failed_rate": round(rate, 6),
+        column = entry["kwargs"]["column"]
+        read = list(dict.fromkeys([*key_columns(SCHEMAS[r.table]), spec.explode or column]))
+        n_bad = checked = n_rows = 0
+        for part in as_partitioned(tables[r.table]).partitions(read):  # one partition, its keys and one column
+            s, parents = _values(part, spec, column)
+            bad = failing_values(s, entry["type"], entry["kwargs"], params)
+            checked += int(s.notna().sum()) if entry["type"] != "expect_column_values_to_not_be_null" else len(s)
+            n_bad += int(bad.sum())
+            rows = np.unique(parents[bad]) if parents is not None else np.flatnonzero(bad)
+            n_rows += len(rows)
+            flags += [{"table": r.table, "key": k, "check": r.check} for k in _keys(part, r.table, rows)]
+        rate = float(n_bad) / checked if checked else 0.0
+        obs = {**r.observed, "flagged_rows": int(n_rows), "failed_rate": round(rate, 6),
                "max_failed_rate": max_failed_rate}
         if rate <= max_failed_rate:
             out.append(CheckResult(r.table, r.check, "warning", False, obs,
-                                   f"{len(rows)} rows flagged ({100 * rate:.2f}% of values fail, limit "
+                                   f"{n_rows} rows flagged ({100 * rate:.2f}% of values fail, limit "
                                    f"{100 * max_failed_rate:g}%): {r.message}"))
         else:
             out.append(CheckResult(r.table, r.check, r.severity, False, obs,
                                    f"{100 * rate:.2f}% of values fail (limit {100 * max_failed_rate:g}%, "
-                                   f"{len(rows)} rows flagged): {r.message}"))
+                                   f"{n_rows} rows flagged): {r.message}"))
     flag_table = pa.Table.from_pylist(flags, schema=FLAGS_SCHEMA)
     if flag_table.num_rows:
         flag_table = flag_table.sort_by([("table", "ascending"), ("check", "ascending"), ("key", "ascending")])
