@@ -593,8 +593,8 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     Raises
     ------
     BurnedInTextError
-        ``ocr_unavailable``; ``pixel_cleaning_failed`` (pixels that cannot be decoded or are larger than
-        ``max_pixels``); ``burned_in_text_remaining`` (text still read after blanking).
+        ``ocr_unavailable``; ``pixel_cleaning_failed`` (pixels that cannot be decoded, larger than
+        ``max_pixels`` or smaller than ``min_side_px`` on a side); ``burned_in_text_remaining`` (text still read after blanking).
     """
     policy = policy or load_text_policy()
     phi = phi if phi is not None else PhiTokens.from_dataset(ds, int(policy.phi["min_token_chars"]))
@@ -615,7 +615,8 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     stacked = arr if (frames > 1 and arr.ndim == (4 if color else 3)) else arr[None]
     out = TextCleaning()
     if min(stacked.shape[1], stacked.shape[2]) < policy.min_side_px:
-        return out
+        raise BurnedInTextError("pixel_cleaning_failed", f"the image is smaller than {policy.min_side_px} pixels "
+                                "on a side: too small to be read for burned-in text")
     disp = display_frames(ds, stacked)
     todo = _frames_to_read(disp, policy)
     out.frames_read = len(todo)
