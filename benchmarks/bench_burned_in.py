@@ -75,7 +75,7 @@ def main(repeats: int = 3) -> None:
         plain = _time(lambda d=data: clean_text(pydicom.dcmread(io.BytesIO(d)), policy), repeats)
         regions = []
 
-        def run_labelled(d=labelled):
+        def run_labelled(d=labelled, regions=regions):
             regions[:] = clean_text(pydicom.dcmread(io.BytesIO(d)), policy).regions
 
         text = _time(run_labelled, repeats)

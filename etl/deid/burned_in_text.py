@@ -353,6 +353,11 @@ class PhiTokens:
                     toks.add(_norm(part))
         return cls({t for t in toks if len(t) >= min_chars}, min_chars)
 
+    @staticmethod
+    def tokens_of(text: str, min_chars: int = 2) -> set[str]:
+        """The normalised words of a free text (e.g. an answer key's planted text), as tokens."""
+        return {t for t in (_norm(p) for p in re.split(r"[\s,]+", text)) if len(t) >= min_chars}
+
     def matches(self, word: str, fuzzy_min: int = 5) -> bool:
         """True when the word (or its digits, for dates and IDs) equals a token, or is one edit away from a token
         of at least ``fuzzy_min`` characters."""
