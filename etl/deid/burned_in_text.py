@@ -5,14 +5,18 @@ margins, verification). The steps, per frame of an object with pixels:
 
 1. the displayed image (:func:`display_frames`): VOI window (first WindowCenter/WindowWidth, else the 0.5-99.5
    percentile window), MONOCHROME1 inverted, colour as luminance, 8-bit;
-2. views of it (:func:`views`): white and black morphological top-hats (thin strokes on their local background:
-   low-contrast text and text on bright anatomy) and the display itself, each as dark text on a light page,
-   read at a resolution where 9 px text is about 18 px (small images upscaled, large ones capped), some also
-   turned 90 degrees for text written bottom to top;
-3. Tesseract (PSM 11, sparse text) reads every view; words of one orientation join into lines
+2. candidate regions, found cheaply (:func:`candidate_regions`): Tesseract's layout analysis only (no
+   recognition) on a working copy (large frames reduced to about 1000 pixels a side, small ones enlarged),
+   read on the white and the black morphological top-hat (thin strokes brighter / darker than their local
+   background as black print; texture under ``min_ink`` left white, so a frame without text costs little
+   more than its decode), the white one also turned for text written bottom to top; line boxes grow along
+   the stroke ink that continues them and merge per line;
+3. recognition at full resolution of the candidate regions only (:func:`read_region`), one polarity, the one
+   whose top-hat found the region, enlarged so the text is about 22 px high, with one fallback read of the
+   displayed crop where the top-hat page gave no sure word; words of one orientation join into lines
    (:func:`group_lines`); a line is text when one word is sure enough, when its words together are, or when a
    word equals a header PHI token (:class:`PhiTokens`: name parts in any order, IDs, accession, dates in any
-   format, times, age, institution words; one edit allowed on long tokens);
+   format, times, age, institution words; one edit allowed on long tokens, two misread digits on dates/IDs);
 4. a text line whose words are all allow-listed clinical markers (L, R, PA, PORTABLE, ...) stays, unless a
    word is PHI; every other text line is blanked (the line box grown by a margin) with the value that
    displays black;
@@ -62,13 +66,22 @@ class TextPolicy:
     version: str
     language: str
     psm: int
-    views: tuple[str, ...]
-    rotated_views: tuple[str, ...]
+    layout_psm: int
+    layout_max_side_px: int
+    layout_upscale_below_px: int
+    layout_upscale: int
     tophat_px: int
     tophat_gain: float
-    upscale_below_px: int
-    upscale: float
-    max_side_px: int
+    min_ink: float
+    layout_vertical: bool
+    layout_extend_max: float
+    display_fallback: bool
+    min_line_px: int
+    max_line_px: int
+    pad_px: int
+    pad_fraction: float
+    target_line_px: int
+    max_upscale: float
     min_side_px: int
     max_frames_each: int
     sample_frames: int
@@ -86,16 +99,6 @@ class TextPolicy:
     allow_list: frozenset[str]
     verify: dict[str, float]
 
-    def scale_for(self, rows: int, cols: int) -> float:
-        """The factor an image of rows x cols pixels is read at."""
-        long = max(rows, cols)
-        if long < self.upscale_below_px:
-            return self.upscale
-        return min(1.0, self.max_side_px / long)
-
-
-_VIEWS = {"tophat_bright", "tophat_dark", "display", "display_inverted"}
-
 
 @lru_cache(maxsize=4)
 def load_text_policy(path: str | None = None) -> TextPolicy:
@@ -104,19 +107,19 @@ def load_text_policy(path: str | None = None) -> TextPolicy:
     Raises
     ------
     BurnedInTextError
-        ``invalid_text_policy`` for an unknown view or a missing field.
+        ``invalid_text_policy`` for a missing or malformed field.
     """
     data = yaml.safe_load(Path(path or TEXT_POLICY_FILE).read_text(encoding="utf-8"))
     try:
-        views = tuple(data["views"])
-        rotated = tuple(data.get("rotated_views") or ())
-        if not set(views) | set(rotated) <= _VIEWS:
-            raise KeyError("views")
+        lay, rec = data["layout"], data["recognition"]
         return TextPolicy(
-            version=str(data["version"]), language=str(data["language"]), psm=int(data["page_segmentation_mode"]),
-            views=views, rotated_views=rotated, tophat_px=int(data["tophat_px"]),
-            tophat_gain=float(data["tophat_gain"]), upscale_below_px=int(data["upscale_below_px"]),
-            upscale=float(data["upscale"]), max_side_px=int(data["max_side_px"]), min_side_px=int(data["min_side_px"]),
+            version=str(data["version"]), language=str(data["language"]), psm=int(rec["page_segmentation_mode"]),
+            layout_psm=int(lay["page_segmentation_mode"]), layout_max_side_px=int(lay["max_side_px"]),
+            layout_upscale_below_px=int(lay["upscale_below_px"]), layout_upscale=int(lay["upscale"]),
+            tophat_px=int(data["tophat_px"]), tophat_gain=float(data["tophat_gain"]), min_ink=float(data["min_ink"]), layout_vertical=bool(lay["vertical"]), layout_extend_max=float(lay["extend_max"]), display_fallback=bool(rec["display_fallback"]),
+            min_line_px=int(lay["min_line_px"]), max_line_px=int(lay["max_line_px"]), pad_px=int(lay["pad_px"]),
+            pad_fraction=float(lay["pad_fraction"]), target_line_px=int(rec["target_line_px"]),
+            max_upscale=float(rec["max_upscale"]), min_side_px=int(data["min_side_px"]),
             max_frames_each=int(data["max_frames_each"]), sample_frames=int(data["sample_frames"]),
             max_pixels=int(data["max_pixels"]), word=dict(data["word"]), line=dict(data["line"]),
             phi=dict(data["phi"]), join_gap=float(data["join_gap"]),
@@ -184,7 +187,8 @@ class Word:
 
 
 def ocr_words(page: np.ndarray, policy: TextPolicy, scale: float, vertical: bool = False) -> list[Word]:
-    """Words of one 8-bit page (rows, cols; dark text on light) read at ``scale``; boxes in ``page`` pixels.
+    """Words Tesseract recognises on one 8-bit page (rows, cols; dark text on light) read at ``scale``, with
+    the policy's recognition PSM; boxes in ``page`` pixels.
 
     With ``vertical`` the page is read turned 90 degrees clockwise (text written bottom to top becomes
     horizontal) and the boxes are mapped back.
@@ -199,6 +203,7 @@ def ocr_words(page: np.ndarray, policy: TextPolicy, scale: float, vertical: bool
         im = im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale))),
                        Image.Resampling.BICUBIC if scale > 1 else Image.Resampling.BOX)
     api = _Engine.api(policy)
+    api.SetPageSegMode(policy.psm)
     api.SetImage(im)
     api.Recognize()
     level = tesserocr.RIL.WORD
@@ -218,6 +223,26 @@ def ocr_words(page: np.ndarray, policy: TextPolicy, scale: float, vertical: bool
         if vertical:  # turned clockwise: (r', c') = (c, rows - 1 - r)
             x0, y0, x1, y1 = y0, rows - x1, y1, rows - x0
         out.append(Word(text.strip(), conf, (max(0, x0), max(0, y0), min(cols, x1), min(rows, y1)), vertical))
+    return out
+
+
+def layout_lines(page: np.ndarray, policy: TextPolicy) -> list[tuple[int, int, int, int]]:
+    """Text line boxes [x0, y0, x1, y1] of Tesseract's layout analysis alone (no recognition) on one 8-bit page
+    (dark text on light), with the layout PSM (sparse text); in ``page`` pixels."""
+    import tesserocr
+    from PIL import Image
+
+    api = _Engine.api(policy)
+    api.SetPageSegMode(policy.layout_psm)
+    api.SetImage(Image.fromarray(page))
+    it = api.AnalyseLayout()
+    if it is None:
+        return []
+    out = []
+    for r in tesserocr.iterate_level(it, tesserocr.RIL.TEXTLINE):
+        bb = r.BoundingBox(tesserocr.RIL.TEXTLINE)
+        if bb is not None and bb[2] > bb[0] and bb[3] > bb[1]:
+            out.append(tuple(int(v) for v in bb))
     return out
 
 
@@ -258,35 +283,14 @@ def display_frames(ds, arr: np.ndarray) -> np.ndarray:
     if np.isfinite(c) and np.isfinite(w) and w > 1:
         lo, hi = c - w / 2, c + w / 2
     else:
-        lo, hi = (float(v) for v in np.percentile(x, (0.5, 99.5)))
+        step = max(1, int(np.sqrt(x.size / 250_000)))  # the percentiles of a strided sample (>= 250,000 values)
+        lo, hi = (float(v) for v in np.percentile(x[..., ::step, ::step], (0.5, 99.5)))
     if hi <= lo:
         lo, hi = float(x.min()), float(x.max())
     unit = np.clip((x - lo) / max(hi - lo, 1e-6), 0, 1)
     if photometric == "MONOCHROME1":
         unit = 1.0 - unit
     return np.rint(unit * 255).astype(np.uint8)
-
-
-def views(frame: np.ndarray, policy: TextPolicy) -> dict[str, np.ndarray]:
-    """The pages Tesseract reads for one displayed frame (rows, cols uint8): name -> dark text on light page."""
-    from scipy import ndimage as ndi
-
-    out: dict[str, np.ndarray] = {}
-    wanted = set(policy.views) | set(policy.rotated_views)
-    size = (policy.tophat_px, policy.tophat_px)
-    f16 = frame.astype(np.int16)
-    bright = f16 - ndi.grey_opening(frame, size=size)
-    dark = ndi.grey_closing(frame, size=size).astype(np.int16) - f16
-    out["ink"] = np.maximum(bright, dark).astype(np.uint8)  # stroke contrast either way (not a page)
-    if "tophat_bright" in wanted:
-        out["tophat_bright"] = 255 - np.clip(bright * policy.tophat_gain, 0, 255).astype(np.uint8)
-    if "tophat_dark" in wanted:
-        out["tophat_dark"] = 255 - np.clip(dark * policy.tophat_gain, 0, 255).astype(np.uint8)
-    if "display" in wanted:
-        out["display"] = 255 - frame
-    if "display_inverted" in wanted:
-        out["display_inverted"] = frame
-    return out
 
 
 # ---- header PHI tokens -----------------------------------------------------------------------------------
@@ -359,14 +363,18 @@ class PhiTokens:
         return {t for t in (_norm(p) for p in re.split(r"[\s,]+", text)) if len(t) >= min_chars}
 
     def matches(self, word: str, fuzzy_min: int = 5) -> bool:
-        """True when the word (or its digits, for dates and IDs) equals a token, or is one edit away from a token
-        of at least ``fuzzy_min`` characters."""
+        """True when the word (or its digits, for dates and IDs) equals a token, is one edit away from a token
+        of at least ``fuzzy_min`` characters, or its digits (six or more) differ from a digit token's in at most
+        two places."""
         w = _norm(word)
         if len(w) < self.min_chars:
             return False
         digits = re.sub(r"\D", "", w)
         if w in self.tokens or (len(digits) >= 4 and digits in self.tokens):
             return True
+        if len(digits) >= 6 and any(len(t) == len(digits) and t.isdigit()
+                                    and sum(a != b for a, b in zip(t, digits)) <= 2 for t in self.tokens):
+            return True  # a date or ID with two digits misread (0/8, 1/7, 0/6 ...)
         if len(w) >= fuzzy_min:
             return any(abs(len(t) - len(w)) <= 1 and len(t) >= fuzzy_min and _one_edit(w, t) for t in self.tokens)
         return False
@@ -470,32 +478,129 @@ def classify(line: TextLine, policy: TextPolicy, phi: PhiTokens, *, verify: bool
     return line
 
 
+@dataclass(frozen=True)
+class Region:
+    """One region to recognise: ``box`` [x0, y0, x1, y1] in frame pixels, ``bright`` when its text is brighter
+    than its background (white top-hat), ``line_px`` the smallest candidate line height in it (pixels),
+    ``vertical`` when its lines run top to bottom (text written in a margin)."""
+
+    box: tuple[int, int, int, int]
+    bright: bool
+    line_px: int
+    vertical: bool = False
+
+
+def candidate_regions(frame: np.ndarray, policy: TextPolicy) -> list[Region]:
+    """Where text may be in one displayed frame (rows, cols uint8), found cheaply: Tesseract's layout analysis
+    (no recognition) on the white and on the black top-hat page of the working copy
+    (:func:`etl.deid.text_regions.working_copy`), the white one also turned 90 degrees; line boxes of a
+    plausible height (``min_line_px`` .. ``max_line_px`` at full resolution) grow along their line over the
+    stroke ink that continues it (:func:`extend_along_ink`, so a line the layout split is read whole), merge
+    where they overlap or continue one another, and are padded by ``max(pad_px, pad_fraction x height)``."""
+    from etl.deid.text_regions import ink_maps, merge_lines, page, working_copy
+
+    rows, cols = frame.shape
+    work, f = working_copy(frame, policy.layout_max_side_px, policy.layout_upscale_below_px, policy.layout_upscale)
+    bright_ink, dark_ink = ink_maps(work, round(policy.tophat_px * f))
+    out: list[Region] = []
+    passes = [(True, bright_ink, False), (False, dark_ink, False), (True, bright_ink, True)]
+    for bright, ink, vertical in passes:
+        if vertical and not policy.layout_vertical:
+            continue
+        if float(ink.max()) < policy.min_ink + 8:  # no stroke stands out: nothing to lay out
+            continue
+        pg = page(ink, policy.min_ink, policy.tophat_gain)
+        wr, wc = pg.shape
+        boxes, heights = [], []
+        for bx0, by0, bx1, by1 in layout_lines(np.ascontiguousarray(np.rot90(pg, -1)) if vertical else pg, policy):
+            if vertical:  # turned clockwise: back to the page's pixels
+                bx0, by0, bx1, by1 = by0, wr - bx1, by1, wr - bx0
+            across = (bx1 - bx0) if vertical else (by1 - by0)
+            if not policy.min_line_px <= across / f <= policy.max_line_px:
+                continue
+            bx0, by0, bx1, by1 = extend_along_ink(ink, (bx0, by0, bx1, by1), vertical, policy, policy.layout_extend_max)
+            boxes.append((int(bx0 / f), int(by0 / f), int(np.ceil(bx1 / f)), int(np.ceil(by1 / f))))
+            heights.append(max(1, int(round(across / f))))
+        t = [(b[1], b[0], b[3], b[2]) for b in boxes] if vertical else boxes  # merge along the reading direction
+        for mb, members in merge_lines(t, heights, policy.join_gap):
+            x0, y0, x1, y1 = (mb[1], mb[0], mb[3], mb[2]) if vertical else mb
+            h = min(heights[i] for i in members)
+            p = max(policy.pad_px, int(round(policy.pad_fraction * h)))
+            out.append(Region((max(0, x0 - p), max(0, y0 - p), min(cols, x1 + p), min(rows, y1 + p)), bright, h,
+                              vertical))
+    return out
+
+
+def read_region(frame: np.ndarray, region: Region, policy: TextPolicy) -> tuple[list[Word], np.ndarray]:
+    """Recognise one region at full resolution: its top-hat page of the region's polarity (structure
+    ``max(tophat_px, 0.8 x line height)``, so thick strokes of large text stay whole; contrast stretched so the
+    region's strongest strokes print black, so faint text reads like print), enlarged so its smallest
+    line is about ``target_line_px`` high (at most ``max_upscale`` x), turned for a vertical region. Returns the
+    words (frame pixels) and the region's stroke-contrast map (rows, cols float32 of the region)."""
+    from etl.deid.text_regions import ink_maps, page
+
+    x0, y0, x1, y1 = region.box
+    crop = frame[y0:y1, x0:x1].astype(np.float32)
+    k = max(policy.tophat_px, int(round(0.8 * region.line_px)) | 1)
+    bright_ink, dark_ink = ink_maps(crop, k)
+    ink = bright_ink if region.bright else dark_ink
+    top = float(np.percentile(ink, 99.5)) if ink.size else 0.0  # the region's strongest strokes print black
+    pg = page(ink, policy.min_ink, max(policy.tophat_gain, 255.0 / max(top - policy.min_ink, 16.0)))
+    height = min(region.line_px, _stroke_rows(ink, policy.min_ink, region.vertical) or region.line_px)
+    scale = float(np.clip(policy.target_line_px / max(height, 1), 1.0, policy.max_upscale))
+    words = ocr_words(pg, policy, scale, vertical=region.vertical)
+    if policy.display_fallback and not any(
+            w.conf >= policy.word["min_confidence"] and len(_norm(w.text)) >= policy.word["min_chars"] for w in words):
+        # nothing sure on the top-hat page (outlined or shadowed glyphs, strokes wider than the structure):
+        # the displayed crop itself, text made dark, stretched between its 1st and 99.5th percentiles
+        lo, hi = (float(v) for v in np.percentile(crop, (1, 99.5)))
+        shown = np.clip((crop - lo) * (255.0 / max(hi - lo, 8.0)), 0, 255)
+        words += ocr_words((255 - shown if region.bright else shown).astype(np.uint8), policy, scale,
+                           vertical=region.vertical)
+    shifted = [Word(w.text, w.conf, (w.box[0] + x0, w.box[1] + y0, w.box[2] + x0, w.box[3] + y0), w.vertical)
+               for w in words]
+    return shifted, np.maximum(bright_ink, dark_ink)
+
+
+def _stroke_rows(ink: np.ndarray, floor: float, vertical: bool) -> int:
+    """The median height (pixels) of the bands of consecutive rows (columns, for vertical text) holding
+    strokes above ``floor``: the text height of a region where layout joined lines; 0 when none."""
+    prof = (ink >= floor).any(axis=0 if vertical else 1)
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], prof.astype(np.int8), [0]))))
+    runs = edges[1::2] - edges[::2]
+    runs = runs[runs >= 4]
+    return int(np.median(runs)) if runs.size else 0
+
+
 def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False) -> list[TextLine]:
     """Text lines of one displayed frame (rows, cols uint8) that the policy calls text (allowed ones included,
-    flagged); each line's box is grown along its reading direction over the ink that continues it
+    flagged): :func:`candidate_regions`, then :func:`read_region` on each; words join into lines
+    (:func:`group_lines`), are classified (:func:`classify`), and each text line's box is grown along its
+    reading direction over the stroke ink that continues it within the line height
     (:func:`extend_along_ink`), so words OCR did not read with confidence are covered too."""
-    scale = policy.scale_for(*frame.shape)
-    pages = views(frame, policy)
-    words: list[Word] = []
-    for name in policy.views:
-        words += ocr_words(pages[name], policy, scale)
-    for name in policy.rotated_views:
-        words += ocr_words(pages[name], policy, scale, vertical=True)
     p_conf = policy.verify["phi_min_confidence"] if verify else policy.phi["min_confidence"]
     fuzzy = int(policy.phi["fuzzy_min_chars"])
-    words = [w for w in words if _norm(w.text) and w.box[2] > w.box[0] and w.box[3] > w.box[1]
-             and (w.conf >= policy.min_join_confidence or (w.conf >= p_conf and phi.matches(w.text, fuzzy)))]
-    lines = [classify(ln, policy, phi, verify=verify)
-             for ln in group_lines(words, policy.join_gap, policy.max_height_ratio)]
-    lines = [ln for ln in lines if ln.reason is not None]
-    for ln in lines:
-        if not ln.allowed:
-            ln.box = extend_along_ink(pages["ink"], ln.box, ln.vertical, policy)
+    lines: list[TextLine] = []
+    for region in candidate_regions(frame, policy):
+        words, ink = read_region(frame, region, policy)
+        words = [w for w in words if _norm(w.text) and w.box[2] > w.box[0] and w.box[3] > w.box[1]
+                 and (w.conf >= policy.min_join_confidence or (w.conf >= p_conf and phi.matches(w.text, fuzzy)))]
+        found = [classify(ln, policy, phi, verify=verify)
+                 for ln in group_lines(words, policy.join_gap, policy.max_height_ratio)]
+        rx0, ry0 = region.box[0], region.box[1]
+        for ln in found:
+            if ln.reason is None:
+                continue
+            if not ln.allowed:
+                x0, y0, x1, y1 = ln.box
+                local = extend_along_ink(ink, (x0 - rx0, y0 - ry0, x1 - rx0, y1 - ry0), ln.vertical, policy)
+                ln.box = (local[0] + rx0, local[1] + ry0, local[2] + rx0, local[3] + ry0)
+            lines.append(ln)
     return lines
 
 
 def extend_along_ink(ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool,
-                     policy: TextPolicy) -> tuple[int, int, int, int]:
+                     policy: TextPolicy, reach: float | None = None) -> tuple[int, int, int, int]:
     """Grow a line box along its reading direction while stroke ink continues it.
 
     ``ink`` (rows, cols uint8) is the top-hat stroke contrast; a column (row, for vertical text) of the line's
@@ -508,10 +613,10 @@ def extend_along_ink(ink: np.ndarray, box: tuple[int, int, int, int], vertical: 
     inside = band[:, lo:hi]
     if inside.size == 0:
         return box
-    thr = max(8.0, 0.5 * float(np.percentile(inside, 90)))
+    thr = max(policy.min_ink, 0.5 * float(np.percentile(inside, 90)))
     has = (band >= thr).any(axis=0)
     h = band.shape[0]
-    gap_max, reach = max(2, int(policy.extend_gap * h)), int(policy.extend_max * h)
+    gap_max, reach = max(2, int(policy.extend_gap * h)), int((policy.extend_max if reach is None else reach) * h)
     new_hi, gap, i = hi, 0, hi
     while i < min(len(has), hi + reach):
         gap = 0 if has[i] else gap + 1
