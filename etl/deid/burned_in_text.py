@@ -465,7 +465,9 @@ def classify(line: TextLine, policy: TextPolicy, phi: PhiTokens, *, verify: bool
     line.reason = None
     if any(w.conf >= p_conf and phi.matches(w.text, fuzzy) for w in line.words):
         line.reason = "phi"
-    elif any(w.conf >= w_conf and len(_norm(w.text)) >= w_chars for w in line.words):
+    elif any(w.conf >= w_conf and len(_norm(w.text)) >= w_chars for w in line.words) or any(
+            w.conf >= policy.word["short_min_confidence"] and len(_norm(w.text)) >= policy.word["short_min_chars"]
+            for w in line.words):
         line.reason = "word"
     else:
         good = [w for w in line.words if len(_norm(w.text)) >= 2 and w.conf >= policy.line["min_word_confidence"]]
@@ -526,9 +528,22 @@ def candidate_regions(frame: np.ndarray, policy: TextPolicy) -> list[Region]:
             x0, y0, x1, y1 = (mb[1], mb[0], mb[3], mb[2]) if vertical else mb
             h = min(heights[i] for i in members)
             p = max(policy.pad_px, int(round(policy.pad_fraction * h)))
-            out.append(Region((max(0, x0 - p), max(0, y0 - p), min(cols, x1 + p), min(rows, y1 + p)), bright, h,
-                              vertical))
+            box = (max(0, x0 - p), max(0, y0 - p), min(cols, x1 + p), min(rows, y1 + p))
+            if vertical and _overlap_share(box, [r.box for r in out if not r.vertical]) > 0.3:
+                continue  # letters of horizontal lines laid out turned: read as horizontal text already
+            out.append(Region(box, bright, h, vertical))
     return out
+
+
+def _overlap_share(box: tuple[int, int, int, int], others: list[tuple[int, int, int, int]]) -> float:
+    """The share of ``box``'s area covered by the union of ``others`` (0..1)."""
+    x0, y0, x1, y1 = box
+    if x1 <= x0 or y1 <= y0:
+        return 0.0
+    cover = np.zeros((y1 - y0, x1 - x0), bool)
+    for ox0, oy0, ox1, oy1 in others:
+        cover[max(0, oy0 - y0):max(0, oy1 - y0), max(0, ox0 - x0):max(0, ox1 - x0)] = True
+    return float(cover.mean())
 
 
 def read_region(frame: np.ndarray, region: Region, policy: TextPolicy) -> tuple[list[Word], np.ndarray]:
@@ -651,13 +666,15 @@ class TextCleaning:
 
     ``regions``: blanked boxes, each {"frame": int or "all", "box": [x0, y0, x1, y1], "reason": phi|word|line};
     ``kept_markers``: allow-listed marker lines left in place; ``frames_read``: frames (or composites) read;
-    ``pixels_blanked``: pixels set to the fill value (all frames).
+    ``pixels_blanked``: pixels set to the fill value (all frames); ``too_small``: fewer than ``min_side_px``
+    rows or columns, so no line of legible text fits (nothing read).
     """
 
     regions: list[dict] = field(default_factory=list)
     kept_markers: int = 0
     frames_read: int = 0
     pixels_blanked: int = 0
+    too_small: bool = False
 
     @property
     def blanked(self) -> bool:
@@ -704,7 +721,7 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     ------
     BurnedInTextError
         ``ocr_unavailable``; ``pixel_cleaning_failed`` (pixels that cannot be decoded, larger than
-        ``max_pixels`` or smaller than ``min_side_px`` on a side); ``burned_in_text_remaining`` (text still read after blanking).
+        ``max_pixels``); ``burned_in_text_remaining`` (text still read after blanking).
     """
     policy = policy or load_text_policy()
     phi = phi if phi is not None else PhiTokens.from_dataset(ds, int(policy.phi["min_token_chars"]))
@@ -725,8 +742,8 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     stacked = arr if (frames > 1 and arr.ndim == (4 if color else 3)) else arr[None]
     out = TextCleaning()
     if min(stacked.shape[1], stacked.shape[2]) < policy.min_side_px:
-        raise BurnedInTextError("pixel_cleaning_failed", f"the image is smaller than {policy.min_side_px} pixels "
-                                "on a side: too small to be read for burned-in text")
+        out.too_small = True  # no line of the smallest legible text fits: checked, nothing to read
+        return out
     disp = display_frames(ds, stacked)
     todo = _frames_to_read(disp, policy)
     out.frames_read = len(todo)

@@ -856,7 +856,9 @@ def _burned_in_text(ds: Dataset, policy: Policy, institution: str, rules: list[P
     ------
     DeidentificationError
         ``burned_in_annotation_risk`` (at risk, no rule, no OCR; or at risk and the pixels cannot be read),
-        ``burned_in_text_remaining``, ``ocr_unavailable``.
+        ``burned_in_text_remaining``, ``ocr_unavailable``; pixels OCR cannot read in a file not at header risk:
+        the decoder check's reason (``pixel_data_length_mismatch``, ``truncated_file``,
+        ``unsupported_transfer_syntax``, ``decode_error``, ...) or ``burned_in_text_unreadable``.
     """
     from etl.deid.burned_in_text import BurnedInTextError, PhiTokens, clean_text, load_text_policy
 
@@ -881,8 +883,15 @@ def _burned_in_text(ds: Dataset, policy: Policy, institution: str, rules: list[P
         if err.reason == "pixel_cleaning_failed":
             if risk:  # cannot be read, and the header says text is likely: as before, quarantined
                 raise DeidentificationError("burned_in_annotation_risk", f"{risk}; {err}") from None
-            audit["text_not_readable"] += 1  # normalisation decodes with the same decoders and quarantines it
-            return regions
+            # fail closed: pixels nobody could check for text are not written out; the reason is the one
+            # normalisation would give when its decoder check knows the fault, else burned_in_text_unreadable
+            from etl.pixels.decode import NormalisationError, check_decodable
+
+            try:
+                check_decodable(ds)
+            except NormalisationError as fault:
+                raise DeidentificationError(fault.reason, str(fault)) from None
+            raise DeidentificationError("burned_in_text_unreadable", str(err)) from None
         raise DeidentificationError(err.reason, str(err)) from None
     audit["text_checked"] += 1
     if done.blanked:
