@@ -780,8 +780,17 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
 
 
 def _write_pixels(ds, arr: np.ndarray, photometric: str) -> None:
-    """Store cleaned pixels uncompressed (Explicit VR Little Endian), keeping BitsStored and the colour model
-    (YBR decoded to RGB by pydicom is written as RGB)."""
+    """Store cleaned pixels uncompressed (Explicit VR Little Endian; a big-endian file keeps its syntax), keeping
+    BitsStored and the colour model (YBR decoded to RGB by pydicom is written as RGB)."""
+    ts = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    if ts is not None and ts.is_transfer_syntax and not ts.is_little_endian:
+        # Explicit VR Big Endian (retired, native): pydicom writes no pixels there; stored as they were read,
+        # each value big-endian, colour interleaved or planar as PlanarConfiguration says
+        out = arr
+        if int(ds.get("SamplesPerPixel", 1) or 1) > 1 and int(ds.get("PlanarConfiguration", 0) or 0) == 1:
+            out = np.moveaxis(arr, -1, -3)
+        ds.PixelData = np.ascontiguousarray(out).astype(out.dtype.newbyteorder(">")).tobytes()
+        return
     if photometric.startswith("YBR"):
         photometric = "RGB"
     if photometric == "PALETTE COLOR":

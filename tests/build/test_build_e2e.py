@@ -143,7 +143,8 @@ def test_real_shared_data_build(shared_data, tmp_path_factory, airflow_home):
     assert led["files_seen"] == expected
     # 98 ingested since Siemens MOSAIC tile sheets (13 files) are quarantined instead of stored as one slice
     assert led["quarantined"] > 0 and led["skipped"] > 0 and led["ingested"] > 90
-    assert summary["quarantined_by_reason"].get("unsupported_mosaic", 0) >= 13
+    # (one of them is withheld earlier, at de-identification, by the burned-in text check: issue 17)
+    assert summary["quarantined_by_reason"].get("unsupported_mosaic", 0) >= 12
     import csv
 
     with open(shared_data / "openi" / "indiana_reports.csv", newline="") as f:
