@@ -140,3 +140,25 @@ def test_ultrasound_is_read_not_quarantined_wholesale_and_ocr_off_restores_the_h
     with pytest.raises(DeidentificationError) as err:
         deidentify_dataset(_image(None, modality="US"), key, "inst", off)
     assert err.value.reason == "burned_in_annotation_risk"
+
+
+def test_pixels_ocr_cannot_read_are_quarantined_with_the_decoders_reason(key):
+    """Fail closed: a CR (no header risk) whose Pixel Data is shorter than its Image Pixel module implies is
+    withheld at de-identification with normalisation's reason, not passed on unread."""
+    require_ocr()
+    ds = _image("DAVIDSON 01.09.2012")
+    ds.PixelData = ds.PixelData[: len(ds.PixelData) // 2]
+    with pytest.raises(DeidentificationError) as err:
+        deidentify_dataset(ds, key, "inst")
+    assert err.value.reason == "pixel_data_length_mismatch"
+    assert "DAVIDSON" not in str(err.value)
+
+
+def test_an_image_too_small_for_a_line_of_text_is_checked_and_passes(key):
+    require_ocr()
+    ds = _image(None)
+    arr = ds.pixel_array[:6, :40].copy()
+    ds.Rows, ds.Columns = arr.shape
+    ds.PixelData = arr.tobytes()
+    result = deidentify_dataset(ds, key, "inst")
+    assert result.audit["text_checked"] == 1 and not result.text_regions
