@@ -733,7 +733,7 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     if rows * cols * max(frames, 1) > policy.max_pixels:
         raise BurnedInTextError("pixel_cleaning_failed", "the image is too large to be read for burned-in text")
     try:
-        arr = ds.pixel_array
+        arr = _decode(ds)
     except Exception as err:  # noqa: BLE001  any decoder failure: the text cannot be checked
         raise BurnedInTextError("pixel_cleaning_failed",
                                 f"cannot decode pixels to read burned-in text: {type(err).__name__}") from None
@@ -777,6 +777,29 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     _write_pixels(ds, cleaned if frames > 1 else cleaned[0], photometric)
     ds.BurnedInAnnotation = "NO"
     return out
+
+
+def _decode(ds) -> np.ndarray:
+    """``ds.pixel_array``; a dataset without File Meta Information (no preamble, no group 0002) is decoded with
+    the transfer syntax it was read with, as normalisation does (:func:`etl.pixels.decode.transfer_syntax`)."""
+    meta = getattr(ds, "file_meta", None)
+    if meta is not None and meta.get("TransferSyntaxUID"):
+        return ds.pixel_array
+    from pydicom.dataset import FileMetaDataset
+
+    from etl.pixels.decode import transfer_syntax
+
+    ts = transfer_syntax(ds)
+    had = meta is not None
+    if not had:
+        ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ts
+    try:
+        return ds.pixel_array
+    finally:  # the header is left as it was read: de-identification writes the file meta
+        del ds.file_meta.TransferSyntaxUID
+        if not had:
+            del ds.file_meta
 
 
 def _write_pixels(ds, arr: np.ndarray, photometric: str) -> None:
