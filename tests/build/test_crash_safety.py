@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import PROJECT_ROOT, config_for
 from test_incremental import build
 
@@ -159,8 +160,9 @@ HOLD = textwrap.dedent("""
 
 def test_second_medreco_run_fails_fast_naming_the_holder(tmp_path, airflow_home):
     root = tmp_path / "root"
-    (root / "sources").mkdir(parents=True)
     cfg = config_for(root)
+    for inst in yaml.safe_load(cfg.read_text())["institutions"]:  # empty sources: past the source checks
+        (root / inst["source_uri"]).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(root)], cwd=PROJECT_ROOT, env=env,
                               stdout=subprocess.PIPE, text=True)
