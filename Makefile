@@ -28,15 +28,17 @@ browser:
 	fi
 
 # the DICOM conformance test runs dicom3tools' dciodvfy on de-identified files; dcm2niix is the reference
-# for volume geometry (Debian packages dicom3tools, dcm2niix)
+# for volume geometry (Debian packages dicom3tools, dcm2niix); burned-in text OCR reads Tesseract's English
+# language data (Debian tesseract-ocr, tesseract-ocr-eng; the privacy tests fail naming them when absent)
 tools:
-	@if ! command -v dciodvfy >/dev/null 2>&1 || ! command -v dcm2niix >/dev/null 2>&1; then \
+	@if ! command -v dciodvfy >/dev/null 2>&1 || ! command -v dcm2niix >/dev/null 2>&1 \
+	    || ! command -v tesseract >/dev/null 2>&1 || ! ls /usr/share/tesseract-ocr/*/tessdata/eng.traineddata >/dev/null 2>&1; then \
 	  SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO="sudo"; \
-	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dicom3tools dcm2niix; } \
-	    || echo "warning: could not install dicom3tools/dcm2niix; the dciodvfy test will be skipped naming them" >&2; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dicom3tools dcm2niix tesseract-ocr tesseract-ocr-eng; } \
+	    || echo "warning: could not install dicom3tools/dcm2niix/tesseract-ocr; the dciodvfy test is skipped and the burned-in text tests fail naming them" >&2; \
 	fi
 
-demo: install
+demo: install tools
 	$(BIN)/medreco demo
 
 test: install browser tools

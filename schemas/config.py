@@ -274,6 +274,33 @@ class PixelCleaningRule(_Strict):
         return v
 
 
+class OcrOffRule(_Strict):
+    """Where a curator has checked the archive for burned-in text: OCR is not run on these files.
+
+    ``institution`` is an institution id and ``modality`` a DICOM Modality code; ``"*"`` matches any.
+    """
+
+    institution: str = "*"
+    modality: str = "*"
+
+
+class BurnedInTextConfig(_Strict):
+    """Burned-in text found by OCR in the pixels of every image (policy: ``schemas/deid/burned_in_text.yaml``)."""
+
+    ocr: bool = Field(default=True, description="read every 2D image and frame with Tesseract OCR; blank text")
+    ocr_off: list[OcrOffRule] = Field(
+        default_factory=list,
+        description="institution/modality pairs checked by a curator: OCR off there (header rules still apply)")
+
+    def enabled(self, institution: str, modality: str) -> bool:
+        """Whether OCR runs for a file of ``institution`` with ``modality``."""
+        if not self.ocr:
+            return False
+        m = modality.strip().upper()
+        return not any(r.institution in ("*", institution) and r.modality.strip().upper() in ("*", m)
+                       for r in self.ocr_off)
+
+
 class DeidConfig(_Strict):
     """PS3.15 options (recorded in DeidentificationMethodCodeSequence, CID 7050) and burned-in text rules."""
 
@@ -287,6 +314,7 @@ class DeidConfig(_Strict):
         description="CSV (private_creator, element) kept under 113111; default: the TCIA-derived schemas/deid list",
     )
     pixel_cleaning: list[PixelCleaningRule] = Field(default_factory=list)
+    burned_in_text: BurnedInTextConfig = BurnedInTextConfig()
 
 
 class TrainingConfig(_Strict):

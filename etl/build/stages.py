@@ -287,7 +287,12 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
             continue
         written.add(result.sop_key)
         audit_rows.append({"sop_key": result.sop_key, "study_key": result.study_key, "institution": inst.id,
-                           **{k: int(result.audit.get(k, 0)) for k in DEID_AUDIT_COUNTS}, "shard": shard})
+                           **{k: int(result.audit.get(k, 0)) for k in DEID_AUDIT_COUNTS},
+                           "text_regions": json.dumps(result.text_regions) if result.text_regions else None,
+                           "shard": shard})
+        if result.audit.get("text_images_blanked"):  # the dashboard's count per modality and device
+            device = " ".join(v for v in (instance.get("manufacturer"), instance.get("model")) if v) or "unknown"
+            audit[f"text_images_blanked_by_modality_device:{instance['modality']} {device}"] += 1
         ctx.storage.write_bytes(path, payload)
         audit.update(result.audit)
         instances.append(instance)

@@ -12,8 +12,10 @@ walks a dataset and applies it:
 - curves (50xx) and overlays (60xx) are removed whole;
 - dates (DA, DT) move by one offset per patient (113107), keeping precision, fractional seconds and UTC
   offsets; partial values stay partial; a value that cannot be parsed quarantines the file;
-- files at risk of burned-in text (BurnedInAnnotation YES, ultrasound, secondary capture, ...) are
-  quarantined unless a configured pixel-cleaning rule blanks the device's text regions;
+- burned-in text: a device's pixel-cleaning rule blanks its known regions, then OCR reads every frame and
+  blanks every text line (:mod:`etl.deid.burned_in_text`), verified after; with OCR off for the file's
+  institution and modality, files at risk of burned-in text (BurnedInAnnotation YES, ultrasound, secondary
+  capture, ...) are quarantined unless a rule applies;
 - after writing, a verifier looks for every identifying value of the input (name parts, IDs, original
   UIDs, addresses, phone numbers, digit-bearing free-text tokens) in the output bytes outside the pixel
   data; any hit quarantines the file (``verification_failed``).
@@ -44,7 +46,7 @@ from pydicom.sequence import Sequence
 from pydicom.tag import Tag
 from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID, ExplicitVRLittleEndian, UID_dictionary
 
-from etl.deid.policy import Policy, build_policy
+from etl.deid.policy import CODE_CLEAN_PIXEL, Policy, build_policy
 from etl.keys import PseudonymKey, patient_key_for
 from etl.limits import MAX_DICOM_TEXT_CHARS
 from etl.sources.dicom_integrity import last_element_cut
@@ -128,6 +130,8 @@ class DeidResult:
     date_shift_days: int
     audit: Counter = field(default_factory=Counter)
     payload: bytes = b""
+    #: pixel regions blanked for burned-in text: {"frame": int or "all", "box": [x0, y0, x1, y1], "reason"}
+    text_regions: list = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         """The de-identified, verified file (Part 10, with preamble and file meta)."""
@@ -781,14 +785,7 @@ def deidentify_dataset(
         # the file ends inside the pixel data: rewriting it would hide the truncation from normalisation
         raise DeidentificationError("truncated_file", "the file ends before the end of its Pixel Data")
     audit: Counter = Counter()
-    risk = burned_in_risk(ds, policy)
-    if risk:
-        rule = matching_cleaning_rule(ds, pixel_cleaning or [])
-        if rule is None:
-            raise DeidentificationError("burned_in_annotation_risk", f"{risk} and no pixel-cleaning rule applies")
-        clean_pixels(ds, rule)
-        ds.BurnedInAnnotation = "NO"
-        audit["pixel_regions_cleaned"] += len(rule.regions)
+    text_regions = _burned_in_text(ds, policy, institution, pixel_cleaning, audit)
 
     patient_key = patient_key_for(key, institution, patient_id, issuer or default_issuer)
     shift = key.date_shift_days(patient_key)
@@ -811,7 +808,7 @@ def deidentify_dataset(
         ts = meta.get("TransferSyntaxUID") if meta is not None else None
         if not set(encodings) <= {"latin_1", "iso8859"}:  # every byte string decodes as ISO 8859-1
             _drop_undecodable_text(ds, encodings, walker.audit)
-        _finish(ds, policy, ts, walker)
+        _finish(ds, policy, ts, walker, pixels_cleaned=bool(audit["pixel_regions_cleaned"] or text_regions))
         buf = io.BytesIO()
         ds.save_as(buf, enforce_file_format=True)
         payload = buf.getvalue()
@@ -840,7 +837,70 @@ def deidentify_dataset(
         date_shift_days=shift,
         audit=walker.audit,
         payload=payload,
+        text_regions=text_regions,
     )
+
+
+def _burned_in_text(ds: Dataset, policy: Policy, institution: str, rules: list[PixelCleaningRule] | None,
+                    audit: Counter) -> list[dict]:
+    """Burned-in text of one instance (before its header is de-identified): the device's region rule when one
+    matches (the fast path), then OCR of every frame (:func:`etl.deid.burned_in_text.clean_text`) unless the
+    config turns it off for this institution and modality; without OCR, files at header risk
+    (:func:`burned_in_risk`) need a rule, as before.
+
+    Returns the blanked regions ({"frame", "box", "reason"}; rule regions have reason ``rule``) and counts
+    ``pixel_regions_cleaned``, ``text_checked``, ``text_images_blanked``, ``text_regions_blanked`` and
+    ``text_pixels_blanked`` in ``audit``.
+
+    Raises
+    ------
+    DeidentificationError
+        ``burned_in_annotation_risk`` (at risk, no rule, no OCR; or at risk and the pixels cannot be read),
+        ``burned_in_text_remaining``, ``ocr_unavailable``; pixels OCR cannot read in a file not at header risk:
+        the decoder check's reason (``pixel_data_length_mismatch``, ``truncated_file``,
+        ``unsupported_transfer_syntax``, ``decode_error``, ...) or ``burned_in_text_unreadable``.
+    """
+    from etl.deid.burned_in_text import BurnedInTextError, PhiTokens, clean_text, load_text_policy
+
+    risk = burned_in_risk(ds, policy)
+    rule = matching_cleaning_rule(ds, rules or []) if risk else None
+    modality = _ascii(ds, 0x00080060).upper()
+    ocr = policy.burned_in_text.enabled(institution, modality) and _PIXEL_DATA in ds
+    if risk and rule is None and not ocr:
+        raise DeidentificationError("burned_in_annotation_risk", f"{risk} and no pixel-cleaning rule applies")
+    regions: list[dict] = []
+    if rule is not None:
+        clean_pixels(ds, rule)
+        ds.BurnedInAnnotation = "NO"
+        audit["pixel_regions_cleaned"] += len(rule.regions)
+        regions += [{"frame": "all", "box": list(r), "reason": "rule"} for r in rule.regions]
+    if not ocr:
+        return regions
+    text_policy = load_text_policy()
+    try:
+        done = clean_text(ds, text_policy, PhiTokens.from_dataset(ds, int(text_policy.phi["min_token_chars"])))
+    except BurnedInTextError as err:
+        if err.reason == "pixel_cleaning_failed":
+            if risk:  # cannot be read, and the header says text is likely: as before, quarantined
+                raise DeidentificationError("burned_in_annotation_risk", f"{risk}; {err}") from None
+            # fail closed: pixels nobody could check for text are not written out; the reason is the one
+            # normalisation would give when its decoder check knows the fault, else burned_in_text_unreadable
+            from etl.pixels.decode import NormalisationError, check_decodable
+
+            try:
+                check_decodable(ds)
+            except NormalisationError as fault:
+                raise DeidentificationError(fault.reason, str(fault)) from None
+            raise DeidentificationError("burned_in_text_unreadable", str(err)) from None
+        raise DeidentificationError(err.reason, str(err)) from None
+    audit["text_checked"] += 1
+    if done.blanked:
+        audit["text_images_blanked"] += 1
+        audit["text_regions_blanked"] += len(done.regions)
+        audit["text_pixels_blanked"] += done.pixels_blanked
+    elif risk and _ascii(ds, 0x00280301).upper() == "YES":
+        ds.BurnedInAnnotation = "NO"  # read and verified: no text left
+    return regions + done.regions
 
 
 @lru_cache(maxsize=32)
@@ -873,16 +933,20 @@ def _method_code_sequence(codes: tuple[tuple[str, str], ...], implicit_vr: bool,
     return fp.getvalue()
 
 
-def _finish(ds: Dataset, policy: Policy, transfer_syntax: str | None, walker: _Walker) -> None:
+def _finish(ds: Dataset, policy: Policy, transfer_syntax: str | None, walker: _Walker,
+            pixels_cleaned: bool = False) -> None:
     if policy.safe_private:
         _prune_private_creators(ds)
     ignore = pydicom_config.IGNORE
+    codes, text = policy.method_codes, policy.method_text
+    if pixels_cleaned:  # burned-in text blanked: Clean Pixel Data Option (113101)
+        codes, text = (*codes, CODE_CLEAN_PIXEL), (policy.method_text + " " + CODE_CLEAN_PIXEL[0])[:64]
     ds[0x00120062] = DataElement(0x00120062, "CS", "YES", validation_mode=ignore)  # PatientIdentityRemoved
-    ds[0x00120063] = DataElement(0x00120063, "LO", policy.method_text, validation_mode=ignore)
+    ds[0x00120063] = DataElement(0x00120063, "LO", text, validation_mode=ignore)
     ts = UID(transfer_syntax or ExplicitVRLittleEndian)
     implicit, little = (ts.is_implicit_VR, ts.is_little_endian) if ts.is_transfer_syntax else (False, True)
     # DeidentificationMethodCodeSequence: the same items in every file, encoded once per transfer syntax
-    seq = _method_code_sequence(policy.method_codes, implicit, little)
+    seq = _method_code_sequence(codes, implicit, little)
     ds[0x00120064] = RawDataElement(Tag(0x00120064), "SQ", len(seq), seq, 0, implicit, little)
     ds[0x00280303] = DataElement(0x00280303, "CS", "MODIFIED" if policy.modified_dates else "REMOVED",
                                  validation_mode=ignore)  # LongitudinalTemporalInformationModified

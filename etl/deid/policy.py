@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import yaml
 
-from schemas.config import PROJECT_ROOT, DeidConfig
+from schemas.config import PROJECT_ROOT, BurnedInTextConfig, DeidConfig
 
 DEID_DIR = PROJECT_ROOT / "schemas" / "deid"
 TABLE_FILE = DEID_DIR / "table_e1_1.csv"
@@ -44,6 +44,7 @@ CODE_MODIFIED_DATES = ("113107", "Retain Longitudinal Temporal Information Modif
 CODE_PATIENT_CHARACTERISTICS = ("113108", "Retain Patient Characteristics Option")
 CODE_DEVICE_IDENTITY = ("113109", "Retain Device Identity Option")
 CODE_SAFE_PRIVATE = ("113111", "Retain Safe Private Option")
+CODE_CLEAN_PIXEL = ("113101", "Clean Pixel Data Option")
 
 
 class PolicyError(ValueError):
@@ -68,6 +69,8 @@ class Policy:
     method_codes: tuple[tuple[str, str], ...] = ()
     method_text: str = ""
     modified_dates: bool = True
+    #: burned-in text OCR switch (config ``deid.burned_in_text``)
+    burned_in_text: BurnedInTextConfig = field(default_factory=BurnedInTextConfig)
 
     #: group numbers & 0xFF00 of the repeating groups removed whole (0x5000 curves, 0x6000 overlays)
     removed_group_prefixes: frozenset[int] = frozenset()
@@ -246,4 +249,5 @@ def _build_policy_cached(cfg_json: str) -> Policy:
         method_codes=tuple(codes),
         method_text=text[:64],
         modified_dates=cfg.retain_longitudinal_modified_dates,
+        burned_in_text=cfg.burned_in_text,
     )

@@ -30,16 +30,42 @@ def test_ledger_balances_and_every_file_has_one_row(demo_build):
     assert ledger.num_rows == len(sources) == len(set(ledger["source_uri"].to_pylist()))
 
 
-def test_burned_in_annotation_is_quarantined(demo_build):
+def test_burned_in_text_is_in_no_output(demo_build):
+    """The demo's burned-in name, date and vendor text: the file is quarantined, or OCR reads none of it in the
+    de-identified pixels (issue 17: OCR on every image instead of the header rule alone)."""
+    import io
+
+    import pydicom
+
+    from etl.deid.burned_in_text import PhiTokens, display_frames, load_text_policy, read_lines
+
     answer = [json.loads(x) for x in (demo_build["root"] / "answer_key" / "phi.jsonl").read_text().splitlines()]
-    burned = {a["file"] for a in answer if a["location"] == "burned_in"}
+    burned: dict[str, list[str]] = {}
+    for a in answer:
+        if a["location"] == "burned_in":
+            burned.setdefault(a["file"], []).append(a["value"])
     assert burned, "the demo corpus plants burned-in annotations"
     st = demo_build["storage"]
-    ledger = st.read_table(f"ledger/run_id={demo_build['first']['run_id']}/ledger.parquet").to_pylist()
+    run_id = demo_build["first"]["run_id"]
+    ledger = st.read_table(f"ledger/run_id={run_id}/ledger.parquet").to_pylist()
     by_uri = {r["source_uri"]: r for r in ledger}
-    for f in burned:
-        row = by_uri[str(demo_build["root"] / f)]
-        assert (row["status"], row["reason"]) == ("quarantined", "burned_in_annotation_risk")
+    events = [r for p in st.list_files(f"ledger/runs/{run_id}/events/deidentify") for r in st.read_table(p).to_pylist()]
+    sop_of = {r["source_uri"]: r.get("sop_key") for r in events}
+    policy = load_text_policy()
+    for f, texts in burned.items():
+        uri = str(demo_build["root"] / f)
+        row = by_uri[uri]
+        if row["status"] == "quarantined":
+            assert row["reason"] in ("burned_in_annotation_risk", "burned_in_text_remaining")
+            continue
+        out = next(p for p in st.list_files("curated/dicom") if p.endswith(f"/{sop_of[uri]}.dcm"))
+        ds = pydicom.dcmread(io.BytesIO(st.read_bytes(out)))
+        planted = PhiTokens({t for text in texts for t in PhiTokens.tokens_of(text)})
+        arr = ds.pixel_array
+        frames = display_frames(ds, arr if int(ds.get("NumberOfFrames", 1) or 1) > 1 else arr[None])
+        for frame in frames:
+            for line in read_lines(frame, policy, planted, verify=True):
+                assert line.reason != "phi", f"{f}: burned-in text still read in the output"
     records = list((demo_build["root"] / "quarantine" / demo_build["first"]["run_id"]).glob("*.json"))
     assert len(records) == demo_build["first"]["ledger"]["quarantined"]
 
@@ -122,7 +148,8 @@ def test_real_shared_data_build(shared_data, tmp_path_factory, airflow_home):
     assert led["files_seen"] == expected
     # 98 ingested since Siemens MOSAIC tile sheets (13 files) are quarantined instead of stored as one slice
     assert led["quarantined"] > 0 and led["skipped"] > 0 and led["ingested"] > 90
-    assert summary["quarantined_by_reason"].get("unsupported_mosaic", 0) >= 13
+    # (one of them is withheld earlier, at de-identification, by the burned-in text check: issue 17)
+    assert summary["quarantined_by_reason"].get("unsupported_mosaic", 0) >= 12
     import csv
 
     with open(shared_data / "openi" / "indiana_reports.csv", newline="") as f:

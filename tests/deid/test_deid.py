@@ -100,8 +100,14 @@ def test_dates_shift_by_one_offset_per_patient(ct, key):
 )
 def test_fail_closed(ct, key, mutate, reason):
     mutate(ct)
+    # the header's burned-in text rule is what applies where OCR is off (config deid.burned_in_text.ocr_off);
+    # with OCR on, such files are read and blanked instead (tests/deid/test_burned_in_text.py)
+    from etl.deid.policy import build_policy
+    from schemas.config import BurnedInTextConfig, DeidConfig
+
+    policy = build_policy(DeidConfig(burned_in_text=BurnedInTextConfig(ocr=False)))
     with pytest.raises(DeidentificationError) as err:
-        deidentify_dataset(ct, key, "us-a")
+        deidentify_dataset(ct, key, "us-a", policy)
     assert err.value.reason == reason
     assert "DOE" not in str(err.value) and "JOHN" not in str(err.value)
 

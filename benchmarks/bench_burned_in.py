@@ -1,0 +1,115 @@
+"""Benchmark: the burned-in text OCR pass (:func:`etl.deid.burned_in_text.clean_text`: display, views, Tesseract,
+lines, blanking and verification) vs the decode floor (pydicom read + ``pixel_array``) on the same files, one
+core, same run.
+
+Real-sized images from the pydicom-data package: a Philips CR chest (RG1_UNCR, 1955 x 1841), an ultrasound
+(US1_UNCR, 640 x 480 RGB) and a CT slice (CT_small is 128 x 128, so a 512 x 512 CT of pydicom-data, 693_UNCR). Each
+is read as it is (no text: the pass runs in full, nothing is blanked) and with a PHI label burned into its corner
+(the pass blanks and verifies). Ends with one ``BENCH burned_in ...`` line: CPU seconds per image of this
+process (one core; wall-clock beside it in the log lines), images/s per core, and the ratio to the decode floor.
+Usage: ``python benchmarks/bench_burned_in.py [repeats]``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+import warnings
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pydicom
+from PIL import Image, ImageDraw, ImageFont
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from etl.deid.burned_in_text import BurnedInTextError, load_text_policy  # noqa: E402
+from etl.deid.burned_in_text import clean_text as _clean  # noqa: E402
+
+
+def clean_text(ds, policy):
+    """The pass as de-identification runs it; a file it quarantines (text left after blanking) counts too."""
+    try:
+        return _clean(ds, policy)
+    except BurnedInTextError as err:
+        print(f"  (quarantined: {err.reason})")
+
+        class _Quarantined:
+            regions: list = []
+        return _Quarantined()
+
+FILES = {"cr": "RG1_UNCR.dcm", "us": "US1_UNCR.dcm", "ct": "693_UNCR.dcm"}
+
+
+def _with_label(data: bytes) -> bytes:
+    """The file with "DOE JOHN 01.09.2012" burned into its top-left corner at the brightest stored value."""
+    ds = pydicom.dcmread(io.BytesIO(data))
+    arr = ds.pixel_array.copy()
+    frame = arr if int(ds.get("NumberOfFrames", 1) or 1) == 1 else arr[0]
+    cap = max(12, frame.shape[0] // 60)
+    im = Image.new("L", (frame.shape[1], frame.shape[0]), 0)
+    ImageDraw.Draw(im).text((10, 10), "DOE JOHN 01.09.2012", fill=255, font=ImageFont.load_default(size=cap))
+    mask = np.asarray(im) > 128
+    bits = int(ds.BitsStored)
+    hi = 255 if arr.dtype == np.uint8 else (1 << (bits - 1)) - 1 if int(ds.PixelRepresentation) else (1 << bits) - 1
+    if str(ds.PhotometricInterpretation) == "MONOCHROME1":
+        hi = 0
+    target = arr if arr.ndim == frame.ndim else arr[0]
+    target[mask] = hi
+    ds.PatientName, ds.StudyDate = "DOE^JOHN", "20120109"
+    photometric = "RGB" if arr.ndim == 3 and arr.shape[-1] == 3 else str(ds.PhotometricInterpretation)
+    ds.set_pixel_data(arr, photometric, int(ds.BitsStored) if arr.dtype != np.uint8 else 8, generate_instance_uid=False)
+    buf = io.BytesIO()
+    ds.save_as(buf)
+    return buf.getvalue()
+
+
+def _time(fn, repeats: int) -> tuple[float, float]:
+    """Best wall-clock and best CPU seconds of ``repeats`` calls (CPU time of this process: Tesseract runs
+    in-process on one thread, so it is the per-core cost even on a loaded machine)."""
+    best_wall = best_cpu = float("inf")
+    for _ in range(repeats):
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        best_wall, best_cpu = min(best_wall, time.perf_counter() - t), min(best_cpu, time.process_time() - c)
+    return best_wall, best_cpu
+
+
+def main(repeats: int = 3) -> None:
+    """Run the benchmark and print one BENCH line."""
+    warnings.simplefilter("ignore")
+    os.environ.setdefault("OMP_THREAD_LIMIT", "1")  # Tesseract on one core
+    policy = load_text_policy()
+    root = Path(str(resources.files("data_store"))) / "data"
+    figures = {}
+    warm = (root / FILES["us"]).read_bytes()
+    clean_text(pydicom.dcmread(io.BytesIO(warm)), policy)  # load Tesseract once (kept per thread)
+    for name, fname in FILES.items():
+        data = (root / fname).read_bytes()
+        labelled = _with_label(data)
+        floor = _time(lambda d=data: pydicom.dcmread(io.BytesIO(d)).pixel_array, repeats)
+        plain = _time(lambda d=data: clean_text(pydicom.dcmread(io.BytesIO(d)), policy), repeats)
+        regions = []
+
+        def run_labelled(d=labelled, regions=regions):
+            regions[:] = clean_text(pydicom.dcmread(io.BytesIO(d)), policy).regions
+
+        text = _time(run_labelled, repeats)
+        ds = pydicom.dcmread(io.BytesIO(data))
+        print(f"{name}: {fname} {ds.Rows}x{ds.Columns} decode {floor[1]:.3f} s CPU ({floor[0]:.3f} wall), OCR pass "
+              f"{plain[1]:.3f} s CPU ({plain[0]:.3f} wall) without text, {text[1]:.3f} s CPU ({text[0]:.3f} wall) "
+              f"with a label ({len(regions)} region(s) blanked)")
+        figures[name] = (floor[1], plain[1], text[1])
+    parts = []
+    for name, (floor, plain, text) in figures.items():
+        parts.append(f"{name}_s_per_image={plain:.3f} {name}_images_per_s_per_core={1 / plain:.2f} "
+                     f"{name}_labelled_s={text:.3f} {name}_decode_floor_s={floor:.4f} "
+                     f"{name}_ratio_to_decode={plain / max(floor, 1e-4):.1f}")
+    print("BENCH burned_in " + " ".join(parts) + f" load={os.getloadavg()[0]:.2f} cpu_seconds=process_time")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)

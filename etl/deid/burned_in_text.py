@@ -1,0 +1,822 @@
+"""Burned-in text in pixels: find text with Tesseract OCR in every 2D image and frame, blank it, verify after.
+
+Policy as data: ``schemas/deid/burned_in_text.yaml`` (views, resolution, confidence thresholds, allow-list,
+margins, verification). The steps, per frame of an object with pixels:
+
+1. the displayed image (:func:`display_frames`): VOI window (first WindowCenter/WindowWidth, else the 0.5-99.5
+   percentile window), MONOCHROME1 inverted, colour as luminance, 8-bit;
+2. candidate regions, found cheaply (:func:`candidate_regions`): Tesseract's layout analysis only (no
+   recognition) on a working copy (large frames reduced to about 1000 pixels a side, small ones enlarged),
+   read on the white and the black morphological top-hat (thin strokes brighter / darker than their local
+   background as black print; texture under ``min_ink`` left white, so a frame without text costs little
+   more than its decode), the white one also turned for text written bottom to top; line boxes grow along
+   the stroke ink that continues them and merge per line;
+3. recognition at full resolution of the candidate regions only (:func:`read_region`), one polarity, the one
+   whose top-hat found the region, enlarged so the text is about 22 px high, with one fallback read of the
+   displayed crop where the top-hat page gave no sure word; words of one orientation join into lines
+   (:func:`group_lines`); a line is text when one word is sure enough, when its words together are, or when a
+   word equals a header PHI token (:class:`PhiTokens`: name parts in any order, IDs, accession, dates in any
+   format, times, age, institution words; one edit allowed on long tokens, two misread digits on dates/IDs);
+4. a text line whose words are all allow-listed clinical markers (L, R, PA, PORTABLE, ...) stays, unless a
+   word is PHI; every other text line is blanked (the line box grown by a margin) with the value that
+   displays black;
+5. verification: the cleaned image is read again; any line that still passes the ``verify`` thresholds, or any
+   PHI word, raises ``burned_in_text_remaining`` (the file is quarantined).
+
+Errors are :class:`etl.deid.dicom.DeidentificationError` subclasses' reason codes: ``ocr_unavailable`` (no
+Tesseract language data or no tesserocr), ``pixel_cleaning_failed`` (pixels that cannot be decoded, too large),
+``burned_in_text_remaining``. Messages never quote a value: text read from pixels is never logged or stored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from schemas.config import PROJECT_ROOT
+from schemas.errors import ReasonCodedError
+
+TEXT_POLICY_FILE = PROJECT_ROOT / "schemas" / "deid" / "burned_in_text.yaml"
+#: where Debian's tesseract-ocr-eng puts its language data (TESSDATA_PREFIX wins)
+TESSDATA_DIRS = ("/usr/share/tesseract-ocr/5/tessdata", "/usr/share/tesseract-ocr/4.00/tessdata",
+                 "/usr/share/tessdata", "/usr/local/share/tessdata")
+_MONTHS = "JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()
+
+
+class BurnedInTextError(ReasonCodedError):
+    """Burned-in text that cannot be handled with certainty; ``reason`` is a reason code, no value is quoted."""
+
+    message_format = "{message}"
+
+
+# ---- policy ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TextPolicy:
+    """``schemas/deid/burned_in_text.yaml`` as read (see the file for each field's meaning)."""
+
+    version: str
+    language: str
+    psm: int
+    layout_psm: int
+    layout_max_side_px: int
+    layout_upscale_below_px: int
+    layout_upscale: int
+    tophat_px: int
+    tophat_gain: float
+    min_ink: float
+    layout_vertical: bool
+    layout_extend_max: float
+    display_fallback: bool
+    min_line_px: int
+    max_line_px: int
+    pad_px: int
+    pad_fraction: float
+    target_line_px: int
+    max_upscale: float
+    min_side_px: int
+    max_frames_each: int
+    sample_frames: int
+    max_pixels: int
+    word: dict[str, float]
+    line: dict[str, float]
+    phi: dict[str, float]
+    join_gap: float
+    extend_gap: float
+    extend_max: float
+    max_height_ratio: float
+    min_join_confidence: float
+    margin_px: int
+    margin_fraction: float
+    allow_list: frozenset[str]
+    verify: dict[str, float]
+
+
+@lru_cache(maxsize=4)
+def load_text_policy(path: str | None = None) -> TextPolicy:
+    """Read the burned-in text policy (default ``schemas/deid/burned_in_text.yaml``).
+
+    Raises
+    ------
+    BurnedInTextError
+        ``invalid_text_policy`` for a missing or malformed field.
+    """
+    data = yaml.safe_load(Path(path or TEXT_POLICY_FILE).read_text(encoding="utf-8"))
+    try:
+        lay, rec = data["layout"], data["recognition"]
+        return TextPolicy(
+            version=str(data["version"]), language=str(data["language"]), psm=int(rec["page_segmentation_mode"]),
+            layout_psm=int(lay["page_segmentation_mode"]), layout_max_side_px=int(lay["max_side_px"]),
+            layout_upscale_below_px=int(lay["upscale_below_px"]), layout_upscale=int(lay["upscale"]),
+            tophat_px=int(data["tophat_px"]), tophat_gain=float(data["tophat_gain"]), min_ink=float(data["min_ink"]), layout_vertical=bool(lay["vertical"]), layout_extend_max=float(lay["extend_max"]), display_fallback=bool(rec["display_fallback"]),
+            min_line_px=int(lay["min_line_px"]), max_line_px=int(lay["max_line_px"]), pad_px=int(lay["pad_px"]),
+            pad_fraction=float(lay["pad_fraction"]), target_line_px=int(rec["target_line_px"]),
+            max_upscale=float(rec["max_upscale"]), min_side_px=int(data["min_side_px"]),
+            max_frames_each=int(data["max_frames_each"]), sample_frames=int(data["sample_frames"]),
+            max_pixels=int(data["max_pixels"]), word=dict(data["word"]), line=dict(data["line"]),
+            phi=dict(data["phi"]), join_gap=float(data["join_gap"]),
+            extend_gap=float(data["extend_gap"]), extend_max=float(data["extend_max"]),
+            max_height_ratio=float(data["max_height_ratio"]), min_join_confidence=float(data["min_join_confidence"]),
+            margin_px=int(data["margin_px"]),
+            margin_fraction=float(data["margin_fraction"]),
+            allow_list=frozenset(_norm(w) for w in data["allow_list"]), verify=dict(data["verify"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
+
+
+# ---- OCR engine ------------------------------------------------------------------------------------------
+
+def tessdata_dir() -> str | None:
+    """The folder holding ``eng.traineddata`` (``TESSDATA_PREFIX`` first, then Debian's paths), or None."""
+    env = os.environ.get("TESSDATA_PREFIX")
+    for d in ([env] if env else []) + list(TESSDATA_DIRS):
+        if d and (Path(d) / "eng.traineddata").is_file():
+            return d
+    return None
+
+
+def ocr_available() -> str | None:
+    """None when OCR can run here, else why not (names the missing package)."""
+    try:
+        import tesserocr  # noqa: F401
+    except ImportError:
+        return "the Python package tesserocr is not installed (pip install tesserocr, see constraints)"
+    if tessdata_dir() is None:
+        return ("Tesseract's English language data (eng.traineddata, Debian package tesseract-ocr-eng) is not "
+                "installed: run `make tools`")
+    return None
+
+
+class _Engine:
+    """One Tesseract instance per thread (the C++ API is not thread-safe), kept loaded between images."""
+
+    _local = threading.local()
+
+    @classmethod
+    def api(cls, policy: TextPolicy):
+        api = getattr(cls._local, "api", None)
+        if api is None:
+            problem = ocr_available()
+            if problem:
+                raise BurnedInTextError("ocr_unavailable", problem)
+            import tesserocr
+
+            api = tesserocr.PyTessBaseAPI(path=tessdata_dir(), lang=policy.language,
+                                          psm=policy.psm)
+            cls._local.api = api
+        return api
+
+
+@dataclass(frozen=True)
+class Word:
+    """One word Tesseract read: ``text`` (never logged), ``conf`` 0..100, ``box`` [x0, y0, x1, y1] in image
+    pixels (x1/y1 exclusive), ``vertical`` when read on the turned view."""
+
+    text: str
+    conf: float
+    box: tuple[int, int, int, int]
+    vertical: bool = False
+
+
+def ocr_words(page: np.ndarray, policy: TextPolicy, scale: float, vertical: bool = False) -> list[Word]:
+    """Words Tesseract recognises on one 8-bit page (rows, cols; dark text on light) read at ``scale``, with
+    the policy's recognition PSM; boxes in ``page`` pixels.
+
+    With ``vertical`` the page is read turned 90 degrees clockwise (text written bottom to top becomes
+    horizontal) and the boxes are mapped back.
+    """
+    import tesserocr
+    from PIL import Image
+
+    rows, cols = page.shape
+    img = np.ascontiguousarray(np.rot90(page, -1)) if vertical else page
+    im = Image.fromarray(img)
+    if scale != 1.0:
+        im = im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale))),
+                       Image.Resampling.BICUBIC if scale > 1 else Image.Resampling.BOX)
+    api = _Engine.api(policy)
+    api.SetPageSegMode(policy.psm)
+    api.SetImage(im)
+    api.Recognize()
+    level = tesserocr.RIL.WORD
+    out = []
+    it = api.GetIterator()
+    for r in tesserocr.iterate_level(it, level):
+        try:
+            text = r.GetUTF8Text(level)
+            conf = float(r.Confidence(level))
+            bb = r.BoundingBox(level)
+        except RuntimeError:
+            continue
+        if not text or not text.strip() or bb is None:
+            continue
+        x0, y0, x1, y1 = (int(np.floor(bb[0] / scale)), int(np.floor(bb[1] / scale)),
+                          int(np.ceil(bb[2] / scale)), int(np.ceil(bb[3] / scale)))
+        if vertical:  # turned clockwise: (r', c') = (c, rows - 1 - r)
+            x0, y0, x1, y1 = y0, rows - x1, y1, rows - x0
+        out.append(Word(text.strip(), conf, (max(0, x0), max(0, y0), min(cols, x1), min(rows, y1)), vertical))
+    return out
+
+
+def layout_lines(page: np.ndarray, policy: TextPolicy) -> list[tuple[int, int, int, int]]:
+    """Text line boxes [x0, y0, x1, y1] of Tesseract's layout analysis alone (no recognition) on one 8-bit page
+    (dark text on light), with the layout PSM (sparse text); in ``page`` pixels."""
+    import tesserocr
+    from PIL import Image
+
+    api = _Engine.api(policy)
+    api.SetPageSegMode(policy.layout_psm)
+    api.SetImage(Image.fromarray(page))
+    it = api.AnalyseLayout()
+    if it is None:
+        return []
+    out = []
+    for r in tesserocr.iterate_level(it, tesserocr.RIL.TEXTLINE):
+        bb = r.BoundingBox(tesserocr.RIL.TEXTLINE)
+        if bb is not None and bb[2] > bb[0] and bb[3] > bb[1]:
+            out.append(tuple(int(v) for v in bb))
+    return out
+
+
+# ---- display and views -----------------------------------------------------------------------------------
+
+def _first(v: Any) -> float:
+    try:
+        return float(v[0]) if isinstance(v, (list, tuple)) or type(v).__name__ == "MultiValue" else float(v)
+    except (TypeError, ValueError, IndexError):
+        return float("nan")
+
+
+def display_frames(ds, arr: np.ndarray) -> np.ndarray:
+    """The displayed 8-bit image of every frame: (frames, rows, cols) uint8.
+
+    Parameters
+    ----------
+    ds : pydicom.Dataset
+        the instance (PhotometricInterpretation, Rescale*, Window*, palette).
+    arr : numpy.ndarray
+        its decoded stored values with a leading frames axis: (frames, rows, cols) or (frames, rows, cols, 3).
+    """
+    photometric = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
+    if photometric == "PALETTE COLOR" and arr.ndim == 3:
+        from pydicom.pixels import apply_color_lut
+
+        rgb = apply_color_lut(arr, ds)
+        arr = (rgb >> 8).astype(np.uint8) if rgb.dtype != np.uint8 else rgb
+    if arr.ndim == 4:
+        lum = arr[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+        hi = 255.0 if arr.dtype == np.uint8 else float(max(lum.max(), 1.0))
+        return np.clip(lum * (255.0 / hi), 0, 255).astype(np.uint8)
+    x = arr.astype(np.float32)
+    slope, intercept = _first(ds.get("RescaleSlope", 1) or 1), _first(ds.get("RescaleIntercept", 0) or 0)
+    if np.isfinite(slope) and np.isfinite(intercept) and (slope, intercept) != (1.0, 0.0):
+        x = x * slope + intercept
+    c, w = _first(ds.get("WindowCenter")), _first(ds.get("WindowWidth"))
+    if np.isfinite(c) and np.isfinite(w) and w > 1:
+        lo, hi = c - w / 2, c + w / 2
+    else:
+        step = max(1, int(np.sqrt(x.size / 250_000)))  # the percentiles of a strided sample (>= 250,000 values)
+        lo, hi = (float(v) for v in np.percentile(x[..., ::step, ::step], (0.5, 99.5)))
+    if hi <= lo:
+        lo, hi = float(x.min()), float(x.max())
+    unit = np.clip((x - lo) / max(hi - lo, 1e-6), 0, 1)
+    if photometric == "MONOCHROME1":
+        unit = 1.0 - unit
+    return np.rint(unit * 255).astype(np.uint8)
+
+
+# ---- header PHI tokens -----------------------------------------------------------------------------------
+
+def _norm(text: str) -> str:
+    """Upper case, letters and digits only."""
+    return re.sub(r"[^0-9A-Z]", "", text.upper())
+
+
+def _date_forms(d: str) -> set[str]:
+    """The digit/letter forms (normalised) an 8-digit date can be written in."""
+    if not re.fullmatch(r"\d{8}", d):
+        return set()
+    y, m, dd = d[:4], d[4:6], d[6:8]
+    if not (1 <= int(m) <= 12):
+        return {d}
+    mon = _MONTHS[int(m) - 1]
+    forms = {d, m + dd + y, dd + m + y, dd + mon + y, m + dd + y[2:], dd + m + y[2:],
+             str(int(m)) + str(int(dd)) + y[2:], str(int(dd)) + str(int(m)) + y[2:],
+             str(int(m)) + str(int(dd)) + y, dd + mon + y[2:]}
+    return {f for f in forms if len(f) >= 4}
+
+
+@dataclass
+class PhiTokens:
+    """Normalised header PHI values (upper case, letters and digits) looked for in OCR words.
+
+    Built by :meth:`from_dataset` before de-identification changes the header: person-name parts, IDs,
+    accession, dates (birth, study, series, acquisition, content) in the usual written forms, times (HHMMSS,
+    HHMM), the age number and the institution's words of four letters or more.
+    """
+
+    tokens: set[str] = field(default_factory=set)
+    min_chars: int = 2
+
+    @classmethod
+    def from_dataset(cls, ds, min_chars: int = 2) -> PhiTokens:
+        def s(kw: str) -> str:
+            v = ds.get(kw)
+            if v is None:
+                return ""
+            return " ".join(str(x) for x in v) if type(v).__name__ == "MultiValue" else str(v)
+
+        toks: set[str] = set()
+        for kw in ("PatientName", "OtherPatientNames", "PatientBirthName", "PatientMotherBirthName",
+                   "ReferringPhysicianName", "PerformingPhysicianName", "OperatorsName"):
+            for part in re.split(r"[\^=\s,]+", s(kw)):
+                toks.add(_norm(part))
+        for kw in ("PatientID", "OtherPatientIDs", "AccessionNumber", "StudyID", "IssuerOfPatientID"):
+            for part in re.split(r"[\s\\]+", s(kw)):
+                toks.add(_norm(part))
+        for kw in ("PatientBirthDate", "StudyDate", "SeriesDate", "AcquisitionDate", "ContentDate"):
+            toks |= _date_forms(s(kw).strip()[:8])
+        for kw in ("StudyTime", "SeriesTime", "AcquisitionTime", "ContentTime"):
+            t = re.sub(r"\D", "", s(kw).split(".")[0])
+            if len(t) >= 4:
+                toks |= {t[:6], t[:4]}
+        age = re.fullmatch(r"0*(\d{1,3})[DWMY]", s("PatientAge").strip())
+        if age:
+            toks.add(age.group(1))
+        for kw in ("InstitutionName", "InstitutionAddress", "InstitutionalDepartmentName"):
+            for part in re.split(r"[\s,.'-]+", s(kw)):
+                if len(_norm(part)) >= 4:
+                    toks.add(_norm(part))
+        return cls({t for t in toks if len(t) >= min_chars}, min_chars)
+
+    @staticmethod
+    def tokens_of(text: str, min_chars: int = 2) -> set[str]:
+        """The normalised words of a free text (e.g. an answer key's planted text), as tokens."""
+        return {t for t in (_norm(p) for p in re.split(r"[\s,]+", text)) if len(t) >= min_chars}
+
+    def matches(self, word: str, fuzzy_min: int = 5) -> bool:
+        """True when the word (or its digits, for dates and IDs) equals a token, is one edit away from a token
+        of at least ``fuzzy_min`` characters, or its digits (six or more) differ from a digit token's in at most
+        two places."""
+        w = _norm(word)
+        if len(w) < self.min_chars:
+            return False
+        digits = re.sub(r"\D", "", w)
+        if w in self.tokens or (len(digits) >= 4 and digits in self.tokens):
+            return True
+        if len(digits) >= 6 and any(len(t) == len(digits) and t.isdigit()
+                                    and sum(a != b for a, b in zip(t, digits)) <= 2 for t in self.tokens):
+            return True  # a date or ID with two digits misread (0/8, 1/7, 0/6 ...)
+        if len(w) >= fuzzy_min:
+            return any(abs(len(t) - len(w)) <= 1 and len(t) >= fuzzy_min and _one_edit(w, t) for t in self.tokens)
+        return False
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Levenshtein distance of a and b is at most 1."""
+    if a == b:
+        return True
+    if len(a) > len(b):
+        a, b = b, a
+    if len(b) - len(a) > 1:
+        return False
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    return a[i + 1:] == b[i + 1:] if len(a) == len(b) else a[i:] == b[i + 1:]
+
+
+# ---- lines and decisions ---------------------------------------------------------------------------------
+
+@dataclass
+class TextLine:
+    """Words of one line: ``box`` [x0, y0, x1, y1] (exclusive ends) around them; ``reason`` why it is text
+    (``phi``, ``word``, ``line``) or None; ``allowed`` when every word is an allow-listed marker."""
+
+    words: list[Word]
+    box: tuple[int, int, int, int]
+    vertical: bool
+    reason: str | None = None
+    allowed: bool = False
+
+    @property
+    def height(self) -> int:
+        """Line height across its reading direction (pixels)."""
+        x0, y0, x1, y1 = self.box
+        return (x1 - x0) if self.vertical else (y1 - y0)
+
+
+def group_lines(words: list[Word], join_gap: float, max_height_ratio: float = 1.7) -> list[TextLine]:
+    """Join words of one orientation and similar height (ratio at most ``max_height_ratio``) into lines: boxes
+    that overlap across the reading direction by half the smaller height with a gap under ``join_gap`` x the
+    taller height."""
+    n = len(words)
+    parent = list(range(n))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in range(n):
+        a = words[i]
+        for j in range(i + 1, n):
+            b = words[j]
+            if a.vertical != b.vertical:
+                continue
+            ax0, ay0, ax1, ay1 = a.box
+            bx0, by0, bx1, by1 = b.box
+            if a.vertical:  # swap axes: the reading direction is y
+                ax0, ay0, ax1, ay1 = ay0, ax0, ay1, ax1
+                bx0, by0, bx1, by1 = by0, bx0, by1, bx1
+            h = min(ay1 - ay0, by1 - by0)
+            overlap = min(ay1, by1) - max(ay0, by0)
+            gap = max(bx0 - ax1, ax0 - bx1)
+            ratio = max(ay1 - ay0, by1 - by0) / max(h, 1)
+            if overlap >= 0.5 * max(h, 1) and ratio <= max_height_ratio and gap <= join_gap * max(ay1 - ay0, by1 - by0):
+                parent[find(i)] = find(j)
+    groups: dict[int, list[Word]] = {}
+    for i in range(n):
+        groups.setdefault(find(i), []).append(words[i])
+    lines = []
+    for ws in groups.values():
+        box = (min(w.box[0] for w in ws), min(w.box[1] for w in ws), max(w.box[2] for w in ws),
+               max(w.box[3] for w in ws))
+        lines.append(TextLine(ws, box, ws[0].vertical))
+    return lines
+
+
+def classify(line: TextLine, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False) -> TextLine:
+    """Set ``line.reason`` (``phi``, ``word``, ``line`` or None) and ``line.allowed`` by the policy thresholds
+    (the ``verify`` ones when ``verify``)."""
+    w_conf = policy.verify["word_min_confidence"] if verify else policy.word["min_confidence"]
+    w_chars = policy.verify["min_chars"] if verify else policy.word["min_chars"]
+    p_conf = policy.verify["phi_min_confidence"] if verify else policy.phi["min_confidence"]
+    fuzzy = int(policy.phi["fuzzy_min_chars"])
+    line.reason = None
+    if any(w.conf >= p_conf and phi.matches(w.text, fuzzy) for w in line.words):
+        line.reason = "phi"
+    elif any(w.conf >= w_conf and len(_norm(w.text)) >= w_chars for w in line.words) or any(
+            w.conf >= policy.word["short_min_confidence"] and len(_norm(w.text)) >= policy.word["short_min_chars"]
+            for w in line.words):
+        line.reason = "word"
+    else:
+        good = [w for w in line.words if len(_norm(w.text)) >= 2 and w.conf >= policy.line["min_word_confidence"]]
+        chars = sum(len(_norm(w.text)) for w in good)
+        if good and chars >= policy.line["min_chars"] and (
+                sum(w.conf for w in good) / len(good)) >= policy.line["min_mean_confidence"]:
+            line.reason = "line"
+    sure = [w for w in line.words if _norm(w.text)]
+    line.allowed = line.reason != "phi" and bool(sure) and all(_norm(w.text) in policy.allow_list for w in sure)
+    return line
+
+
+@dataclass(frozen=True)
+class Region:
+    """One region to recognise: ``box`` [x0, y0, x1, y1] in frame pixels, ``bright`` when its text is brighter
+    than its background (white top-hat), ``line_px`` the smallest candidate line height in it (pixels),
+    ``vertical`` when its lines run top to bottom (text written in a margin)."""
+
+    box: tuple[int, int, int, int]
+    bright: bool
+    line_px: int
+    vertical: bool = False
+
+
+def candidate_regions(frame: np.ndarray, policy: TextPolicy) -> list[Region]:
+    """Where text may be in one displayed frame (rows, cols uint8), found cheaply: Tesseract's layout analysis
+    (no recognition) on the white and on the black top-hat page of the working copy
+    (:func:`etl.deid.text_regions.working_copy`), the white one also turned 90 degrees; line boxes of a
+    plausible height (``min_line_px`` .. ``max_line_px`` at full resolution) grow along their line over the
+    stroke ink that continues it (:func:`extend_along_ink`, so a line the layout split is read whole), merge
+    where they overlap or continue one another, and are padded by ``max(pad_px, pad_fraction x height)``."""
+    from etl.deid.text_regions import ink_maps, merge_lines, page, working_copy
+
+    rows, cols = frame.shape
+    work, f = working_copy(frame, policy.layout_max_side_px, policy.layout_upscale_below_px, policy.layout_upscale)
+    bright_ink, dark_ink = ink_maps(work, round(policy.tophat_px * f))
+    out: list[Region] = []
+    passes = [(True, bright_ink, False), (False, dark_ink, False), (True, bright_ink, True)]
+    for bright, ink, vertical in passes:
+        if vertical and not policy.layout_vertical:
+            continue
+        if float(ink.max()) < policy.min_ink + 8:  # no stroke stands out: nothing to lay out
+            continue
+        pg = page(ink, policy.min_ink, policy.tophat_gain)
+        wr, wc = pg.shape
+        boxes, heights = [], []
+        for bx0, by0, bx1, by1 in layout_lines(np.ascontiguousarray(np.rot90(pg, -1)) if vertical else pg, policy):
+            if vertical:  # turned clockwise: back to the page's pixels
+                bx0, by0, bx1, by1 = by0, wr - bx1, by1, wr - bx0
+            across = (bx1 - bx0) if vertical else (by1 - by0)
+            if not policy.min_line_px <= across / f <= policy.max_line_px:
+                continue
+            bx0, by0, bx1, by1 = extend_along_ink(ink, (bx0, by0, bx1, by1), vertical, policy, policy.layout_extend_max)
+            boxes.append((int(bx0 / f), int(by0 / f), int(np.ceil(bx1 / f)), int(np.ceil(by1 / f))))
+            heights.append(max(1, int(round(across / f))))
+        t = [(b[1], b[0], b[3], b[2]) for b in boxes] if vertical else boxes  # merge along the reading direction
+        for mb, members in merge_lines(t, heights, policy.join_gap):
+            x0, y0, x1, y1 = (mb[1], mb[0], mb[3], mb[2]) if vertical else mb
+            h = min(heights[i] for i in members)
+            p = max(policy.pad_px, int(round(policy.pad_fraction * h)))
+            box = (max(0, x0 - p), max(0, y0 - p), min(cols, x1 + p), min(rows, y1 + p))
+            if vertical and _overlap_share(box, [r.box for r in out if not r.vertical]) > 0.3:
+                continue  # letters of horizontal lines laid out turned: read as horizontal text already
+            out.append(Region(box, bright, h, vertical))
+    return out
+
+
+def _overlap_share(box: tuple[int, int, int, int], others: list[tuple[int, int, int, int]]) -> float:
+    """The share of ``box``'s area covered by the union of ``others`` (0..1)."""
+    x0, y0, x1, y1 = box
+    if x1 <= x0 or y1 <= y0:
+        return 0.0
+    cover = np.zeros((y1 - y0, x1 - x0), bool)
+    for ox0, oy0, ox1, oy1 in others:
+        cover[max(0, oy0 - y0):max(0, oy1 - y0), max(0, ox0 - x0):max(0, ox1 - x0)] = True
+    return float(cover.mean())
+
+
+def read_region(frame: np.ndarray, region: Region, policy: TextPolicy) -> tuple[list[Word], np.ndarray]:
+    """Recognise one region at full resolution: its top-hat page of the region's polarity (structure
+    ``max(tophat_px, 0.8 x line height)``, so thick strokes of large text stay whole; contrast stretched so the
+    region's strongest strokes print black, so faint text reads like print), enlarged so its smallest
+    line is about ``target_line_px`` high (at most ``max_upscale`` x), turned for a vertical region. Returns the
+    words (frame pixels) and the region's stroke-contrast map (rows, cols float32 of the region)."""
+    from etl.deid.text_regions import ink_maps, page
+
+    x0, y0, x1, y1 = region.box
+    crop = frame[y0:y1, x0:x1].astype(np.float32)
+    k = max(policy.tophat_px, int(round(0.8 * region.line_px)) | 1)
+    bright_ink, dark_ink = ink_maps(crop, k)
+    ink = bright_ink if region.bright else dark_ink
+    top = float(np.percentile(ink, 99.5)) if ink.size else 0.0  # the region's strongest strokes print black
+    pg = page(ink, policy.min_ink, max(policy.tophat_gain, 255.0 / max(top - policy.min_ink, 16.0)))
+    height = min(region.line_px, _stroke_rows(ink, policy.min_ink, region.vertical) or region.line_px)
+    scale = float(np.clip(policy.target_line_px / max(height, 1), 1.0, policy.max_upscale))
+    words = ocr_words(pg, policy, scale, vertical=region.vertical)
+    if policy.display_fallback and not any(
+            w.conf >= policy.word["min_confidence"] and len(_norm(w.text)) >= policy.word["min_chars"] for w in words):
+        # nothing sure on the top-hat page (outlined or shadowed glyphs, strokes wider than the structure):
+        # the displayed crop itself, text made dark, stretched between its 1st and 99.5th percentiles
+        lo, hi = (float(v) for v in np.percentile(crop, (1, 99.5)))
+        shown = np.clip((crop - lo) * (255.0 / max(hi - lo, 8.0)), 0, 255)
+        words += ocr_words((255 - shown if region.bright else shown).astype(np.uint8), policy, scale,
+                           vertical=region.vertical)
+    shifted = [Word(w.text, w.conf, (w.box[0] + x0, w.box[1] + y0, w.box[2] + x0, w.box[3] + y0), w.vertical)
+               for w in words]
+    return shifted, np.maximum(bright_ink, dark_ink)
+
+
+def _stroke_rows(ink: np.ndarray, floor: float, vertical: bool) -> int:
+    """The median height (pixels) of the bands of consecutive rows (columns, for vertical text) holding
+    strokes above ``floor``: the text height of a region where layout joined lines; 0 when none."""
+    prof = (ink >= floor).any(axis=0 if vertical else 1)
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], prof.astype(np.int8), [0]))))
+    runs = edges[1::2] - edges[::2]
+    runs = runs[runs >= 4]
+    return int(np.median(runs)) if runs.size else 0
+
+
+def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False) -> list[TextLine]:
+    """Text lines of one displayed frame (rows, cols uint8) that the policy calls text (allowed ones included,
+    flagged): :func:`candidate_regions`, then :func:`read_region` on each; words join into lines
+    (:func:`group_lines`), are classified (:func:`classify`), and each text line's box is grown along its
+    reading direction over the stroke ink that continues it within the line height
+    (:func:`extend_along_ink`), so words OCR did not read with confidence are covered too."""
+    p_conf = policy.verify["phi_min_confidence"] if verify else policy.phi["min_confidence"]
+    fuzzy = int(policy.phi["fuzzy_min_chars"])
+    lines: list[TextLine] = []
+    for region in candidate_regions(frame, policy):
+        words, ink = read_region(frame, region, policy)
+        words = [w for w in words if _norm(w.text) and w.box[2] > w.box[0] and w.box[3] > w.box[1]
+                 and (w.conf >= policy.min_join_confidence or (w.conf >= p_conf and phi.matches(w.text, fuzzy)))]
+        found = [classify(ln, policy, phi, verify=verify)
+                 for ln in group_lines(words, policy.join_gap, policy.max_height_ratio)]
+        rx0, ry0 = region.box[0], region.box[1]
+        for ln in found:
+            if ln.reason is None:
+                continue
+            if not ln.allowed:
+                x0, y0, x1, y1 = ln.box
+                local = extend_along_ink(ink, (x0 - rx0, y0 - ry0, x1 - rx0, y1 - ry0), ln.vertical, policy)
+                ln.box = (local[0] + rx0, local[1] + ry0, local[2] + rx0, local[3] + ry0)
+            lines.append(ln)
+    return lines
+
+
+def extend_along_ink(ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool,
+                     policy: TextPolicy, reach: float | None = None) -> tuple[int, int, int, int]:
+    """Grow a line box along its reading direction while stroke ink continues it.
+
+    ``ink`` (rows, cols uint8) is the top-hat stroke contrast; a column (row, for vertical text) of the line's
+    band holds ink when a pixel there reaches half the 90th percentile of the ink inside the box. The box grows
+    over ink with gaps up to ``extend_gap`` x the line height, at most ``extend_max`` x the height per side.
+    """
+    x0, y0, x1, y1 = box
+    band = ink[y0:y1, :] if not vertical else ink[:, x0:x1].T
+    lo, hi = (x0, x1) if not vertical else (y0, y1)
+    inside = band[:, lo:hi]
+    if inside.size == 0:
+        return box
+    thr = max(policy.min_ink, 0.5 * float(np.percentile(inside, 90)))
+    has = (band >= thr).any(axis=0)
+    h = band.shape[0]
+    gap_max, reach = max(2, int(policy.extend_gap * h)), int((policy.extend_max if reach is None else reach) * h)
+    new_hi, gap, i = hi, 0, hi
+    while i < min(len(has), hi + reach):
+        gap = 0 if has[i] else gap + 1
+        if gap > gap_max:
+            break
+        if has[i]:
+            new_hi = i + 1
+        i += 1
+    new_lo, gap, i = lo, 0, lo - 1
+    while i >= max(0, lo - reach):
+        gap = 0 if has[i] else gap + 1
+        if gap > gap_max:
+            break
+        if has[i]:
+            new_lo = i
+        i -= 1
+    return (new_lo, y0, new_hi, y1) if not vertical else (x0, new_lo, x1, new_hi)
+
+
+def grown(box: tuple[int, int, int, int], height: int, policy: TextPolicy, rows: int, cols: int) -> tuple[int, int, int, int]:
+    """A line box grown by the policy margin, clipped to the image."""
+    m = max(policy.margin_px, int(round(policy.margin_fraction * height)))
+    x0, y0, x1, y1 = box
+    return max(0, x0 - m), max(0, y0 - m), min(cols, x1 + m), min(rows, y1 + m)
+
+
+# ---- the step --------------------------------------------------------------------------------------------
+
+@dataclass
+class TextCleaning:
+    """What the burned-in text step did to one object.
+
+    ``regions``: blanked boxes, each {"frame": int or "all", "box": [x0, y0, x1, y1], "reason": phi|word|line};
+    ``kept_markers``: allow-listed marker lines left in place; ``frames_read``: frames (or composites) read;
+    ``pixels_blanked``: pixels set to the fill value (all frames); ``too_small``: fewer than ``min_side_px``
+    rows or columns, so no line of legible text fits (nothing read).
+    """
+
+    regions: list[dict] = field(default_factory=list)
+    kept_markers: int = 0
+    frames_read: int = 0
+    pixels_blanked: int = 0
+    too_small: bool = False
+
+    @property
+    def blanked(self) -> bool:
+        """True when any region was blanked."""
+        return bool(self.regions)
+
+
+def _frames_to_read(disp: np.ndarray, policy: TextPolicy) -> list[tuple[Any, np.ndarray]]:
+    n = disp.shape[0]
+    if n <= policy.max_frames_each:
+        return [(i if n > 1 else 0, disp[i]) for i in range(n)]
+    picks = np.linspace(0, n - 1, policy.sample_frames).round().astype(int)
+    out: list[tuple[Any, np.ndarray]] = [("all", disp.max(axis=0)), ("all", disp.min(axis=0)),
+                                         ("all", np.median(disp, axis=0).astype(np.uint8))]
+    return out + [("all", disp[int(i)]) for i in sorted(set(picks.tolist()))]
+
+
+def fill_value(arr: np.ndarray, photometric: str) -> Any:
+    """The stored value that displays black: the minimum (maximum for MONOCHROME1) of the stored values; 0 for
+    colour."""
+    if arr.ndim == 4 or photometric in ("RGB", "PALETTE COLOR") or photometric.startswith("YBR"):
+        return 0
+    return arr.max() if photometric == "MONOCHROME1" else arr.min()
+
+
+def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = None) -> TextCleaning:
+    """Find, blank and verify burned-in text in every frame of ``ds`` (modified in place when text is blanked:
+    PixelData re-encoded uncompressed, BurnedInAnnotation NO).
+
+    Parameters
+    ----------
+    ds : pydicom.Dataset
+        the source instance with pixel data (before its header is de-identified).
+    policy : TextPolicy, optional
+        default :func:`load_text_policy`.
+    phi : PhiTokens, optional
+        header PHI tokens; default read from ``ds``.
+
+    Returns
+    -------
+    TextCleaning
+
+    Raises
+    ------
+    BurnedInTextError
+        ``ocr_unavailable``; ``pixel_cleaning_failed`` (pixels that cannot be decoded, larger than
+        ``max_pixels``); ``burned_in_text_remaining`` (text still read after blanking).
+    """
+    policy = policy or load_text_policy()
+    phi = phi if phi is not None else PhiTokens.from_dataset(ds, int(policy.phi["min_token_chars"]))
+    problem = ocr_available()
+    if problem:
+        raise BurnedInTextError("ocr_unavailable", problem)
+    rows, cols = int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0)
+    frames = int(_first(ds.get("NumberOfFrames", 1) or 1)) if str(ds.get("NumberOfFrames", "1")).strip() else 1
+    if rows * cols * max(frames, 1) > policy.max_pixels:
+        raise BurnedInTextError("pixel_cleaning_failed", "the image is too large to be read for burned-in text")
+    try:
+        arr = _decode(ds)
+    except Exception as err:  # noqa: BLE001  any decoder failure: the text cannot be checked
+        raise BurnedInTextError("pixel_cleaning_failed",
+                                f"cannot decode pixels to read burned-in text: {type(err).__name__}") from None
+    photometric = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
+    color = int(ds.get("SamplesPerPixel", 1) or 1) > 1
+    stacked = arr if (frames > 1 and arr.ndim == (4 if color else 3)) else arr[None]
+    out = TextCleaning()
+    if min(stacked.shape[1], stacked.shape[2]) < policy.min_side_px:
+        out.too_small = True  # no line of the smallest legible text fits: checked, nothing to read
+        return out
+    disp = display_frames(ds, stacked)
+    todo = _frames_to_read(disp, policy)
+    out.frames_read = len(todo)
+    n, h, w = stacked.shape[:3]
+    boxes: list[tuple[Any, tuple[int, int, int, int], str]] = []
+    for label, frame in todo:
+        for ln in read_lines(frame, policy, phi):
+            if ln.allowed:
+                out.kept_markers += 1
+                continue
+            boxes.append((label, grown(ln.box, ln.height, policy, h, w), ln.reason or "word"))
+    if not boxes:
+        return out
+    cleaned = np.array(stacked, copy=True)
+    fill = fill_value(stacked, photometric)
+    mask = np.zeros((n, h, w), dtype=bool)
+    for label, (x0, y0, x1, y1), reason in boxes:
+        sel = slice(None) if label == "all" else slice(int(label), int(label) + 1)
+        mask[sel, y0:y1, x0:x1] = True
+        out.regions.append({"frame": label, "box": [x0, y0, x1, y1], "reason": reason})
+    cleaned[mask] = fill
+    out.pixels_blanked = int(mask.sum())
+    # verify: read the cleaned frames again (same frames / composites), fail closed on anything left
+    disp2 = display_frames(ds, cleaned)
+    for _label, frame in _frames_to_read(disp2, policy):
+        left = [ln for ln in read_lines(frame, policy, phi, verify=True) if not ln.allowed]
+        if left:
+            raise BurnedInTextError(
+                "burned_in_text_remaining",
+                f"{len(left)} text region(s) still read after blanking ({', '.join(sorted({ln.reason or '' for ln in left}))})")
+    _write_pixels(ds, cleaned if frames > 1 else cleaned[0], photometric)
+    ds.BurnedInAnnotation = "NO"
+    return out
+
+
+def _decode(ds) -> np.ndarray:
+    """``ds.pixel_array``; a dataset without File Meta Information (no preamble, no group 0002) is decoded with
+    the transfer syntax it was read with, as normalisation does (:func:`etl.pixels.decode.transfer_syntax`)."""
+    meta = getattr(ds, "file_meta", None)
+    if meta is not None and meta.get("TransferSyntaxUID"):
+        return ds.pixel_array
+    from pydicom.dataset import FileMetaDataset
+
+    from etl.pixels.decode import transfer_syntax
+
+    ts = transfer_syntax(ds)
+    had = meta is not None
+    if not had:
+        ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ts
+    try:
+        return ds.pixel_array
+    finally:  # the header is left as it was read: de-identification writes the file meta
+        del ds.file_meta.TransferSyntaxUID
+        if not had:
+            del ds.file_meta
+
+
+def _write_pixels(ds, arr: np.ndarray, photometric: str) -> None:
+    """Store cleaned pixels uncompressed (Explicit VR Little Endian; a big-endian file keeps its syntax), keeping
+    BitsStored and the colour model (YBR decoded to RGB by pydicom is written as RGB)."""
+    ts = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    if ts is not None and ts.is_transfer_syntax and not ts.is_little_endian:
+        # Explicit VR Big Endian (retired, native): pydicom writes no pixels there; stored as they were read,
+        # each value big-endian, colour interleaved or planar as PlanarConfiguration says
+        out = arr
+        if int(ds.get("SamplesPerPixel", 1) or 1) > 1 and int(ds.get("PlanarConfiguration", 0) or 0) == 1:
+            out = np.moveaxis(arr, -1, -3)
+        ds.PixelData = np.ascontiguousarray(out).astype(out.dtype.newbyteorder(">")).tobytes()
+        return
+    if photometric.startswith("YBR"):
+        photometric = "RGB"
+    if photometric == "PALETTE COLOR":
+        ds.set_pixel_data(arr, "PALETTE COLOR", int(ds.BitsStored), generate_instance_uid=False)
+        return
+    ds.set_pixel_data(arr, photometric, int(ds.BitsStored), generate_instance_uid=False)

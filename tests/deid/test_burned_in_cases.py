@@ -1,0 +1,100 @@
+"""Burned-in PHI text in real pixel data (../shared/tools/burned_in_cases.py) through `medreco deid`: every
+``must_remove`` box left without readable text (one blank value over the whole box) or its file quarantined,
+negative controls ingested with their pixels unchanged, pixels changed only by blanking, and the share of area
+blanked outside the planted boxes printed (precision)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import polars as pl
+import pydicom
+import pytest
+from ocr_required import require_ocr
+
+from schemas.config import PROJECT_ROOT
+
+TOOL = PROJECT_ROOT.parent / "shared" / "tools" / "burned_in_cases.py"
+#: measured floor (issue 17: 134 of 150 must_remove boxes without text or withheld; 138 before regions-only OCR; the rest are open, see README)
+MIN_REMOVED = 134
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, key):
+    require_ocr()
+    if not TOOL.is_file():
+        pytest.fail(f"{TOOL} is missing: the burned-in text answer key cannot be generated")
+    base = tmp_path_factory.mktemp("burned_in")
+    cases = base / "cases"
+    subprocess.run([sys.executable, str(TOOL), str(cases), "--check"], check=True, capture_output=True)
+    from etl.cli.deid_folder import deidentify_folder
+
+    out = base / "out"
+    balance = deidentify_folder(cases, out, key, "bic")
+    ledger = pl.read_parquet(out / "ledger.parquet")
+    answer = json.loads((cases / "answer_key.json").read_text())
+    return {"cases": cases, "out": out, "ledger": ledger, "answer": answer, "balance": balance, "key": key}
+
+
+def _output_pixels(run, entry):
+    """The de-identified pixels of one answer-key file, or None when it was quarantined."""
+    row = run["ledger"].filter(pl.col("source_uri").str.ends_with("/" + entry["path"])).row(0, named=True)
+    if row["status"] != "ingested":
+        return None
+    src = pydicom.dcmread(run["cases"] / entry["path"])
+    path = run["out"] / "files" / f"{run['key'].pseudonym('sop', str(src.SOPInstanceUID))}.dcm"
+    assert path.is_file(), f"{entry['path']}: ingested but its output is missing"
+    return pydicom.dcmread(path).pixel_array
+
+
+@pytest.mark.slow
+def test_must_remove_text_is_gone_negatives_untouched_and_area_outside_boxes_kept(run):
+    assert run["balance"]["balanced"]
+    removed = total = neg_ok = 0
+    outside_text, outside_neg, missed = [], [], []
+    for e in run["answer"]["files"]:
+        src = pydicom.dcmread(run["cases"] / e["path"]).pixel_array
+        out = _output_pixels(run, e)
+        nf = e["frames"]
+        b = src if nf > 1 else src[None]
+        if out is None:  # quarantined: withheld, nothing of it ships
+            assert not e["negative_control"], f"{e['path']}: a negative control was quarantined"
+            removed += sum(it["expected"] == "must_remove" for it in e["planted"])
+            total += sum(it["expected"] == "must_remove" for it in e["planted"])
+            continue
+        a = out if nf > 1 else out[None]
+        diff = (a != b).any(axis=-1) if b.ndim == 4 else a != b
+        covered = np.zeros(diff.shape, bool)
+        for it in e["planted"]:
+            frames = range(nf) if it["frame"] == "all" else [it["frame"]]
+            for f in frames:
+                for box in (it["box"], it.get("backdrop_box")):
+                    if box:
+                        covered[f, box[1]:box[3], box[0]:box[2]] = True
+            if it["expected"] != "must_remove":
+                continue
+            total += 1
+            x0, y0, x1, y1 = it["box"]
+            blank = all(len(np.unique(a[f, y0:y1, x0:x1].reshape(-1, *a.shape[3:]), axis=0)) == 1 for f in frames)
+            removed += blank
+            if not blank:
+                missed.append(f"{e['case']}:{it['kind']}")
+        # every changed pixel holds one blank value per frame (nothing else was altered)
+        for f in range(nf):
+            if diff[f].any():
+                vals = a[f][diff[f]]
+                assert len(np.unique(vals.reshape(-1, *a.shape[3:]), axis=0)) == 1, f"{e['path']}: frame {f} altered"
+        share = float((diff & ~covered).sum()) / diff.size
+        if e["negative_control"]:
+            outside_neg.append(share)
+            neg_ok += not diff.any()
+        else:
+            outside_text.append(share)
+    print(f"\nBURNED_IN removed={removed}/{total} missed={missed} negatives_unchanged={neg_ok}/"
+          f"{len(outside_neg)} area_blanked_outside_boxes_text={100 * np.mean(outside_text):.2f}% "
+          f"negatives={100 * np.mean(outside_neg):.2f}%")
+    assert neg_ok == len(outside_neg) == 10
+    assert removed >= MIN_REMOVED

@@ -1,0 +1,164 @@
+"""Burned-in text in pixels (etl/deid/burned_in_text.py): header PHI tokens, lines, the allow-list, the config
+switch, and one synthetic image through de-identification (text blanked, verified, 113101 recorded; an image
+without text unchanged)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pydicom
+import pytest
+from ocr_required import require_ocr
+from PIL import Image, ImageDraw, ImageFont
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+from etl.deid.burned_in_text import PhiTokens, TextLine, Word, classify, group_lines, load_text_policy
+from etl.deid.dicom import DeidentificationError, deidentify_dataset
+from etl.deid.policy import build_policy
+from schemas.config import BurnedInTextConfig, DeidConfig, OcrOffRule
+
+
+def _header() -> Dataset:
+    ds = Dataset()
+    ds.PatientName, ds.PatientID, ds.AccessionNumber = "DAVIDSON^DOUGLAS", "7712093", "ACC55120"
+    ds.PatientBirthDate, ds.StudyDate, ds.StudyTime = "19760616", "20120109", "143205"
+    ds.PatientAge, ds.InstitutionName = "035Y", "Kingsbridge Royal Infirmary"
+    return ds
+
+
+def test_phi_tokens_names_any_order_ids_and_dates_in_any_format():
+    phi = PhiTokens.from_dataset(_header())
+    for word in ("DAVIDSON", "Douglas,", "7712093", "ACC55120", "06.16.1976", "1976-06-16", "16-JUN-1976",
+                 "01/09/2012", "1/9/12", "14:32:05", "14:32", "Kingsbridge", "INFIRMARY", "35"):
+        assert phi.matches(word), word
+    assert phi.matches("DAVIDS0N")  # one OCR edit on a long token
+    for word in ("PORTABLE", "L", "1234567", "03.02.1990", "SUPINE"):
+        assert not phi.matches(word), word
+
+
+def _line(*texts: str, conf: float = 90.0) -> TextLine:
+    words = [Word(t, conf, (10 + 60 * i, 10, 60 + 60 * i, 24)) for i, t in enumerate(texts)]
+    (line,) = group_lines(words, 1.6)
+    return line
+
+
+def test_words_join_into_one_line_and_other_heights_or_rows_do_not():
+    words = [Word("MRN", 90, (10, 10, 40, 24)), Word("4829173", 90, (46, 10, 110, 24)),
+             Word("NEXT", 90, (10, 40, 50, 54)), Word("BIG", 90, (116, 0, 200, 60))]
+    lines = sorted(group_lines(words, 1.6), key=lambda ln: ln.box)
+    assert [len(ln.words) for ln in lines] == [2, 1, 1]
+    assert lines[0].box == (10, 10, 110, 24)
+
+
+def test_allow_listed_markers_stay_unless_a_word_is_phi():
+    policy, phi = load_text_policy(), PhiTokens.from_dataset(_header())
+    assert classify(_line("PORTABLE", "SUPINE"), policy, phi).allowed
+    marker_and_name = classify(_line("PORTABLE", "DAVIDSON"), policy, phi)
+    assert marker_and_name.reason == "phi" and not marker_and_name.allowed
+    assert classify(_line("Ng", conf=70), policy, phi).reason is None  # OCR noise on anatomy: not text
+    assert classify(_line("HOSPITAL", conf=85), policy, phi).reason == "word"
+
+
+def test_config_switch_turns_ocr_off_per_institution_and_modality():
+    cfg = BurnedInTextConfig(ocr_off=[OcrOffRule(institution="inst_a", modality="CT"),
+                                      OcrOffRule(institution="inst_b")])
+    assert not cfg.enabled("inst_a", "CT") and cfg.enabled("inst_a", "CR")
+    assert not cfg.enabled("inst_b", "US") and cfg.enabled("inst_c", "CT")
+    assert not BurnedInTextConfig(ocr=False).enabled("inst_c", "CR")
+
+
+def _image(text: str | None, photometric: str = "MONOCHROME2", modality: str = "CR") -> Dataset:
+    """A 384 x 320 12-bit radiograph-like gradient, with ``text`` burned into the top-left corner."""
+    yy, xx = np.mgrid[0:320, 0:384]
+    arr = (600 + 1200 * np.exp(-(((xx - 192) / 120.0) ** 2 + ((yy - 170) / 110.0) ** 2))).astype(np.uint16)
+    if text:
+        im = Image.new("L", (384, 320), 0)
+        ImageDraw.Draw(im).text((8, 8), text, fill=255, font=ImageFont.load_default(size=16))
+        mask = np.asarray(im) > 128
+        arr[mask] = 4095 if photometric == "MONOCHROME2" else 0
+    ds = _header()
+    ds.SOPClassUID, ds.SOPInstanceUID = "1.2.840.10008.5.1.4.1.1.1", generate_uid()
+    ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.Modality = generate_uid(), generate_uid(), modality
+    ds.Rows, ds.Columns, ds.SamplesPerPixel, ds.PhotometricInterpretation = 320, 384, 1, photometric
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 12, 11, 0
+    ds.WindowCenter, ds.WindowWidth = "2048", "4096"
+    ds.PixelData = arr.tobytes()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID, ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPClassUID, ds.SOPInstanceUID
+    return pydicom.dcmread(io.BytesIO(_bytes(ds)))
+
+
+def _bytes(ds: Dataset) -> bytes:
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("photometric", ["MONOCHROME2", "MONOCHROME1"])
+def test_burned_in_name_and_date_are_blanked_and_recorded(key, photometric):
+    require_ocr()
+    ds = _image("DAVIDSON DOUGLAS 01.09.2012", photometric)
+    before = ds.pixel_array.copy()
+    result = deidentify_dataset(ds, key, "inst")
+    out = pydicom.dcmread(io.BytesIO(result.payload))
+    after = out.pixel_array
+    assert result.text_regions and all(r["reason"] in ("phi", "word", "line") for r in result.text_regions)
+    ink = np.argwhere(before != _image(None, photometric).pixel_array)
+    (y0, x0), (y1, x1) = ink.min(axis=0), ink.max(axis=0) + 1
+    assert len(np.unique(after[y0:y1, x0:x1])) == 1  # the whole line is one blank value
+    changed = after != before
+    blank = np.zeros_like(changed)
+    for r in result.text_regions:
+        x0, y0, x1, y1 = r["box"]
+        blank[y0:y1, x0:x1] = True
+    assert not (changed & ~blank).any()  # nothing changed outside the blanked regions
+    assert changed.sum() < 0.1 * changed.size
+    assert out.BurnedInAnnotation == "NO"
+    assert "113101" in [item.CodeValue for item in out.DeidentificationMethodCodeSequence]
+    assert result.audit["text_images_blanked"] == 1 and result.audit["text_checked"] == 1
+
+
+def test_image_without_text_keeps_its_pixels(key):
+    require_ocr()
+    ds = _image(None)
+    before = ds.pixel_array.copy()
+    result = deidentify_dataset(ds, key, "inst")
+    out = pydicom.dcmread(io.BytesIO(result.payload))
+    assert np.array_equal(out.pixel_array, before)
+    assert not result.text_regions and result.audit["text_checked"] == 1
+    assert "113101" not in [item.CodeValue for item in out.DeidentificationMethodCodeSequence]
+
+
+def test_ultrasound_is_read_not_quarantined_wholesale_and_ocr_off_restores_the_header_rule(key):
+    require_ocr()
+    ds = _image(None, modality="US")
+    assert deidentify_dataset(ds, key, "inst").audit["text_checked"] == 1
+    off = build_policy(DeidConfig(burned_in_text=BurnedInTextConfig(ocr_off=[OcrOffRule(modality="US")])))
+    with pytest.raises(DeidentificationError) as err:
+        deidentify_dataset(_image(None, modality="US"), key, "inst", off)
+    assert err.value.reason == "burned_in_annotation_risk"
+
+
+def test_pixels_ocr_cannot_read_are_quarantined_with_the_decoders_reason(key):
+    """Fail closed: a CR (no header risk) whose Pixel Data is shorter than its Image Pixel module implies is
+    withheld at de-identification with normalisation's reason, not passed on unread."""
+    require_ocr()
+    ds = _image("DAVIDSON 01.09.2012")
+    ds.PixelData = ds.PixelData[: len(ds.PixelData) // 2]
+    with pytest.raises(DeidentificationError) as err:
+        deidentify_dataset(ds, key, "inst")
+    assert err.value.reason == "pixel_data_length_mismatch"
+    assert "DAVIDSON" not in str(err.value)
+
+
+def test_an_image_too_small_for_a_line_of_text_is_checked_and_passes(key):
+    require_ocr()
+    ds = _image(None)
+    arr = ds.pixel_array[:6, :40].copy()
+    ds.Rows, ds.Columns = arr.shape
+    ds.PixelData = arr.tobytes()
+    result = deidentify_dataset(ds, key, "inst")
+    assert result.audit["text_checked"] == 1 and not result.text_regions
