@@ -70,6 +70,21 @@ def test_burned_in_text_is_in_no_output(demo_build):
     assert len(records) == demo_build["first"]["ledger"]["quarantined"]
 
 
+def test_answer_key_quarantines_are_quarantined_at_their_stage_with_their_reason(demo_build):
+    """The demo's interrupted transfer (a radiograph copy cut inside its PixelData) is quarantined at discover as
+    ``truncated_file``, with a quarantine record a curator can review."""
+    expected = [json.loads(x) for x in (demo_build["root"] / "answer_key" / "quarantine.jsonl").read_text().splitlines()]
+    assert expected, "the demo corpus plants a file that must be quarantined"
+    st = demo_build["storage"]
+    run_id = demo_build["first"]["run_id"]
+    by_uri = {r["source_uri"]: r for r in st.read_table(f"ledger/run_id={run_id}/ledger.parquet").to_pylist()}
+    records = [json.loads(p.read_text()) for p in (demo_build["root"] / "quarantine" / run_id).glob("*.json")]
+    for e in expected:
+        row = by_uri[str(demo_build["root"] / e["file"])]
+        assert (row["status"], row["stage"], row["reason"]) == ("quarantined", e["stage"], e["reason"]), e["file"]
+        assert any(r.get("reason") == e["reason"] and str(r.get("source_uri", "")).endswith(e["file"]) for r in records)
+
+
 def test_shards_batched_and_empty_shards_are_no_ops(demo_build):
     from etl.sources.discover import shard_batches
 
