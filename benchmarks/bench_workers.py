@@ -10,7 +10,9 @@ first-use caches) is. Both builds must publish the same content hash.
 
 Run as a script, it writes an archive of real-sized radiographs first: the Philips CR chest PA of WG04
 (``../shared/data/dicom/chest-cr-dx``, 1955 x 1841 pixels, uncompressed and JPEG 2000), one of each per patient
-under new patient ids and UIDs (so the files spread over the patient-hash shards), and ends with one line
+under new patient ids and UIDs (so the files spread over the patient-hash shards), prints one timeline line per
+run and pixel stage (:func:`stage_timeline`; in the serial run ``spread_s`` is the later task's duration), and ends
+with one line
 ``BENCH workers speedup_pixel_stages=... process_ceiling=... workers=... pixel_s_serial=... pixel_s_workers=... build_s_serial=...
 build_s_workers=... files=... load_1m_before=... load_1m_after=...``. The machine is shared: the load averages
 are part of the figure. Usage: ``python benchmarks/bench_workers.py [patients] [workers]`` (default 32, 2);
@@ -117,6 +119,40 @@ def _pixel_seconds(run_id: str) -> float:
     return max(ends) - min(starts)
 
 
+def stage_timeline(run_id: str, stages: tuple[str, ...] = PIXEL_STAGES) -> dict[str, dict]:
+    """Per stage of one run, from its task instances in the metadata database (queued, start and end dates).
+
+    Returns
+    -------
+    dict
+        ``{stage: {"tasks": n, "mean_task_s": mean end - start, "wait_s": mean start - queued (a free worker
+        taking the task), "gap_s": first start - previous stage's last end (the scheduler's latency at the
+        barrier; absent for the first stage), "spread_s": last end - first end (imbalance between the stage's
+        mapped tasks)}}``, seconds.
+    """
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(TaskInstance.task_id, TaskInstance.queued_dttm, TaskInstance.start_date,
+                             TaskInstance.end_date).filter(TaskInstance.dag_id == "medreco_build",
+                                                           TaskInstance.run_id == run_id,
+                                                           TaskInstance.task_id.in_(stages)).all()
+    out: dict[str, dict] = {}
+    last_end = None
+    for stage in stages:
+        mine = [(q, a.timestamp(), b.timestamp()) for t, q, a, b in rows if t == stage and a and b]
+        starts, ends = [a for _, a, _ in mine], [b for _, _, b in mine]
+        waits = [a - q.timestamp() for q, a, _ in mine if q is not None]  # dag.test() queues nothing
+        out[stage] = {"tasks": len(mine), "mean_task_s": round(sum(e - a for _, a, e in mine) / len(mine), 2),
+                      "wait_s": round(sum(waits) / len(waits), 2) if waits else 0.0,
+                      "spread_s": round(max(ends) - min(ends), 2)}
+        if last_end is not None:
+            out[stage]["gap_s"] = round(min(starts) - last_end, 2)
+        last_end = max(ends)
+    return out
+
+
 def _db_run_id(summary_run_id: str) -> str:
     """The Airflow run id whose BuildContext run id is ``summary_run_id`` (the summary's is path-safe)."""
     from airflow.models.dagrun import DagRun
@@ -161,6 +197,7 @@ def speedup(archive_dir: str | Path, workers: int = 2, shard_count: int = 8, max
         ``speedup_pixel_stages`` (serial pixel seconds / parallel pixel seconds), ``pixel_s_serial``,
         ``pixel_s_workers``, ``build_s_serial``, ``build_s_workers`` (whole ``run_build`` calls, the
         scheduler's start and stop included), ``files`` (ledger files seen), ``workers``,
+        ``timeline_serial``, ``timeline_workers`` (:func:`stage_timeline` of each run's pixel stages),
         ``process_ceiling`` (:func:`process_ceiling` right after the builds: what ``workers`` plain processes
         reached on this machine at that moment), ``load_1m_before``, ``load_1m_after`` (1-minute load averages
         around the two builds).
@@ -192,7 +229,9 @@ def speedup(archive_dir: str | Path, workers: int = 2, shard_count: int = 8, max
             t0 = time.perf_counter()
             summary = run_build(cfg, workers=n)
             out[f"build_s_{label}"] = round(time.perf_counter() - t0, 2)
-            out[f"pixel_s_{label}"] = round(_pixel_seconds(_db_run_id(summary["run_id"])), 2)
+            db_run = _db_run_id(summary["run_id"])
+            out[f"pixel_s_{label}"] = round(_pixel_seconds(db_run), 2)
+            out[f"timeline_{label}"] = stage_timeline(db_run)
             hashes[label] = summary["content_hash"]
             out["files"] = summary["ledger"]["files_seen"]
         out["process_ceiling"] = process_ceiling(workers)
@@ -211,6 +250,9 @@ def main() -> int:
                     work_dir=os.environ.get("BENCH_WORK_DIR") or None)
     keys = ("speedup_pixel_stages", "process_ceiling", "workers", "pixel_s_serial", "pixel_s_workers", "build_s_serial",
             "build_s_workers", "files", "load_1m_before", "load_1m_after")
+    for label in ("serial", "workers"):
+        for stage, t in r[f"timeline_{label}"].items():
+            print(f"  {label:7s} {stage:10s} " + " ".join(f"{k}={v}" for k, v in t.items()))
     print(f"BENCH workers {' '.join(f'{k}={r[k]}' for k in keys)} cores={os.cpu_count()}")
     return 0
 

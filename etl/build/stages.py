@@ -36,6 +36,7 @@ import pyarrow as pa
 import pydicom
 
 from etl import zones
+from etl.build.batches import balanced_shard_batches, pending_files_per_shard
 from etl.build.context import EVENT_SCHEMA, BuildContext
 from etl.build.ingest import check_delivery
 from etl.build.ledger import finalise
@@ -55,7 +56,6 @@ from etl.sources.discover import (
     load_seen_index,
     mark_duplicates,
     mark_seen,
-    shard_batches,
 )
 from etl.sources.source_access import check_sources
 from etl.storage import read_uri
@@ -166,12 +166,13 @@ def discover(ctx: BuildContext, institution: str) -> dict:
 
 
 def plan(ctx: BuildContext) -> list[list[int]]:
-    """Merge the institutions' plans, mark duplicates, and return the shard batches to map over."""
+    """Merge the institutions' plans, mark duplicates, and return the shard batches to map over (balanced by
+    pending DICOM files, :func:`etl.build.batches.balanced_shard_batches`)."""
     parts = [ctx.storage.read_table(ctx.plan_path(i.id), schema=PLAN_SCHEMA) for i in ctx.cfg.institutions]
     merged = mark_duplicates(pa.concat_tables(parts) if parts else PLAN_SCHEMA.empty_table())
     merged = mark_seen(merged, load_seen_index(ctx.storage))
     ctx.storage.write_table(ctx.plan_path(), merged)
-    return shard_batches(ctx.cfg.shard_count, ctx.cfg.max_map_length)
+    return balanced_shard_batches(pending_files_per_shard(merged), ctx.cfg.shard_count, ctx.cfg.max_map_length)
 
 
 def _plan(ctx: BuildContext) -> pl.DataFrame:

@@ -210,8 +210,8 @@ class RunFiles:
     def read(self, run_id: str, rows: list[TaskRow]) -> dict[tuple[str, int], int]:
         """Update and return ``{(task_id, map_index): files}`` for the instances known so far."""
         from etl import zones
+        from etl.build.batches import balanced_shard_batches, pending_files_per_shard
         from etl.build.context import safe_run_id
-        from etl.sources.discover import shard_batches
 
         run_dir = zones.run_dir(safe_run_id(run_id))  # the stages' run folder (BuildContext's run id)
         finished = {(r.task_id, r.map_index) for r in rows if _short(r.state) in FINISHED_STATES}
@@ -220,15 +220,10 @@ class RunFiles:
             if ("discover", i) not in self.counts and ("discover", i) in finished and self.storage.is_file(path):
                 self.counts[("discover", i)] = self.storage.read_table(path, columns=["kind"]).num_rows
         if not self._planned and ("plan", -1) in finished and self.storage.is_file(f"{run_dir}/plan.parquet"):
-            import pyarrow.compute as pc
-
             t = self.storage.read_table(f"{run_dir}/plan.parquet", columns=["kind", "status", "shard"])
-            mask = pc.and_(pc.equal(t["kind"], "dicom"), pc.equal(t["status"], "pending"))
-            shards = [s for s in t.filter(mask)["shard"].to_pylist() if s is not None]
-            per_shard: dict[int, int] = {}
-            for s in shards:
-                per_shard[s] = per_shard.get(s, 0) + 1
-            for i, batch in enumerate(shard_batches(self.cfg.shard_count, self.cfg.max_map_length)):
+            per_shard = pending_files_per_shard(t)  # the batches plan() returned: the same function of this file
+            batches = balanced_shard_batches(per_shard, self.cfg.shard_count, self.cfg.max_map_length)
+            for i, batch in enumerate(batches):
                 n = sum(per_shard.get(s, 0) for s in batch)
                 self.counts[("deidentify", i)] = self.counts[("normalise", i)] = n
             self._planned = True
