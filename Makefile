@@ -42,7 +42,7 @@ demo: install tools
 	$(BIN)/medreco demo
 
 test: install browser tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -87,7 +87,34 @@ SLOW_FIXTURES = frozenset({"airflow_home"})
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test that (transitively) uses a fixture of :data:`SLOW_FIXTURES` as ``slow``."""
+    """Mark every test that (transitively) uses a fixture of :data:`SLOW_FIXTURES` as ``slow``; refuse a test
+    that uses a shared build fixture from a file not listed for it in ``xdist_groups.SHARED_BUILD_FILES`` (under
+    ``make test``'s two workers its build would run a second time)."""
+    from xdist_groups import SHARED_BUILD_FILES
+
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        names = set(getattr(item, "fixturenames", ()))
+        if SLOW_FIXTURES & names:
             item.add_marker(pytest.mark.slow)
+        path = item.nodeid.split("::", 1)[0]
+        for fixture, files in SHARED_BUILD_FILES.items():
+            if fixture in names and path not in files:
+                raise pytest.UsageError(f"{path} uses the session fixture {fixture!r}: add it to "
+                                        f"SHARED_BUILD_FILES[{fixture!r}] in tests/xdist_groups.py")
+
+
+try:
+    import xdist  # noqa: F401  (optional: ``make test`` runs two workers with it)
+except ImportError:
+    xdist = None
+
+if xdist is not None:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(config, log):
+        """``--dist loadgroup``: one work unit per test file, one for all users of a shared session build
+        (``xdist_groups.SharedBuildScheduling``); other ``--dist`` modes are pytest-xdist's own."""
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from xdist_groups import SharedBuildScheduling
+
+        return SharedBuildScheduling(config, log)
