@@ -41,9 +41,42 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="module")
+def interrupted(corpus) -> list[dict]:
+    """answer_key/quarantine.jsonl: the files the build must quarantine (the interrupted transfers)."""
+    out, _ = corpus
+    return [json.loads(x) for x in (out / "answer_key" / "quarantine.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
 def dicoms(corpus) -> dict[str, pydicom.Dataset]:
+    """Every DICOM file of the corpus (the interrupted transfers' headers read whole; their pixels do not decode)."""
     out, _ = corpus
     return {str(p.relative_to(out)): pydicom.dcmread(p) for p in sorted(out.glob("sources/*/dicom/**/*.dcm"))}
+
+
+@pytest.fixture(scope="module")
+def intact(dicoms, interrupted) -> dict[str, pydicom.Dataset]:
+    """The files whose pixels decode: every one but the interrupted transfers."""
+    cut = {e["file"] for e in interrupted}
+    return {rel: ds for rel, ds in dicoms.items() if rel not in cut}
+
+
+def test_interrupted_transfers_end_inside_their_pixel_data(corpus, intact, interrupted):
+    """Two radiograph copies cut inside PixelData, each under a SOPInstanceUID of its own, in a study whose intact
+    files are there; the answer key says the build quarantines them as truncated_file when it reads them."""
+    from etl.sources.dicom_integrity import last_element_cut
+
+    out, _ = corpus
+    assert len(interrupted) == 2 and len({e["institution"] for e in interrupted}) == 2
+    sops = {ds.SOPInstanceUID for ds in intact.values()}
+    for e in interrupted:
+        assert (e["stage"], e["reason"]) == ("deidentify", "truncated_file")
+        ds = pydicom.dcmread(out / e["file"])
+        assert ds.Modality in ("CR", "DX") and ds.SOPInstanceUID not in sops
+        assert any(d.StudyInstanceUID == ds.StudyInstanceUID for d in intact.values())
+        assert last_element_cut(ds) == "(7FE0,0010)"
+        with pytest.raises(ValueError, match="less than expected"):
+            ds.pixel_array
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +142,10 @@ def test_same_seed_gives_identical_tree_and_other_seed_differs(corpus, tmp_path)
     assert other["answer_key/phi.jsonl"] != first["answer_key/phi.jsonl"]
 
 
-def test_summary_matches_files(corpus, dicoms, phi_rows, reports, truth):
+def test_summary_matches_files(corpus, dicoms, intact, interrupted, phi_rows, reports, truth):
     out, summary = corpus
     assert summary["patients"] == N_PATIENTS
-    assert summary["dicom_files"] == len(dicoms)
+    assert summary["dicom_files"] == len(dicoms) == len(intact) + len(interrupted)
     assert summary["reports"] == len(reports) == len(truth) == summary["truth_records"]
     assert summary["phi_values"] == len(phi_rows)
     assert summary["studies"] == len({ds.StudyInstanceUID for ds in dicoms.values()})
@@ -198,13 +231,14 @@ REQUIRED_DICOM_PHI = {
 }
 
 
-def test_every_dicom_reads_and_holds_its_listed_phi(dicoms, phi_rows):
+def test_every_dicom_reads_and_holds_its_listed_phi(dicoms, intact, phi_rows):
     by_file = defaultdict(list)
     for r in phi_rows:
         by_file[r["file"]].append(r)
     for rel, ds in dicoms.items():
-        arr = ds.pixel_array
-        assert arr.shape[:2] == (ds.Rows, ds.Columns)
+        if rel in intact:
+            arr = ds.pixel_array
+            assert arr.shape[:2] == (ds.Rows, ds.Columns)
         assert ds.file_meta.ImplementationVersionName == "MEDRECO_DEMO_1"
         assert ds.file_meta.MediaStorageSOPInstanceUID == ds.SOPInstanceUID
         rows = by_file[rel]
@@ -329,9 +363,9 @@ def test_transfer_syntaxes_and_private_block(dicoms):
         assert _text(ds[0x00091002].value[0][0x00091001]).startswith("CALL ")
 
 
-def test_pixels_differ_between_studies(dicoms):
+def test_pixels_differ_between_studies(intact):
     by_patient = defaultdict(dict)
-    for ds in dicoms.values():
+    for ds in intact.values():
         if ds.Modality in ("CR", "DX") and ds.ViewPosition == "PA":
             by_patient[ds.PatientID][ds.StudyInstanceUID] = ds.pixel_array
     pairs = [list(v.values()) for v in by_patient.values() if len(v) >= 2]
