@@ -320,7 +320,8 @@ class PhiTokens:
 
     Built by :meth:`from_dataset` before de-identification changes the header: person-name parts, IDs,
     accession, dates (birth, study, series, acquisition, content) in the usual written forms, times (HHMMSS,
-    HHMM), the age number and the institution's words of four letters or more.
+    HHMM), the age number alone and with its unit (PatientAge ``074Y``: ``74``, ``74Y``, ``074Y``; a one-digit
+    age is a token only with its unit, ``8Y``) and the institution's words of four letters or more.
     """
 
     tokens: set[str] = field(default_factory=set)
@@ -348,9 +349,9 @@ class PhiTokens:
             t = re.sub(r"\D", "", s(kw).split(".")[0])
             if len(t) >= 4:
                 toks |= {t[:6], t[:4]}
-        age = re.fullmatch(r"0*(\d{1,3})[DWMY]", s("PatientAge").strip())
-        if age:
-            toks.add(age.group(1))
+        age = re.fullmatch(r"(0*(\d{1,3}))([DWMY])", s("PatientAge").strip())
+        if age:  # "74", and as written with its unit: "74Y" ("74 Y" normalised), "074Y", "8Y"
+            toks |= {age.group(2), age.group(2) + age.group(3), age.group(1) + age.group(3)}
         for kw in ("InstitutionName", "InstitutionAddress", "InstitutionalDepartmentName"):
             for part in re.split(r"[\s,.'-]+", s(kw)):
                 if len(_norm(part)) >= 4:
@@ -399,13 +400,15 @@ def _one_edit(a: str, b: str) -> bool:
 @dataclass
 class TextLine:
     """Words of one line: ``box`` [x0, y0, x1, y1] (exclusive ends) around them; ``reason`` why it is text
-    (``phi``, ``word``, ``line``) or None; ``allowed`` when every word is an allow-listed marker."""
+    (``phi``, ``word``, ``line``) or None; ``allowed`` when every word is an allow-listed marker; ``bright`` the
+    polarity of the region it was read in."""
 
     words: list[Word]
     box: tuple[int, int, int, int]
     vertical: bool
     reason: str | None = None
     allowed: bool = False
+    bright: bool = True  # the text is brighter than its background (the polarity of the region it was read in)
 
     @property
     def height(self) -> int:
@@ -457,13 +460,17 @@ def group_lines(words: list[Word], join_gap: float, max_height_ratio: float = 1.
 
 def classify(line: TextLine, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False) -> TextLine:
     """Set ``line.reason`` (``phi``, ``word``, ``line`` or None) and ``line.allowed`` by the policy thresholds
-    (the ``verify`` ones when ``verify``)."""
+    (the ``verify`` ones when ``verify``). A PHI token is looked for in each word and in each pair of
+    neighbouring words joined (OCR often splits "74 Y" or "01.09. 2012" in two)."""
     w_conf = policy.verify["word_min_confidence"] if verify else policy.word["min_confidence"]
     w_chars = policy.verify["min_chars"] if verify else policy.word["min_chars"]
     p_conf = policy.verify["phi_min_confidence"] if verify else policy.phi["min_confidence"]
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     line.reason = None
-    if any(w.conf >= p_conf and phi.matches(w.text, fuzzy) for w in line.words):
+    sure = [w for w in line.words if w.conf >= p_conf]
+    along = sorted(sure, key=lambda w: w.box[1] if line.vertical else w.box[0])
+    pairs = [a.text + b.text for a, b in zip(along, along[1:])]  # a token OCR split in two ("74" "Y")
+    if any(phi.matches(w.text, fuzzy) for w in sure) or any(phi.matches(t, fuzzy) for t in pairs):
         line.reason = "phi"
     elif any(w.conf >= w_conf and len(_norm(w.text)) >= w_chars for w in line.words) or any(
             w.conf >= policy.word["short_min_confidence"] and len(_norm(w.text)) >= policy.word["short_min_chars"]
@@ -546,19 +553,29 @@ def _overlap_share(box: tuple[int, int, int, int], others: list[tuple[int, int, 
     return float(cover.mean())
 
 
-def read_region(frame: np.ndarray, region: Region, policy: TextPolicy) -> tuple[list[Word], np.ndarray]:
+def read_region(frame: np.ndarray, region: Region, policy: TextPolicy
+                ) -> tuple[list[Word], np.ndarray, tuple[int, int]]:
     """Recognise one region at full resolution: its top-hat page of the region's polarity (structure
     ``max(tophat_px, 0.8 x line height)``, so thick strokes of large text stay whole; contrast stretched so the
     region's strongest strokes print black, so faint text reads like print), enlarged so its smallest
-    line is about ``target_line_px`` high (at most ``max_upscale`` x), turned for a vertical region. Returns the
-    words (frame pixels) and the region's stroke-contrast map (rows, cols float32 of the region)."""
+    line is about ``target_line_px`` high (at most ``max_upscale`` x), turned for a vertical region.
+
+    Returns the words (frame pixels), the stroke-contrast map (float32, rows x cols of a window: the region
+    widened along its reading direction by ``extend_max`` x its line height, clipped to the frame, so that a
+    text line can grow past the region over the ink that continues it) and the window's (x0, y0) in the frame.
+    """
     from etl.deid.text_regions import ink_maps, page
 
+    rows, cols = frame.shape
     x0, y0, x1, y1 = region.box
-    crop = frame[y0:y1, x0:x1].astype(np.float32)
+    reach = int(policy.extend_max * region.line_px)
+    wx0, wx1 = (x0, x1) if region.vertical else (max(0, x0 - reach), min(cols, x1 + reach))
+    wy0, wy1 = (max(0, y0 - reach), min(rows, y1 + reach)) if region.vertical else (y0, y1)
+    window = frame[wy0:wy1, wx0:wx1].astype(np.float32)
     k = max(policy.tophat_px, int(round(0.8 * region.line_px)) | 1)
-    bright_ink, dark_ink = ink_maps(crop, k)
-    ink = bright_ink if region.bright else dark_ink
+    bright_w, dark_w = ink_maps(window, k)
+    inner = np.s_[y0 - wy0:y1 - wy0, x0 - wx0:x1 - wx0]
+    crop, ink = window[inner], (bright_w if region.bright else dark_w)[inner]
     top = float(np.percentile(ink, 99.5)) if ink.size else 0.0  # the region's strongest strokes print black
     pg = page(ink, policy.min_ink, max(policy.tophat_gain, 255.0 / max(top - policy.min_ink, 16.0)))
     height = min(region.line_px, _stroke_rows(ink, policy.min_ink, region.vertical) or region.line_px)
@@ -574,7 +591,7 @@ def read_region(frame: np.ndarray, region: Region, policy: TextPolicy) -> tuple[
                            vertical=region.vertical)
     shifted = [Word(w.text, w.conf, (w.box[0] + x0, w.box[1] + y0, w.box[2] + x0, w.box[3] + y0), w.vertical)
                for w in words]
-    return shifted, np.maximum(bright_ink, dark_ink)
+    return shifted, np.maximum(bright_w, dark_w), (wx0, wy0)
 
 
 def _stroke_rows(ink: np.ndarray, floor: float, vertical: bool) -> int:
@@ -597,12 +614,11 @@ def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify:
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     lines: list[TextLine] = []
     for region in candidate_regions(frame, policy):
-        words, ink = read_region(frame, region, policy)
+        words, ink, (rx0, ry0) = read_region(frame, region, policy)
         words = [w for w in words if _norm(w.text) and w.box[2] > w.box[0] and w.box[3] > w.box[1]
                  and (w.conf >= policy.min_join_confidence or (w.conf >= p_conf and phi.matches(w.text, fuzzy)))]
         found = [classify(ln, policy, phi, verify=verify)
                  for ln in group_lines(words, policy.join_gap, policy.max_height_ratio)]
-        rx0, ry0 = region.box[0], region.box[1]
         for ln in found:
             if ln.reason is None:
                 continue
@@ -610,6 +626,7 @@ def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify:
                 x0, y0, x1, y1 = ln.box
                 local = extend_along_ink(ink, (x0 - rx0, y0 - ry0, x1 - rx0, y1 - ry0), ln.vertical, policy)
                 ln.box = (local[0] + rx0, local[1] + ry0, local[2] + rx0, local[3] + ry0)
+            ln.bright = region.bright
             lines.append(ln)
     return lines
 
@@ -656,6 +673,45 @@ def grown(box: tuple[int, int, int, int], height: int, policy: TextPolicy, rows:
     m = max(policy.margin_px, int(round(policy.margin_fraction * height)))
     x0, y0, x1, y1 = box
     return max(0, x0 - m), max(0, y0 - m), min(cols, x1 + m), min(rows, y1 + m)
+
+
+def uncut(frame: np.ndarray, box: tuple[int, int, int, int], height: int, vertical: bool, bright: bool,
+          policy: TextPolicy) -> tuple[int, int, int, int]:
+    """A blank box whose edges across the reading direction do not cut through strokes.
+
+    A margin that ends inside a neighbouring line (stacked lines of a label block, parallel lines written in a
+    margin) would leave that line's glyphs cut in half: unreadable to the verifying OCR, still readable to a
+    person. Each of the two edges (top / bottom; left / right for vertical text) moves outward while the
+    pixel line just outside it holds stroke ink (top-hat of the line's polarity, structure ``tophat_px``) as
+    strong as the line's own strokes (half their 99th percentile, at least ``min_ink``) over 8% of the box's
+    length or more, at most ``1.5 x height`` per side; an edge that moved gets the line margin
+    (:func:`grown`) again. ``frame`` (rows, cols uint8) is
+    the displayed frame, ``box`` [x0, y0, x1, y1] and ``height`` in its pixels. Returns the box (clipped).
+    """
+    from etl.deid.text_regions import ink_maps
+
+    rows, cols = frame.shape
+    x0, y0, x1, y1 = box
+    reach = int(1.5 * height) + 1
+    wx0, wy0 = (max(0, x0 - reach), y0) if vertical else (x0, max(0, y0 - reach))
+    wx1, wy1 = (min(cols, x1 + reach), y1) if vertical else (x1, min(rows, y1 + reach))
+    if wx1 <= wx0 or wy1 <= wy0:
+        return box
+    b, d = ink_maps(frame[wy0:wy1, wx0:wx1].astype(np.float32), policy.tophat_px)
+    strokes = (b if bright else d).T if vertical else (b if bright else d)  # (across, along)
+    lo, hi = ((x0 - wx0), (x1 - wx0)) if vertical else ((y0 - wy0), (y1 - wy0))
+    own = strokes[lo:hi]
+    thr = max(policy.min_ink, 0.5 * float(np.percentile(own, 99))) if own.size else policy.min_ink
+    need = max(2, int(0.08 * strokes.shape[1]))
+    lines = strokes >= thr
+    lo0, hi0 = lo, hi
+    while lo > 0 and int(lines[lo - 1].sum()) >= need:
+        lo -= 1
+    while hi < lines.shape[0] and int(lines[hi].sum()) >= need:
+        hi += 1
+    m = max(policy.margin_px, int(round(policy.margin_fraction * height)))  # a moved edge gets the margin again
+    lo, hi = (max(0, lo - m) if lo < lo0 else lo), (min(lines.shape[0], hi + m) if hi > hi0 else hi)
+    return (lo + wx0, y0, hi + wx0, y1) if vertical else (x0, lo + wy0, x1, hi + wy0)
 
 
 # ---- the step --------------------------------------------------------------------------------------------
@@ -754,7 +810,10 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
             if ln.allowed:
                 out.kept_markers += 1
                 continue
-            boxes.append((label, grown(ln.box, ln.height, policy, h, w), ln.reason or "word"))
+            box = grown(ln.box, ln.height, policy, h, w)
+            if ln.height <= policy.max_line_px:  # a line of legible text, not a "line" OCR drew over anatomy
+                box = uncut(frame, box, ln.height, ln.vertical, ln.bright, policy)
+            boxes.append((label, box, ln.reason or "word"))
     if not boxes:
         return out
     cleaned = np.array(stacked, copy=True)

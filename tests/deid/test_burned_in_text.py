@@ -14,7 +14,7 @@ from PIL import Image, ImageDraw, ImageFont
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
-from etl.deid.burned_in_text import PhiTokens, TextLine, Word, classify, group_lines, load_text_policy
+from etl.deid.burned_in_text import PhiTokens, TextLine, Word, classify, group_lines, load_text_policy, uncut
 from etl.deid.dicom import DeidentificationError, deidentify_dataset
 from etl.deid.policy import build_policy
 from schemas.config import BurnedInTextConfig, DeidConfig, OcrOffRule
@@ -36,6 +36,47 @@ def test_phi_tokens_names_any_order_ids_and_dates_in_any_format():
     assert phi.matches("DAVIDS0N")  # one OCR edit on a long token
     for word in ("PORTABLE", "L", "1234567", "03.02.1990", "SUPINE"):
         assert not phi.matches(word), word
+
+
+def test_an_age_is_a_token_with_its_unit_and_a_one_digit_age_only_with_it():
+    ds = _header()
+    ds.PatientAge = "008Y"
+    phi = PhiTokens.from_dataset(ds)
+    for word in ("8Y", "8 Y", "008Y"):
+        assert phi.matches(word), word
+    assert not phi.matches("8") and not phi.matches("Y")
+    assert PhiTokens.from_dataset(_header()).matches("35 Y")  # 035Y
+
+
+def test_a_phi_token_ocr_split_in_two_words_makes_the_line_phi():
+    ds = _header()
+    ds.PatientAge = "008Y"
+    policy, phi = load_text_policy(), PhiTokens.from_dataset(ds)
+    words = [Word("8", 72, (10, 10, 22, 28)), Word("Y", 72, (28, 10, 42, 28))]
+    (line,) = group_lines(words, 1.6)
+    assert classify(line, policy, phi).reason == "phi"
+    far = [Word("8", 72, (10, 10, 22, 28)), Word("Q", 72, (28, 10, 42, 28))]
+    (other,) = group_lines(far, 1.6)
+    assert classify(other, policy, phi).reason is None
+
+
+def _bars(rows: list[tuple[int, int]]) -> np.ndarray:
+    """A 120 x 200 dark frame with glyph-like bright strokes (2 px wide, every 6 px) in the given row bands."""
+    frame = np.full((120, 200), 20, np.uint8)
+    for y0, y1 in rows:
+        for x in range(20, 180, 6):
+            frame[y0:y1, x:x + 2] = 230
+    return frame
+
+
+def test_a_blank_edge_that_cuts_a_neighbouring_line_moves_past_it_and_one_in_background_stays():
+    policy = load_text_policy()
+    frame = _bars([(30, 44), (50, 64)])  # two stacked lines, 6 px apart
+    # the first line's box, grown by a margin that ends inside the second line (row 54)
+    x0, y0, x1, y1 = uncut(frame, (15, 25, 185, 54), 14, False, True, policy)
+    assert (x0, x1) == (15, 185) and y0 == 25
+    assert y1 >= 64 + policy.margin_px  # the whole second line and a margin
+    assert uncut(_bars([(30, 44)]), (15, 25, 185, 49), 14, False, True, policy) == (15, 25, 185, 49)
 
 
 def _line(*texts: str, conf: float = 90.0) -> TextLine:
