@@ -98,6 +98,7 @@ class TextPolicy:
     margin_fraction: float
     allow_list: frozenset[str]
     verify: dict[str, float]
+    unreadable: dict[str, float]
 
 
 @lru_cache(maxsize=4)
@@ -127,7 +128,8 @@ def load_text_policy(path: str | None = None) -> TextPolicy:
             max_height_ratio=float(data["max_height_ratio"]), min_join_confidence=float(data["min_join_confidence"]),
             margin_px=int(data["margin_px"]),
             margin_fraction=float(data["margin_fraction"]),
-            allow_list=frozenset(_norm(w) for w in data["allow_list"]), verify=dict(data["verify"]))
+            allow_list=frozenset(_norm(w) for w in data["allow_list"]), verify=dict(data["verify"]),
+            unreadable=dict(data["unreadable"]))
     except (KeyError, TypeError, ValueError) as err:
         raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
 
@@ -604,12 +606,17 @@ def _stroke_rows(ink: np.ndarray, floor: float, vertical: bool) -> int:
     return int(np.median(runs)) if runs.size else 0
 
 
-def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False) -> list[TextLine]:
+def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False,
+               unread: list | None = None, blanked: np.ndarray | None = None) -> list[TextLine]:
     """Text lines of one displayed frame (rows, cols uint8) that the policy calls text (allowed ones included,
     flagged): :func:`candidate_regions`, then :func:`read_region` on each; words join into lines
     (:func:`group_lines`), are classified (:func:`classify`), and each text line's box is grown along its
     reading direction over the stroke ink that continues it within the line height
-    (:func:`extend_along_ink`), so words OCR did not read with confidence are covered too."""
+    (:func:`extend_along_ink`), so words OCR did not read with confidence are covered too.
+
+    With ``unread`` (a list), the box [x0, y0, x1, y1] (frame pixels) of each row of character-like glyphs
+    (:func:`unreadable_row`) in a candidate region outside its text lines and outside ``blanked`` (rows, cols
+    bool, pixels already blanked) is appended to it: text OCR could not read."""
     p_conf = policy.verify["phi_min_confidence"] if verify else policy.phi["min_confidence"]
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     lines: list[TextLine] = []
@@ -628,7 +635,71 @@ def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify:
                 ln.box = (local[0] + rx0, local[1] + ry0, local[2] + rx0, local[3] + ry0)
             ln.bright = region.bright
             lines.append(ln)
+        if unread is not None and policy.unreadable["enabled"]:
+            row = unreadable_row(frame, region, [ln.box for ln in found if ln.reason is not None], policy,
+                                 blanked)
+            if row is not None:
+                unread.append(row)
     return lines
+
+
+def unreadable_row(frame: np.ndarray, region: Region, text_boxes: list[tuple[int, int, int, int]],
+                   policy: TextPolicy, blanked: np.ndarray | None = None) -> tuple[int, int, int, int] | None:
+    """A row of character-like glyphs (:func:`etl.deid.text_regions.glyph_row`, thresholds ``unreadable`` of
+    the policy) in one candidate region of a displayed frame (rows, cols uint8), on the top-hat of the
+    region's polarity (structure ``max(tophat_px, 0.8 x line height)``), with the boxes of its text lines
+    (read, blanked or allowed) and the pixels of ``blanked`` (rows, cols bool, grown by 2 px: a blank edge is
+    no glyph) left out. Returns its box [x0, y0, x1, y1] in frame pixels, or None."""
+    from scipy import ndimage as ndi
+
+    from etl.deid.text_regions import glyph_row, ink_maps
+
+    x0, y0, x1, y1 = region.box
+    if x1 - x0 < 3 or y1 - y0 < 3:
+        return None
+    k = max(policy.tophat_px, int(round(0.8 * region.line_px)) | 1)
+    b, d = ink_maps(frame[y0:y1, x0:x1].astype(np.float32), k)
+    ink = b if region.bright else d
+    for bx0, by0, bx1, by1 in text_boxes:
+        ink[max(0, by0 - y0):max(0, by1 - y0), max(0, bx0 - x0):max(0, bx1 - x0)] = 0
+    if blanked is not None and blanked[y0:y1, x0:x1].any():
+        ink[ndi.binary_dilation(blanked[y0:y1, x0:x1], iterations=2)] = 0
+    u = policy.unreadable
+    if region.vertical:
+        ink = np.ascontiguousarray(np.rot90(ink, -1))  # bottom-to-top text read left to right
+    row = glyph_row(ink, policy.min_ink, min_px=int(u["min_glyph_px"]), max_px=int(u["max_glyph_px"]),
+                    min_glyphs=int(u["min_glyphs"]), height_ratio=float(u["height_ratio"]),
+                    baseline_tol=float(u["baseline_tol"]), max_gap=float(u["max_gap"]),
+                    max_stroke=float(u["max_stroke"]), min_fill=float(u["min_fill"]), max_fill=float(u["max_fill"]))
+    if row is None:
+        return None
+    rx0, ry0, rx1, ry1 = row
+    if region.vertical:  # turned clockwise: (r', c') = (c, rows - 1 - r)
+        h = y1 - y0
+        rx0, ry0, rx1, ry1 = ry0, h - rx1, ry1, h - rx0
+    return (rx0 + x0, ry0 + y0, rx1 + x0, ry1 + y0)
+
+
+def along_ink(frame: np.ndarray, box: tuple[int, int, int, int], policy: TextPolicy) -> tuple[int, int, int, int]:
+    """A horizontal glyph row ``box`` [x0, y0, x1, y1] of a displayed frame (rows, cols uint8) grown along the
+    stroke ink of either polarity (top-hats, structure ``tophat_px``) that continues it (:func:`extend_along_ink`,
+    within ``extend_max`` x its height), so the words the row did not reach are blanked with it."""
+    from etl.deid.text_regions import ink_maps
+
+    rows, cols = frame.shape
+    x0, y0, x1, y1 = box
+    reach = int(policy.extend_max * (y1 - y0))
+    wx0, wx1 = max(0, x0 - reach), min(cols, x1 + reach)
+    b, d = ink_maps(frame[y0:y1, wx0:wx1].astype(np.float32), policy.tophat_px)
+    lx0, _, lx1, _ = extend_along_ink(np.maximum(b, d), (x0 - wx0, 0, x1 - wx0, y1 - y0), False, policy)
+    return (lx0 + wx0, y0, lx1 + wx0, y1)
+
+
+def in_margin(box: tuple[int, int, int, int], rows: int, cols: int, band: float) -> bool:
+    """True when ``box`` [x0, y0, x1, y1] lies wholly in the outer ``band`` share of the image on one side
+    (top, bottom, left or right strip), where labels are written, not anatomy."""
+    x0, y0, x1, y1 = box
+    return x1 <= band * cols or x0 >= (1 - band) * cols or y1 <= band * rows or y0 >= (1 - band) * rows
 
 
 def extend_along_ink(ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool,
@@ -805,8 +876,11 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     out.frames_read = len(todo)
     n, h, w = stacked.shape[:3]
     boxes: list[tuple[Any, tuple[int, int, int, int], str]] = []
+    band = float(policy.unreadable["margin_band"])
+    pending: list[tuple[Any, tuple[int, int, int, int]]] = []
     for label, frame in todo:
-        for ln in read_lines(frame, policy, phi):
+        unread: list = []
+        for ln in read_lines(frame, policy, phi, unread=unread):
             if ln.allowed:
                 out.kept_markers += 1
                 continue
@@ -814,7 +888,17 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
             if ln.height <= policy.max_line_px:  # a line of legible text, not a "line" OCR drew over anatomy
                 box = uncut(frame, box, ln.height, ln.vertical, ln.bright, policy)
             boxes.append((label, box, ln.reason or "word"))
+        for row in unread:  # glyphs OCR cannot read: blanked in the image margin, else the verify pass decides
+            if in_margin(row, h, w, band):
+                rh = row[3] - row[1]
+                row = along_ink(frame, row, policy)
+                boxes.append((label, uncut(frame, grown(row, rh, policy, h, w), rh, False, True, policy),
+                              "unreadable"))
+            else:
+                pending.append((label, row))
     if not boxes:
+        if pending:  # nothing blanked, so no verify pass: the unread rows stand as they were found
+            _raise_unreadable(*pending[0])
         return out
     cleaned = np.array(stacked, copy=True)
     fill = fill_value(stacked, photometric)
@@ -827,15 +911,32 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     out.pixels_blanked = int(mask.sum())
     # verify: read the cleaned frames again (same frames / composites), fail closed on anything left
     disp2 = display_frames(ds, cleaned)
-    for _label, frame in _frames_to_read(disp2, policy):
-        left = [ln for ln in read_lines(frame, policy, phi, verify=True) if not ln.allowed]
+    for (label, frame), fmask in zip(_frames_to_read(disp2, policy), _frame_masks(mask, todo)):
+        unread = []
+        left = [ln for ln in read_lines(frame, policy, phi, verify=True, unread=unread, blanked=fmask)
+                if not ln.allowed]
         if left:
             raise BurnedInTextError(
                 "burned_in_text_remaining",
                 f"{len(left)} text region(s) still read after blanking ({', '.join(sorted({ln.reason or '' for ln in left}))})")
+        if unread:
+            _raise_unreadable(label, unread[0])
     _write_pixels(ds, cleaned if frames > 1 else cleaned[0], photometric)
     ds.BurnedInAnnotation = "NO"
     return out
+
+
+def _raise_unreadable(label: Any, box: tuple[int, int, int, int]) -> None:
+    """Fail closed on a row of glyphs OCR could not read (``burned_in_text_unreadable``, naming frame and box)."""
+    raise BurnedInTextError(
+        "burned_in_text_unreadable",
+        f"frame {label}: a row of character-like glyphs at box {list(box)} that OCR cannot read with confidence "
+        "was not blanked")
+
+
+def _frame_masks(mask: np.ndarray, todo: list[tuple[Any, np.ndarray]]) -> list[np.ndarray]:
+    """The blanked pixels (rows, cols bool) of each frame or composite read, in the order of ``todo``."""
+    return [mask.any(axis=0) if label == "all" else mask[int(label)] for label, _ in todo]
 
 
 def _decode(ds) -> np.ndarray:
