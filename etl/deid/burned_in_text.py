@@ -99,6 +99,7 @@ class TextPolicy:
     allow_list: frozenset[str]
     verify: dict[str, float]
     unreadable: dict[str, float]
+    max_line_growth: float
 
 
 @lru_cache(maxsize=4)
@@ -129,7 +130,7 @@ def load_text_policy(path: str | None = None) -> TextPolicy:
             margin_px=int(data["margin_px"]),
             margin_fraction=float(data["margin_fraction"]),
             allow_list=frozenset(_norm(w) for w in data["allow_list"]), verify=dict(data["verify"]),
-            unreadable=dict(data["unreadable"]))
+            unreadable=dict(data["unreadable"]), max_line_growth=float(data["max_line_growth"]))
     except (KeyError, TypeError, ValueError) as err:
         raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
 
@@ -631,7 +632,10 @@ def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify:
                 continue
             if not ln.allowed:
                 x0, y0, x1, y1 = ln.box
-                local = extend_along_ink(ink, (x0 - rx0, y0 - ry0, x1 - rx0, y1 - ry0), ln.vertical, policy)
+                local = (x0 - rx0, y0 - ry0, x1 - rx0, y1 - ry0)
+                if not ln.vertical:  # vertical margin lines keep their OCR box (two lines written side by side)
+                    local = tight_across(ink, local, False, policy)
+                local = extend_along_ink(ink, local, ln.vertical, policy)
                 ln.box = (local[0] + rx0, local[1] + ry0, local[2] + rx0, local[3] + ry0)
             ln.bright = region.bright
             lines.append(ln)
@@ -700,6 +704,38 @@ def in_margin(box: tuple[int, int, int, int], rows: int, cols: int, band: float)
     (top, bottom, left or right strip), where labels are written, not anatomy."""
     x0, y0, x1, y1 = box
     return x1 <= band * cols or x0 >= (1 - band) * cols or y1 <= band * rows or y0 >= (1 - band) * rows
+
+
+def tight_across(ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool,
+                 policy: TextPolicy) -> tuple[int, int, int, int]:
+    """A line box no taller than its strokes: when it holds one glyph band and is more than ``max_line_growth`` x
+    its height (a run of 4 or more rows holding strokes, pixels of at least half the 99th percentile of the box's
+    ``ink``, the top-hat stroke contrast, rows x cols; columns for vertical text), its edges across the reading
+    direction move in to the band widened by half of ``max_line_growth - 1`` x its height each side (the
+    ascenders and descenders around the x-height band of mixed-case text). A row holds strokes when a quarter of the densest row's
+    stroke pixels or more lie on it (text is dense along its line; anatomy texture is not). OCR word boxes can be much taller than the text (a backdrop
+    box, anatomy read with it); the blank then follows the glyphs. ``box`` [x0, y0, x1, y1] in ``ink`` pixels."""
+    x0, y0, x1, y1 = box
+    inside = ink[y0:y1, x0:x1]
+    if inside.size == 0:
+        return box
+    thr = max(policy.min_ink, 0.5 * float(np.percentile(inside, 99)))
+    counts = (inside >= thr).sum(axis=0 if vertical else 1)
+    prof = counts >= max(2, 0.25 * int(counts.max()))  # rows dense with strokes along the line, not anatomy
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], prof.astype(np.int8), [0]))))
+    starts, ends = edges[::2], edges[1::2]
+    keep = (ends - starts) >= 4
+    if not keep.any():
+        return box
+    starts, ends = starts[keep], ends[keep]
+    across = (x1 - x0) if vertical else (y1 - y0)
+    if len(starts) > 1 or across <= policy.max_line_growth * float(ends[0] - starts[0]):
+        return box  # several bands (stacked lines, split glyphs): the edges are left to uncut()
+    lo, hi = int(starts[0]), int(ends[-1])
+    # the dense band of mixed-case text is its x-height: ascenders and descenders reach ~0.3 of it either side
+    pad = int(np.ceil(0.5 * (policy.max_line_growth - 1.0) * (hi - lo)))
+    lo, hi = max(0, lo - pad), min(across, hi + pad)
+    return (x0 + lo, y0, x0 + hi, y1) if vertical else (x0, y0 + lo, x1, y0 + hi)
 
 
 def extend_along_ink(ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool,
