@@ -95,7 +95,7 @@ def merge_lines(boxes: list[Box], heights: list[int], join_gap: float) -> list[t
 
 
 def glyph_row(ink: np.ndarray, floor: float, *, min_px: int = 6, max_px: int = 60, min_glyphs: int = 4,
-              height_ratio: float = 1.5, baseline_tol: float = 0.25, max_gap: float = 1.2,
+              height_ratio: float = 1.5, baseline_tol: float = 0.1, max_gap: float = 0.8,
               max_stroke: float = 0.4, min_fill: float = 0.12, max_fill: float = 0.7) -> Box | None:
     """The longest row of character-like connected components in a stroke-contrast map, or None.
 

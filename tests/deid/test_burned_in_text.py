@@ -203,3 +203,66 @@ def test_an_image_too_small_for_a_line_of_text_is_checked_and_passes(key):
     ds.PixelData = arr.tobytes()
     result = deidentify_dataset(ds, key, "inst")
     assert result.audit["text_checked"] == 1 and not result.text_regions
+
+
+def _glyph_ink(text: str, size: int = 24) -> np.ndarray:
+    """A stroke-contrast map (float32) of ``text`` printed in capitals 120 levels over a flat background."""
+    im = Image.new("L", (40 + size * len(text), 3 * size), 0)
+    ImageDraw.Draw(im).text((10, size), text, fill=120, font=ImageFont.load_default(size=size))
+    return np.asarray(im, dtype=np.float32)
+
+
+def test_a_row_of_character_like_glyphs_is_found_and_blobs_or_a_ragged_row_are_not():
+    from etl.deid.text_regions import glyph_row
+
+    ink = _glyph_ink("ZELENKA 8841207")
+    row = glyph_row(ink, 24.0)
+    assert row is not None
+    x0, y0, x1, y1 = row
+    cols = np.flatnonzero((ink >= 60).any(axis=0))
+    assert x0 <= cols[0] + 30 and y0 >= 20 and y1 <= 52  # the line of 24 px glyphs, from its first letters
+    blobs = np.zeros((80, 400), np.float32)  # filled discs on one baseline: no strokes
+    yy, xx = np.mgrid[0:80, 0:400]
+    for cx in range(30, 380, 40):
+        blobs[(xx - cx) ** 2 + (yy - 40) ** 2 <= 15 ** 2] = 120
+    assert glyph_row(blobs, 24.0) is None
+    ragged = np.zeros((120, 400), np.float32)  # rings of one size on a baseline that wanders (ribs, vessels)
+    for i, cx in enumerate(range(30, 380, 40)):
+        cy = 40 + (0, 9, 3, 12, 1, 8, 14, 2, 10)[i]
+        ring = ((xx - cx) ** 2 + (yy - cy) ** 2 <= 14 ** 2) & ((xx - cx) ** 2 + (yy - cy) ** 2 >= 10 ** 2)
+        ragged[np.pad(ring, ((0, 40), (0, 0)))[:120]] = 120
+    assert glyph_row(ragged, 24.0) is None
+
+
+def test_a_line_box_taller_than_its_one_glyph_band_shrinks_to_it():
+    from etl.deid.burned_in_text import tight_across
+
+    policy = load_text_policy()
+    ink = np.zeros((60, 200), np.float32)
+    ink[20:34, 10:190:6] = 100  # a band of 14 px strokes ...
+    ink[:, 5] = 100  # ... and one vertical edge across the whole box (a backdrop box's side)
+    x0, y0, x1, y1 = tight_across(ink, (0, 0, 200, 60), False, policy)
+    pad = int(np.ceil(0.5 * (policy.max_line_growth - 1.0) * 14))
+    assert (x0, x1) == (0, 200) and (y0, y1) == (20 - pad, 34 + pad)
+    assert tight_across(ink, (0, 16, 200, 38), False, policy) == (0, 16, 200, 38)  # within 1.6 x: as it was
+
+
+def test_text_ocr_cannot_read_inside_the_image_quarantines_the_file(key, monkeypatch):
+    """Glyphs OCR reads with no confidence (here: every word's confidence forced to 0) are still a row of
+    characters: the file is quarantined as burned_in_text_unreadable, naming the frame and the box."""
+    require_ocr()
+    import etl.deid.burned_in_text as bit
+
+    real = bit.ocr_words
+    monkeypatch.setattr(bit, "ocr_words", lambda *a, **k: [bit.Word(w.text, 0.0, w.box, w.vertical)
+                                                           for w in real(*a, **k)])
+    ds = _image(None)
+    arr = ds.pixel_array.copy()
+    im = Image.new("L", (384, 320), 0)
+    ImageDraw.Draw(im).text((100, 150), "ZELENKA 8841207", fill=255, font=ImageFont.load_default(size=24))
+    arr[np.asarray(im) > 128] = 4095
+    ds.PixelData = arr.tobytes()
+    with pytest.raises(DeidentificationError) as err:
+        deidentify_dataset(ds, key, "inst")
+    assert err.value.reason == "burned_in_text_unreadable"
+    assert "frame 0" in str(err.value) and "box [" in str(err.value) and "ZELENKA" not in str(err.value)
