@@ -21,7 +21,9 @@ margins, verification). The steps, per frame of an object with pixels:
    word is PHI; every other text line is blanked (the line box grown by a margin) with the value that
    displays black;
 5. verification: the cleaned image is read again; any line that still passes the ``verify`` thresholds, or any
-   PHI word, raises ``burned_in_text_remaining`` (the file is quarantined).
+   PHI word, raises ``burned_in_text_remaining`` (the file is quarantined); a row of character-like glyphs
+   OCR could not read (:func:`unreadable_row`) left in a candidate region is blanked in the image margin on
+   the first read, else raises ``burned_in_text_unreadable`` (the frame and box named).
 
 Errors are :class:`etl.deid.dicom.DeidentificationError` subclasses' reason codes: ``ocr_unavailable`` (no
 Tesseract language data or no tesserocr), ``pixel_cleaning_failed`` (pixels that cannot be decoded, too large),
@@ -884,7 +886,8 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     ------
     BurnedInTextError
         ``ocr_unavailable``; ``pixel_cleaning_failed`` (pixels that cannot be decoded, larger than
-        ``max_pixels``); ``burned_in_text_remaining`` (text still read after blanking).
+        ``max_pixels``); ``burned_in_text_remaining`` (text still read after blanking);
+        ``burned_in_text_unreadable`` (a row of character-like glyphs OCR cannot read, not in the margin).
     """
     policy = policy or load_text_policy()
     phi = phi if phi is not None else PhiTokens.from_dataset(ds, int(policy.phi["min_token_chars"]))
