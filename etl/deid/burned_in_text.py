@@ -21,7 +21,9 @@ margins, verification). The steps, per frame of an object with pixels:
    word is PHI; every other text line is blanked (the line box grown by a margin) with the value that
    displays black;
 5. verification: the cleaned image is read again; any line that still passes the ``verify`` thresholds, or any
-   PHI word, raises ``burned_in_text_remaining`` (the file is quarantined).
+   PHI word, raises ``burned_in_text_remaining`` (the file is quarantined); a row of character-like glyphs
+   OCR could not read (:func:`unreadable_row`) left in a candidate region is blanked in the image margin on
+   the first read, else raises ``burned_in_text_unreadable`` (the frame and box named).
 
 Errors are :class:`etl.deid.dicom.DeidentificationError` subclasses' reason codes: ``ocr_unavailable`` (no
 Tesseract language data or no tesserocr), ``pixel_cleaning_failed`` (pixels that cannot be decoded, too large),
@@ -98,6 +100,8 @@ class TextPolicy:
     margin_fraction: float
     allow_list: frozenset[str]
     verify: dict[str, float]
+    unreadable: dict[str, float]
+    max_line_growth: float
 
 
 @lru_cache(maxsize=4)
@@ -127,7 +131,8 @@ def load_text_policy(path: str | None = None) -> TextPolicy:
             max_height_ratio=float(data["max_height_ratio"]), min_join_confidence=float(data["min_join_confidence"]),
             margin_px=int(data["margin_px"]),
             margin_fraction=float(data["margin_fraction"]),
-            allow_list=frozenset(_norm(w) for w in data["allow_list"]), verify=dict(data["verify"]))
+            allow_list=frozenset(_norm(w) for w in data["allow_list"]), verify=dict(data["verify"]),
+            unreadable=dict(data["unreadable"]), max_line_growth=float(data["max_line_growth"]))
     except (KeyError, TypeError, ValueError) as err:
         raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
 
@@ -320,7 +325,8 @@ class PhiTokens:
 
     Built by :meth:`from_dataset` before de-identification changes the header: person-name parts, IDs,
     accession, dates (birth, study, series, acquisition, content) in the usual written forms, times (HHMMSS,
-    HHMM), the age number and the institution's words of four letters or more.
+    HHMM), the age number alone and with its unit (PatientAge ``074Y``: ``74``, ``74Y``, ``074Y``; a one-digit
+    age is a token only with its unit, ``8Y``) and the institution's words of four letters or more.
     """
 
     tokens: set[str] = field(default_factory=set)
@@ -348,9 +354,9 @@ class PhiTokens:
             t = re.sub(r"\D", "", s(kw).split(".")[0])
             if len(t) >= 4:
                 toks |= {t[:6], t[:4]}
-        age = re.fullmatch(r"0*(\d{1,3})[DWMY]", s("PatientAge").strip())
-        if age:
-            toks.add(age.group(1))
+        age = re.fullmatch(r"(0*(\d{1,3}))([DWMY])", s("PatientAge").strip())
+        if age:  # "74", and as written with its unit: "74Y" ("74 Y" normalised), "074Y", "8Y"
+            toks |= {age.group(2), age.group(2) + age.group(3), age.group(1) + age.group(3)}
         for kw in ("InstitutionName", "InstitutionAddress", "InstitutionalDepartmentName"):
             for part in re.split(r"[\s,.'-]+", s(kw)):
                 if len(_norm(part)) >= 4:
@@ -399,13 +405,15 @@ def _one_edit(a: str, b: str) -> bool:
 @dataclass
 class TextLine:
     """Words of one line: ``box`` [x0, y0, x1, y1] (exclusive ends) around them; ``reason`` why it is text
-    (``phi``, ``word``, ``line``) or None; ``allowed`` when every word is an allow-listed marker."""
+    (``phi``, ``word``, ``line``) or None; ``allowed`` when every word is an allow-listed marker; ``bright`` the
+    polarity of the region it was read in."""
 
     words: list[Word]
     box: tuple[int, int, int, int]
     vertical: bool
     reason: str | None = None
     allowed: bool = False
+    bright: bool = True  # the text is brighter than its background (the polarity of the region it was read in)
 
     @property
     def height(self) -> int:
@@ -457,13 +465,17 @@ def group_lines(words: list[Word], join_gap: float, max_height_ratio: float = 1.
 
 def classify(line: TextLine, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False) -> TextLine:
     """Set ``line.reason`` (``phi``, ``word``, ``line`` or None) and ``line.allowed`` by the policy thresholds
-    (the ``verify`` ones when ``verify``)."""
+    (the ``verify`` ones when ``verify``). A PHI token is looked for in each word and in each pair of
+    neighbouring words joined (OCR often splits "74 Y" or "01.09. 2012" in two)."""
     w_conf = policy.verify["word_min_confidence"] if verify else policy.word["min_confidence"]
     w_chars = policy.verify["min_chars"] if verify else policy.word["min_chars"]
     p_conf = policy.verify["phi_min_confidence"] if verify else policy.phi["min_confidence"]
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     line.reason = None
-    if any(w.conf >= p_conf and phi.matches(w.text, fuzzy) for w in line.words):
+    sure = [w for w in line.words if w.conf >= p_conf]
+    along = sorted(sure, key=lambda w: w.box[1] if line.vertical else w.box[0])
+    pairs = [a.text + b.text for a, b in zip(along, along[1:])]  # a token OCR split in two ("74" "Y")
+    if any(phi.matches(w.text, fuzzy) for w in sure) or any(phi.matches(t, fuzzy) for t in pairs):
         line.reason = "phi"
     elif any(w.conf >= w_conf and len(_norm(w.text)) >= w_chars for w in line.words) or any(
             w.conf >= policy.word["short_min_confidence"] and len(_norm(w.text)) >= policy.word["short_min_chars"]
@@ -546,19 +558,29 @@ def _overlap_share(box: tuple[int, int, int, int], others: list[tuple[int, int, 
     return float(cover.mean())
 
 
-def read_region(frame: np.ndarray, region: Region, policy: TextPolicy) -> tuple[list[Word], np.ndarray]:
+def read_region(frame: np.ndarray, region: Region, policy: TextPolicy
+                ) -> tuple[list[Word], np.ndarray, tuple[int, int]]:
     """Recognise one region at full resolution: its top-hat page of the region's polarity (structure
     ``max(tophat_px, 0.8 x line height)``, so thick strokes of large text stay whole; contrast stretched so the
     region's strongest strokes print black, so faint text reads like print), enlarged so its smallest
-    line is about ``target_line_px`` high (at most ``max_upscale`` x), turned for a vertical region. Returns the
-    words (frame pixels) and the region's stroke-contrast map (rows, cols float32 of the region)."""
+    line is about ``target_line_px`` high (at most ``max_upscale`` x), turned for a vertical region.
+
+    Returns the words (frame pixels), the stroke-contrast map (float32, rows x cols of a window: the region
+    widened along its reading direction by ``extend_max`` x its line height, clipped to the frame, so that a
+    text line can grow past the region over the ink that continues it) and the window's (x0, y0) in the frame.
+    """
     from etl.deid.text_regions import ink_maps, page
 
+    rows, cols = frame.shape
     x0, y0, x1, y1 = region.box
-    crop = frame[y0:y1, x0:x1].astype(np.float32)
+    reach = int(policy.extend_max * region.line_px)
+    wx0, wx1 = (x0, x1) if region.vertical else (max(0, x0 - reach), min(cols, x1 + reach))
+    wy0, wy1 = (max(0, y0 - reach), min(rows, y1 + reach)) if region.vertical else (y0, y1)
+    window = frame[wy0:wy1, wx0:wx1].astype(np.float32)
     k = max(policy.tophat_px, int(round(0.8 * region.line_px)) | 1)
-    bright_ink, dark_ink = ink_maps(crop, k)
-    ink = bright_ink if region.bright else dark_ink
+    bright_w, dark_w = ink_maps(window, k)
+    inner = np.s_[y0 - wy0:y1 - wy0, x0 - wx0:x1 - wx0]
+    crop, ink = window[inner], (bright_w if region.bright else dark_w)[inner]
     top = float(np.percentile(ink, 99.5)) if ink.size else 0.0  # the region's strongest strokes print black
     pg = page(ink, policy.min_ink, max(policy.tophat_gain, 255.0 / max(top - policy.min_ink, 16.0)))
     height = min(region.line_px, _stroke_rows(ink, policy.min_ink, region.vertical) or region.line_px)
@@ -574,7 +596,7 @@ def read_region(frame: np.ndarray, region: Region, policy: TextPolicy) -> tuple[
                            vertical=region.vertical)
     shifted = [Word(w.text, w.conf, (w.box[0] + x0, w.box[1] + y0, w.box[2] + x0, w.box[3] + y0), w.vertical)
                for w in words]
-    return shifted, np.maximum(bright_ink, dark_ink)
+    return shifted, np.maximum(bright_w, dark_w), (wx0, wy0)
 
 
 def _stroke_rows(ink: np.ndarray, floor: float, vertical: bool) -> int:
@@ -587,31 +609,135 @@ def _stroke_rows(ink: np.ndarray, floor: float, vertical: bool) -> int:
     return int(np.median(runs)) if runs.size else 0
 
 
-def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False) -> list[TextLine]:
+def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False,
+               unread: list | None = None, blanked: np.ndarray | None = None) -> list[TextLine]:
     """Text lines of one displayed frame (rows, cols uint8) that the policy calls text (allowed ones included,
     flagged): :func:`candidate_regions`, then :func:`read_region` on each; words join into lines
     (:func:`group_lines`), are classified (:func:`classify`), and each text line's box is grown along its
     reading direction over the stroke ink that continues it within the line height
-    (:func:`extend_along_ink`), so words OCR did not read with confidence are covered too."""
+    (:func:`extend_along_ink`), so words OCR did not read with confidence are covered too.
+
+    With ``unread`` (a list), the box [x0, y0, x1, y1] (frame pixels) of each row of character-like glyphs
+    (:func:`unreadable_row`) in a candidate region outside its text lines and outside ``blanked`` (rows, cols
+    bool, pixels already blanked) is appended to it: text OCR could not read."""
     p_conf = policy.verify["phi_min_confidence"] if verify else policy.phi["min_confidence"]
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     lines: list[TextLine] = []
     for region in candidate_regions(frame, policy):
-        words, ink = read_region(frame, region, policy)
+        words, ink, (rx0, ry0) = read_region(frame, region, policy)
         words = [w for w in words if _norm(w.text) and w.box[2] > w.box[0] and w.box[3] > w.box[1]
                  and (w.conf >= policy.min_join_confidence or (w.conf >= p_conf and phi.matches(w.text, fuzzy)))]
         found = [classify(ln, policy, phi, verify=verify)
                  for ln in group_lines(words, policy.join_gap, policy.max_height_ratio)]
-        rx0, ry0 = region.box[0], region.box[1]
         for ln in found:
             if ln.reason is None:
                 continue
             if not ln.allowed:
                 x0, y0, x1, y1 = ln.box
-                local = extend_along_ink(ink, (x0 - rx0, y0 - ry0, x1 - rx0, y1 - ry0), ln.vertical, policy)
+                local = (x0 - rx0, y0 - ry0, x1 - rx0, y1 - ry0)
+                if not ln.vertical:  # vertical margin lines keep their OCR box (two lines written side by side)
+                    local = tight_across(ink, local, False, policy)
+                local = extend_along_ink(ink, local, ln.vertical, policy)
                 ln.box = (local[0] + rx0, local[1] + ry0, local[2] + rx0, local[3] + ry0)
+            ln.bright = region.bright
             lines.append(ln)
+        if unread is not None and policy.unreadable["enabled"]:
+            row = unreadable_row(frame, region, [ln.box for ln in found if ln.reason is not None], policy,
+                                 blanked)
+            if row is not None:
+                unread.append(row)
     return lines
+
+
+def unreadable_row(frame: np.ndarray, region: Region, text_boxes: list[tuple[int, int, int, int]],
+                   policy: TextPolicy, blanked: np.ndarray | None = None) -> tuple[int, int, int, int] | None:
+    """A row of character-like glyphs (:func:`etl.deid.text_regions.glyph_row`, thresholds ``unreadable`` of
+    the policy) in one candidate region of a displayed frame (rows, cols uint8), on the top-hat of the
+    region's polarity (structure ``max(tophat_px, 0.8 x line height)``), with the boxes of its text lines
+    (read, blanked or allowed) and the pixels of ``blanked`` (rows, cols bool, grown by 2 px: a blank edge is
+    no glyph) left out. Returns its box [x0, y0, x1, y1] in frame pixels, or None."""
+    from scipy import ndimage as ndi
+
+    from etl.deid.text_regions import glyph_row, ink_maps
+
+    x0, y0, x1, y1 = region.box
+    if x1 - x0 < 3 or y1 - y0 < 3:
+        return None
+    k = max(policy.tophat_px, int(round(0.8 * region.line_px)) | 1)
+    b, d = ink_maps(frame[y0:y1, x0:x1].astype(np.float32), k)
+    ink = b if region.bright else d
+    for bx0, by0, bx1, by1 in text_boxes:
+        ink[max(0, by0 - y0):max(0, by1 - y0), max(0, bx0 - x0):max(0, bx1 - x0)] = 0
+    if blanked is not None and blanked[y0:y1, x0:x1].any():
+        ink[ndi.binary_dilation(blanked[y0:y1, x0:x1], iterations=2)] = 0
+    u = policy.unreadable
+    if region.vertical:
+        ink = np.ascontiguousarray(np.rot90(ink, -1))  # bottom-to-top text read left to right
+    row = glyph_row(ink, policy.min_ink, min_px=int(u["min_glyph_px"]), max_px=int(u["max_glyph_px"]),
+                    min_glyphs=int(u["min_glyphs"]), height_ratio=float(u["height_ratio"]),
+                    baseline_tol=float(u["baseline_tol"]), max_gap=float(u["max_gap"]),
+                    max_stroke=float(u["max_stroke"]), min_fill=float(u["min_fill"]), max_fill=float(u["max_fill"]))
+    if row is None:
+        return None
+    rx0, ry0, rx1, ry1 = row
+    if region.vertical:  # turned clockwise: (r', c') = (c, rows - 1 - r)
+        h = y1 - y0
+        rx0, ry0, rx1, ry1 = ry0, h - rx1, ry1, h - rx0
+    return (rx0 + x0, ry0 + y0, rx1 + x0, ry1 + y0)
+
+
+def along_ink(frame: np.ndarray, box: tuple[int, int, int, int], policy: TextPolicy) -> tuple[int, int, int, int]:
+    """A horizontal glyph row ``box`` [x0, y0, x1, y1] of a displayed frame (rows, cols uint8) grown along the
+    stroke ink of either polarity (top-hats, structure ``tophat_px``) that continues it (:func:`extend_along_ink`,
+    within ``extend_max`` x its height), so the words the row did not reach are blanked with it."""
+    from etl.deid.text_regions import ink_maps
+
+    rows, cols = frame.shape
+    x0, y0, x1, y1 = box
+    reach = int(policy.extend_max * (y1 - y0))
+    wx0, wx1 = max(0, x0 - reach), min(cols, x1 + reach)
+    b, d = ink_maps(frame[y0:y1, wx0:wx1].astype(np.float32), policy.tophat_px)
+    lx0, _, lx1, _ = extend_along_ink(np.maximum(b, d), (x0 - wx0, 0, x1 - wx0, y1 - y0), False, policy)
+    return (lx0 + wx0, y0, lx1 + wx0, y1)
+
+
+def in_margin(box: tuple[int, int, int, int], rows: int, cols: int, band: float) -> bool:
+    """True when ``box`` [x0, y0, x1, y1] lies wholly in the outer ``band`` share of the image on one side
+    (top, bottom, left or right strip), where labels are written, not anatomy."""
+    x0, y0, x1, y1 = box
+    return x1 <= band * cols or x0 >= (1 - band) * cols or y1 <= band * rows or y0 >= (1 - band) * rows
+
+
+def tight_across(ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool,
+                 policy: TextPolicy) -> tuple[int, int, int, int]:
+    """A line box no taller than its strokes: when it holds one glyph band and is more than ``max_line_growth`` x
+    its height (a run of 4 or more rows holding strokes, pixels of at least half the 99th percentile of the box's
+    ``ink``, the top-hat stroke contrast, rows x cols; columns for vertical text), its edges across the reading
+    direction move in to the band widened by half of ``max_line_growth - 1`` x its height each side (the
+    ascenders and descenders around the x-height band of mixed-case text). A row holds strokes when a quarter of the densest row's
+    stroke pixels or more lie on it (text is dense along its line; anatomy texture is not). OCR word boxes can be much taller than the text (a backdrop
+    box, anatomy read with it); the blank then follows the glyphs. ``box`` [x0, y0, x1, y1] in ``ink`` pixels."""
+    x0, y0, x1, y1 = box
+    inside = ink[y0:y1, x0:x1]
+    if inside.size == 0:
+        return box
+    thr = max(policy.min_ink, 0.5 * float(np.percentile(inside, 99)))
+    counts = (inside >= thr).sum(axis=0 if vertical else 1)
+    prof = counts >= max(2, 0.25 * int(counts.max()))  # rows dense with strokes along the line, not anatomy
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], prof.astype(np.int8), [0]))))
+    starts, ends = edges[::2], edges[1::2]
+    keep = (ends - starts) >= 4
+    if not keep.any():
+        return box
+    starts, ends = starts[keep], ends[keep]
+    across = (x1 - x0) if vertical else (y1 - y0)
+    if len(starts) > 1 or across <= policy.max_line_growth * float(ends[0] - starts[0]):
+        return box  # several bands (stacked lines, split glyphs): the edges are left to uncut()
+    lo, hi = int(starts[0]), int(ends[-1])
+    # the dense band of mixed-case text is its x-height: ascenders and descenders reach ~0.3 of it either side
+    pad = int(np.ceil(0.5 * (policy.max_line_growth - 1.0) * (hi - lo)))
+    lo, hi = max(0, lo - pad), min(across, hi + pad)
+    return (x0 + lo, y0, x0 + hi, y1) if vertical else (x0, y0 + lo, x1, y0 + hi)
 
 
 def extend_along_ink(ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool,
@@ -656,6 +782,45 @@ def grown(box: tuple[int, int, int, int], height: int, policy: TextPolicy, rows:
     m = max(policy.margin_px, int(round(policy.margin_fraction * height)))
     x0, y0, x1, y1 = box
     return max(0, x0 - m), max(0, y0 - m), min(cols, x1 + m), min(rows, y1 + m)
+
+
+def uncut(frame: np.ndarray, box: tuple[int, int, int, int], height: int, vertical: bool, bright: bool,
+          policy: TextPolicy) -> tuple[int, int, int, int]:
+    """A blank box whose edges across the reading direction do not cut through strokes.
+
+    A margin that ends inside a neighbouring line (stacked lines of a label block, parallel lines written in a
+    margin) would leave that line's glyphs cut in half: unreadable to the verifying OCR, still readable to a
+    person. Each of the two edges (top / bottom; left / right for vertical text) moves outward while the
+    pixel line just outside it holds stroke ink (top-hat of the line's polarity, structure ``tophat_px``) as
+    strong as the line's own strokes (half their 99th percentile, at least ``min_ink``) over 8% of the box's
+    length or more, at most ``1.5 x height`` per side; an edge that moved gets the line margin
+    (:func:`grown`) again. ``frame`` (rows, cols uint8) is
+    the displayed frame, ``box`` [x0, y0, x1, y1] and ``height`` in its pixels. Returns the box (clipped).
+    """
+    from etl.deid.text_regions import ink_maps
+
+    rows, cols = frame.shape
+    x0, y0, x1, y1 = box
+    reach = int(1.5 * height) + 1
+    wx0, wy0 = (max(0, x0 - reach), y0) if vertical else (x0, max(0, y0 - reach))
+    wx1, wy1 = (min(cols, x1 + reach), y1) if vertical else (x1, min(rows, y1 + reach))
+    if wx1 <= wx0 or wy1 <= wy0:
+        return box
+    b, d = ink_maps(frame[wy0:wy1, wx0:wx1].astype(np.float32), policy.tophat_px)
+    strokes = (b if bright else d).T if vertical else (b if bright else d)  # (across, along)
+    lo, hi = ((x0 - wx0), (x1 - wx0)) if vertical else ((y0 - wy0), (y1 - wy0))
+    own = strokes[lo:hi]
+    thr = max(policy.min_ink, 0.5 * float(np.percentile(own, 99))) if own.size else policy.min_ink
+    need = max(2, int(0.08 * strokes.shape[1]))
+    lines = strokes >= thr
+    lo0, hi0 = lo, hi
+    while lo > 0 and int(lines[lo - 1].sum()) >= need:
+        lo -= 1
+    while hi < lines.shape[0] and int(lines[hi].sum()) >= need:
+        hi += 1
+    m = max(policy.margin_px, int(round(policy.margin_fraction * height)))  # a moved edge gets the margin again
+    lo, hi = (max(0, lo - m) if lo < lo0 else lo), (min(lines.shape[0], hi + m) if hi > hi0 else hi)
+    return (lo + wx0, y0, hi + wx0, y1) if vertical else (x0, lo + wy0, x1, hi + wy0)
 
 
 # ---- the step --------------------------------------------------------------------------------------------
@@ -721,7 +886,8 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     ------
     BurnedInTextError
         ``ocr_unavailable``; ``pixel_cleaning_failed`` (pixels that cannot be decoded, larger than
-        ``max_pixels``); ``burned_in_text_remaining`` (text still read after blanking).
+        ``max_pixels``); ``burned_in_text_remaining`` (text still read after blanking);
+        ``burned_in_text_unreadable`` (a row of character-like glyphs OCR cannot read, not in the margin).
     """
     policy = policy or load_text_policy()
     phi = phi if phi is not None else PhiTokens.from_dataset(ds, int(policy.phi["min_token_chars"]))
@@ -749,13 +915,29 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     out.frames_read = len(todo)
     n, h, w = stacked.shape[:3]
     boxes: list[tuple[Any, tuple[int, int, int, int], str]] = []
+    band = float(policy.unreadable["margin_band"])
+    pending: list[tuple[Any, tuple[int, int, int, int]]] = []
     for label, frame in todo:
-        for ln in read_lines(frame, policy, phi):
+        unread: list = []
+        for ln in read_lines(frame, policy, phi, unread=unread):
             if ln.allowed:
                 out.kept_markers += 1
                 continue
-            boxes.append((label, grown(ln.box, ln.height, policy, h, w), ln.reason or "word"))
+            box = grown(ln.box, ln.height, policy, h, w)
+            if ln.height <= policy.max_line_px:  # a line of legible text, not a "line" OCR drew over anatomy
+                box = uncut(frame, box, ln.height, ln.vertical, ln.bright, policy)
+            boxes.append((label, box, ln.reason or "word"))
+        for row in unread:  # glyphs OCR cannot read: blanked in the image margin, else the verify pass decides
+            if in_margin(row, h, w, band):
+                rh = row[3] - row[1]
+                row = along_ink(frame, row, policy)
+                boxes.append((label, uncut(frame, grown(row, rh, policy, h, w), rh, False, True, policy),
+                              "unreadable"))
+            else:
+                pending.append((label, row))
     if not boxes:
+        if pending:  # nothing blanked, so no verify pass: the unread rows stand as they were found
+            _raise_unreadable(*pending[0])
         return out
     cleaned = np.array(stacked, copy=True)
     fill = fill_value(stacked, photometric)
@@ -768,15 +950,32 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     out.pixels_blanked = int(mask.sum())
     # verify: read the cleaned frames again (same frames / composites), fail closed on anything left
     disp2 = display_frames(ds, cleaned)
-    for _label, frame in _frames_to_read(disp2, policy):
-        left = [ln for ln in read_lines(frame, policy, phi, verify=True) if not ln.allowed]
+    for (label, frame), fmask in zip(_frames_to_read(disp2, policy), _frame_masks(mask, todo)):
+        unread = []
+        left = [ln for ln in read_lines(frame, policy, phi, verify=True, unread=unread, blanked=fmask)
+                if not ln.allowed]
         if left:
             raise BurnedInTextError(
                 "burned_in_text_remaining",
                 f"{len(left)} text region(s) still read after blanking ({', '.join(sorted({ln.reason or '' for ln in left}))})")
+        if unread:
+            _raise_unreadable(label, unread[0])
     _write_pixels(ds, cleaned if frames > 1 else cleaned[0], photometric)
     ds.BurnedInAnnotation = "NO"
     return out
+
+
+def _raise_unreadable(label: Any, box: tuple[int, int, int, int]) -> None:
+    """Fail closed on a row of glyphs OCR could not read (``burned_in_text_unreadable``, naming frame and box)."""
+    raise BurnedInTextError(
+        "burned_in_text_unreadable",
+        f"frame {label}: a row of character-like glyphs at box {list(box)} that OCR cannot read with confidence "
+        "was not blanked")
+
+
+def _frame_masks(mask: np.ndarray, todo: list[tuple[Any, np.ndarray]]) -> list[np.ndarray]:
+    """The blanked pixels (rows, cols bool) of each frame or composite read, in the order of ``todo``."""
+    return [mask.any(axis=0) if label == "all" else mask[int(label)] for label, _ in todo]
 
 
 def _decode(ds) -> np.ndarray:

@@ -92,3 +92,70 @@ def merge_lines(boxes: list[Box], heights: list[int], join_gap: float) -> list[t
         groups.setdefault(find(i), []).append(i)
     return [((min(boxes[i][0] for i in g), min(boxes[i][1] for i in g), max(boxes[i][2] for i in g),
               max(boxes[i][3] for i in g)), g) for g in groups.values()]
+
+
+def glyph_row(ink: np.ndarray, floor: float, *, min_px: int = 6, max_px: int = 60, min_glyphs: int = 4,
+              height_ratio: float = 1.5, baseline_tol: float = 0.1, max_gap: float = 0.8,
+              max_stroke: float = 0.4, min_fill: float = 0.12, max_fill: float = 0.7) -> Box | None:
+    """The longest row of character-like connected components in a stroke-contrast map, or None.
+
+    ``ink`` (rows, cols float) is a top-hat (stroke contrast, display levels) of one text polarity; strokes are
+    the pixels at or above ``max(floor, 0.5 x its 99th percentile)`` (8-connected components). A component is
+    character-like when it is ``min_px``..``max_px`` high, 0.15..1.6 x its height wide, fills ``min_fill``..
+    ``max_fill`` of its box (strokes, not blobs) and its stroke width (twice the largest Euclidean distance to
+    the background, :func:`scipy.ndimage.distance_transform_edt`) is at most ``max_stroke`` x its height.
+    A row is at least ``min_glyphs`` such components in reading order with heights within ``height_ratio`` of
+    the row's median, bottoms (baseline) and tops (cap line: glyphs of one case) within ``baseline_tol`` x the
+    median height of the row's first component's, and gaps of at most ``max_gap`` x the median height: the regular baseline, heights and spacing
+    of printed text (the usual connected-component text test, e.g. Epshtein et al., CVPR 2010, section 3.3).
+
+    Returns the row's box [x0, y0, x1, y1] in ``ink`` pixels (exclusive ends).
+    """
+    if ink.size == 0:
+        return None
+    thr = max(floor, 0.5 * float(np.percentile(ink, 99)))
+    mask = ink >= thr
+    lab, n = ndi.label(mask, structure=np.ones((3, 3), bool))
+    if n < min_glyphs:
+        return None
+    glyphs = []
+    for i, sl in enumerate(ndi.find_objects(lab), start=1):
+        if sl is None:
+            continue
+        h, w = sl[0].stop - sl[0].start, sl[1].stop - sl[1].start
+        if not (min_px <= h <= max_px and 0.15 * h <= w <= 1.6 * h):
+            continue
+        comp = lab[sl] == i
+        fill = float(comp.mean())
+        if not min_fill <= fill <= max_fill:
+            continue
+        stroke = 2.0 * float(ndi.distance_transform_edt(np.pad(comp, 1)).max())
+        if stroke > max_stroke * h:
+            continue
+        glyphs.append((sl[1].start, sl[0].start, sl[1].stop, sl[0].stop))
+    if len(glyphs) < min_glyphs:
+        return None
+    glyphs.sort()
+    best: list[Box] = []
+    for s in range(len(glyphs)):  # greedy chains from each start, in reading order
+        row = [glyphs[s]]
+        for g in glyphs[s + 1:]:
+            last = row[-1]
+            hs = sorted(b[3] - b[1] for b in row)
+            hm = hs[len(hs) // 2]
+            gh = g[3] - g[1]
+            gap = g[0] - last[2]
+            if gap > max_gap * hm:
+                if g[0] - last[2] > 3 * max_px:
+                    break
+                continue
+            if (gap >= -0.1 * hm and max(gh, hm) <= height_ratio * min(gh, hm)
+                    and abs(g[3] - row[0][3]) <= max(1.0, baseline_tol * hm)
+                    and abs(g[1] - row[0][1]) <= max(1.0, baseline_tol * hm)):
+                row.append(g)
+        if len(row) > len(best):
+            best = row
+    if len(best) < min_glyphs:
+        return None
+    glyph_row.last = best  # the glyph boxes of the last row found (diagnostics)
+    return (min(b[0] for b in best), min(b[1] for b in best), max(b[2] for b in best), max(b[3] for b in best))

@@ -14,7 +14,7 @@ from PIL import Image, ImageDraw, ImageFont
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
-from etl.deid.burned_in_text import PhiTokens, TextLine, Word, classify, group_lines, load_text_policy
+from etl.deid.burned_in_text import PhiTokens, TextLine, Word, classify, group_lines, load_text_policy, uncut
 from etl.deid.dicom import DeidentificationError, deidentify_dataset
 from etl.deid.policy import build_policy
 from schemas.config import BurnedInTextConfig, DeidConfig, OcrOffRule
@@ -36,6 +36,47 @@ def test_phi_tokens_names_any_order_ids_and_dates_in_any_format():
     assert phi.matches("DAVIDS0N")  # one OCR edit on a long token
     for word in ("PORTABLE", "L", "1234567", "03.02.1990", "SUPINE"):
         assert not phi.matches(word), word
+
+
+def test_an_age_is_a_token_with_its_unit_and_a_one_digit_age_only_with_it():
+    ds = _header()
+    ds.PatientAge = "008Y"
+    phi = PhiTokens.from_dataset(ds)
+    for word in ("8Y", "8 Y", "008Y"):
+        assert phi.matches(word), word
+    assert not phi.matches("8") and not phi.matches("Y")
+    assert PhiTokens.from_dataset(_header()).matches("35 Y")  # 035Y
+
+
+def test_a_phi_token_ocr_split_in_two_words_makes_the_line_phi():
+    ds = _header()
+    ds.PatientAge = "008Y"
+    policy, phi = load_text_policy(), PhiTokens.from_dataset(ds)
+    words = [Word("8", 72, (10, 10, 22, 28)), Word("Y", 72, (28, 10, 42, 28))]
+    (line,) = group_lines(words, 1.6)
+    assert classify(line, policy, phi).reason == "phi"
+    far = [Word("8", 72, (10, 10, 22, 28)), Word("Q", 72, (28, 10, 42, 28))]
+    (other,) = group_lines(far, 1.6)
+    assert classify(other, policy, phi).reason is None
+
+
+def _bars(rows: list[tuple[int, int]]) -> np.ndarray:
+    """A 120 x 200 dark frame with glyph-like bright strokes (2 px wide, every 6 px) in the given row bands."""
+    frame = np.full((120, 200), 20, np.uint8)
+    for y0, y1 in rows:
+        for x in range(20, 180, 6):
+            frame[y0:y1, x:x + 2] = 230
+    return frame
+
+
+def test_a_blank_edge_that_cuts_a_neighbouring_line_moves_past_it_and_one_in_background_stays():
+    policy = load_text_policy()
+    frame = _bars([(30, 44), (50, 64)])  # two stacked lines, 6 px apart
+    # the first line's box, grown by a margin that ends inside the second line (row 54)
+    x0, y0, x1, y1 = uncut(frame, (15, 25, 185, 54), 14, False, True, policy)
+    assert (x0, x1) == (15, 185) and y0 == 25
+    assert y1 >= 64 + policy.margin_px  # the whole second line and a margin
+    assert uncut(_bars([(30, 44)]), (15, 25, 185, 49), 14, False, True, policy) == (15, 25, 185, 49)
 
 
 def _line(*texts: str, conf: float = 90.0) -> TextLine:
@@ -162,3 +203,66 @@ def test_an_image_too_small_for_a_line_of_text_is_checked_and_passes(key):
     ds.PixelData = arr.tobytes()
     result = deidentify_dataset(ds, key, "inst")
     assert result.audit["text_checked"] == 1 and not result.text_regions
+
+
+def _glyph_ink(text: str, size: int = 24) -> np.ndarray:
+    """A stroke-contrast map (float32) of ``text`` printed in capitals 120 levels over a flat background."""
+    im = Image.new("L", (40 + size * len(text), 3 * size), 0)
+    ImageDraw.Draw(im).text((10, size), text, fill=120, font=ImageFont.load_default(size=size))
+    return np.asarray(im, dtype=np.float32)
+
+
+def test_a_row_of_character_like_glyphs_is_found_and_blobs_or_a_ragged_row_are_not():
+    from etl.deid.text_regions import glyph_row
+
+    ink = _glyph_ink("ZELENKA 8841207")
+    row = glyph_row(ink, 24.0)
+    assert row is not None
+    x0, y0, x1, y1 = row
+    cols = np.flatnonzero((ink >= 60).any(axis=0))
+    assert x0 <= cols[0] + 30 and y0 >= 20 and y1 <= 52  # the line of 24 px glyphs, from its first letters
+    blobs = np.zeros((80, 400), np.float32)  # filled discs on one baseline: no strokes
+    yy, xx = np.mgrid[0:80, 0:400]
+    for cx in range(30, 380, 40):
+        blobs[(xx - cx) ** 2 + (yy - 40) ** 2 <= 15 ** 2] = 120
+    assert glyph_row(blobs, 24.0) is None
+    ragged = np.zeros((120, 400), np.float32)  # rings of one size on a baseline that wanders (ribs, vessels)
+    for i, cx in enumerate(range(30, 380, 40)):
+        cy = 40 + (0, 9, 3, 12, 1, 8, 14, 2, 10)[i]
+        ring = ((xx - cx) ** 2 + (yy - cy) ** 2 <= 14 ** 2) & ((xx - cx) ** 2 + (yy - cy) ** 2 >= 10 ** 2)
+        ragged[np.pad(ring, ((0, 40), (0, 0)))[:120]] = 120
+    assert glyph_row(ragged, 24.0) is None
+
+
+def test_a_line_box_taller_than_its_one_glyph_band_shrinks_to_it():
+    from etl.deid.burned_in_text import tight_across
+
+    policy = load_text_policy()
+    ink = np.zeros((60, 200), np.float32)
+    ink[20:34, 10:190:6] = 100  # a band of 14 px strokes ...
+    ink[:, 5] = 100  # ... and one vertical edge across the whole box (a backdrop box's side)
+    x0, y0, x1, y1 = tight_across(ink, (0, 0, 200, 60), False, policy)
+    pad = int(np.ceil(0.5 * (policy.max_line_growth - 1.0) * 14))
+    assert (x0, x1) == (0, 200) and (y0, y1) == (20 - pad, 34 + pad)
+    assert tight_across(ink, (0, 16, 200, 38), False, policy) == (0, 16, 200, 38)  # within 1.6 x: as it was
+
+
+def test_text_ocr_cannot_read_inside_the_image_quarantines_the_file(key, monkeypatch):
+    """Glyphs OCR reads with no confidence (here: every word's confidence forced to 0) are still a row of
+    characters: the file is quarantined as burned_in_text_unreadable, naming the frame and the box."""
+    require_ocr()
+    import etl.deid.burned_in_text as bit
+
+    real = bit.ocr_words
+    monkeypatch.setattr(bit, "ocr_words", lambda *a, **k: [bit.Word(w.text, 0.0, w.box, w.vertical)
+                                                           for w in real(*a, **k)])
+    ds = _image(None)
+    arr = ds.pixel_array.copy()
+    im = Image.new("L", (384, 320), 0)
+    ImageDraw.Draw(im).text((100, 150), "ZELENKA 8841207", fill=255, font=ImageFont.load_default(size=24))
+    arr[np.asarray(im) > 128] = 4095
+    ds.PixelData = arr.tobytes()
+    with pytest.raises(DeidentificationError) as err:
+        deidentify_dataset(ds, key, "inst")
+    assert err.value.reason == "burned_in_text_unreadable"
+    assert "frame 0" in str(err.value) and "box [" in str(err.value) and "ZELENKA" not in str(err.value)
