@@ -137,6 +137,7 @@ def validate_delivery(cfg: PipelineConfig, institution: str, *, key: PseudonymKe
     from etl.deid.instance import deidentify_file
     from etl.deid.policy import build_policy
     from etl.sources.discover import discover_institution, mark_duplicates, source_storage
+    from etl.sources.source_access import SourceUnavailableError, check_source
     from etl.sources.report_linking import StudyIndex, header_phi
     from schemas import instances as instances_schema
     from schemas.base import table_from_rows
@@ -148,13 +149,11 @@ def validate_delivery(cfg: PipelineConfig, institution: str, *, key: PseudonymKe
         raise ValidateSourceError("unknown_institution", f"no institution {institution!r} in the config "
                                   f"(known: {known})") from None
     root = _root_without_writes(cfg)
-    uri = inst.source_uri
-    if not ("://" in uri or uri.startswith("/")) and root.is_local:
-        import os
-
-        if not os.path.isdir(os.path.join(root.root, uri)):
-            raise ValidateSourceError("missing_delivery", f"{institution}: no delivery folder at its source_uri")
-    src = source_storage(cfg, inst, root)
+    src = source_storage(cfg, inst, root)  # resolved as `medreco run` does (lexically: the root may not exist yet)
+    try:
+        check_source(inst, src)
+    except SourceUnavailableError as err:
+        raise ValidateSourceError("missing_delivery", f"{err.reason}: {err}") from None
     key = key or PseudonymKey(secrets.token_bytes(32))
     plan = mark_duplicates(discover_institution(cfg, inst, root, key))
     check = DeliveryCheck(institution, src.full_uri(""))

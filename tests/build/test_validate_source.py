@@ -112,3 +112,21 @@ def test_validate_source_refuses_what_it_cannot_check(delivery):
     res = runner.invoke(app, ["validate-source", "-i", "csv-inst", "-c", str(delivery["config"])])
     assert res.exit_code == 2 and "missing_delivery" in res.output
     assert not delivery["root"].exists()
+
+
+def test_relative_source_uri_out_of_a_root_not_yet_created_resolves_as_the_run_does(delivery):
+    """`source_uri: ../sources/csv-inst` is resolved from the storage root lexically, as `medreco run` does: the
+    check works before the first run created the root, and a wrong path names the resolved folder."""
+    runner = CliRunner()
+    cfg = yaml.safe_load(delivery["config"].read_text())
+    cfg["institutions"][-1]["source_uri"] = "../sources/csv-inst"
+    delivery["config"].write_text(yaml.safe_dump(cfg))
+    res = runner.invoke(app, ["validate-source", "-i", "csv-inst", "-c", str(delivery["config"]), "--no-deid"])
+    assert res.exit_code == 1, res.output  # checked: the delivery's own faults (a cut file, bad CSV) fail it
+    assert f"delivery csv-inst ({delivery['src']}): dicom 2, other 1, report 2" in res.output
+    assert not delivery["root"].exists()
+    cfg["institutions"][-1]["source_uri"] = "../sources/csv-typo"
+    delivery["config"].write_text(yaml.safe_dump(cfg))
+    res = runner.invoke(app, ["validate-source", "-i", "csv-inst", "-c", str(delivery["config"]), "--no-deid"])
+    assert res.exit_code == 2 and "missing_delivery" in res.output and "source_not_found" in res.output
+    assert str(delivery["tmp"] / "sources" / "csv-typo") in res.output
