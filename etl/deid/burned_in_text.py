@@ -426,15 +426,10 @@ def group_lines(words: list[Word], join_gap: float, max_height_ratio: float = 1.
     """Join words of one orientation and similar height (ratio at most ``max_height_ratio``) into lines: boxes
     that overlap across the reading direction by half the smaller height with a gap under ``join_gap`` x the
     taller height."""
+    from etl.deid.text_regions import components
+
     n = len(words)
-    parent = list(range(n))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    edges = []
     for i in range(n):
         a = words[i]
         for j in range(i + 1, n):
@@ -451,12 +446,10 @@ def group_lines(words: list[Word], join_gap: float, max_height_ratio: float = 1.
             gap = max(bx0 - ax1, ax0 - bx1)
             ratio = max(ay1 - ay0, by1 - by0) / max(h, 1)
             if overlap >= 0.5 * max(h, 1) and ratio <= max_height_ratio and gap <= join_gap * max(ay1 - ay0, by1 - by0):
-                parent[find(i)] = find(j)
-    groups: dict[int, list[Word]] = {}
-    for i in range(n):
-        groups.setdefault(find(i), []).append(words[i])
+                edges.append((i, j))
+    groups = [[words[i] for i in g] for g in components(n, edges)]
     lines = []
-    for ws in groups.values():
+    for ws in groups:
         box = (min(w.box[0] for w in ws), min(w.box[1] for w in ws), max(w.box[2] for w in ws),
                max(w.box[3] for w in ws))
         lines.append(TextLine(ws, box, ws[0].vertical))

@@ -61,24 +61,34 @@ def page(ink: np.ndarray, floor: float, gain: float) -> np.ndarray:
     return (255 - np.clip((ink - floor) * gain, 0, 255)).astype(np.uint8)
 
 
+def components(n: int, edges: list[tuple[int, int]]) -> list[list[int]]:
+    """The connected components of the graph on nodes ``0..n-1`` with ``edges`` (index pairs), each a sorted list
+    of node indices, ordered by their smallest node (:func:`scipy.sparse.csgraph.connected_components`)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    if n == 0:
+        return []
+    rows = np.fromiter((a for a, _ in edges), dtype=np.intp, count=len(edges))
+    cols = np.fromiter((b for _, b in edges), dtype=np.intp, count=len(edges))
+    graph = coo_matrix((np.ones(len(edges), dtype=np.int8), (rows, cols)), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    groups: dict[int, list[int]] = {}
+    for i, label in enumerate(labels.tolist()):
+        groups.setdefault(label, []).append(i)
+    return list(groups.values())
+
+
 def merge_lines(boxes: list[Box], heights: list[int], join_gap: float) -> list[tuple[Box, list[int]]]:
     """Line boxes merged into regions where they overlap, or where they lie on one line (overlapping by half
     the smaller height across, similar height, gap under ``join_gap`` x the taller height along).
 
     Returns (merged box, indices of the input boxes in it) pairs.
     """
-    n = len(boxes)
-    parent = list(range(n))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i in range(n):
+    edges = []
+    for i in range(len(boxes)):
         ax0, ay0, ax1, ay1 = boxes[i]
-        for j in range(i + 1, n):
+        for j in range(i + 1, len(boxes)):
             bx0, by0, bx1, by1 = boxes[j]
             overlap_y = min(ay1, by1) - max(ay0, by0)
             overlap_x = min(ax1, bx1) - max(ax0, bx0)
@@ -86,12 +96,10 @@ def merge_lines(boxes: list[Box], heights: list[int], join_gap: float) -> list[t
             same_line = (overlap_y >= 0.5 * min(heights[i], heights[j])
                          and -overlap_x <= join_gap * h and h <= 2 * min(heights[i], heights[j]))
             if (overlap_x > 0 and overlap_y > 0) or same_line:
-                parent[find(i)] = find(j)
-    groups: dict[int, list[int]] = {}
-    for i in range(n):
-        groups.setdefault(find(i), []).append(i)
+                edges.append((i, j))
+    groups = components(len(boxes), edges)
     return [((min(boxes[i][0] for i in g), min(boxes[i][1] for i in g), max(boxes[i][2] for i in g),
-              max(boxes[i][3] for i in g)), g) for g in groups.values()]
+              max(boxes[i][3] for i in g)), g) for g in groups]
 
 
 def glyph_row(ink: np.ndarray, floor: float, *, min_px: int = 6, max_px: int = 60, min_glyphs: int = 4,
