@@ -687,7 +687,7 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
     """Identifying values of the input found in the output header bytes (their kinds only).
 
     Name parts match as whole words, case-insensitively, in the text values (``text``; default: the whole
-    header), letters and ``_`` counting as word characters (``RIS`` is not found in ``SIEMENS_RIS``); IDs, UIDs and other values as byte strings anywhere in the header, in the file's character
+    header); IDs, UIDs and other values as byte strings anywhere in the header, in the file's character
     set and in UTF-8. Every kept value is searched, the device values (Manufacturer, ManufacturerModelName,
     SoftwareVersions) included; only an institution value that is the vendor's name (``manufacturer``, the
     kept Manufacturer value, or its leading words) is not looked for inside the Manufacturer value.
@@ -713,9 +713,8 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
             except (UnicodeEncodeError, LookupError):
                 continue
         for b in forms:
-            if kind == "name":  # person-name parts: whole words, in text values only; "_" is a word
-                # character: a token inside an identifier-like code value (RIS in SIEMENS_RIS) is no name
-                if b.lower() in lowered and re.search(rb"(?<![A-Za-z_])" + re.escape(b) + rb"(?![A-Za-z_])",
+            if kind == "name":  # person-name parts: whole words, in text values only
+                if b.lower() in lowered and re.search(rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])",
                                                       names_in, re.IGNORECASE):
                     found.append(kind)
                     break
