@@ -137,8 +137,8 @@ def validate_delivery(cfg: PipelineConfig, institution: str, *, key: PseudonymKe
     from etl.deid.instance import deidentify_file
     from etl.deid.policy import build_policy
     from etl.sources.discover import discover_institution, mark_duplicates, source_storage
-    from etl.sources.source_access import SourceUnavailableError, check_source
     from etl.sources.report_linking import StudyIndex, header_phi
+    from etl.sources.source_access import SourceUnavailableError, check_source
     from schemas import instances as instances_schema
     from schemas.base import table_from_rows
 

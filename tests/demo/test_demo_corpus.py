@@ -76,7 +76,7 @@ def test_interrupted_transfers_end_inside_their_pixel_data(corpus, intact, inter
         assert any(d.StudyInstanceUID == ds.StudyInstanceUID for d in intact.values())
         assert last_element_cut(ds) == "(7FE0,0010)"
         with pytest.raises(ValueError, match="less than expected"):
-            ds.pixel_array
+            _ = ds.pixel_array
 
 
 @pytest.fixture(scope="module")

@@ -93,25 +93,39 @@ def ocr_once_per_frame():
     (cProfile, load 0.6). Yields the counts of real and replayed calls."""
     import copy
     import hashlib
+    import inspect
 
     import numpy as np
 
     from etl.deid import burned_in_text
 
     real = burned_in_text.read_lines
+    params = list(inspect.signature(real).parameters)
+    # the replay below must see every input and output of read_lines: a changed signature fails here, by name
+    assert params == ["frame", "policy", "phi", "verify", "unread", "blanked"], params
     memo: dict = {}
     calls = {"read": 0, "replayed": 0}
 
-    def read_lines(frame, policy, phi, *, verify=False):
-        frame = np.ascontiguousarray(frame)
-        key = (frame.shape, frame.dtype.str, hashlib.sha256(frame.tobytes()).hexdigest(), repr(policy),
-               tuple(sorted(phi.tokens)), phi.min_chars, verify)
+    def digest(a):
+        if a is None:
+            return None
+        a = np.ascontiguousarray(a)
+        return (a.shape, a.dtype.str, hashlib.sha256(a.tobytes()).hexdigest())
+
+    def read_lines(frame, policy, phi, *, verify=False, unread=None, blanked=None):
+        key = (digest(frame), repr(policy), tuple(sorted(phi.tokens)), phi.min_chars, verify, digest(blanked),
+               unread is not None)
         if key in memo:
             calls["replayed"] += 1
         else:
             calls["read"] += 1
-            memo[key] = real(frame, policy, phi, verify=verify)
-        return copy.deepcopy(memo[key])
+            found: list | None = [] if unread is not None else None
+            lines = real(frame, policy, phi, verify=verify, unread=found, blanked=blanked)
+            memo[key] = (lines, found)
+        lines, found = copy.deepcopy(memo[key])
+        if unread is not None:
+            unread.extend(found)  # the out-parameter: what OCR could not read, as the real call appends it
+        return lines
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(burned_in_text, "read_lines", read_lines)
