@@ -174,6 +174,9 @@ class _Engine:
                 raise BurnedInTextError("ocr_unavailable", problem)
             import tesserocr
 
+            # Leptonica's own stderr lines ("Error in pixScanForForeground: invalid box", for an empty crop) are
+            # not failures of ours: every outcome is judged from the API's results (process-wide setting)
+            tesserocr.set_leptonica_log_level(tesserocr.LeptLogLevel.NONE)
             api = tesserocr.PyTessBaseAPI(path=tessdata_dir(), lang=policy.language,
                                           psm=policy.psm)
             cls._local.api = api
