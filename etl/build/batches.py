@@ -1,7 +1,7 @@
 """Which patient-hash shards each mapped task of a per-shard stage gets: batches balanced by pending files.
 
 Patient-hash shards are unequal on a small corpus (32 patients over 8 shards: 2 to 6 patients a shard), so the
-contiguous split of :func:`etl.sources.discover.shard_batches` can give one mapped task far more files than
+contiguous split of shard ids (the batches before) can give one mapped task far more files than
 another, and with one task per worker the stage ends when the heaviest one does (36 against 28 of 64 files on
 the benchmark archive of ``benchmarks/bench_workers.py``: at most 1.78x on two workers however fast they are).
 :func:`balanced_shard_batches` keeps the number of mapped tasks (``min(shard_count, max_map_length)``) and
@@ -34,11 +34,8 @@ def pending_files_per_shard(plan: pa.Table) -> dict[int, int]:
         (rows without a shard are not counted).
     """
     mask = pc.and_(pc.equal(plan["kind"], "dicom"), pc.equal(plan["status"], "pending"))
-    counts: dict[int, int] = {}
-    for shard in plan.filter(mask)["shard"].to_pylist():
-        if shard is not None:
-            counts[shard] = counts.get(shard, 0) + 1
-    return counts
+    counts = pc.value_counts(plan.filter(mask)["shard"].drop_null())
+    return dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True))
 
 
 def balanced_shard_batches(files_per_shard: Mapping[int, int], shard_count: int,
@@ -63,8 +60,7 @@ def balanced_shard_batches(files_per_shard: Mapping[int, int], shard_count: int,
     -------
     list of list of int
         each batch's shards in increasing order, the batches ordered by their first shard; together every shard
-        exactly once. With ``max_map_length >= shard_count`` one shard per batch (as
-        :func:`etl.sources.discover.shard_batches`).
+        exactly once. With ``max_map_length >= shard_count`` one shard per batch.
 
     Raises
     ------

@@ -313,13 +313,3 @@ def _mark_uid_collisions(rows: list[dict]) -> None:
             first = owner.setdefault(r[uid_col], r[owner_col])
             if first != r[owner_col]:
                 r.update(status="quarantined", reason=reason, detail=what)
-
-
-def shard_batches(shard_count: int, max_map_length: int) -> list[list[int]]:
-    """Split shard ids ``0..shard_count-1`` into at most ``max_map_length`` contiguous batches.
-
-    Each batch is one mapped Airflow task, so a run never exceeds ``[core] max_map_length``.
-    """
-    n_batches = min(shard_count, max_map_length)
-    size = -(-shard_count // n_batches)
-    return [list(range(i, min(i + size, shard_count))) for i in range(0, shard_count, size)]

@@ -4,7 +4,6 @@ import pyarrow as pa
 import pytest
 
 from etl.build.batches import balanced_shard_batches, pending_files_per_shard
-from etl.sources.discover import shard_batches
 
 #: pending files per shard of the bench_workers archive (32 patients x 2 radiographs, 8 shards), read from a run
 BENCH_ARCHIVE = {0: 6, 1: 12, 2: 10, 3: 8, 4: 6, 5: 4, 6: 12, 7: 6}
@@ -15,7 +14,7 @@ def _weights(batches, files):
 
 
 def test_the_bench_archive_splits_evenly_where_contiguous_batches_do_not():
-    assert _weights(shard_batches(8, 2), BENCH_ARCHIVE) == [36, 28]
+    assert _weights([[0, 1, 2, 3], [4, 5, 6, 7]], BENCH_ARCHIVE) == [36, 28]  # contiguous, as before
     batches = balanced_shard_batches(BENCH_ARCHIVE, 8, 2)
     # LPT by hand: s1 12 -> A, s6 12 -> B, s2 10 -> A 22, s3 8 -> B 20, s0 6 -> B 26, s4 6 -> A 28,
     # s7 6 -> B 32, s5 4 -> A 32
@@ -32,7 +31,7 @@ def test_every_shard_once_every_batch_nonempty_even_with_empty_shards():
 
 
 def test_one_shard_per_batch_when_the_map_length_allows_it():
-    assert balanced_shard_batches(BENCH_ARCHIVE, 8, 1024) == shard_batches(8, 1024) == [[i] for i in range(8)]
+    assert balanced_shard_batches(BENCH_ARCHIVE, 8, 1024) == [[i] for i in range(8)]
     assert balanced_shard_batches({}, 5000, 1024)[0] == [0, 1024, 2048, 3072, 4096]
     assert len(balanced_shard_batches({}, 5000, 1024)) == 1024
 

@@ -86,10 +86,17 @@ def test_answer_key_quarantines_are_quarantined_at_their_stage_with_their_reason
 
 
 def test_shards_batched_and_empty_shards_are_no_ops(demo_build):
-    from etl.sources.discover import shard_batches
+    from etl.build.batches import balanced_shard_batches, pending_files_per_shard
 
-    assert shard_batches(32, 8) == [list(range(i, i + 4)) for i in range(0, 32, 4)]
     st = demo_build["storage"]
+    from etl.build.context import BuildContext
+
+    plan = st.read_table(BuildContext.from_config_file(demo_build["config"], run_id=demo_build["first"]["run_id"]).plan_path())
+    per_shard = pending_files_per_shard(plan)
+    batches = balanced_shard_batches(per_shard, 32, 8)  # what plan() gave the 8 mapped tasks
+    assert len(batches) == 8 and sorted(s for b in batches for s in b) == list(range(32))
+    weights = sorted(sum(per_shard.get(s, 0) for s in b) for b in batches)
+    assert weights[-1] <= max(per_shard.values()) + weights[0]  # LPT: the heaviest is within one shard of the lightest
     parts = [p for p in st.list_files("curated/studies") if p.endswith(".parquet")]
     assert len(parts) == 32, "every shard writes its partition, empty or not"
     sizes = [st.read_table(p).num_rows for p in parts]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from etl.build.batches import balanced_shard_batches
 from etl.build.context import EVENT_SCHEMA
 from etl.build.ledger import balance, build_ledger
-from etl.sources.discover import PLAN_SCHEMA, mark_duplicates, shard_batches
+from etl.sources.discover import PLAN_SCHEMA, mark_duplicates
 
 
 def _plan(rows: list[dict]) -> pa.Table:
@@ -61,8 +62,8 @@ def test_status_precedence_and_balance():
 
 
 def test_shard_batches_respect_max_map_length():
-    assert shard_batches(8, 1024) == [[i] for i in range(8)]
-    batches = shard_batches(5000, 1024)
+    assert balanced_shard_batches({}, 8, 1024) == [[i] for i in range(8)]
+    batches = balanced_shard_batches({}, 5000, 1024)
     assert len(batches) <= 1024 and sorted(s for b in batches for s in b) == list(range(5000))
 
 
