@@ -102,6 +102,7 @@ class TextPolicy:
     verify: dict[str, float]
     unreadable: dict[str, float]
     max_line_growth: float
+    trim: dict[str, float]
 
 
 @lru_cache(maxsize=4)
@@ -132,7 +133,8 @@ def load_text_policy(path: str | None = None) -> TextPolicy:
             margin_px=int(data["margin_px"]),
             margin_fraction=float(data["margin_fraction"]),
             allow_list=frozenset(_norm(w) for w in data["allow_list"]), verify=dict(data["verify"]),
-            unreadable=dict(data["unreadable"]), max_line_growth=float(data["max_line_growth"]))
+            unreadable=dict(data["unreadable"]), max_line_growth=float(data["max_line_growth"]),
+            trim=dict(data["trim"]))
     except (KeyError, TypeError, ValueError) as err:
         raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
 
@@ -334,9 +336,12 @@ class PhiTokens:
 
     tokens: set[str] = field(default_factory=set)
     min_chars: int = 2
+    labels: frozenset[str] = frozenset()
 
     @classmethod
-    def from_dataset(cls, ds, min_chars: int = 2) -> PhiTokens:
+    def from_dataset(cls, ds, min_chars: int = 2, labels: frozenset[str] = frozenset()) -> PhiTokens:
+        """The tokens of ``ds``'s header; ``labels`` (normalised words such as ``DOB``, ``MRN``: the labels of
+        PHI fields written before their value, policy ``phi.labels``) match as PHI too."""
         def s(kw: str) -> str:
             v = ds.get(kw)
             if v is None:
@@ -364,7 +369,7 @@ class PhiTokens:
             for part in re.split(r"[\s,.'-]+", s(kw)):
                 if len(_norm(part)) >= 4:
                     toks.add(_norm(part))
-        return cls({t for t in toks if len(t) >= min_chars}, min_chars)
+        return cls({t for t in toks if len(t) >= min_chars}, min_chars, labels)
 
     @staticmethod
     def tokens_of(text: str, min_chars: int = 2) -> set[str]:
@@ -384,9 +389,21 @@ class PhiTokens:
         if len(digits) >= 6 and any(len(t) == len(digits) and t.isdigit()
                                     and sum(a != b for a, b in zip(t, digits)) <= 2 for t in self.tokens):
             return True  # a date or ID with two digits misread (0/8, 1/7, 0/6 ...)
+        if len(digits) >= 5 and len(digits) >= len(w) - 1 and any(
+                len(t) >= len(digits) + 2 and t.isdigit() and (t.startswith(digits) or t.endswith(digits))
+                for t in self.tokens):
+            return True  # a date or ID read in part ("04.21.1" of 04.21.1967: its last glyphs faint or cut)
+        if w in self.labels:
+            return True  # the label of a PHI field ("DOB", "MRN"): its value follows on the line
         if len(w) >= fuzzy_min:
             return any(abs(len(t) - len(w)) <= 1 and len(t) >= fuzzy_min and _one_edit(w, t) for t in self.tokens)
         return False
+
+
+def header_phi(ds, policy: TextPolicy) -> PhiTokens:
+    """The header PHI tokens of ``ds`` with the policy's token length and PHI field labels (``phi``)."""
+    return PhiTokens.from_dataset(ds, int(policy.phi["min_token_chars"]),
+                                  frozenset(_norm(w) for w in policy.phi.get("labels", [])))
 
 
 def _one_edit(a: str, b: str) -> bool:
@@ -642,7 +659,32 @@ def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify:
                                  blanked)
             if row is not None:
                 unread.append(row)
-    return lines
+    return _read_once(lines)
+
+
+def _read_once(lines: list[TextLine]) -> list[TextLine]:
+    """The lines without those read again, larger, on the other polarity's page: a text line whose words (each
+    of 2 or more letters and digits) were all read in a smaller line of the other polarity that it overlaps is
+    the same text seen through its negative space (the black top-hat of bright glyphs is their background), and
+    its box grew over the ink around it; the smaller line covers the text."""
+    def words(ln: TextLine) -> set[str]:
+        return {t for t in (_norm(w.text) for w in ln.words) if len(t) >= 2}
+
+    def area(b: tuple[int, int, int, int]) -> int:
+        return max(0, b[2] - b[0]) * max(0, b[3] - b[1])
+
+    def overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+        return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
+
+    keep = []
+    for ln in lines:
+        own = words(ln)
+        twice = ln.reason is not None and not ln.allowed and bool(own) and any(
+            m is not ln and m.reason is not None and m.bright != ln.bright and m.vertical == ln.vertical
+            and area(m.box) < area(ln.box) and overlap(m.box, ln.box) and own <= words(m) for m in lines)
+        if not twice:
+            keep.append(ln)
+    return keep
 
 
 def unreadable_row(frame: np.ndarray, region: Region, text_boxes: list[tuple[int, int, int, int]],
@@ -886,7 +928,7 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
         ``burned_in_text_unreadable`` (a row of character-like glyphs OCR cannot read, not in the margin).
     """
     policy = policy or load_text_policy()
-    phi = phi if phi is not None else PhiTokens.from_dataset(ds, int(policy.phi["min_token_chars"]))
+    phi = phi if phi is not None else header_phi(ds, policy)
     problem = ocr_available()
     if problem:
         raise BurnedInTextError("ocr_unavailable", problem)
@@ -922,32 +964,66 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
             box = grown(ln.box, ln.height, policy, h, w)
             if ln.height <= policy.max_line_px:  # a line of legible text, not a "line" OCR drew over anatomy
                 box = uncut(frame, box, ln.height, ln.vertical, ln.bright, policy)
-            boxes.append((label, box, ln.reason or "word"))
+            boxes.append((label, box, ln.reason or "word", frame))
         for row in unread:  # glyphs OCR cannot read: blanked in the image margin, else the verify pass decides
             if in_margin(row, h, w, band):
                 rh = row[3] - row[1]
                 row = along_ink(frame, row, policy)
                 boxes.append((label, uncut(frame, grown(row, rh, policy, h, w), rh, False, True, policy),
-                              "unreadable"))
+                              "unreadable", frame))
             else:
                 pending.append((label, row))
     if not boxes:
         if pending:  # nothing blanked, so no verify pass: the unread rows stand as they were found
             _raise_unreadable(*pending[0])
         return out
+    from etl.deid.text_regions import trim_to_ink
+
+    wide = [(label, box, reason) for label, box, reason, _ in boxes]
+    cleaned, mask = _blank_and_verify(ds, stacked, wide, todo, photometric, policy, phi)  # fail closed here
+    chosen = wide
+    if policy.trim["enabled"]:  # the same lines blanked tight to their strokes, kept when they verify too
+        t = policy.trim
+        tight = [(label, box2, reason) for label, box, reason, frame in boxes
+                 for box2 in trim_to_ink(frame, box, policy.tophat_px, float(t["floor"]), float(t["share"]),
+                                         int(t["margin_px"]))]
+        if tight != wide:
+            try:
+                cleaned, mask = _blank_and_verify(ds, stacked, tight, todo, photometric, policy, phi)
+                chosen = tight
+            except BurnedInTextError:
+                pass  # text read after the tight blanks: the wide ones stand
+    for label, (x0, y0, x1, y1), reason in chosen:
+        out.regions.append({"frame": label, "box": [x0, y0, x1, y1], "reason": reason})
+    out.pixels_blanked = int(mask.sum())
+    _write_pixels(ds, cleaned if frames > 1 else cleaned[0], photometric)
+    ds.BurnedInAnnotation = "NO"
+    return out
+
+
+def _blank_and_verify(ds, stacked: np.ndarray, boxes: list[tuple[Any, tuple[int, int, int, int], str]],
+                      todo: list[tuple[Any, np.ndarray]], photometric: str, policy: TextPolicy,
+                      phi: PhiTokens) -> tuple[np.ndarray, np.ndarray]:
+    """Blank ``boxes`` (frame label, [x0, y0, x1, y1], reason) in a copy of ``stacked`` (frames, rows, cols[, 3]
+    stored values) with :func:`fill_value` and read the cleaned frames again (the frames or composites of
+    ``todo``). Returns (cleaned stored values, blanked mask (frames, rows, cols) bool).
+
+    Raises
+    ------
+    BurnedInTextError
+        ``burned_in_text_remaining`` (a text line still read, verify thresholds), ``burned_in_text_unreadable``
+        (a row of glyphs OCR cannot read left outside the blanks).
+    """
+    n, h, w = stacked.shape[:3]
     cleaned = np.array(stacked, copy=True)
-    fill = fill_value(stacked, photometric)
     mask = np.zeros((n, h, w), dtype=bool)
-    for label, (x0, y0, x1, y1), reason in boxes:
+    for label, (x0, y0, x1, y1), _ in boxes:
         sel = slice(None) if label == "all" else slice(int(label), int(label) + 1)
         mask[sel, y0:y1, x0:x1] = True
-        out.regions.append({"frame": label, "box": [x0, y0, x1, y1], "reason": reason})
-    cleaned[mask] = fill
-    out.pixels_blanked = int(mask.sum())
-    # verify: read the cleaned frames again (same frames / composites), fail closed on anything left
+    cleaned[mask] = fill_value(stacked, photometric)
     disp2 = display_frames(ds, cleaned)
     for (label, frame), fmask in zip(_frames_to_read(disp2, policy), _frame_masks(mask, todo)):
-        unread = []
+        unread: list = []
         left = [ln for ln in read_lines(frame, policy, phi, verify=True, unread=unread, blanked=fmask)
                 if not ln.allowed]
         if left:
@@ -956,9 +1032,7 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
                 f"{len(left)} text region(s) still read after blanking ({', '.join(sorted({ln.reason or '' for ln in left}))})")
         if unread:
             _raise_unreadable(label, unread[0])
-    _write_pixels(ds, cleaned if frames > 1 else cleaned[0], photometric)
-    ds.BurnedInAnnotation = "NO"
-    return out
+    return cleaned, mask
 
 
 def _raise_unreadable(label: Any, box: tuple[int, int, int, int]) -> None:

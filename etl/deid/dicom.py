@@ -860,7 +860,7 @@ def _burned_in_text(ds: Dataset, policy: Policy, institution: str, rules: list[P
         the decoder check's reason (``pixel_data_length_mismatch``, ``truncated_file``,
         ``unsupported_transfer_syntax``, ``decode_error``, ...) or ``burned_in_text_unreadable``.
     """
-    from etl.deid.burned_in_text import BurnedInTextError, PhiTokens, clean_text, load_text_policy
+    from etl.deid.burned_in_text import BurnedInTextError, clean_text, header_phi, load_text_policy
 
     risk = burned_in_risk(ds, policy)
     rule = matching_cleaning_rule(ds, rules or []) if risk else None
@@ -878,7 +878,7 @@ def _burned_in_text(ds: Dataset, policy: Policy, institution: str, rules: list[P
         return regions
     text_policy = load_text_policy()
     try:
-        done = clean_text(ds, text_policy, PhiTokens.from_dataset(ds, int(text_policy.phi["min_token_chars"])))
+        done = clean_text(ds, text_policy, header_phi(ds, text_policy))
     except BurnedInTextError as err:
         if err.reason == "pixel_cleaning_failed":
             if risk:  # cannot be read, and the header says text is likely: as before, quarantined

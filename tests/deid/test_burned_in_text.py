@@ -266,3 +266,39 @@ def test_text_ocr_cannot_read_inside_the_image_quarantines_the_file(key, monkeyp
         deidentify_dataset(ds, key, "inst")
     assert err.value.reason == "burned_in_text_unreadable"
     assert "frame 0" in str(err.value) and "box [" in str(err.value) and "ZELENKA" not in str(err.value)
+
+
+def test_a_date_or_id_read_in_part_and_a_phi_field_label_are_phi():
+    policy = load_text_policy()
+    from etl.deid.burned_in_text import header_phi
+
+    phi = header_phi(_header(), policy)
+    for word in ("06.16.1", "0616197", "16.1976", "DOB:", "MRN"):  # 06.16.1976 cut; labels of the policy
+        assert phi.matches(word), word
+    for word in ("06.1", "12345", "DOBBS", "0616"):  # too short a part, digits of no token, a name, 4 digits
+        assert not phi.matches(word), word
+    assert not PhiTokens.from_dataset(_header()).matches("DOB")  # labels only from the policy
+
+
+def test_a_line_read_again_larger_on_the_other_polarity_is_dropped():
+    from etl.deid.burned_in_text import _read_once
+
+    small = TextLine([Word("MAKEPEACE", 95, (8, 7, 120, 21)), Word("ILSE", 95, (126, 7, 155, 21))],
+                     (8, 7, 155, 21), False, "phi", bright=True)
+    large = TextLine([Word("MAKEPEACE", 95, (0, 8, 130, 32))], (0, 8, 387, 32), False, "phi", bright=False)
+    other = TextLine([Word("DOB", 95, (8, 27, 40, 39))], (0, 20, 387, 40), False, "phi", bright=False)
+    assert _read_once([small, large, other]) == [small, other]  # DOB was not read in the small line
+    same = TextLine([Word("MAKEPEACE", 95, (0, 8, 130, 32))], (0, 8, 387, 32), False, "phi", bright=True)
+    assert _read_once([small, same]) == [small, same]  # one polarity: two readings of the page, both kept
+
+
+def test_a_blank_box_shrinks_to_the_strokes_of_each_line_it_holds():
+    from etl.deid.text_regions import trim_to_ink
+
+    frame = np.full((80, 200), 20, np.uint8)
+    frame[10:20, 10:150:6] = frame[10:20, 11:150:6] = 255  # a long line of glyph strokes (2 px wide)
+    frame[26:36, 10:60:6] = frame[26:36, 11:60:6] = 255  # a short line under it
+    frame[12:14, 160] = 40  # a faint stroke (20 levels, over 5% of the strongest): text, kept in the blank
+    boxes = trim_to_ink(frame, (0, 0, 190, 50), 15, 4, 0.05, 2)
+    assert boxes == [(8, 8, 163, 22), (8, 24, 62, 38)]
+    assert trim_to_ink(np.full((80, 200), 20, np.uint8), (5, 5, 50, 30), 15, 4, 0.05, 2) == [(5, 5, 50, 30)]
