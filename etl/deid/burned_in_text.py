@@ -952,7 +952,7 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     todo = _frames_to_read(disp, policy)
     out.frames_read = len(todo)
     n, h, w = stacked.shape[:3]
-    boxes: list[tuple[Any, tuple[int, int, int, int], str]] = []
+    boxes: list[tuple[Any, tuple[int, int, int, int], str, np.ndarray, bool]] = []  # label, box, reason, frame, vertical
     band = float(policy.unreadable["margin_band"])
     pending: list[tuple[Any, tuple[int, int, int, int]]] = []
     for label, frame in todo:
@@ -964,13 +964,13 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
             box = grown(ln.box, ln.height, policy, h, w)
             if ln.height <= policy.max_line_px:  # a line of legible text, not a "line" OCR drew over anatomy
                 box = uncut(frame, box, ln.height, ln.vertical, ln.bright, policy)
-            boxes.append((label, box, ln.reason or "word", frame))
+            boxes.append((label, box, ln.reason or "word", frame, ln.vertical))
         for row in unread:  # glyphs OCR cannot read: blanked in the image margin, else the verify pass decides
             if in_margin(row, h, w, band):
                 rh = row[3] - row[1]
                 row = along_ink(frame, row, policy)
                 boxes.append((label, uncut(frame, grown(row, rh, policy, h, w), rh, False, True, policy),
-                              "unreadable", frame))
+                              "unreadable", frame, False))
             else:
                 pending.append((label, row))
     if not boxes:
@@ -979,14 +979,15 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
         return out
     from etl.deid.text_regions import trim_to_ink
 
-    wide = [(label, box, reason) for label, box, reason, _ in boxes]
+    wide = [(label, box, reason) for label, box, reason, _, _ in boxes]
     cleaned, mask = _blank_and_verify(ds, stacked, wide, todo, photometric, policy, phi)  # fail closed here
     chosen = wide
     if policy.trim["enabled"]:  # the same lines blanked tight to their strokes, kept when they verify too
         t = policy.trim
-        tight = [(label, box2, reason) for label, box, reason, frame in boxes
+        tight = [(label, box2, reason) for label, box, reason, frame, vertical in boxes
                  for box2 in trim_to_ink(frame, box, policy.tophat_px, float(t["floor"]), float(t["share"]),
-                                         int(t["margin_px"]))]
+                                         int(t["margin_px"]), vertical=vertical,
+                                         along_share=float(t["along_share"]))]
         if tight != wide:
             try:
                 cleaned, mask = _blank_and_verify(ds, stacked, tight, todo, photometric, policy, phi)

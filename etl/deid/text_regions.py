@@ -169,17 +169,21 @@ def glyph_row(ink: np.ndarray, floor: float, *, min_px: int = 6, max_px: int = 6
     return (min(b[0] for b in best), min(b[1] for b in best), max(b[2] for b in best), max(b[3] for b in best))
 
 
-def trim_to_ink(frame: np.ndarray, box: Box, k: int, floor: float, share: float, margin: int) -> list[Box]:
+def trim_to_ink(frame: np.ndarray, box: Box, k: int, floor: float, share: float, margin: int, *,
+                vertical: bool = False, along_share: float | None = None) -> list[Box]:
     """A blank box shrunk to the text lines inside it, each plus ``margin`` pixels, never grown.
 
-    ``frame`` (rows, cols uint8) is the displayed frame, ``box`` [x0, y0, x1, y1] in its pixels. Stroke pixels
-    are those whose white or black top-hat (``k`` x ``k`` square, read on the box widened by ``k`` so its edges
-    see their background) reaches ``max(floor, share x`` its 99.5th percentile in the box``)``: the
-    glyphs of the text, their outline, shadow and anti-aliased edges within ``margin``. The rows holding stroke
-    pixels form bands (runs of rows, gaps of up to ``margin`` rows closed); each band keeps the columns from
-    its first to its last stroke pixel. Rows and columns holding none of them are background the line margins
-    took in and keep their pixels. A box with no stroke pixel at all is returned whole (fail closed: nothing
-    to measure it by). Returns one box per band, [x0, y0, x1, y1] each.
+    ``frame`` (rows, cols uint8) is the displayed frame, ``box`` [x0, y0, x1, y1] in its pixels, ``vertical``
+    when its text runs top to bottom. A pixel's ink is its distance from its local background (the median of a
+    ``k`` x ``k`` square, read on the box widened by ``k`` so its edges see their background; text covers well
+    under half of a square), in display levels. Across the reading direction, the rows (columns, for vertical
+    text) holding strokes, ink of at least ``max(floor, share x`` its 99.5th percentile in the box``)``, form
+    bands (runs, gaps of up to ``margin`` closed); along it, each band keeps the span from its first to its last
+    pixel of ink over ``max(floor, along_share x`` that percentile``)`` (default ``share``): a low share there
+    keeps the faint end of a line whose contrast fades along it. The glyphs' outline, shadow and anti-aliased
+    edges lie within ``margin``. What holds no stroke is background the line margins took in and keeps its
+    pixels. A box with no stroke at all is returned whole (fail closed: nothing to measure it by). Returns one
+    box per band, [x0, y0, x1, y1] each.
     """
     rows, cols = frame.shape
     x0, y0, x1, y1 = box
@@ -188,17 +192,24 @@ def trim_to_ink(frame: np.ndarray, box: Box, k: int, floor: float, share: float,
     wx0, wy0, wx1, wy1 = max(0, x0 - k), max(0, y0 - k), min(cols, x1 + k), min(rows, y1 + k)
     window = frame[wy0:wy1, wx0:wx1].astype(np.float32)
     ink = np.abs(window - ndi.median_filter(window, size=(k, k)))[y0 - wy0:y1 - wy0, x0 - wx0:x1 - wx0]
-    strokes = ink >= max(floor, share * float(np.percentile(ink, 99.5)))
+    if vertical:
+        ink = ink.T  # (across, along)
+    top = float(np.percentile(ink, 99.5))
+    strokes = ink >= max(floor, share * top)
+    faint = ink >= max(floor, (share if along_share is None else along_share) * top)
     held = strokes.any(axis=1)
     if not held.any():
         return [box]
     held = ndi.binary_closing(np.pad(held, margin), structure=np.ones(margin + 1))[margin:-margin] if margin else held
     edges = np.flatnonzero(np.diff(np.concatenate(([0], held.astype(np.int8), [0]))))
+    across0, along0 = (x0, y0) if vertical else (y0, x0)
+    across1, along1 = (x1, y1) if vertical else (y1, x1)
     out: list[Box] = []
     for r0, r1 in zip(edges[::2], edges[1::2]):
-        c = np.flatnonzero(strokes[r0:r1].any(axis=0))
+        c = np.flatnonzero(faint[r0:r1].any(axis=0))
         if not c.size:
             continue
-        out.append((max(x0, x0 + int(c[0]) - margin), max(y0, y0 + int(r0) - margin),
-                    min(x1, x0 + int(c[-1]) + 1 + margin), min(y1, y0 + int(r1) + margin)))
+        a0, a1 = max(across0, across0 + int(r0) - margin), min(across1, across0 + int(r1) + margin)
+        b0, b1 = max(along0, along0 + int(c[0]) - margin), min(along1, along0 + int(c[-1]) + 1 + margin)
+        out.append((a0, b0, a1, b1) if vertical else (b0, a0, b1, a1))
     return out or [box]

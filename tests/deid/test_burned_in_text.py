@@ -302,3 +302,17 @@ def test_a_blank_box_shrinks_to_the_strokes_of_each_line_it_holds():
     boxes = trim_to_ink(frame, (0, 0, 190, 50), 15, 4, 0.05, 2)
     assert boxes == [(8, 8, 163, 22), (8, 24, 62, 38)]
     assert trim_to_ink(np.full((80, 200), 20, np.uint8), (5, 5, 50, 30), 15, 4, 0.05, 2) == [(5, 5, 50, 30)]
+
+
+def test_a_line_fading_along_its_length_keeps_its_faint_end_and_vertical_text_is_trimmed_turned():
+    from etl.deid.text_regions import trim_to_ink
+
+    frame = np.full((60, 220), 20, np.uint8)
+    for i, x in enumerate(range(10, 200, 6)):  # strokes fading from 255 to 40 along the line
+        frame[20:30, x:x + 2] = int(round(255 - i * (215 / 31)))
+    frame[5, 100] = 70  # a lone speck above the line, under a quarter of the strongest strokes: no band
+    assert trim_to_ink(frame, (0, 0, 220, 50), 15, 4, 0.25, 2, along_share=0.05) == [(8, 18, 200, 32)]
+    assert trim_to_ink(frame, (0, 0, 220, 50), 15, 4, 0.25, 2)[0][2] < 200  # one share: the faint end cut
+    turned = np.ascontiguousarray(frame.T)
+    assert trim_to_ink(turned, (0, 0, 50, 220), 15, 4, 0.25, 2, vertical=True, along_share=0.05) == [
+        (18, 8, 32, 200)]
