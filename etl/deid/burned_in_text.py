@@ -103,6 +103,7 @@ class TextPolicy:
     unreadable: dict[str, float]
     max_line_growth: float
     trim: dict[str, float]
+    bridge: dict[str, float]
 
 
 @lru_cache(maxsize=4)
@@ -134,7 +135,7 @@ def load_text_policy(path: str | None = None) -> TextPolicy:
             margin_fraction=float(data["margin_fraction"]),
             allow_list=frozenset(_norm(w) for w in data["allow_list"]), verify=dict(data["verify"]),
             unreadable=dict(data["unreadable"]), max_line_growth=float(data["max_line_growth"]),
-            trim=dict(data["trim"]))
+            trim=dict(data["trim"]), bridge=dict(data["bridge"]))
     except (KeyError, TypeError, ValueError) as err:
         raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
 
@@ -724,6 +725,33 @@ def unreadable_row(frame: np.ndarray, region: Region, text_boxes: list[tuple[int
     return (rx0 + x0, ry0 + y0, rx1 + x0, ry1 + y0)
 
 
+def bridges(lines: list[TextLine], rows: int, cols: int, policy: TextPolicy) -> list[tuple[int, int, int, int]]:
+    """Boxes [x0, y0, x1, y1] (frame pixels) over a line of a label block that OCR did not read: two horizontal
+    text lines of one frame, heights within ``max_height_ratio``, one above the other and overlapping along by
+    ``min_overlap`` of the shorter or more, with room for one line between them (a gap of ``min_gap`` to
+    ``max_gap`` x their height; ``bridge`` in the policy): the rows between them over their common span, grown
+    by the line margin (:func:`grown`). A shadowed age between a name and a date is blanked so; tight blanks
+    (:func:`etl.deid.text_regions.trim_to_ink`) shrink the box to what holds strokes."""
+    b = policy.bridge
+    if not b["enabled"]:
+        return []
+    flat = [ln for ln in lines if ln.reason is not None and not ln.allowed and not ln.vertical]
+    out: list[tuple[int, int, int, int]] = []
+    for i, p in enumerate(flat):
+        for q in flat[i + 1:]:
+            hp, hq = p.height, q.height
+            if max(hp, hq) > policy.max_height_ratio * max(1, min(hp, hq)):
+                continue
+            top, low = (p.box, q.box) if p.box[1] < q.box[1] else (q.box, p.box)
+            x0, x1 = max(top[0], low[0]), min(top[2], low[2])
+            h = max(hp, hq)
+            if x1 - x0 < b["min_overlap"] * min(top[2] - top[0], low[2] - low[0]):
+                continue
+            if b["min_gap"] * h <= low[1] - top[3] <= b["max_gap"] * h:
+                out.append(grown((x0, top[3], x1, low[1]), h, policy, rows, cols))
+    return out
+
+
 def along_ink(frame: np.ndarray, box: tuple[int, int, int, int], policy: TextPolicy) -> tuple[int, int, int, int]:
     """A horizontal glyph row ``box`` [x0, y0, x1, y1] of a displayed frame (rows, cols uint8) grown along the
     stroke ink of either polarity (top-hats, structure ``tophat_px``) that continues it (:func:`extend_along_ink`,
@@ -957,7 +985,10 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     pending: list[tuple[Any, tuple[int, int, int, int]]] = []
     for label, frame in todo:
         unread: list = []
-        for ln in read_lines(frame, policy, phi, unread=unread):
+        found = read_lines(frame, policy, phi, unread=unread)
+        for box in bridges(found, h, w, policy):
+            boxes.append((label, box, "bridge", frame, False))
+        for ln in found:
             if ln.allowed:
                 out.kept_markers += 1
                 continue

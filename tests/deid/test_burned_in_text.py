@@ -316,3 +316,18 @@ def test_a_line_fading_along_its_length_keeps_its_faint_end_and_vertical_text_is
     turned = np.ascontiguousarray(frame.T)
     assert trim_to_ink(turned, (0, 0, 50, 220), 15, 4, 0.25, 2, vertical=True, along_share=0.05) == [
         (18, 8, 32, 200)]
+
+
+def test_the_unread_line_of_a_label_block_is_bridged_and_adjacent_lines_are_not():
+    from etl.deid.burned_in_text import bridges
+
+    policy = load_text_policy()
+    name = TextLine([Word("VANTERPOOL", 95, (258, 927, 582, 948))], (258, 927, 582, 948), False, "phi")
+    date = TextLine([Word("08-MAR-2012", 95, (330, 991, 509, 1012))], (330, 991, 509, 1012), False, "phi")
+    (box,) = bridges([name, date], 1024, 841, policy)  # room for one line (the age) between them
+    m = max(policy.margin_px, round(policy.margin_fraction * 21))
+    assert box == (330 - m, 948 - m, 509 + m, 991 + m)
+    under = TextLine([Word("4829173", 95, (258, 952, 400, 973))], (258, 952, 400, 973), False, "phi")
+    assert bridges([name, under], 1024, 841, policy) == []  # stacked lines, no line missing between them
+    aside = TextLine([Word("4829173", 95, (600, 991, 700, 1012))], (600, 991, 700, 1012), False, "phi")
+    assert bridges([name, aside], 1024, 841, policy) == []  # not one above the other
