@@ -616,11 +616,12 @@ def read_region(frame: np.ndarray, region: Region, policy: TextPolicy
 def _stroke_rows(ink: np.ndarray, floor: float, vertical: bool) -> int:
     """The median height (pixels) of the bands of consecutive rows (columns, for vertical text) holding
     strokes above ``floor``: the text height of a region where layout joined lines; 0 when none."""
-    prof = (ink >= floor).any(axis=0 if vertical else 1)
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], prof.astype(np.int8), [0]))))
-    runs = edges[1::2] - edges[::2]
-    runs = runs[runs >= 4]
-    return int(np.median(runs)) if runs.size else 0
+    from etl.deid.text_regions import runs
+
+    starts, ends = runs((ink >= floor).any(axis=0 if vertical else 1))
+    lengths = ends - starts
+    lengths = lengths[lengths >= 4]
+    return int(np.median(lengths)) if lengths.size else 0
 
 
 def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False,
@@ -677,12 +678,13 @@ def _read_once(lines: list[TextLine]) -> list[TextLine]:
     def overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
         return min(a[2], b[2]) > max(a[0], b[0]) and min(a[3], b[3]) > max(a[1], b[1])
 
+    read = [words(ln) for ln in lines]
     keep = []
-    for ln in lines:
-        own = words(ln)
+    for ln, own in zip(lines, read):
         twice = ln.reason is not None and not ln.allowed and bool(own) and any(
             m is not ln and m.reason is not None and m.bright != ln.bright and m.vertical == ln.vertical
-            and area(m.box) < area(ln.box) and overlap(m.box, ln.box) and own <= words(m) for m in lines)
+            and area(m.box) < area(ln.box) and overlap(m.box, ln.box) and own <= theirs
+            for m, theirs in zip(lines, read))
         if not twice:
             keep.append(ln)
     return keep
@@ -790,8 +792,9 @@ def tight_across(ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool
     thr = max(policy.min_ink, 0.5 * float(np.percentile(inside, 99)))
     counts = (inside >= thr).sum(axis=0 if vertical else 1)
     prof = counts >= max(2, 0.25 * int(counts.max()))  # rows dense with strokes along the line, not anatomy
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], prof.astype(np.int8), [0]))))
-    starts, ends = edges[::2], edges[1::2]
+    from etl.deid.text_regions import runs
+
+    starts, ends = runs(prof)
     keep = (ends - starts) >= 4
     if not keep.any():
         return box
@@ -895,7 +898,8 @@ def uncut(frame: np.ndarray, box: tuple[int, int, int, int], height: int, vertic
 class TextCleaning:
     """What the burned-in text step did to one object.
 
-    ``regions``: blanked boxes, each {"frame": int or "all", "box": [x0, y0, x1, y1], "reason": phi|word|line};
+    ``regions``: blanked boxes, each {"frame": int or "all", "box": [x0, y0, x1, y1], "reason": phi|word|line|
+    unreadable|bridge} (tight boxes when they verified, see ``trim`` in the policy);
     ``kept_markers``: allow-listed marker lines left in place; ``frames_read``: frames (or composites) read;
     ``pixels_blanked``: pixels set to the fill value (all frames); ``too_small``: fewer than ``min_side_px``
     rows or columns, so no line of legible text fits (nothing read).

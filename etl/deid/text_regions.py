@@ -61,6 +61,12 @@ def page(ink: np.ndarray, floor: float, gain: float) -> np.ndarray:
     return (255 - np.clip((ink - floor) * gain, 0, 255)).astype(np.uint8)
 
 
+def runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The runs of True in a 1-D bool profile: (starts, ends) int arrays, ends exclusive."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    return edges[::2], edges[1::2]
+
+
 def components(n: int, edges: list[tuple[int, int]]) -> list[list[int]]:
     """The connected components of the graph on nodes ``0..n-1`` with ``edges`` (index pairs), each a sorted list
     of node indices, ordered by their smallest node (:func:`scipy.sparse.csgraph.connected_components`)."""
@@ -201,11 +207,10 @@ def trim_to_ink(frame: np.ndarray, box: Box, k: int, floor: float, share: float,
     if not held.any():
         return [box]
     held = ndi.binary_closing(np.pad(held, margin), structure=np.ones(margin + 1))[margin:-margin] if margin else held
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], held.astype(np.int8), [0]))))
     across0, along0 = (x0, y0) if vertical else (y0, x0)
     across1, along1 = (x1, y1) if vertical else (y1, x1)
     out: list[Box] = []
-    for r0, r1 in zip(edges[::2], edges[1::2]):
+    for r0, r1 in zip(*runs(held)):
         c = np.flatnonzero(faint[r0:r1].any(axis=0))
         if not c.size:
             continue
