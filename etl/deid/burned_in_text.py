@@ -104,6 +104,7 @@ class TextPolicy:
     max_line_growth: float
     trim: dict[str, float]
     bridge: dict[str, float]
+    value: dict[str, float]
 
 
 @lru_cache(maxsize=4)
@@ -135,7 +136,8 @@ def load_text_policy(path: str | None = None) -> TextPolicy:
             margin_fraction=float(data["margin_fraction"]),
             allow_list=frozenset(_norm(w) for w in data["allow_list"]), verify=dict(data["verify"]),
             unreadable=dict(data["unreadable"]), max_line_growth=float(data["max_line_growth"]),
-            trim=dict(data["trim"]), bridge=dict(data["bridge"]))
+            trim=dict(data["trim"]), bridge=dict(data["bridge"]),
+            value=dict(data["value"]))
     except (KeyError, TypeError, ValueError) as err:
         raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
 
@@ -985,6 +987,7 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     out.frames_read = len(todo)
     n, h, w = stacked.shape[:3]
     boxes: list[tuple[Any, tuple[int, int, int, int], str, np.ndarray, bool]] = []  # label, box, reason, frame, vertical
+    values: list[tuple[int, int] | None] = []  # per box: (stroke value, line height) of its line, or None
     band = float(policy.unreadable["margin_band"])
     pending: list[tuple[Any, tuple[int, int, int, int]]] = []
     for label, frame in todo:
@@ -992,6 +995,7 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
         found = read_lines(frame, policy, phi, unread=unread)
         for box in bridges(found, h, w, policy):
             boxes.append((label, box, "bridge", frame, False))
+            values.append(None)
         for ln in found:
             if ln.allowed:
                 out.kept_markers += 1
@@ -1000,12 +1004,14 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
             if ln.height <= policy.max_line_px:  # a line of legible text, not a "line" OCR drew over anatomy
                 box = uncut(frame, box, ln.height, ln.vertical, ln.bright, policy)
             boxes.append((label, box, ln.reason or "word", frame, ln.vertical))
+            values.append(_line_value(stacked, label, ln.box, frame, ln.height, policy))
         for row in unread:  # glyphs OCR cannot read: blanked in the image margin, else the verify pass decides
             if in_margin(row, h, w, band):
                 rh = row[3] - row[1]
                 row = along_ink(frame, row, policy)
                 boxes.append((label, uncut(frame, grown(row, rh, policy, h, w), rh, False, True, policy),
                               "unreadable", frame, False))
+                values.append(None)
             else:
                 pending.append((label, row))
     if not boxes:
@@ -1014,12 +1020,14 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
         return out
     from etl.deid.text_regions import trim_to_ink
 
-    wide = [(label, box, reason) for label, box, reason, _, _ in boxes]
+    wide = [(label, _over_value(stacked, label, box, vertical, lv, policy), reason)
+            for (label, box, reason, _, vertical), lv in zip(boxes, values)]
     cleaned, mask = _blank_and_verify(ds, stacked, wide, todo, photometric, policy, phi)  # fail closed here
     chosen = wide
     if policy.trim["enabled"]:  # the same lines blanked tight to their strokes, kept when they verify too
         t = policy.trim
-        tight = [(label, box2, reason) for label, box, reason, frame, vertical in boxes
+        tight = [(label, _over_value(stacked, label, box2, vertical, lv, policy), reason)
+                 for (label, box, reason, frame, vertical), lv in zip(boxes, values)
                  for box2 in trim_to_ink(frame, box, policy.tophat_px, float(t["floor"]), float(t["share"]),
                                          int(t["margin_px"]), vertical=vertical,
                                          along_share=float(t["along_share"]))]
@@ -1035,6 +1043,31 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     _write_pixels(ds, cleaned if frames > 1 else cleaned[0], photometric)
     ds.BurnedInAnnotation = "NO"
     return out
+
+
+def _line_value(stacked: np.ndarray, label: Any, box: tuple[int, int, int, int], frame: np.ndarray, height: int,
+                policy: TextPolicy) -> tuple[int, int] | None:
+    """(stroke value, line height) of one text line of a single grey frame (``value`` of the policy,
+    :func:`etl.deid.text_regions.stroke_value`), or None (off, colour, a composite of many frames, no value)."""
+    from etl.deid.text_regions import stroke_value
+
+    v = policy.value
+    if not v["enabled"] or label == "all" or stacked.ndim != 3:
+        return None
+    found = stroke_value(stacked[int(label)], frame, box, policy.tophat_px,
+                         min_mode_share=float(v["min_mode_share"]), max_frame_share=float(v["max_frame_share"]))
+    return None if found is None else (found, height)
+
+
+def _over_value(stacked: np.ndarray, label: Any, box: tuple[int, int, int, int], vertical: bool,
+                lv: tuple[int, int] | None, policy: TextPolicy) -> tuple[int, int, int, int]:
+    """``box`` grown over its line's stroke value (:func:`etl.deid.text_regions.extend_over_value`)."""
+    if lv is None:
+        return box
+    from etl.deid.text_regions import extend_over_value
+
+    return extend_over_value(stacked[int(label)], box, lv[0], lv[1], vertical=vertical, gap=policy.extend_gap,
+                             reach=policy.extend_max, margin=int(policy.value["margin_px"]))
 
 
 def _blank_and_verify(ds, stacked: np.ndarray, boxes: list[tuple[Any, tuple[int, int, int, int], str]],

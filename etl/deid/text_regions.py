@@ -218,3 +218,81 @@ def trim_to_ink(frame: np.ndarray, box: Box, k: int, floor: float, share: float,
         b0, b1 = max(along0, along0 + int(c[0]) - margin), min(along1, along0 + int(c[-1]) + 1 + margin)
         out.append((a0, b0, a1, b1) if vertical else (b0, a0, b1, a1))
     return out or [box]
+
+
+def stroke_value(stored: np.ndarray, frame: np.ndarray, box: Box, k: int, *, min_mode_share: float,
+                 max_frame_share: float) -> int | None:
+    """The one stored value a text line is drawn in, or None when it has none.
+
+    Burned-in annotations are rendered in one colour: the cores of their glyphs hold one stored value, the
+    anti-aliased edges values between it and the background. ``stored`` (rows, cols integer stored values) and
+    ``frame`` (its displayed uint8 copy) are one frame, ``box`` [x0, y0, x1, y1] a text line in their pixels.
+    The strokes are the pixels of the box whose ink (distance from the median of their ``k`` x ``k`` square,
+    display levels) reaches half its 99th percentile; their most common stored value is the line's value when
+    it holds ``min_mode_share`` of them or more (anatomy's texture has no such mode) and at most
+    ``max_frame_share`` of the whole frame (a value the background or the anatomy is made of does not mark
+    text).
+    """
+    if not np.issubdtype(stored.dtype, np.integer):
+        return None
+    rows, cols = frame.shape
+    x0, y0, x1, y1 = box
+    if x1 <= x0 or y1 <= y0:
+        return None
+    wx0, wy0, wx1, wy1 = max(0, x0 - k), max(0, y0 - k), min(cols, x1 + k), min(rows, y1 + k)
+    window = frame[wy0:wy1, wx0:wx1].astype(np.float32)
+    ink = np.abs(window - ndi.median_filter(window, size=(k, k)))[y0 - wy0:y1 - wy0, x0 - wx0:x1 - wx0]
+    top = float(np.percentile(ink, 99))
+    if top <= 0:
+        return None
+    core = stored[y0:y1, x0:x1][ink >= 0.5 * top]
+    values, counts = np.unique(core, return_counts=True)
+    v = values[int(np.argmax(counts))]
+    if counts.max() < min_mode_share * core.size:
+        return None
+    if float(np.count_nonzero(stored == v)) > max_frame_share * stored.size:
+        return None
+    return int(v)
+
+
+def extend_over_value(stored: np.ndarray, box: Box, value: int, height: int, *, vertical: bool, gap: float,
+                      reach: float, margin: int) -> Box:
+    """A text line's box grown over the pixels of its stroke value (:func:`stroke_value`) that continue it.
+
+    Along the reading direction, the box's band of rows (columns, for vertical text) grows while its columns
+    hold a pixel of ``value``, over gaps of up to ``gap`` x ``height`` (pixels, the line height), at most
+    ``reach`` x ``height`` per side; across it, each edge moves while the next row of the grown span holds two
+    pixels of ``value`` or more. The edges that moved get ``margin`` pixels. Text whose contrast fades into its
+    background (a name running onto bright anatomy) is still drawn in its value where the display no longer
+    shows it. ``stored`` (rows, cols) integer stored values. Returns the box [x0, y0, x1, y1] (never smaller).
+    """
+    hit = stored == value
+    if vertical:
+        hit = hit.T
+        box = (box[1], box[0], box[3], box[2])
+    n_across, n_along = hit.shape
+    b0, a0, b1, a1 = box  # along: b0..b1, across: a0..a1
+    has = hit[a0:a1].any(axis=0)
+    g, r = max(2, int(gap * height)), int(reach * height)
+
+    def walk(start: int, step: int, limit: int) -> int:  # the new edge (exclusive going up) from ``start``
+        edge, miss, i = (start if step > 0 else start + 1), 0, start
+        while (i < limit) if step > 0 else (i >= limit):
+            miss = 0 if has[i] else miss + 1
+            if miss > g:
+                break
+            if has[i]:
+                edge = i + 1 if step > 0 else i
+            i += step
+        return edge
+
+    nb1 = walk(b1, 1, min(n_along, b1 + r))
+    nb0 = walk(b0 - 1, -1, max(0, b0 - r))
+    na0, na1 = a0, a1
+    while na0 > 0 and int(hit[na0 - 1, nb0:nb1].sum()) >= 2:
+        na0 -= 1
+    while na1 < n_across and int(hit[na1, nb0:nb1].sum()) >= 2:
+        na1 += 1
+    nb0, nb1 = (max(0, nb0 - margin) if nb0 < b0 else nb0), (min(n_along, nb1 + margin) if nb1 > b1 else nb1)
+    na0, na1 = (max(0, na0 - margin) if na0 < a0 else na0), (min(n_across, na1 + margin) if na1 > a1 else na1)
+    return (na0, nb0, na1, nb1) if vertical else (nb0, na0, nb1, na1)

@@ -331,3 +331,48 @@ def test_the_unread_line_of_a_label_block_is_bridged_and_adjacent_lines_are_not(
     assert bridges([name, under], 1024, 841, policy) == []  # stacked lines, no line missing between them
     aside = TextLine([Word("4829173", 95, (600, 991, 700, 1012))], (600, 991, 700, 1012), False, "phi")
     assert bridges([name, aside], 1024, 841, policy) == []  # not one above the other
+
+
+def _noisy_frame(seed: int = 3) -> np.ndarray:
+    """A 16-bit CR-like frame (rows 80, cols 300): texture 3000..3400, brighter (3900..4300) from column 150 on."""
+    rng = np.random.default_rng(seed)
+    stored = rng.integers(3000, 3400, (80, 300)).astype(np.uint16)
+    stored[:, 150:] += 900
+    return stored
+
+
+def test_a_line_drawn_in_one_stored_value_has_it_and_anatomy_or_a_common_value_has_none():
+    from etl.deid.text_regions import stroke_value
+
+    stored = _noisy_frame()
+    for x in range(20, 140, 8):  # glyph cores of one value, far brighter than the texture here
+        stored[30:42, x:x + 2] = 6000
+    shown = (stored.astype(np.float32) / stored.max() * 255).astype(np.uint8)
+    assert stroke_value(stored, shown, (15, 28, 145, 44), 15, min_mode_share=0.3, max_frame_share=0.02) == 6000
+    plain = _noisy_frame()  # texture only: no value holds 30% of its strongest pixels
+    shown = (plain.astype(np.float32) / plain.max() * 255).astype(np.uint8)
+    assert stroke_value(plain, shown, (15, 28, 145, 44), 15, min_mode_share=0.3, max_frame_share=0.02) is None
+    flat = np.full((80, 300), 100, np.uint16)
+    flat[30:42, 20:140:8] = 900  # the value of the strokes is the frame's background elsewhere too
+    flat[60:, :] = 900
+    assert stroke_value(flat, (flat // 4).astype(np.uint8), (15, 28, 145, 44), 15, min_mode_share=0.3,
+                        max_frame_share=0.02) is None
+    assert stroke_value(stored.astype(np.float32), shown, (15, 28, 145, 44), 15, min_mode_share=0.3,
+                        max_frame_share=0.02) is None  # float pixels: no exact stored value to follow
+
+
+def test_a_box_grows_over_its_stroke_value_where_the_line_fades_into_bright_anatomy():
+    from etl.deid.text_regions import extend_over_value
+
+    stored = _noisy_frame()
+    for x in range(20, 230, 8):  # one line drawn in 3450: brighter than the texture, then darker from column 150
+        stored[30:42, x:x + 2] = 3450
+    stored[30:42, 260:262] = 3450  # a lone stroke past a gap of 30 px (2.5 x the line height): not the line's
+    kw = {"gap": 1.2, "reach": 12, "margin": 2}
+    assert extend_over_value(stored, (18, 28, 100, 44), 3450, 12, vertical=False, **kw) == (18, 28, 232, 44)
+    turned = np.ascontiguousarray(stored.T)  # the same line written top to bottom
+    assert extend_over_value(turned, (28, 18, 44, 100), 3450, 12, vertical=True, **kw) == (28, 18, 44, 232)
+    assert extend_over_value(stored, (18, 28, 100, 44), 3450, 12, vertical=False, gap=1.2, reach=5,
+                             margin=2)[2] == 158 + 2  # at most reach x the height: the stroke at 156..158
+    stored[42:45, 20:60] = 3450  # rows of the line that the box cut off: its lower edge moves over them
+    assert extend_over_value(stored, (18, 28, 100, 42), 3450, 12, vertical=False, **kw) == (18, 28, 232, 47)
