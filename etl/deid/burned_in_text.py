@@ -105,6 +105,7 @@ class TextPolicy:
     trim: dict[str, float]
     bridge: dict[str, float]
     value: dict[str, float]
+    second_look: dict[str, float]
 
 
 @lru_cache(maxsize=4)
@@ -137,7 +138,7 @@ def load_text_policy(path: str | None = None) -> TextPolicy:
             allow_list=frozenset(_norm(w) for w in data["allow_list"]), verify=dict(data["verify"]),
             unreadable=dict(data["unreadable"]), max_line_growth=float(data["max_line_growth"]),
             trim=dict(data["trim"]), bridge=dict(data["bridge"]),
-            value=dict(data["value"]))
+            value=dict(data["value"]), second_look=dict(data["second_look"]))
     except (KeyError, TypeError, ValueError) as err:
         raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
 
@@ -642,10 +643,13 @@ def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify:
     lines: list[TextLine] = []
     for region in candidate_regions(frame, policy):
         words, ink, (rx0, ry0) = read_region(frame, region, policy)
-        words = [w for w in words if _norm(w.text) and w.box[2] > w.box[0] and w.box[3] > w.box[1]
-                 and (w.conf >= policy.min_join_confidence or (w.conf >= p_conf and phi.matches(w.text, fuzzy)))]
+        kept = [w for w in words if _norm(w.text) and w.box[2] > w.box[0] and w.box[3] > w.box[1]
+                and (w.conf >= policy.min_join_confidence or (w.conf >= p_conf and phi.matches(w.text, fuzzy)))]
         found = [classify(ln, policy, phi, verify=verify)
-                 for ln in group_lines(words, policy.join_gap, policy.max_height_ratio)]
+                 for ln in group_lines(kept, policy.join_gap, policy.max_height_ratio)]
+        if policy.second_look["enabled"]:
+            found += _second_look(frame, region, [w for w in words if w not in kept and _norm(w.text)], found,
+                                  policy, phi, verify)
         for ln in found:
             if ln.reason is None:
                 continue
@@ -664,6 +668,47 @@ def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify:
             if row is not None:
                 unread.append(row)
     return _read_once(lines)
+
+
+def _second_look(frame: np.ndarray, region: Region, unsure: list[Word], found: list[TextLine],
+                 policy: TextPolicy, phi: PhiTokens, verify: bool) -> list[TextLine]:
+    """Text lines found by reading again, on their own, the words OCR read without confidence beside a text
+    line (``second_look`` of the policy).
+
+    A region laid out over a label block and the anatomy around it is recognised as one page; a short line
+    of it (an age under a name, shadowed glyphs) can come out as low-confidence fragments ("p27"). Here the
+    horizontal words of ``unsure`` (read in ``region`` of the displayed ``frame``, rows x cols uint8, under
+    ``min_join_confidence``) that lie above or below a horizontal text line of ``found``, within ``within`` x
+    its height and over its span, are grouped into lines (:func:`group_lines`), and each group's box, padded
+    like a candidate line, is recognised as a region of its own (:func:`read_region`). Returns the new lines
+    that :func:`classify` calls text (frame pixels)."""
+    text = [ln for ln in found if ln.reason is not None and not ln.vertical]
+    near = []
+    for w in unsure:
+        if w.vertical:
+            continue
+        x0, y0, x1, y1 = w.box
+        for ln in text:
+            lx0, ly0, lx1, ly1 = ln.box
+            h = ln.height
+            reach = float(policy.second_look["within"]) * h
+            if min(x1, lx1 + h) > max(x0, lx0 - h) and (0 <= y0 - ly1 <= reach or 0 <= ly0 - y1 <= reach):
+                near.append(w)
+                break
+    out = []
+    rows, cols = frame.shape
+    for grp in group_lines(near, policy.join_gap, policy.max_height_ratio):
+        h = grp.height
+        p = max(policy.pad_px, int(round(policy.pad_fraction * h)))
+        x0, y0, x1, y1 = grp.box
+        sub = Region((max(0, x0 - p), max(0, y0 - p), min(cols, x1 + p), min(rows, y1 + p)), region.bright,
+                     max(policy.min_line_px, min(h, region.line_px)), False)
+        words, _, _ = read_region(frame, sub, policy)
+        words = [w for w in words if _norm(w.text) and w.conf >= policy.min_join_confidence]
+        out += [ln for ln in (classify(g, policy, phi, verify=verify)
+                              for g in group_lines(words, policy.join_gap, policy.max_height_ratio))
+                if ln.reason is not None]
+    return out
 
 
 def _read_once(lines: list[TextLine]) -> list[TextLine]:

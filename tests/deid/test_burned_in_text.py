@@ -376,3 +376,26 @@ def test_a_box_grows_over_its_stroke_value_where_the_line_fades_into_bright_anat
                              margin=2)[2] == 158 + 2  # at most reach x the height: the stroke at 156..158
     stored[42:45, 20:60] = 3450  # rows of the line that the box cut off: its lower edge moves over them
     assert extend_over_value(stored, (18, 28, 100, 42), 3450, 12, vertical=False, **kw) == (18, 28, 232, 47)
+
+
+def test_words_read_without_confidence_beside_a_text_line_are_read_again_on_their_own():
+    from etl.deid.burned_in_text import Region, _second_look
+
+    require_ocr()
+    im = Image.new("L", (320, 120), 20)
+    draw = ImageDraw.Draw(im)
+    draw.text((20, 10), "QUIGLEY, MARISOL", fill=230, font=ImageFont.load_default(size=18))
+    draw.text((20, 36), "35 Y", fill=230, font=ImageFont.load_default(size=18))  # the header's age, 035Y
+    tx0, ty0, tx1, ty1 = draw.textbbox((20, 36), "35 Y", font=ImageFont.load_default(size=18))
+    draw.text((20, 92), "35 Y", fill=230, font=ImageFont.load_default(size=18))  # 3.5 line heights below
+    frame = np.asarray(im)
+    policy, phi = load_text_policy(), PhiTokens.from_dataset(_header())
+    name = TextLine([Word("MARISOL", 95, (20, 12, 190, 30))], (20, 12, 190, 30), False, "word")
+    region = Region((0, 0, 320, 120), True, 18)
+    beside = [Word("p35", 24, (18, 36, 62, 56))]  # what a crowded region read there
+    (age,) = _second_look(frame, region, beside, [name], policy, phi, verify=False)
+    x0, y0, x1, y1 = age.box  # the age's own glyphs, not the name above it
+    assert age.reason == "phi" and y0 >= 30 and x0 <= tx0 + 2 and x1 >= tx1 - 2 and y0 <= ty0 + 2 and y1 >= ty1 - 2
+    far = [Word("p35", 24, (18, 92, 62, 112))]
+    assert _second_look(frame, region, far, [name], policy, phi, verify=False) == []
+    assert _second_look(frame, region, beside, [], policy, phi, verify=False) == []  # no text line to be beside
