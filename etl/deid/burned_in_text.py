@@ -240,16 +240,22 @@ def ocr_words(page: np.ndarray, policy: TextPolicy, scale: float, vertical: bool
     return out
 
 
-def layout_lines(page: np.ndarray, policy: TextPolicy) -> list[tuple[int, int, int, int]]:
+def layout_lines(page: np.ndarray, policy: TextPolicy, thresholding: int = 0) -> list[tuple[int, int, int, int]]:
     """Text line boxes [x0, y0, x1, y1] of Tesseract's layout analysis alone (no recognition) on one 8-bit page
-    (dark text on light), with the layout PSM (sparse text); in ``page`` pixels."""
+    (dark text on light), with the layout PSM (sparse text); in ``page`` pixels. ``thresholding`` is
+    Tesseract's ``thresholding_method`` for this page (0: one global Otsu threshold; 1: Leptonica's tiled
+    adaptive Otsu, so a faint line beside strong ones is binarised by its own tile)."""
     import tesserocr
     from PIL import Image
 
     api = _Engine.api(policy)
     api.SetPageSegMode(policy.layout_psm)
-    api.SetImage(Image.fromarray(page))
-    it = api.AnalyseLayout()
+    api.SetVariable("thresholding_method", str(int(thresholding)))
+    try:
+        api.SetImage(Image.fromarray(page))
+        it = api.AnalyseLayout()
+    finally:
+        api.SetVariable("thresholding_method", "0")  # recognition always binarises with the default
     if it is None:
         return []
     out = []
@@ -521,13 +527,14 @@ class Region:
     vertical: bool = False
 
 
-def candidate_regions(frame: np.ndarray, policy: TextPolicy) -> list[Region]:
+def candidate_regions(frame: np.ndarray, policy: TextPolicy, thresholding: int = 0) -> list[Region]:
     """Where text may be in one displayed frame (rows, cols uint8), found cheaply: Tesseract's layout analysis
     (no recognition) on the white and on the black top-hat page of the working copy
     (:func:`etl.deid.text_regions.working_copy`), the white one also turned 90 degrees; line boxes of a
     plausible height (``min_line_px`` .. ``max_line_px`` at full resolution) grow along their line over the
     stroke ink that continues it (:func:`extend_along_ink`, so a line the layout split is read whole), merge
-    where they overlap or continue one another, and are padded by ``max(pad_px, pad_fraction x height)``."""
+    where they overlap or continue one another, and are padded by ``max(pad_px, pad_fraction x height)``.
+    ``thresholding``: the layout's binarisation (:func:`layout_lines`)."""
     from etl.deid.text_regions import ink_maps, merge_lines, page, working_copy
 
     rows, cols = frame.shape
@@ -543,7 +550,8 @@ def candidate_regions(frame: np.ndarray, policy: TextPolicy) -> list[Region]:
         pg = page(ink, policy.min_ink, policy.tophat_gain)
         wr, wc = pg.shape
         boxes, heights = [], []
-        for bx0, by0, bx1, by1 in layout_lines(np.ascontiguousarray(np.rot90(pg, -1)) if vertical else pg, policy):
+        for bx0, by0, bx1, by1 in layout_lines(np.ascontiguousarray(np.rot90(pg, -1)) if vertical else pg, policy,
+                                               thresholding):
             if vertical:  # turned clockwise: back to the page's pixels
                 bx0, by0, bx1, by1 = by0, wr - bx1, by1, wr - bx0
             across = (bx1 - bx0) if vertical else (by1 - by0)
@@ -628,7 +636,8 @@ def _stroke_rows(ink: np.ndarray, floor: float, vertical: bool) -> int:
 
 
 def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False,
-               unread: list | None = None, blanked: np.ndarray | None = None) -> list[TextLine]:
+               unread: list | None = None, blanked: np.ndarray | None = None,
+               thresholding: int = 0) -> list[TextLine]:
     """Text lines of one displayed frame (rows, cols uint8) that the policy calls text (allowed ones included,
     flagged): :func:`candidate_regions`, then :func:`read_region` on each; words join into lines
     (:func:`group_lines`), are classified (:func:`classify`), and each text line's box is grown along its
@@ -637,11 +646,12 @@ def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify:
 
     With ``unread`` (a list), the box [x0, y0, x1, y1] (frame pixels) of each row of character-like glyphs
     (:func:`unreadable_row`) in a candidate region outside its text lines and outside ``blanked`` (rows, cols
-    bool, pixels already blanked) is appended to it: text OCR could not read."""
+    bool, pixels already blanked) is appended to it: text OCR could not read. ``thresholding``: the layout's
+    binarisation (:func:`layout_lines`)."""
     p_conf = policy.verify["phi_min_confidence"] if verify else policy.phi["min_confidence"]
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     lines: list[TextLine] = []
-    for region in candidate_regions(frame, policy):
+    for region in candidate_regions(frame, policy, thresholding):
         words, ink, (rx0, ry0) = read_region(frame, region, policy)
         kept = [w for w in words if _norm(w.text) and w.box[2] > w.box[0] and w.box[3] > w.box[1]
                 and (w.conf >= policy.min_join_confidence or (w.conf >= p_conf and phi.matches(w.text, fuzzy)))]
@@ -1082,6 +1092,7 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
                 chosen = tight
             except BurnedInTextError:
                 pass  # text read after the tight blanks: the wide ones stand
+    _phi_sweep(ds, cleaned, mask, todo, policy, phi)  # fail closed: raises on header PHI still read
     for label, (x0, y0, x1, y1), reason in chosen:
         out.regions.append({"frame": label, "box": [x0, y0, x1, y1], "reason": reason})
     out.pixels_blanked = int(mask.sum())
@@ -1147,6 +1158,33 @@ def _blank_and_verify(ds, stacked: np.ndarray, boxes: list[tuple[Any, tuple[int,
         if unread:
             _raise_unreadable(label, unread[0])
     return cleaned, mask
+
+
+def _phi_sweep(ds, cleaned: np.ndarray, mask: np.ndarray, todo: list[tuple[Any, np.ndarray]], policy: TextPolicy,
+               phi: PhiTokens) -> None:
+    """Read the cleaned frames once more, laid out with Leptonica's tiled adaptive Otsu threshold
+    (``verify.phi_sweep_thresholding``), and fail closed on any header PHI value found (``verify`` thresholds).
+
+    Tesseract lays a page out after one global (Otsu) threshold, so a faint line beside strong ones (a
+    half-contrast ID on the page of a full-contrast name) is never a candidate, in the first read or in the
+    verifying one. Tiled thresholds find it, and also the remnants of blanked lines and the edges of anatomy,
+    so only a PHI value counts here. ``cleaned`` (frames, rows, cols[, 3]) stored values after blanking,
+    ``mask`` (frames, rows, cols) bool the blanked pixels, ``todo`` the frames or composites read.
+
+    Raises
+    ------
+    BurnedInTextError
+        ``burned_in_text_remaining`` naming the frame (never the text).
+    """
+    method = int(policy.verify.get("phi_sweep_thresholding", 0) or 0)
+    if not method:
+        return
+    disp = display_frames(ds, cleaned)
+    for (label, frame), fmask in zip(_frames_to_read(disp, policy), _frame_masks(mask, todo)):
+        if any(ln.reason == "phi" and not ln.allowed
+               for ln in read_lines(frame, policy, phi, verify=True, blanked=fmask, thresholding=method)):
+            raise BurnedInTextError("burned_in_text_remaining",
+                                    f"header PHI still read after blanking in frame {label} (adaptive layout)")
 
 
 def _raise_unreadable(label: Any, box: tuple[int, int, int, int]) -> None:

@@ -399,3 +399,53 @@ def test_words_read_without_confidence_beside_a_text_line_are_read_again_on_thei
     far = [Word("p35", 24, (18, 92, 62, 112))]
     assert _second_look(frame, region, far, [name], policy, phi, verify=False) == []
     assert _second_look(frame, region, beside, [], policy, phi, verify=False) == []  # no text line to be beside
+
+
+def _rf(frame: np.ndarray) -> Dataset:
+    """An 8-bit MONOCHROME2 fluoroscopy frame (rows, cols uint8) with the PHI header of :func:`_header`."""
+    ds = _header()
+    ds.SOPClassUID, ds.SOPInstanceUID = "1.2.840.10008.5.1.4.1.1.12.2", generate_uid()
+    ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.Modality = generate_uid(), generate_uid(), "RF"
+    ds.Rows, ds.Columns, ds.SamplesPerPixel, ds.PhotometricInterpretation = *frame.shape, 1, "MONOCHROME2"
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+    ds.WindowCenter, ds.WindowWidth = "127.5", "256"  # displayed as stored
+    ds.PixelData = frame.tobytes()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID, ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPClassUID, ds.SOPInstanceUID
+    return pydicom.dcmread(io.BytesIO(_bytes(ds)))
+
+
+def _faint_beside_strong(faint: str) -> np.ndarray:
+    """A 464 x 512 fluoroscopy-like frame (background 78 +- 3): the header's name in black at the top and
+    ``faint`` 35 levels darker than the background below it."""
+    im = Image.new("L", (512, 464), 0)
+    draw = ImageDraw.Draw(im)
+    draw.text((120, 44), "DAVIDSON DOUGLAS", fill=255, font=ImageFont.load_default(size=20))
+    draw.text((276, 370), faint, fill=255, font=ImageFont.load_default(size=17))
+    glyphs = np.asarray(im, np.float32) / 255
+    bg = 78 + np.random.default_rng(5).normal(0, 3, glyphs.shape)
+    depth = np.where(np.arange(464)[:, None] < 200, 78.0, 35.0)
+    return np.clip(bg - depth * glyphs, 0, 255).astype(np.uint8)
+
+
+def test_a_faint_id_beside_a_full_contrast_name_is_found_by_the_phi_sweep_and_quarantines():
+    from etl.deid.burned_in_text import BurnedInTextError, _norm, _phi_sweep, read_lines
+
+    require_ocr()
+    frame = _faint_beside_strong("7712093")  # the PatientID
+    policy, phi = load_text_policy(), PhiTokens.from_dataset(_header())
+
+    def holds_id(lines):
+        return any(ln.reason == "phi" and any(_norm(w.text) == "7712093" for w in ln.words) for ln in lines)
+
+    assert not holds_id(read_lines(frame, policy, phi, verify=True))  # one global threshold: not laid out
+    assert holds_id(read_lines(frame, policy, phi, verify=True, thresholding=1))  # tiled thresholds: found
+    mask = np.zeros((1, *frame.shape), bool)
+    mask[0, 40:75, 110:330] = True  # the name blanked (black), as the sweep sees a cleaned frame
+    cleaned = np.where(mask[0], 0, frame).astype(np.uint8)
+    with pytest.raises(BurnedInTextError) as err:
+        _phi_sweep(_rf(cleaned), cleaned[None], mask, [(0, frame)], policy, phi)
+    assert err.value.reason == "burned_in_text_remaining" and "adaptive" in str(err.value)
+    other = np.where(mask[0], 0, _faint_beside_strong("4418806")).astype(np.uint8)  # no header value
+    _phi_sweep(_rf(other), other[None], mask, [(0, other)], policy, phi)  # the sweep lets it be
