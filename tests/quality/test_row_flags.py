@@ -86,7 +86,7 @@ def ocr_once_per_frame():
     """Burned-in text recognition (:func:`etl.deid.burned_in_text.read_lines`) run once per distinct displayed
     frame for this module, then replayed for the other keys.
 
-    ``read_lines`` is a pure function of (frame pixels, text policy, header PHI tokens, verify): none of them
+    ``read_lines`` is a pure function of (frame pixels, text policy, header PHI tokens, verify, layout thresholding): none of them
     depends on the pseudonymisation key (the PHI tokens are read from the header before it is de-identified), so
     the six keys below see the same lines; everything else of :func:`etl.deid.dicom.deidentify_dataset` (decode,
     blanking, the header walk, the date shift, verification) still runs per key. It was 50 of the 67 s of one key
@@ -102,7 +102,7 @@ def ocr_once_per_frame():
     real = burned_in_text.read_lines
     params = list(inspect.signature(real).parameters)
     # the replay below must see every input and output of read_lines: a changed signature fails here, by name
-    assert params == ["frame", "policy", "phi", "verify", "unread", "blanked"], params
+    assert params == ["frame", "policy", "phi", "verify", "unread", "blanked", "thresholding"], params
     memo: dict = {}
     calls = {"read": 0, "replayed": 0}
 
@@ -112,15 +112,15 @@ def ocr_once_per_frame():
         a = np.ascontiguousarray(a)
         return (a.shape, a.dtype.str, hashlib.sha256(a.tobytes()).hexdigest())
 
-    def read_lines(frame, policy, phi, *, verify=False, unread=None, blanked=None):
+    def read_lines(frame, policy, phi, *, verify=False, unread=None, blanked=None, thresholding=0):
         key = (digest(frame), repr(policy), tuple(sorted(phi.tokens)), phi.min_chars, verify, digest(blanked),
-               unread is not None)
+               unread is not None, thresholding)
         if key in memo:
             calls["replayed"] += 1
         else:
             calls["read"] += 1
             found: list | None = [] if unread is not None else None
-            lines = real(frame, policy, phi, verify=verify, unread=found, blanked=blanked)
+            lines = real(frame, policy, phi, verify=verify, unread=found, blanked=blanked, thresholding=thresholding)
             memo[key] = (lines, found)
         lines, found = copy.deepcopy(memo[key])
         if unread is not None:
