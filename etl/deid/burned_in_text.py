@@ -17,13 +17,17 @@ margins, verification). The steps, per frame of an object with pixels:
    (:func:`group_lines`); a line is text when one word is sure enough, when its words together are, or when a
    word equals a header PHI token (:class:`PhiTokens`: name parts in any order, IDs, accession, dates in any
    format, times, age, institution words; one edit allowed on long tokens, two misread digits on dates/IDs);
+   words read without confidence beside a text line are read again on their own (:func:`_second_look`);
 4. a text line whose words are all allow-listed clinical markers (L, R, PA, PORTABLE, ...) stays, unless a
-   word is PHI; every other text line is blanked (the line box grown by a margin) with the value that
-   displays black;
+   word is PHI; every other text line is blanked (the line box grown by a margin, over the pixels of the
+   line's stroke value that continue it: :func:`etl.deid.text_regions.stroke_value`) with the value that
+   displays black, then the same lines tight to their strokes (kept when they verify too);
 5. verification: the cleaned image is read again; any line that still passes the ``verify`` thresholds, or any
    PHI word, raises ``burned_in_text_remaining`` (the file is quarantined); a row of character-like glyphs
    OCR could not read (:func:`unreadable_row`) left in a candidate region is blanked in the image margin on
-   the first read, else raises ``burned_in_text_unreadable`` (the frame and box named).
+   the first read, else raises ``burned_in_text_unreadable`` (the frame and box named); last, the PHI sweep
+   (:func:`_phi_sweep`) lays the blanks that ship out again with tiled thresholds and raises
+   ``burned_in_text_remaining`` on any header PHI value read.
 
 Errors are :class:`etl.deid.dicom.DeidentificationError` subclasses' reason codes: ``ocr_unavailable`` (no
 Tesseract language data or no tesserocr), ``pixel_cleaning_failed`` (pixels that cannot be decoded, too large),
@@ -1013,7 +1017,8 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     ------
     BurnedInTextError
         ``ocr_unavailable``; ``pixel_cleaning_failed`` (pixels that cannot be decoded, larger than
-        ``max_pixels``); ``burned_in_text_remaining`` (text still read after blanking);
+        ``max_pixels``); ``burned_in_text_remaining`` (text still read after blanking, or a header PHI value
+        read by the PHI sweep);
         ``burned_in_text_unreadable`` (a row of character-like glyphs OCR cannot read, not in the margin).
     """
     policy = policy or load_text_policy()

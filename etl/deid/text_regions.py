@@ -10,7 +10,10 @@ module holds the numpy/scipy parts:
   than their local background, as dark text on a light page (contrast under a floor left white), so low-contrast text on anatomy and text on a
   semi-transparent box read like black print (Gonzalez & Woods, *Digital Image Processing*, 9.6);
 - :func:`merge_lines`: candidate line boxes merged where they overlap or continue one line, so each region is
-  recognised once.
+  recognised once;
+- :func:`trim_to_ink`: a blank box shrunk to the strokes of the lines it holds;
+- :func:`stroke_value` / :func:`extend_over_value`: the one stored value a line's glyph cores are drawn in, and
+  a blank box grown over the pixels of that value that continue the line.
 """
 
 from __future__ import annotations
