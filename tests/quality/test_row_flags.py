@@ -87,10 +87,11 @@ def ocr_once_per_frame():
     frame for this module, then replayed for the other keys.
 
     ``read_lines`` is a pure function of (frame pixels, text policy, header PHI tokens, verify, layout
-    thresholding): none of them depends on the pseudonymisation key (the PHI tokens are read from the header before it is de-identified), so
-    the six keys below see the same lines; everything else of :func:`etl.deid.dicom.deidentify_dataset` (decode,
-    blanking, the header walk, the date shift, verification) still runs per key. It was 50 of the 67 s of one key
-    (cProfile, load 0.6). Yields the counts of real and replayed calls."""
+    thresholding): none of them depends on the pseudonymisation key (the PHI tokens are read from the header before
+    it is de-identified), so the six keys below see the same lines; everything else of
+    :func:`etl.deid.dicom.deidentify_dataset` (decode, blanking, the header walk, the date shift, verification)
+    still runs per key. It was 50 of the 67 s of one key (cProfile, load 0.6). Yields the counts of real and
+    replayed calls."""
     import copy
     import hashlib
     import inspect
