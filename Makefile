@@ -29,13 +29,16 @@ browser:
 
 # the DICOM conformance test runs dicom3tools' dciodvfy on de-identified files; dcm2niix is the reference
 # for volume geometry (Debian packages dicom3tools, dcm2niix); burned-in text OCR reads Tesseract's English
-# language data (Debian tesseract-ocr, tesseract-ocr-eng; the privacy tests fail naming them when absent)
+# language data (Debian tesseract-ocr, tesseract-ocr-eng; the privacy tests fail naming them when absent); the
+# burned-in text cases (../shared/tools/burned_in_cases.py) draw in DejaVu, Liberation and Noto Mono fonts and
+# substitute DejaVu Sans for a missing one, so the fonts are installed for the set to be the same on every machine
 tools:
 	@if ! command -v dciodvfy >/dev/null 2>&1 || ! command -v dcm2niix >/dev/null 2>&1 \
-	    || ! command -v tesseract >/dev/null 2>&1 || ! ls /usr/share/tesseract-ocr/*/tessdata/eng.traineddata >/dev/null 2>&1; then \
+	    || ! command -v tesseract >/dev/null 2>&1 || ! ls /usr/share/tesseract-ocr/*/tessdata/eng.traineddata >/dev/null 2>&1 \
+	    || ! ls /usr/share/fonts/truetype/liberation/LiberationSansNarrow-Regular.ttf /usr/share/fonts/truetype/noto/NotoSansMono-Regular.ttf /usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf >/dev/null 2>&1; then \
 	  SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO="sudo"; \
-	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dicom3tools dcm2niix tesseract-ocr tesseract-ocr-eng; } \
-	    || echo "warning: could not install dicom3tools/dcm2niix/tesseract-ocr; the dciodvfy test is skipped and the burned-in text tests fail naming them" >&2; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dicom3tools dcm2niix tesseract-ocr tesseract-ocr-eng fonts-dejavu-core fonts-liberation fonts-noto-mono; } \
+	    || echo "warning: could not install dicom3tools/dcm2niix/tesseract-ocr/fonts; the dciodvfy test is skipped and the burned-in text tests fail naming them" >&2; \
 	fi
 
 demo: install tools
