@@ -25,9 +25,9 @@ margins, verification). The steps, per frame of an object with pixels:
 5. verification: the cleaned image is read again; any line that still passes the ``verify`` thresholds, or any
    PHI word, raises ``burned_in_text_remaining`` (the file is quarantined); a row of character-like glyphs
    OCR could not read (:func:`unreadable_row`) left in a candidate region is blanked in the image margin on
-   the first read, else raises ``burned_in_text_unreadable`` (the frame and box named); last, the PHI sweep
-   (:func:`_phi_sweep`) lays the blanks that ship out again with tiled thresholds and raises
-   ``burned_in_text_remaining`` on any header PHI value read.
+   the first read, else raises ``burned_in_text_unreadable`` (the frame and box named); last, on every image
+   read (blanked or not), the PHI sweep (:func:`_phi_sweep`) lays the pixels that ship out again with tiled
+   thresholds and raises ``burned_in_text_remaining`` on any header PHI value read.
 
 Errors are :class:`etl.deid.dicom.DeidentificationError` subclasses' reason codes: ``ocr_unavailable`` (no
 Tesseract language data or no tesserocr), ``pixel_cleaning_failed`` (pixels that cannot be decoded, too large),
@@ -1077,6 +1077,7 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     if not boxes:
         if pending:  # nothing blanked, so no verify pass: the unread rows stand as they were found
             _raise_unreadable(*pending[0])
+        _phi_sweep(ds, stacked, np.zeros((n, h, w), bool), todo, policy, phi)  # no text found: PHI still is
         return out
     from etl.deid.text_regions import trim_to_ink
 
@@ -1167,13 +1168,15 @@ def _blank_and_verify(ds, stacked: np.ndarray, boxes: list[tuple[Any, tuple[int,
 
 def _phi_sweep(ds, cleaned: np.ndarray, mask: np.ndarray, todo: list[tuple[Any, np.ndarray]], policy: TextPolicy,
                phi: PhiTokens) -> None:
-    """Read the cleaned frames once more, laid out with Leptonica's tiled adaptive Otsu threshold
+    """Read the frames that ship once more, laid out with Leptonica's tiled adaptive Otsu threshold
     (``verify.phi_sweep_thresholding``), and fail closed on any header PHI value found (``verify`` thresholds).
+    Run on every image read: after blanking, and where the first read found no text at all (low-contrast
+    corner text whose layout a little noise tips over).
 
     Tesseract lays a page out after one global (Otsu) threshold, so a faint line beside strong ones (a
     half-contrast ID on the page of a full-contrast name) is never a candidate, in the first read or in the
     verifying one. Tiled thresholds find it, and also the remnants of blanked lines and the edges of anatomy,
-    so only a PHI value counts here. ``cleaned`` (frames, rows, cols[, 3]) stored values after blanking,
+    so only a PHI value counts here. ``cleaned`` (frames, rows, cols[, 3]) stored values that ship,
     ``mask`` (frames, rows, cols) bool the blanked pixels, ``todo`` the frames or composites read.
 
     Raises

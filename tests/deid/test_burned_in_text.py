@@ -449,3 +449,23 @@ def test_a_faint_id_beside_a_full_contrast_name_is_found_by_the_phi_sweep_and_qu
     assert err.value.reason == "burned_in_text_remaining" and "adaptive" in str(err.value)
     other = np.where(mask[0], 0, _faint_beside_strong("4418806")).astype(np.uint8)  # no header value
     _phi_sweep(_rf(other), other[None], mask, [(0, other)], policy, phi)  # the sweep lets it be
+
+
+def test_an_image_where_the_first_read_finds_no_text_still_gets_the_phi_sweep():
+    import dataclasses
+
+    from etl.deid.burned_in_text import BurnedInTextError, clean_text
+
+    require_ocr()
+    frame = _faint_beside_strong("7712093")
+    policy = load_text_policy()
+    blind = dataclasses.replace(  # a first read that calls nothing text (no word, line or PHI is sure enough)
+        policy, word={**policy.word, "min_confidence": 101, "short_min_confidence": 101},
+        line={**policy.line, "min_word_confidence": 101}, phi={**policy.phi, "min_confidence": 101},
+        unreadable={**policy.unreadable, "enabled": False})
+    with pytest.raises(BurnedInTextError) as err:
+        clean_text(_rf(frame), blind)
+    assert err.value.reason == "burned_in_text_remaining" and "adaptive" in str(err.value)
+    off = dataclasses.replace(blind, verify={**blind.verify, "phi_sweep_thresholding": 0})
+    ds = _rf(frame)
+    assert not clean_text(ds, off).blanked  # without the sweep it ships as read: nothing found, nothing blanked
