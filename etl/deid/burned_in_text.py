@@ -81,6 +81,7 @@ class TextPolicy:
     min_ink: float
     layout_vertical: bool
     layout_extend_max: float
+    layout_vertical_side_band: float
     display_fallback: bool
     min_line_px: int
     max_line_px: int
@@ -128,7 +129,8 @@ def load_text_policy(path: str | None = None) -> TextPolicy:
             version=str(data["version"]), language=str(data["language"]), psm=int(rec["page_segmentation_mode"]),
             layout_psm=int(lay["page_segmentation_mode"]), layout_max_side_px=int(lay["max_side_px"]),
             layout_upscale_below_px=int(lay["upscale_below_px"]), layout_upscale=int(lay["upscale"]),
-            tophat_px=int(data["tophat_px"]), tophat_gain=float(data["tophat_gain"]), min_ink=float(data["min_ink"]), layout_vertical=bool(lay["vertical"]), layout_extend_max=float(lay["extend_max"]), display_fallback=bool(rec["display_fallback"]),
+            tophat_px=int(data["tophat_px"]), tophat_gain=float(data["tophat_gain"]), min_ink=float(data["min_ink"]), layout_vertical=bool(lay["vertical"]), layout_extend_max=float(lay["extend_max"]),
+            layout_vertical_side_band=float(lay["vertical_side_band"]), display_fallback=bool(rec["display_fallback"]),
             min_line_px=int(lay["min_line_px"]), max_line_px=int(lay["max_line_px"]), pad_px=int(lay["pad_px"]),
             pad_fraction=float(lay["pad_fraction"]), target_line_px=int(rec["target_line_px"]),
             max_upscale=float(rec["max_upscale"]), min_side_px=int(data["min_side_px"]),
@@ -546,6 +548,7 @@ def candidate_regions(frame: np.ndarray, policy: TextPolicy, thresholding: int =
     bright_ink, dark_ink = ink_maps(work, round(policy.tophat_px * f))
     out: list[Region] = []
     passes = [(True, bright_ink, False), (False, dark_ink, False), (True, bright_ink, True)]
+    laid: list[tuple[int, int, int, int]] = []  # horizontal layout lines as laid out (not grown), frame pixels
     for bright, ink, vertical in passes:
         if vertical and not policy.layout_vertical:
             continue
@@ -561,6 +564,8 @@ def candidate_regions(frame: np.ndarray, policy: TextPolicy, thresholding: int =
             across = (bx1 - bx0) if vertical else (by1 - by0)
             if not policy.min_line_px <= across / f <= policy.max_line_px:
                 continue
+            if not vertical:
+                laid.append((int(bx0 / f), int(by0 / f), int(np.ceil(bx1 / f)), int(np.ceil(by1 / f))))
             bx0, by0, bx1, by1 = extend_along_ink(ink, (bx0, by0, bx1, by1), vertical, policy, policy.layout_extend_max)
             boxes.append((int(bx0 / f), int(by0 / f), int(np.ceil(bx1 / f)), int(np.ceil(by1 / f))))
             heights.append(max(1, int(round(across / f))))
@@ -570,10 +575,24 @@ def candidate_regions(frame: np.ndarray, policy: TextPolicy, thresholding: int =
             h = min(heights[i] for i in members)
             p = max(policy.pad_px, int(round(policy.pad_fraction * h)))
             box = (max(0, x0 - p), max(0, y0 - p), min(cols, x1 + p), min(rows, y1 + p))
-            if vertical and _overlap_share(box, [r.box for r in out if not r.vertical]) > 0.3:
+            if vertical and _overlap_share(box, _turned_letters_of(box, out, laid, rows, cols, policy)) > 0.3:
                 continue  # letters of horizontal lines laid out turned: read as horizontal text already
             out.append(Region(box, bright, h, vertical))
     return out
+
+
+def _turned_letters_of(box: tuple[int, int, int, int], out: list[Region], laid: list[tuple[int, int, int, int]],
+                       rows: int, cols: int, policy: TextPolicy) -> list[tuple[int, int, int, int]]:
+    """The horizontal boxes that make a vertical layout line ``box`` [x0, y0, x1, y1] the letters of horizontal
+    text laid out turned (so it is not read again). Inside the image, every horizontal region. In a side margin
+    (``layout.vertical_side_band`` of the width, left or right), where vertical text is written, only the
+    horizontal lines as laid out (``laid``, not grown along the ink) at least as long as ``box``: the letters of
+    vertical text, laid out unturned, are short lines that grow along the ink into the anatomy beside them."""
+    x0, y0, x1, y1 = box
+    band = policy.layout_vertical_side_band
+    if x1 <= band * cols or x0 >= (1 - band) * cols:
+        return [b for b in laid if b[2] - b[0] >= y1 - y0]
+    return [r.box for r in out if not r.vertical]
 
 
 def _overlap_share(box: tuple[int, int, int, int], others: list[tuple[int, int, int, int]]) -> float:
@@ -1187,8 +1206,8 @@ def _phi_sweep(ds, cleaned: np.ndarray, mask: np.ndarray, todo: list[tuple[Any, 
     method = int(policy.verify.get("phi_sweep_thresholding", 0) or 0)
     if not method:
         return
-    disp = display_frames(ds, cleaned)
-    for (label, frame), fmask in zip(_frames_to_read(disp, policy), _frame_masks(mask, todo)):
+    frames = _frames_to_read(display_frames(ds, cleaned), policy) if mask.any() else todo  # nothing blanked: as read
+    for (label, frame), fmask in zip(frames, _frame_masks(mask, todo)):
         if any(ln.reason == "phi" and not ln.allowed
                for ln in read_lines(frame, policy, phi, verify=True, blanked=fmask, thresholding=method)):
             raise BurnedInTextError("burned_in_text_remaining",

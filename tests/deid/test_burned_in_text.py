@@ -469,3 +469,53 @@ def test_an_image_where_the_first_read_finds_no_text_still_gets_the_phi_sweep():
     off = dataclasses.replace(blind, verify={**blind.verify, "phi_sweep_thresholding": 0})
     ds = _rf(frame)
     assert not clean_text(ds, off).blanked  # without the sweep it ships as read: nothing found, nothing blanked
+
+
+def test_vertical_text_in_a_side_margin_is_read_though_its_letters_laid_out_unturned_grow_into_anatomy(shared_data):
+    """A name and birth date written bottom to top in DejaVu Sans at the right edge of a real head CT (the case
+    B11 of ../shared/tools/burned_in_cases.py drawn on a machine without Liberation fonts): laid out unturned,
+    their letters are short horizontal lines that grow along the ink into the skull beside them and cover the
+    vertical lines; in the side margin only horizontal lines as long as the vertical one hide it."""
+    import copy
+    import dataclasses
+
+    from etl.deid.burned_in_text import clean_text
+
+    require_ocr()
+    ds = pydicom.dcmread(shared_data / "dicom" / "ct-other" / "wg04_CT2_JPLL_toshiba.dcm")
+    arr = ds.pixel_array.copy()
+    ds.PatientName, ds.PatientBirthDate = "HOLLISTER^AMBROSE", "19480929"
+    value = int((2000 - float(ds.RescaleIntercept)) / float(ds.RescaleSlope))  # +2000 HU: displayed white
+    font = ImageFont.truetype(str(_fonts("DejaVuSans.ttf")[0]), 18)
+    boxes = []
+    for i, text in enumerate(["Hollister, Ambrose", "DOB: 09.29.1948"]):
+        im = Image.new("L", (200, 24), 0)
+        ImageDraw.Draw(im).text((0, 0), text, fill=255, font=font)
+        glyphs = np.rot90(np.asarray(im) > 127)  # reads bottom to top
+        ys, xs = np.nonzero(glyphs)
+        glyphs = glyphs[ys.min():ys.max() + 1, xs.min():xs.max() + 1]
+        h, w = glyphs.shape
+        x0, y0 = 468 + 23 * i, 338 - h
+        arr[y0:y0 + h, x0:x0 + w][glyphs] = value
+        boxes.append((x0, y0, x0 + w, y0 + h))
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.PixelData = arr.tobytes()
+    policy = load_text_policy()
+
+    def blanked(band):
+        d = copy.deepcopy(ds)
+        clean_text(d, dataclasses.replace(policy, layout_vertical_side_band=band))
+        out = d.pixel_array
+        return [len(np.unique(out[y0:y1, x0:x1])) == 1 for x0, y0, x1, y1 in boxes]
+
+    assert blanked(policy.layout_vertical_side_band) == [True, True]
+    assert blanked(0.0) == [False, False]  # every horizontal region hides it: shipped as drawn, unread
+
+
+def _fonts(name: str):
+    from pathlib import Path
+
+    found = sorted(Path("/usr/share/fonts").rglob(name))
+    if not found:
+        pytest.fail(f"{name} is not installed: `make tools` installs fonts-dejavu-core")
+    return found
