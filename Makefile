@@ -8,13 +8,14 @@ LOCK   := constraints/requirements.lock
 
 .PHONY: install browser tools demo test test-fast bench lint clean
 
-$(BIN)/.installed: pyproject.toml $(LOCK)
+$(BIN)/.installed: pyproject.toml reader/pyproject.toml $(LOCK)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade "pip<26"
 	# torch first, pinned: the CPU wheel on local disk (never let the resolver pick a CUDA build)
 	$(BIN)/pip install -q -c $(LOCK) "torch==2.13.0"
-	$(BIN)/pip install -q -c $(LOCK) -e ".[dev]"
+	# the project and the release reader (reader/, its own distribution medreco-reader, with the torch Datasets)
+	$(BIN)/pip install -q -c $(LOCK) -e "./reader[torch]" -e ".[dev]"
 	@touch $@
 
 install: $(BIN)/.installed

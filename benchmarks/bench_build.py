@@ -11,7 +11,7 @@ archive doubles, the config does not.
 
 How it is run. Every task of ``dags/medreco_build.py`` (checked against the DAG: same task ids, an order that
 respects its dependencies) runs in its own fresh Python process, one after the other, calling the same function the
-DAG task calls (``etl.build.stages`` / ``quality.gate`` / ``etl.build.lock``), one process per map index for the
+DAG task calls (``etl.pipeline.stages`` / ``quality.gate`` / ``etl.pipeline.lock``), one process per map index for the
 mapped tasks, as Airflow's task runner gives each task instance a process of its own. Each process reports its own
 peak resident set (``VmHWM``, the high-water mark of its address space since ``exec``; ``ru_maxrss`` would carry the
 forking parent's size over) and the parent collects its CPU time with ``os.wait4`` (``ru_utime + ru_stime``): an
@@ -64,9 +64,9 @@ VOLUME_MAX_VOXELS = 100_000_000
 
 def _task(name: str, cfg: str, run_id: str, arg: object) -> object:
     """Run one task of the build DAG as its DAG callable does (dags/medreco_build.py), returning its result."""
-    from etl.build import stages
-    from etl.build.context import BuildContext
-    from etl.build.runtime import quiet_library_logs
+    from etl.pipeline import stages
+    from etl.pipeline.context import BuildContext
+    from etl.pipeline.runtime import quiet_library_logs
     from quality.gate import quality_stage
 
     quiet_library_logs()
@@ -74,11 +74,11 @@ def _task(name: str, cfg: str, run_id: str, arg: object) -> object:
         return None
     ctx = BuildContext.from_config_file(cfg, run_id=run_id)
     if name == "build_lock":
-        from etl.build.lock import acquire_for_run
+        from etl.pipeline.lock import acquire_for_run
 
         return acquire_for_run(ctx.storage, ctx.run_id)
     if name == "release_lock":
-        from etl.build.lock import release_for_run
+        from etl.pipeline.lock import release_for_run
 
         return release_for_run(ctx.storage, ctx.run_id)
     if name == "institutions":

@@ -251,7 +251,7 @@ def _run_size(n_patients: int, tmp: Path) -> dict:
     pq.write_table(vqa, tmp / "vqa-0.parquet")
     del vqa
     similarity = load_similarity()
-    # as etl/build/stages.py's retrieval stage: the targets as a polars frame, read by the two-case VQA items
+    # as etl/pipeline/stages.py's retrieval stage: the targets as a polars frame, read by the two-case VQA items
     targets = step("retrieval", lambda: pl.from_arrow(build_retrieval_targets(labels, mentions, splits_df,
                                                                               RetrievalConfig(), similarity)))
     case_vqa = step("case_vqa", lambda: build_case_comparison_vqa(

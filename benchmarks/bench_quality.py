@@ -198,8 +198,8 @@ def build_root(rows: int, rows_per_shard: int, root: Path) -> Path:
 # ---- the child: the quality task in this process --------------------------------------------------------
 
 def _child(cfg: str, out: str) -> None:
-    from etl.build.context import BuildContext
-    from etl.build.runtime import quiet_library_logs
+    from etl.pipeline.context import BuildContext
+    from etl.pipeline.runtime import quiet_library_logs
     from quality.gate import quality_stage
 
     quiet_library_logs()

@@ -2,7 +2,7 @@
 
 :func:`speedup` builds the same archive twice into fresh storage roots, once with ``workers=1`` (``dag.test()`` in
 this process, one task at a time) and once with ``workers=N`` (a real scheduler with the LocalExecutor,
-:mod:`etl.cli.scheduled`), and reads each run's task instances back from the metadata database. The pixel stages
+:mod:`medreco.cli.scheduled`), and reads each run's task instances back from the metadata database. The pixel stages
 are ``deidentify`` and ``normalise`` (every file's pixels are read, decoded, written); their time is the wall
 clock from the first ``deidentify`` instance's start to the last ``normalise`` instance's end, so the
 scheduler's start-up (outside the run) is not in it but each task process's warm-up (fork, DAG parse, imports,
@@ -111,7 +111,7 @@ def _config(archive_dir: Path, root: Path, shard_count: int, max_map_length: int
 
 
 def _pixel_seconds(run_id: str) -> float:
-    from etl.cli.progress import read_task_rows
+    from medreco.cli.progress import read_task_rows
 
     rows = [r for r in read_task_rows("medreco_build", run_id) if r.task_id in PIXEL_STAGES]
     starts = [r.start for r in rows if r.task_id == "deidentify" and r.start is not None]
@@ -158,7 +158,7 @@ def _db_run_id(summary_run_id: str) -> str:
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
 
-    from etl.build.context import safe_run_id
+    from etl.pipeline.context import safe_run_id
 
     with create_session() as session:
         for run in session.query(DagRun).filter(DagRun.dag_id == "medreco_build").order_by(DagRun.id.desc()):
@@ -213,10 +213,10 @@ def speedup(archive_dir: str | Path, workers: int = 2, shard_count: int = 8, max
     with tempfile.TemporaryDirectory(prefix="bench_workers_") as tmp:
         base = Path(work_dir or tmp)
         os.environ.setdefault("MEDRECO_PSEUDONYM_KEY", BENCH_KEY)
-        from etl.cli.embedded import prepare_airflow_env
+        from medreco.cli.embedded import prepare_airflow_env
 
         prepare_airflow_env(base / "airflow_home")
-        from etl.cli.embedded import run_build
+        from medreco.cli.embedded import run_build
 
         load_before = os.getloadavg()[0]
         out: dict = {"workers": workers}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from airflow.sdk import Asset, AssetAny
 
-from etl.build.runtime import default_config_path
+from etl.pipeline.runtime import default_config_path
 from schemas.config import ConfigError, load_config
 
 #: emitted by ``medreco_build`` on publish; its event ``extra`` carries version, content_hash and uri

@@ -1,10 +1,10 @@
 """The MedReCo-DB build DAG: sources -> ledger/quarantine -> curated tables -> quality -> snapshot.
 
-Wiring only: every task calls one function of ``etl.build.stages`` / ``etl.build.ledger`` / ``quality.gate`` /
-``etl.build.publish_stage``. Per-shard stages are dynamically mapped over batches of patient-hash shards (never more
+Wiring only: every task calls one function of ``etl.pipeline.stages`` / ``etl.pipeline.ledger`` / ``quality.gate`` /
+``etl.pipeline.publish_stage``. Per-shard stages are dynamically mapped over batches of patient-hash shards (never more
 than ``max_map_length`` mapped tasks). The last task emits the ``medreco://snapshot`` Asset whose extra
 carries the published version; the training DAG is scheduled on it. The first task takes the storage root's build
-lock (``etl.build.lock``) and the last one, ``trigger_rule=all_done``, gives it back, so two runs on one root never
+lock (``etl.pipeline.lock``) and the last one, ``trigger_rule=all_done``, gives it back, so two runs on one root never
 interleave (the second fails at its first task, naming the holder).
 """
 
@@ -14,7 +14,7 @@ import pendulum
 from airflow.sdk import Param, TriggerRule, dag, get_current_context, task
 
 from dags.assets import SNAPSHOT_ASSET, any_delivery
-from etl.build.runtime import default_config_path, task_context
+from etl.pipeline.runtime import default_config_path, task_context
 
 DEFAULT_ARGS = {"retries": 2, "retry_delay": pendulum.duration(seconds=30)}
 
@@ -36,7 +36,7 @@ def medreco_build():
     @task(multiple_outputs=False, retries=0)
     def build_lock() -> dict:
         """Take the storage root's build lock for this run (fails at once when another build holds it)."""
-        from etl.build.lock import acquire_for_run
+        from etl.pipeline.lock import acquire_for_run
 
         ctx = task_context()
         token = (get_current_context().get("params") or {}).get("build_lock_token") or None
@@ -46,7 +46,7 @@ def medreco_build():
     @task(trigger_rule=TriggerRule.ALL_DONE, retries=3)
     def release_lock() -> bool:
         """Give the lock back, whatever the other tasks' states (a no-op for a run refused at ``build_lock``)."""
-        from etl.build.lock import release_for_run
+        from etl.pipeline.lock import release_for_run
 
         ctx = task_context()
         return release_for_run(ctx.storage, ctx.run_id, endpoint_url=ctx.cfg.storage.s3_endpoint_url,
@@ -56,45 +56,45 @@ def medreco_build():
     def institutions() -> list[str]:
         """Validate config, sources (each one there and readable) and key (and that it is this root's key) before
         any work; list the institutions."""
-        from etl.build.stages import preflight
+        from etl.pipeline.stages import preflight
 
         return preflight(task_context())
 
     @task(multiple_outputs=True, map_index_template="{{ task.op_kwargs['institution'] }}")
     def discover(institution: str) -> dict:
-        from etl.build.stages import discover as run
+        from etl.pipeline.stages import discover as run
 
         return run(task_context(), institution)
 
     @task
     def plan() -> list[list[int]]:
-        from etl.build.stages import plan as run
+        from etl.pipeline.stages import plan as run
 
         return run(task_context())
 
     @task
     def deidentify(batch: list[int]) -> list[dict]:
-        from etl.build.stages import deidentify_shard
+        from etl.pipeline.stages import deidentify_shard
 
         ctx = task_context()
         return [deidentify_shard(ctx, s) for s in batch]
 
     @task
     def normalise(batch: list[int]) -> list[dict]:
-        from etl.build.stages import normalise_shard
+        from etl.pipeline.stages import normalise_shard
 
         ctx = task_context()
         return [normalise_shard(ctx, s) for s in batch]
 
     @task(multiple_outputs=True)
     def reports() -> dict:
-        from etl.build.stages import reports as run
+        from etl.pipeline.stages import reports as run
 
         return run(task_context())
 
     @task
     def entities(batch: list[int]) -> list[dict]:
-        from etl.build.stages import entities_shard
+        from etl.pipeline.stages import entities_shard
 
         ctx = task_context()
         return [entities_shard(ctx, s) for s in batch]
@@ -102,7 +102,7 @@ def medreco_build():
     @task
     def assemble(batch: list[int]) -> list[dict]:
         """Studies, splits, longitudinal pairs and VQA items of each shard."""
-        from etl.build.stages import assemble_shard
+        from etl.pipeline.stages import assemble_shard
 
         ctx = task_context()
         return [assemble_shard(ctx, s) for s in batch]
@@ -110,13 +110,13 @@ def medreco_build():
     @task(multiple_outputs=True)
     def retrieval() -> dict:
         """Cross-patient retrieval targets (all shards) and the split leak check that fails the build."""
-        from etl.build.stages import retrieval as run
+        from etl.pipeline.stages import retrieval as run
 
         return run(task_context())
 
     @task(multiple_outputs=True)
     def ledger() -> dict:
-        from etl.build.stages import finalise
+        from etl.pipeline.stages import finalise
 
         return finalise(task_context())
 
@@ -128,7 +128,7 @@ def medreco_build():
 
     @task(multiple_outputs=True, outlets=[SNAPSHOT_ASSET])
     def snapshot() -> dict:
-        from etl.build.stages import publish_stage
+        from etl.pipeline.stages import publish_stage
 
         result = publish_stage(task_context())
         if not result["published"]:  # no file at all: no release, and no Asset event to trigger training

@@ -14,7 +14,7 @@ from airflow.sdk import Param, dag, task
 from airflow.sdk.exceptions import AirflowSkipException
 
 from dags.assets import configured_institutions, source_asset
-from etl.build.runtime import default_config_path, task_context
+from etl.pipeline.runtime import default_config_path, task_context
 
 SCHEDULE = os.environ.get("MEDRECO_INGEST_SCHEDULE", "@daily")
 
@@ -35,7 +35,7 @@ def make_ingest_dag(institution: str):
     def ingest():
         @task(multiple_outputs=True, outlets=[source_asset(institution)])
         def check_delivery() -> dict:
-            from etl.build.stages import check_delivery as run
+            from etl.pipeline.stages import check_delivery as run
 
             result = run(task_context(), institution)
             if not result["changed"]:

@@ -15,7 +15,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.bases.sensor import PokeReturnValue
 
 from dags.assets import SNAPSHOT_ASSET
-from etl.build.runtime import default_config_path
+from etl.pipeline.runtime import default_config_path
 
 JOBS = ["encoder", "vlm"]
 

@@ -4,7 +4,7 @@ The per-line logic of ``medreco reports annotate IN.jsonl OUT.jsonl`` (DESIGN.md
 record ``{"id", "input"}`` (optionally ``"family"``, or ``"modality"`` and ``"body_part"``; other keys are
 ignored) becomes ``{"id", "deidentified_text", "sections", "entities": [...]}`` plus ``"family"`` (the
 vocabulary used) and ``"deidentification"`` (what text de-identification could use and how much it
-replaced). The steps are those of the build (``etl.build.stages.reports`` and the entity stage):
+replaced). The steps are those of the build (``etl.pipeline.stages.reports`` and the entity stage):
 
 1. :func:`entity_extraction.text_deid.deidentify_text` with the pattern rules only: a line of a JSONL file
    has no linked DICOM header, so no known names or ids, and no patient date offset, so every date becomes

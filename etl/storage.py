@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from etl.zones import RESTRICTED, UnsafePathError
 from medreco_reader import root as reader_root
+from medreco_reader.root import Root
 from schemas.config import PipelineConfig
 
 #: permissions of restricted zones (:data:`etl.zones.RESTRICTED`) on local disk: folders owner-only, files
@@ -68,9 +69,11 @@ def open_filesystem(
         raise StorageError(str(err)) from None
 
 
-@dataclass
-class Storage:
-    """Files under one root on a pyarrow filesystem.
+@dataclass(frozen=True)
+class Storage(Root):
+    """Files under one root on a pyarrow filesystem: the reader's read-only :class:`medreco_reader.root.Root`
+    (``is_local``, ``full_uri``, ``exists``, ``is_file``, ``read_bytes``, ``read_text``) plus writing, listing,
+    hashing and Parquet, with the project's path checks and restricted zones.
 
     Parameters
     ----------
@@ -105,11 +108,6 @@ class Storage:
         local root is resolved from the config file's folder). The one place a root is opened from a config."""
         return cls.open(cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region,
                         base_dir=cfg.base_dir)
-
-    @property
-    def is_local(self) -> bool:
-        """True for a local folder."""
-        return isinstance(self.fs, pafs.LocalFileSystem)
 
     def path(self, rel: str) -> str:
         """Absolute path on the filesystem for a root-relative path.
@@ -156,31 +154,10 @@ class Storage:
         """True when ``rel`` lies in a restricted zone (sources/, ledger/, quarantine/)."""
         return _checked_rel(rel).split("/", 1)[0] in RESTRICTED
 
-    def full_uri(self, rel: str) -> str:
-        """Printable URI (local path or ``s3://...``) of a root-relative path."""
-        return self.path(rel) if self.is_local else "s3://" + self.path(rel)
-
-    def exists(self, rel: str) -> bool:
-        """True if a file or folder exists at ``rel``."""
-        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
-
-    def is_file(self, rel: str) -> bool:
-        """True if a file exists at ``rel``."""
-        return self.fs.get_file_info(self.path(rel)).type == pafs.FileType.File
-
-    def read_bytes(self, rel: str) -> bytes:
-        """Whole content of a file, as stored (never decompressed by its suffix: a ``.gz`` object reads as gzip).
-
-        Raises
-        ------
-        StorageError
-            if there is no such file.
-        """
-        try:
-            with self.fs.open_input_stream(self.path(rel), compression=None) as f:
-                return f.read()
-        except (FileNotFoundError, OSError) as err:
-            raise StorageError(f"cannot read {self.full_uri(rel)}: {err}") from None
+    def _unreadable(self, message: str) -> Exception:
+        """:meth:`read_bytes` (whole content of a file, as stored: a ``.gz`` object reads as gzip) raises
+        :class:`StorageError` for a file it cannot read."""
+        return StorageError(message)
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         """Write a file atomically: readers see the old file or the whole new one, never a part. The bytes are
@@ -210,10 +187,6 @@ class Storage:
     def write_text(self, rel: str, text: str) -> None:
         """Write UTF-8 text atomically."""
         self.write_bytes(rel, text.encode("utf-8"))
-
-    def read_text(self, rel: str) -> str:
-        """Read a UTF-8 text file."""
-        return self.read_bytes(rel).decode("utf-8")
 
     def sha256(self, rel: str, chunk: int = 8 * 2**20) -> str:
         """Hex sha256 of a file's bytes as stored (no decompression), streamed in ``chunk``-byte blocks (memory:

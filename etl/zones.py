@@ -128,6 +128,32 @@ def run_dir(run_id: str) -> str:
     return f"{LEDGER}/runs/{component(run_id, 'run id')}"
 
 
+def run_plan(run_id: str, institution: str | None = None) -> str:
+    """A run's merged plan (``<run>/plan.parquet``) or one institution's discovery output
+    (``<run>/plan/<institution>.parquet``)."""
+    base = run_dir(run_id)
+    return f"{base}/plan/{component(institution, 'institution')}.parquet" if institution else f"{base}/plan.parquet"
+
+
+def run_events(run_id: str, stage: str, shard: int | None = None) -> str:
+    """Per-stage outcome events of a run (restricted: name source files): ``<run>/events/<stage>/shard=N.parquet``
+    or ``all.parquet`` for a stage that is not sharded."""
+    leaf = f"shard={int(shard):05d}.parquet" if shard is not None else "all.parquet"
+    return f"{run_dir(run_id)}/events/{component(stage, 'stage')}/{leaf}"
+
+
+def run_audit(run_id: str, stage: str, shard: int | None = None) -> str:
+    """A run's per-shard de-identification audit counts (JSON, PHI-free): ``<run>/audit/<stage>/shard=N.json``;
+    without ``shard``, the stage's folder."""
+    base = f"{run_dir(run_id)}/audit/{component(stage, 'stage')}"
+    return base if shard is None else f"{base}/shard={int(shard):05d}.json"
+
+
+def run_withheld_reports(run_id: str) -> str:
+    """The report records a run withheld, with reason codes (restricted): ``<run>/withheld_reports.json``."""
+    return f"{run_dir(run_id)}/withheld_reports.json"
+
+
 def ledger_file(run_id: str) -> str:
     """The run's ledger (one row per input file): ``ledger/run_id=<run>/ledger.parquet``."""
     return f"{LEDGER}/run_id={component(run_id, 'run id')}/ledger.parquet"

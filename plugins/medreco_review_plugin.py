@@ -21,9 +21,8 @@ URL_PREFIX = "/medreco"
 
 
 def _storage():
-    from etl.build.runtime import default_config_path
     from etl.storage import Storage
-    from schemas.config import load_config
+    from schemas.config import default_config_path, load_config
 
     cfg = load_config(default_config_path())
     return Storage.open(cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region,

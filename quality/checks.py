@@ -435,7 +435,7 @@ def check_review(ledger: pa.Table, review: list[dict] | None, run_id: str | None
 
     A reject decision is matched to ledger rows by sha256 (the full digest or its first >= 12 hex digits).
     The ledger stage records a rejected file that is quarantined again as ``curator_rejected``
-    (:func:`etl.build.ledger.apply_review`); a rejected file that a stage ingested (say after a configuration
+    (:func:`etl.pipeline.ledger.apply_review`); a rejected file that a stage ingested (say after a configuration
     change) is in the curated tables and must not reach a snapshot until the decision is withdrawn.
     ``observed`` counts decisions and files, never a path.
     """

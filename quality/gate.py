@@ -20,8 +20,8 @@ from collections import Counter
 from pathlib import Path
 
 from etl import zones
-from etl.build.context import BuildContext
-from etl.build.ledger import load_review
+from etl.pipeline.context import BuildContext
+from etl.pipeline.ledger import load_review
 from etl.pixels.integrity import recorded_integrity
 from etl.storage import Storage
 from schemas.ontology import load_ontology
@@ -60,7 +60,7 @@ def load_tables(ctx: BuildContext) -> dict:
 def deid_audit(ctx: BuildContext) -> dict[str, int]:
     """Sum of the per-shard de-identification audit counts of this run."""
     total: Counter = Counter()
-    for p in ctx.storage.list_files(f"{ctx.run_dir}/audit/deidentify"):
+    for p in ctx.storage.list_files(zones.run_audit(ctx.run_id, "deidentify")):
         total.update(json.loads(ctx.storage.read_text(p)))
     return dict(sorted(total.items()))
 
@@ -127,7 +127,7 @@ def quality_stage(ctx: BuildContext, keep_runs: int | None = None) -> dict:
 
     Parameters
     ----------
-    ctx : etl.build.context.BuildContext
+    ctx : etl.pipeline.context.BuildContext
     keep_runs : int, optional
         validation results kept for Data Docs, in runs (default: ``data_docs.keep_runs`` of
         ``quality/expectations.yaml``, 20).

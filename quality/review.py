@@ -1,7 +1,7 @@
 """Quarantine review: the quarantined files of the latest run and the decisions curators record on them.
 
-Decisions go to ``reports/quarantine_review.json`` (:data:`etl.build.ledger.REVIEW_FILE`), which the next run's
-ledger honours (:func:`etl.build.ledger.apply_review`). Items are shown by opaque id (the first 12 hex digits
+Decisions go to ``reports/quarantine_review.json`` (:data:`etl.pipeline.ledger.REVIEW_FILE`), which the next run's
+ledger honours (:func:`etl.pipeline.ledger.apply_review`). Items are shown by opaque id (the first 12 hex digits
 of the file's SHA-256) with institution, stage, reason code and the PHI-scrubbed detail of
 :func:`quality.dashboard.safe_ledger`: never a source path, never a value from a file.
 """
@@ -15,7 +15,7 @@ import re
 import pyarrow as pa
 
 from etl import zones
-from etl.build.ledger import REVIEW_DECISIONS, REVIEW_FILE, load_review
+from etl.pipeline.ledger import REVIEW_DECISIONS, REVIEW_FILE, load_review
 from etl.storage import Storage
 from schemas.errors import ReasonCodedError
 from schemas.ledger import SCHEMA as LEDGER_SCHEMA

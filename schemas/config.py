@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -27,6 +28,12 @@ CONFIG_DIR = PROJECT_ROOT / "config"
 CONFIG_ENV = "MEDRECO_CONFIG"
 #: the embedded default's config
 DEFAULT_CONFIG = CONFIG_DIR / "demo.yaml"
+
+
+def default_config_path() -> str:
+    """The config file a command uses when none is given: ``$MEDRECO_CONFIG``, else the checkout's
+    ``config/demo.yaml`` (:data:`DEFAULT_CONFIG`)."""
+    return os.environ.get(CONFIG_ENV) or str(DEFAULT_CONFIG)
 
 #: Airflow's default ``[core] max_map_length``: a mapped task may not fan out wider than this.
 AIRFLOW_MAX_MAP_LENGTH = 1024
@@ -150,7 +157,7 @@ class NormalisationConfig(_Strict):
 
 
 class BatchConfig(_Strict):
-    """Tensor shapes the torch Datasets of a release return (``etl.snapshots.torch_data``): fixed, so PyTorch's
+    """Tensor shapes the torch Datasets of a release return (``medreco_reader.torch_data``): fixed, so PyTorch's
     default collate stacks any batch."""
 
     channels: Literal[1, 3] = Field(default=1, description="2D image channels: 1 (RGB averaged) or 3 (grey repeated)")

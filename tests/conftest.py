@@ -48,7 +48,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def airflow_home(tmp_path_factory) -> Path:
     """A private AIRFLOW_HOME (SQLite) for the session, migrated once."""
-    from etl.cli.embedded import prepare_airflow_env
+    from medreco.cli.embedded import prepare_airflow_env
 
     home = tmp_path_factory.mktemp("airflow_home")
     os.environ["AIRFLOW_HOME"] = str(home)
@@ -68,8 +68,8 @@ def config_for(root: Path, base: str = "demo.yaml", **overrides) -> Path:
 @pytest.fixture(scope="session")
 def demo_build(tmp_path_factory, airflow_home):
     """The demo corpus (seed 7, 16 patients) built twice with dag.test(): one build per test session."""
-    from etl.cli.embedded import run_build
     from etl.demo.corpus import generate_corpus
+    from medreco.cli.embedded import run_build
 
     root = tmp_path_factory.mktemp("demo") / "root"
     generate_corpus(root, seed=7, n_patients=16)

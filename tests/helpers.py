@@ -43,12 +43,12 @@ def run_pixel_stages(base, source, institution: str, key, shard_count: int = 1, 
     """Discover, de-identify and normalise one DICOM folder through the build stages (no Airflow).
 
     ``base`` holds the storage root (``base/root``); ``source`` is the institution's source folder. Returns the
-    :class:`etl.build.context.BuildContext` of the run (reports, ledger and later stages are the caller's).
+    :class:`etl.pipeline.context.BuildContext` of the run (reports, ledger and later stages are the caller's).
     """
     import yaml
 
-    from etl.build import stages
-    from etl.build.context import BuildContext
+    from etl.pipeline import stages
+    from etl.pipeline.context import BuildContext
     from schemas.config import parse_config
 
     cfg = parse_config(yaml.safe_load(f"""

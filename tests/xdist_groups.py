@@ -15,7 +15,7 @@ from xdist.scheduler import LoadScopeScheduling
 SHARED_BUILD_FILES = {
     "demo_build": frozenset({
         "tests/assemble/test_vqa.py",
-        "tests/build/test_build_e2e.py",
+        "tests/pipeline/test_build_e2e.py",
         "tests/quality/test_dashboard_browser.py",
         "tests/snapshots/test_reader_venv.py",
     }),

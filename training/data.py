@@ -3,7 +3,7 @@
 Everything is read through :mod:`etl.snapshots` (the release's manifest decides which files exist), and a
 snapshot that fails :func:`etl.snapshots.verify` is refused before any row is read.
 
-Images are decoded lazily (``etl.snapshots.loader.to_tensor``) from the payload bytes of the ``images`` table, one
+Images are decoded lazily (``medreco_reader.tensors.to_tensor``) from the payload bytes of the ``images`` table, one
 representative image per study (the first by ``image_key``; a 2D image before a volume), and brought to a
 common layout ``(slices, channels, size, size)`` float32 in 0..1:
 
@@ -154,7 +154,7 @@ def image_tensor(row: dict, size: int, channels: int, max_slices: int, storage: 
     import torch.nn.functional as F
 
     from etl.pixels.normalise import VOLUME_FORMATS
-    from etl.snapshots.loader import to_tensor
+    from medreco_reader.tensors import to_tensor
 
     x = to_tensor(row, storage)
     if row["payload_format"] in VOLUME_FORMATS:

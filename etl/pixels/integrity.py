@@ -1,8 +1,8 @@
 """Payload integrity where payloads are written: the sha256 of every PNG / volume payload, checked once.
 
-The normalise task (:func:`etl.build.stages.normalise_shard`) writes a shard's ``images`` partitions and then
+The normalise task (:func:`etl.pipeline.stages.normalise_shard`) writes a shard's ``images`` partitions and then
 reads them back with :func:`verify_image_files`, one Parquet row group (at most
-``etl.build.stages.PAYLOAD_ROW_GROUP_ROWS`` rows) at a time, and hashes each ``payload`` (or, for a row
+``etl.pipeline.stages.PAYLOAD_ROW_GROUP_ROWS`` rows) at a time, and hashes each ``payload`` (or, for a row
 whose payload is an object under the storage root, that object, streamed in 8 MiB blocks) against the row's
 ``payload_sha256``. The result (:class:`PayloadIntegrity`, counts only) is recorded in the stage's incremental
 state, and the global quality task reads that record (:func:`recorded_integrity`) instead of the payloads:

@@ -206,3 +206,33 @@ def normalise_instances(items: Iterable[tuple[dict[str, Any], Dataset | Exceptio
     for series_key, members in sorted(by_series.items()):
         _series(out, series_key, members, cfg, volume_sink)
     return out
+
+
+def normalise_shard_guarded(rows: list[dict], read, cfg, volume_sink=None):
+    """:func:`normalise_instances` over a shard's instances, where no instance can fail the task.
+
+    When the shard's pass raises (an error the series rules did not foresee), each series is normalised on its
+    own and a series that raises again becomes one failure of all its instances, reason ``normalisation_error``
+    (the exception's type only: its text may quote a value). ``volume_sink`` is handed to
+    :func:`normalise_instances` (volume objects are content-addressed, so a series normalised
+    again writes the same object). Returns the :class:`ShardPixels` of the shard.
+    """
+    try:
+        return normalise_instances(((row, read(row)) for row in rows), cfg, volume_sink=volume_sink)
+    except Exception:  # noqa: BLE001  retried series by series below, so the culprit is found
+        pass
+    out = ShardPixels()
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row["series_key"], []).append(row)
+    for _, members in sorted(groups.items()):
+        try:
+            part = normalise_instances(((row, read(row)) for row in members), cfg, volume_sink=volume_sink)
+        except Exception as err:  # noqa: BLE001  this series is quarantined, the others go on
+            out.failures.append(PixelFailure(tuple(r["sop_key"] for r in members), "normalisation_error",
+                                             f"{type(err).__name__} while normalising the series"))
+            continue
+        out.images.extend(part.images)
+        out.failures.extend(part.failures)
+        out.series.update(part.series)
+    return out

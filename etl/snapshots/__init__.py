@@ -58,8 +58,8 @@ Modules: :mod:`~etl.snapshots.manifest` (versions, content hash, lineage, readin
 :mod:`~etl.snapshots.delta` (data files and Delta commits), :mod:`~etl.snapshots.publish`,
 :mod:`~etl.snapshots.card` (dataset card), :mod:`~etl.snapshots.ecosystem` (Hugging Face card, Croissant, file
 lists, views), :mod:`~etl.snapshots.verify`, :mod:`~etl.snapshots.diff`,
-:mod:`~etl.snapshots.api` (:func:`load_snapshot`, :class:`Snapshot`), :mod:`~etl.snapshots.loader` (pixels of a row),
-:mod:`~etl.snapshots.torch_data` (fixed-shape torch Datasets; imports torch). Reading is the reader package's
+:mod:`~etl.snapshots.api` (:func:`load_snapshot`, :class:`Snapshot`), :mod:`~medreco_reader.tensors` (pixels of a row),
+:mod:`~medreco_reader.torch_data` (fixed-shape torch Datasets; imports torch). Reading is the reader package's
 (:mod:`medreco_reader`, also installable alone from ``reader/``). This package re-exports the public names, so
 ``from etl.snapshots import load_snapshot`` is the one-line entry of the README.
 """
@@ -68,7 +68,6 @@ from etl.snapshots.api import Snapshot, load_snapshot
 from etl.snapshots.card import card_facts, dataset_card
 from etl.snapshots.delta import delta_table_id, encode_data_files
 from etl.snapshots.diff import TableDiff, diff
-from etl.snapshots.loader import load_image, to_tensor
 from etl.snapshots.manifest import (
     CARD,
     FORMAT,
@@ -95,6 +94,7 @@ from etl.snapshots.manifest import (
 )
 from etl.snapshots.publish import publish, read_publish_log, release_epoch
 from etl.snapshots.verify import verify
+from medreco_reader.tensors import load_image, to_tensor
 
 __all__ = [
     "CARD", "FORMAT", "MANIFEST", "MANIFEST_SHA", "PUBLISH_LOG", "READ_FORMATS", "TABLES_DIR", "Release", "Snapshot",

@@ -10,7 +10,7 @@
 pyarrow, views, one image's pixels), with :meth:`Snapshot.verify` added; without the project,
 ``pip install ./reader`` gives the same reads (``from medreco_reader import load_snapshot``). Every read goes to
 the data files the release pins, so later releases never change what a loaded snapshot returns. For pixels in
-batches, see :mod:`etl.snapshots.torch_data`.
+batches, see :mod:`medreco_reader.torch_data`.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ names source paths): one row per (source_uri, sha256) any earlier run recorded, 
 outcome. The plan of a run is always the plan a clean build of everything now under the sources would make
 (the *clean view*: the same statuses, duplicates and UID collisions), annotated by :func:`mark_seen` with the
 earlier run that already recorded the same content (``seen_run``, ``seen_uri``, ``seen_status``). Stages use
-the clean view (a shard whose inputs did not change is skipped, see :mod:`etl.build.stages`); the ledger uses the
-annotation to record re-delivered files as ``duplicate`` (:func:`etl.build.ledger.build_ledger`).
+the clean view (a shard whose inputs did not change is skipped, see :mod:`etl.pipeline.stages`); the ledger uses the
+annotation to record re-delivered files as ``duplicate`` (:func:`etl.pipeline.ledger.build_ledger`).
 """
 
 from __future__ import annotations

@@ -296,7 +296,7 @@ SHARED = PROJECT_ROOT.parent / "shared" / "data" / "dicom"
 
 
 def _real_studies(folders: list[Path]) -> pl.DataFrame:
-    """One row per real study, built from the headers the way the build does (etl.build.stages)."""
+    """One row per real study, built from the headers the way the build does (etl.pipeline.stages)."""
     import pydicom
 
     from etl.deid.instance import study_datetime as _study_datetime

@@ -7,7 +7,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from etl.cli.app import _print_training, app
+from medreco.cli.app import _print_training, app
 
 
 def test_every_documented_command_is_registered():
@@ -18,7 +18,7 @@ def test_every_documented_command_is_registered():
 
 
 def test_help_does_not_import_spacy_or_torch():
-    code = "import sys; import etl.cli.app; print(sorted(m for m in ('spacy', 'torch', 'medspacy') if m in sys.modules))"
+    code = "import sys; import medreco.cli.app; print(sorted(m for m in ('spacy', 'torch', 'medspacy') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 
 

@@ -1,4 +1,4 @@
-"""Quiet, honest output of the ``medreco`` entry point (:mod:`etl.cli.output`): libraries' deprecation warnings
+"""Quiet, honest output of the ``medreco`` entry point (:mod:`medreco.cli.output`): libraries' deprecation warnings
 filtered there (and only there), Airflow's harmless "XCom not found" line dropped, the demo's training metrics
 printed with what they are."""
 
@@ -8,13 +8,13 @@ import os
 import subprocess
 import sys
 
-from etl.cli.app import _print_training
+from medreco.cli.app import _print_training
 from schemas.config import PROJECT_ROOT
 
 #: imports an Airflow provider module that warns "determine_kwargs ... is deprecated" as it loads
 AIRFLOW_IMPORT = """
 import os, sys
-from etl.cli import output
+from medreco.cli import output
 if sys.argv[1] == "quiet":
     output.quiet_entry_point()
     output.after_airflow_setup()
@@ -44,7 +44,7 @@ def test_entry_point_filters_library_deprecations_and_keeps_ours(tmp_path):
 def test_xcom_not_found_line_is_dropped_and_other_errors_kept(monkeypatch, capsys):
     from airflow.sdk.api import client
 
-    from etl.cli import output
+    from medreco.cli import output
 
     lines: list[str] = []
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from etl.cli import processes
-from etl.cli.processes import ProcessGroups, session_members
+from medreco.cli import processes
+from medreco.cli.processes import ProcessGroups, session_members
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

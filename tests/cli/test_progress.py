@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from etl.cli.app import summary_lines
-from etl.cli.progress import BuildProgress, TaskRow, format_line, stage_progress
+from medreco.cli.app import summary_lines
+from medreco.cli.progress import BuildProgress, TaskRow, format_line, stage_progress
 
 T = 1_000_000.0  # an epoch second
 

@@ -6,7 +6,7 @@ import os
 
 from typer.testing import CliRunner
 
-from etl.cli.app import app
+from medreco.cli.app import app
 
 
 def test_workers_default_is_the_machines_cores_and_zero_is_refused():

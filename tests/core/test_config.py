@@ -83,7 +83,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_cli_run_fails_before_work_on_bad_config(tmp_path):
     from typer.testing import CliRunner
 
-    from etl.cli.app import app
+    from medreco.cli.app import app
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(_with(["institutions", 0, "timezone"], "Nowhere/City")))
@@ -97,7 +97,7 @@ def test_cli_run_refuses_a_missing_key(monkeypatch, tmp_path):
     from helpers import demo_config_with_empty_sources
     from typer.testing import CliRunner
 
-    from etl.cli.app import app
+    from medreco.cli.app import app
 
     monkeypatch.delenv("MEDRECO_PSEUDONYM_KEY", raising=False)
     monkeypatch.delenv("AIRFLOW_CONN_MEDRECO_PSEUDONYM", raising=False)

@@ -48,7 +48,7 @@ def test_shards_spread(key):
 def test_storage_root_refuses_a_second_key(tmp_path, key):
     import yaml
 
-    from etl.build.context import BuildContext, KeyMismatchError
+    from etl.pipeline.context import BuildContext, KeyMismatchError
     from schemas.config import parse_config
 
     cfg = parse_config(yaml.safe_load(f"""

@@ -88,7 +88,7 @@ def test_header_modality_cannot_write_outside_curated(tmp_path, key):
     """The attack of issue 19 item 1: the images partition of a row whose Modality climbs out of curated/."""
     from types import SimpleNamespace
 
-    from etl.build.stages import write_partition
+    from etl.pipeline.stages import write_partition
     from schemas import images as images_schema
 
     root = tmp_path / "root"

@@ -64,8 +64,8 @@ def test_dag_files_hold_no_business_logic():
 def test_ingest_check_is_idempotent(tmp_path, key):
     import yaml
 
-    from etl.build.context import BuildContext
-    from etl.build.ingest import check_delivery
+    from etl.pipeline.context import BuildContext
+    from etl.pipeline.ingest import check_delivery
     from schemas.config import parse_config
 
     src = tmp_path / "root" / "sources" / "us-a"

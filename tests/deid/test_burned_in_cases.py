@@ -32,7 +32,7 @@ def run(tmp_path_factory, key):
     base = tmp_path_factory.mktemp("burned_in")
     cases = base / "cases"
     subprocess.run([sys.executable, str(TOOL), str(cases), "--check"], check=True, capture_output=True)
-    from etl.cli.deid_folder import deidentify_folder
+    from medreco.cli.deid_folder import deidentify_folder
 
     out = base / "out"
     balance = deidentify_folder(cases, out, key, "bic")

@@ -24,7 +24,7 @@ def fuzzed(tmp_path_factory):
     made = fuzz_corpus(base / "src", N_FILES, SHARED_DATA if SHARED_DATA.is_dir() else None)
     out = base / "out"
     t0 = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "etl.cli", "deid", str(base / "src"), str(out)], cwd=PROJECT_ROOT,
+    run = subprocess.run([sys.executable, "-m", "medreco.cli", "deid", str(base / "src"), str(out)], cwd=PROJECT_ROOT,
                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,
                          timeout=900)
     return {"made": made, "out": out, "run": run, "elapsed": time.monotonic() - t0}

@@ -1,4 +1,4 @@
-"""Tests for ``medreco reports annotate`` (etl.cli.reports) and entity_extraction.annotate, field cases end to end."""
+"""Tests for ``medreco reports annotate`` (medreco.cli.reports) and entity_extraction.annotate, field cases end to end."""
 
 import json
 import re
@@ -15,7 +15,7 @@ from entity_extraction.annotate import (
     parse_line,
     record_family,
 )
-from etl.cli.reports import app, errors_path
+from medreco.cli.reports import app, errors_path
 from schemas.config import PROJECT_ROOT
 from schemas.ontology import FAMILIES, load_ontology
 

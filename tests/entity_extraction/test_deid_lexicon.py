@@ -139,7 +139,7 @@ def test_load_gold_rejects_bad_spans(tmp_path):
 def test_cli_eval_deid(tmp_path):
     from typer.testing import CliRunner
 
-    from etl.cli import app
+    from medreco.cli import app
 
     gold = tmp_path / "gold.jsonl"
     gold.write_text(json.dumps({"id": "1", "text": "daughter sarah called on 7/22.",

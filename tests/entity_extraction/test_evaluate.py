@@ -17,7 +17,7 @@ from entity_extraction.evaluate import (
     mesh_heads,
     render_table,
 )
-from etl.cli.eval import app
+from medreco.cli.eval import app
 from schemas.config import PROJECT_ROOT
 from schemas.ontology import load_ontology
 

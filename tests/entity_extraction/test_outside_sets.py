@@ -19,7 +19,7 @@ from entity_extraction.evaluate_outside import (
     render_negex,
 )
 from entity_extraction.extract import CONTEXT_RULES_FILE, EntityExtractor
-from etl.cli.eval import app
+from medreco.cli.eval import app
 from schemas.config import PROJECT_ROOT
 
 CT_DIR = PROJECT_ROOT.parent / "shared" / "data" / "ct-report-extractions"

@@ -26,8 +26,8 @@ from etl.pixels.normalise import DEFAULT_CT_SPACING_MM, normalise_volume
 from etl.pixels.npy_payload import read_npy
 from etl.pixels.series import image_row
 from etl.pixels.volume_objects import externalise_volume
-from etl.snapshots.loader import load_image, to_tensor
 from etl.storage import Storage
+from medreco_reader.tensors import load_image, to_tensor
 from schemas import images as images_schema
 from schemas.base import table_from_rows
 from schemas.config import NormalisationConfig

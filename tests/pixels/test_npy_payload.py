@@ -159,7 +159,7 @@ def test_read_npy_refuses_other_bytes_and_pickles():
 def test_loader_reads_schema_1_1_npz_rows_and_npy_rows_alike():
     """Snapshots published before images schema 1.2 hold ``.npz`` volumes (``volume`` + geometry members):
     the loader gives the same array and metadata for such a row as for the ``npy`` row of today."""
-    from etl.snapshots.loader import load_image, to_tensor
+    from medreco_reader.tensors import load_image, to_tensor
 
     volume = np.random.default_rng(9).uniform(-1000, 1000, (3, 6, 5)).astype(np.float32)
     spacing, origin, direction = [0.7, 0.7, 1.5], [-10.0, 2.5, 30.0], list(np.eye(3).ravel())

@@ -20,7 +20,7 @@ from pydicom.data import get_testdata_file
 
 from etl.pixels.decode import decode
 from etl.pixels.normalise import DEFAULT_CT_SPACING_MM, normalise_2d, normalise_volume
-from etl.snapshots.loader import load_image, to_tensor
+from medreco_reader.tensors import load_image, to_tensor
 from schemas.config import PROJECT_ROOT, NormalisationConfig
 
 LONGITUDINAL = PROJECT_ROOT.parent / "shared" / "data" / "dicom" / "longitudinal-chest-ct-covid19-ny-sbu"

@@ -22,8 +22,8 @@ import pytest
 import uvicorn
 import yaml
 
-from etl.build.context import BuildContext
-from etl.build.ledger import REJECTED_REASON, REVIEW_FILE, finalise
+from etl.pipeline.context import BuildContext
+from etl.pipeline.ledger import REJECTED_REASON, REVIEW_FILE, finalise
 from etl.storage import Storage
 from quality.dashboard import PAGES
 from quality.gate import quality_stage

@@ -31,10 +31,10 @@ SHARDS = 4
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from etl.build import stages
-    from etl.build.context import BuildContext
-    from etl.build.ledger import finalise
     from etl.demo.corpus import generate_corpus
+    from etl.pipeline import stages
+    from etl.pipeline.context import BuildContext
+    from etl.pipeline.ledger import finalise
 
     root = tmp_path_factory.mktemp("integrity") / "root"
     generate_corpus(root, seed=7, n_patients=8)

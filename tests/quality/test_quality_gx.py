@@ -15,8 +15,8 @@ import pytest
 import yaml
 from test_quality_checks import TODAY, build, clean_rows
 
-from etl.build.context import BuildContext
-from etl.build.ledger import REJECTED_REASON, REVIEW_FILE, apply_review, build_ledger, finalise
+from etl.pipeline.context import BuildContext
+from etl.pipeline.ledger import REJECTED_REASON, REVIEW_FILE, apply_review, build_ledger, finalise
 from etl.sources.discover import PLAN_SCHEMA
 from etl.storage import Storage
 from quality.checks import run_checks
@@ -135,7 +135,7 @@ def _root_with_run(tmp_path: Path, rows: dict, run_id: str) -> BuildContext:
     st.write_table(ctx.plan_path(), table_from_rows(plan, PLAN_SCHEMA))
     events = [dict(source_uri=r["source_uri"], sha256=r["sha256"], stage=r["stage"], status=r["status"],
                    reason=r["reason"], detail=r["detail"]) for r in ledger if r["status"] in ("ingested", "quarantined")]
-    from etl.build.context import EVENT_SCHEMA
+    from etl.pipeline.context import EVENT_SCHEMA
 
     st.write_table(ctx.events_path("deidentify", 0), table_from_rows(events, EVENT_SCHEMA))
     return ctx

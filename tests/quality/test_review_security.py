@@ -119,7 +119,7 @@ def test_dashboard_serve_refuses_to_start_without_a_token(storage, tmp_path, mon
     from conftest import config_for
     from typer.testing import CliRunner
 
-    from etl.cli.app import app
+    from medreco.cli.app import app
 
     monkeypatch.delenv("MEDRECO_REVIEW_TOKEN", raising=False)
     cfg = config_for(tmp_path / "root")
@@ -133,7 +133,7 @@ def test_dashboard_serve_refuses_to_start_without_a_token(storage, tmp_path, mon
 def plugin_client(storage, airflow_home, monkeypatch):
     import importlib
 
-    monkeypatch.setattr("etl.build.runtime.default_config_path", lambda: "unused")
+    monkeypatch.setattr("etl.pipeline.runtime.default_config_path", lambda: "unused")
     plugin = importlib.import_module("plugins.medreco_review_plugin")
     from quality.review_auth import airflow_curator
 

@@ -20,8 +20,15 @@ from test_snapshots import do_publish, npy_payload, png_payload, write_instituti
 
 from etl.pixels.volume_objects import externalise_volume
 from etl.snapshots import load_snapshot, verify
-from etl.snapshots.torch_data import ImageDataset, PairDataset, TensorShape, VQADataset, fit_image, fit_volume
 from etl.storage import Storage
+from medreco_reader.torch_data import (
+    ImageDataset,
+    PairDataset,
+    TensorShape,
+    VQADataset,
+    fit_image,
+    fit_volume,
+)
 
 SMALL = TensorShape(channels=3, image_size=(20, 20), volume_shape=(4, 6, 10))
 

@@ -1,4 +1,4 @@
-"""The PNG pixel spacing an ML user gets from etl.snapshots.loader: source PixelSpacing scaled by the recorded resize."""
+"""The PNG pixel spacing an ML user gets from medreco_reader.tensors: source PixelSpacing scaled by the recorded resize."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 
 def test_png_spacing_follows_the_resize_step():
-    from etl.snapshots.loader import png_spacing_mm
+    from medreco_reader.tensors import png_spacing_mm
 
     recipe = {"steps": [{"step": "decode"}, {"step": "resize", "from": [317, 184], "to": [256, 149]}]}
     got = png_spacing_mm([1.2, 1.2], recipe)

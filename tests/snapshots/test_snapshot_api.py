@@ -21,8 +21,8 @@ import yaml
 from test_snapshots import do_publish, npy_payload, png_payload, write_institution
 
 from etl.snapshots import SnapshotError, load_snapshot
-from etl.snapshots.torch_data import ImageDataset, PairDataset, VQADataset, collate
 from etl.storage import Storage
+from medreco_reader.torch_data import ImageDataset, PairDataset, VQADataset, collate
 from schemas.config import PROJECT_ROOT
 
 
@@ -185,8 +185,8 @@ def _build_config(base: Path, root: Path, with_new_institution: bool) -> Path:
 
 @pytest.fixture(scope="module")
 def two_builds(tmp_path_factory, airflow_home):
-    from etl.cli.embedded import run_build
     from etl.demo.corpus import generate_corpus
+    from medreco.cli.embedded import run_build
 
     base = tmp_path_factory.mktemp("snapbuild")
     root = base / "root"
@@ -220,9 +220,9 @@ def _release_files(st: Storage, version: str) -> dict[str, bytes]:
 def test_clean_rebuild_of_the_same_inputs_config_and_key_is_byte_identical(two_builds, tmp_path, monkeypatch):
     """The first build again, in a fresh root from a fresh copy of the corpus, at the same SOURCE_DATE_EPOCH:
     the same release 0.1.0, byte for byte (manifest.sha256, card, data files, Delta commits)."""
-    from etl.cli.embedded import run_build
     from etl.demo.corpus import generate_corpus
     from etl.snapshots import read_publish_log
+    from medreco.cli.embedded import run_build
 
     root = tmp_path / "root"
     generate_corpus(root, seed=5, n_patients=8)
@@ -322,7 +322,7 @@ def test_real_releases_read_by_the_fields_tools_and_batch_with_the_default_colla
     import datasets
     import mlcroissant as mlc
 
-    from etl.snapshots.torch_data import TensorShape
+    from medreco_reader.torch_data import TensorShape
 
     st = two_builds["storage"]
     old, new = load_snapshot(st, "0.1.0"), load_snapshot(st, "0.2.0")

@@ -513,7 +513,7 @@ def test_verify_and_read_refuse_an_unknown_release(store):
 def cli(store, tmp_path):
     from typer.testing import CliRunner
 
-    from etl.cli.app import app
+    from medreco.cli.app import app
 
     data = yaml.safe_load((PROJECT_ROOT / "config" / "demo.yaml").read_text())
     data["storage"]["root"] = store.root

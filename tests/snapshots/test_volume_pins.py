@@ -20,11 +20,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
-    from etl.build import stages
-    from etl.build.context import BuildContext
-    from etl.build.ledger import finalise
-    from etl.build.publish_stage import publish_stage
     from etl.demo.corpus import generate_corpus
+    from etl.pipeline import stages
+    from etl.pipeline.context import BuildContext
+    from etl.pipeline.ledger import finalise
+    from etl.pipeline.publish_stage import publish_stage
 
     root = tmp_path_factory.mktemp("pins") / "root"
     generate_corpus(root, seed=7, n_patients=8)
@@ -86,7 +86,7 @@ def test_verify_checks_the_volume_objects(release, tmp_path):
 
 def test_torch_datasets_and_training_data_read_volume_objects(release):
     from etl.snapshots import load_snapshot
-    from etl.snapshots.torch_data import ImageStore
+    from medreco_reader.torch_data import ImageStore
     from training.data import image_tensor, load_study_index, open_snapshot
 
     ctx, version = release

@@ -269,7 +269,7 @@ def test_hl7_error_names_message_number_and_line_and_non_utf8_message():
 
 
 def test_hl7_patient_name_is_a_known_value_for_text_deid():
-    """The name from PID-5 reaches text de-identification as a known value (as etl.build.stages.reports passes the
+    """The name from PID-5 reaches text de-identification as a known value (as etl.pipeline.stages.reports passes the
     record's patient_id, patient_name and accession_number), in every spelling order and case."""
     from entity_extraction.text_deid import deidentify_text
 

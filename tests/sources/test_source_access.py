@@ -11,14 +11,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from etl.build.context import EVENT_SCHEMA, BuildContext
-from etl.build.ledger import balance, build_ledger
-from etl.build.publish_stage import publish_stage, run_summary_path
-from etl.cli.app import _print_summary, app
+from etl.pipeline.context import EVENT_SCHEMA, BuildContext
+from etl.pipeline.ledger import balance, build_ledger
+from etl.pipeline.publish_stage import publish_stage, run_summary_path
 from etl.sources import source_access
 from etl.sources.discover import SEEN_SCHEMA, discover_institution, mark_duplicates, mark_seen
 from etl.sources.source_access import SourceUnavailableError, check_sources, list_source, source_storage
 from etl.storage import Storage, StorageError
+from medreco.cli.app import _print_summary, app
 from schemas.config import parse_config
 
 
@@ -125,7 +125,7 @@ def empty_ctx(tmp_path, key):
 
 
 def test_a_build_with_no_file_publishes_nothing(tmp_path, key):
-    from etl.build.ledger import finalise
+    from etl.pipeline.ledger import finalise
 
     ctx = empty_ctx(tmp_path, key)
     result = finalise(ctx)

@@ -129,7 +129,7 @@ def test_ddp_under_torchrun_with_gloo_and_the_cli(tmp_path):
     """Two CPU processes (gloo) through the local launcher via the CLI: one run, world size 2."""
     from typer.testing import CliRunner
 
-    from training.cli import app
+    from medreco.cli.train import app
 
     root = tmp_path / "root"
     st = build_training_snapshot(root)

@@ -1,3 +1,0 @@
-"""The build: :class:`~etl.build.context.BuildContext` (config, storage, key, zones of one run), the stage entry
-points the DAGs call (:mod:`etl.build.stages`: read -> pure functions -> write), the ledger, the build lock,
-incremental resume and the publish stage."""

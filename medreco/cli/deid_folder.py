@@ -1,0 +1,101 @@
+"""``medreco deid SRC OUT``: de-identify a folder of DICOM files outside the DAG.
+
+Writes ``OUT/files/<sop_key>.dcm``, ``OUT/ledger.parquet`` (one row per input file) and
+``OUT/quarantine/<sha256>.json`` records (both restricted: 0600 files, an 0700 folder); the ledger always
+balances: no input file, however malformed, stops the run (each is quarantined with a reason code).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pydicom
+
+from etl.deid.dicom import DeidentificationError, deidentify_dataset
+from etl.deid.policy import build_policy
+from etl.keys import PseudonymKey
+from etl.limits import FILE_TIME_LIMIT_S, RecordLimitError, time_limit
+from etl.pipeline.ledger import balance
+from etl.sources.discover import NON_INPUT_EXTENSIONS, classify_dicom
+from schemas import ledger as ledger_schema
+from schemas.base import table_from_rows
+from schemas.config import DeidConfig
+
+
+class DeidFolderError(ValueError):
+    """Raised for an unusable pair of source and output folders."""
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a restricted file (0600 whatever the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
+
+
+def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str = "local",
+                      deid_cfg: DeidConfig | None = None) -> dict:
+    """De-identify every file under ``src`` into ``out``; returns the ledger balance dict.
+
+    Raises
+    ------
+    DeidFolderError
+        when ``out`` lies inside ``src`` (a second run would re-read its own output).
+    """
+    import pyarrow.parquet as pq
+
+    out, src = Path(out).resolve(), Path(src).resolve()
+    if out == src or src in out.parents:
+        raise DeidFolderError(f"output folder {out} lies inside the source folder {src}: choose another")
+    (out / "files").mkdir(parents=True, exist_ok=True)
+    cfg = deid_cfg or DeidConfig()
+    policy = build_policy(cfg)
+    rows: list[dict] = []
+    seen: dict[str, str] = {}
+    written: dict[str, str] = {}
+    for path in sorted(p for p in Path(src).rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        row = {"run_id": "deid-cli", "source_uri": str(path), "sha256": sha, "bytes": len(data),
+               "institution": institution, "kind": "dicom", "stage": "deidentify", "status": "ingested"}
+        if path.name.lower().endswith(NON_INPUT_EXTENSIONS):
+            row.update(kind="other", status="skipped", reason="not_an_input", stage="discover")
+        elif sha in seen:
+            row.update(status="duplicate", reason="same_content", duplicate_of=seen[sha], stage="discover")
+        else:
+            seen[sha] = str(path)
+            _, reason, detail = classify_dicom(data)
+            if reason:
+                row.update(status="quarantined", reason=reason, detail=detail, stage="discover")
+            else:
+                try:
+                    with warnings.catch_warnings(), time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout",
+                                                               "file's de-identification"):
+                        warnings.simplefilter("ignore")
+                        result = deidentify_dataset(pydicom.dcmread(io.BytesIO(data), force=True), key, institution,
+                                                    policy, pixel_cleaning=cfg.pixel_cleaning)
+                        if result.sop_key in written:
+                            raise DeidentificationError(
+                                "duplicate_sop_instance_uid",
+                                "another file of this folder has the same SOPInstanceUID and different content")
+                        (out / "files" / f"{result.sop_key}.dcm").write_bytes(result.to_bytes())
+                        written[result.sop_key] = str(path)
+                except (DeidentificationError, RecordLimitError) as err:
+                    row.update(status="quarantined", reason=err.reason, detail=str(err))
+                except Exception as err:  # noqa: BLE001  fail closed on anything pydicom cannot handle
+                    row.update(status="quarantined", reason="unreadable_dicom", detail=type(err).__name__)
+        rows.append(row)
+        if row["status"] == "quarantined":  # restricted (names source paths): owner-only
+            (out / "quarantine").mkdir(mode=0o700, exist_ok=True)
+            _write_private(out / "quarantine" / f"{sha}.json", json.dumps(row, indent=1, sort_keys=True).encode())
+    ledger = table_from_rows(rows, ledger_schema.SCHEMA)
+    buf = io.BytesIO()
+    pq.write_table(ledger, buf)
+    _write_private(out / "ledger.parquet", buf.getvalue())
+    return balance(ledger)
