@@ -427,10 +427,35 @@ def load_config(path: str | Path) -> PipelineConfig:
         when the file is missing, is not YAML, or does not validate.
     """
     p = Path(path)
+    return parse_config(_read_yaml(p), base_dir=p.resolve().parent, source=str(p))
+
+
+def _read_yaml(p: Path) -> object:
     if not p.is_file():
         raise ConfigError(f"configuration file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"configuration file {p} is not valid YAML: {err}") from None
-    return parse_config(data, base_dir=p.resolve().parent, source=str(p))
+
+
+def storage_config(path: str | Path) -> StorageConfig:
+    """The ``storage:`` section of a config file, alone: what reading releases needs (``medreco snapshot list``,
+    ``show``, ``verify``, ``diff``), so a file holding only ``storage: {root: ...}`` is enough. A relative local
+    root is resolved by the caller from the file's folder.
+
+    Raises
+    ------
+    ConfigError
+        when the file is missing, is not YAML, or has no valid ``storage:`` section.
+    """
+    p = Path(path)
+    data = _read_yaml(p)
+    section = data.get("storage") if isinstance(data, dict) else None
+    if not isinstance(section, dict):
+        raise ConfigError(f"configuration file {p} has no storage: section (storage: {{root: FOLDER or s3://...}})")
+    try:
+        return StorageConfig.model_validate(section)
+    except ValidationError as err:
+        problems = "; ".join(f"storage.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in err.errors())
+        raise ConfigError(f"configuration file {p}: {problems}") from None

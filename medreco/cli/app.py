@@ -27,6 +27,9 @@ app.add_typer(training_cli.app, name="train")
 
 DEMO_DIR = PROJECT_ROOT / ".demo"
 DEMO_CONFIG = PROJECT_ROOT / "config" / "demo.yaml"
+CONFIG_HELP = "pipeline YAML config (default: $MEDRECO_CONFIG, else the checkout's config/demo.yaml)"
+ROOT_HELP = ("the storage root the releases live under (a folder or s3://bucket/prefix; S3 endpoint from "
+             "AWS_ENDPOINT_URL): read releases with no pipeline config at all")
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -34,15 +37,38 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def _storage(config: Path):
+def _config(config: Path | None) -> Path:
+    """The config file a command reads: ``--config``, else ``$MEDRECO_CONFIG``, else ``config/demo.yaml``."""
+    from schemas.config import default_config_path
+
+    return Path(config) if config is not None else Path(default_config_path())
+
+
+def _storage(config: Path | None):
     from etl.storage import Storage
     from schemas.config import ConfigError, load_config
 
     try:
-        cfg = load_config(config)
+        cfg = load_config(_config(config))
     except ConfigError as err:
         _fail(str(err))
     return cfg, Storage.from_config(cfg)
+
+
+def _release_storage(config: Path | None, root: str | None):
+    """The storage root of the snapshot commands: ``--root``; else the config's ``storage:`` section, which is all
+    they need (a config holding only ``storage.root`` is enough; a full pipeline config works too)."""
+    from etl.storage import Storage, StorageError
+    from schemas.config import ConfigError, storage_config
+
+    try:
+        if root is not None:
+            return Storage.open(root)
+        path = _config(config)
+        sc = storage_config(path)
+        return Storage.open(sc.root, endpoint_url=sc.s3_endpoint_url, region=sc.s3_region, base_dir=path.parent)
+    except (ConfigError, StorageError) as err:
+        _fail(str(err))
 
 
 def summary_lines(summary: dict) -> list[str]:
@@ -113,7 +139,7 @@ def demo_corpus(
 
 @app.command()
 def run(
-    config: Path = typer.Option(DEMO_CONFIG, "--config", "-c", help="pipeline YAML config"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
     workers: int = typer.Option(os.cpu_count() or 1, "--workers", "-w", min=1,
                                 help="task processes: 1 runs dag.test() in this process; N > 1 runs the DAG under "
                                      "a real scheduler with the LocalExecutor (N workers) on the same database"),
@@ -129,11 +155,11 @@ def run(
     from schemas.config import ConfigError, load_config
 
     try:
-        cfg = load_config(config)
+        cfg = load_config(_config(config))
         check_sources(cfg, Storage.from_config(cfg))  # a missing or unreadable source: refused before Airflow starts
         if not os.environ.get("AIRFLOW_CONN_MEDRECO_PSEUDONYM"):
             load_key(allow_airflow=False)  # refuse before any work; tasks may also read the Airflow connection
-        summary = run_build(config, workers=workers, progress=_progress(quiet))
+        summary = run_build(_config(config), workers=workers, progress=_progress(quiet))
     except (ConfigError, MissingKeyError, KeyMismatchError, BuildFailedError, SourceUnavailableError) as err:
         _fail(str(err))
     _print_summary(summary)
@@ -245,24 +271,33 @@ def deid(
 
 
 @snapshot_app.command("list")
-def snapshot_list(config: Path = typer.Option(DEMO_CONFIG, "--config", "-c")) -> None:
-    """Published versions, oldest first: version, created_at, change, content hash (16), total rows."""
+def snapshot_list(config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
+    root: str | None = typer.Option(None, "--root", help=ROOT_HELP)) -> None:
+    """Published releases, oldest first, one per line under a header: version, created_at, change, content hash
+    (first 16 hex digits) and the rows of the tables users load first (studies, images, pairs, vqa; "-" where a
+    release has no such table). ``snapshot show V`` prints every table's rows."""
     from etl.snapshots import list_versions, read_manifest
 
-    _, st = _storage(config)
-    for v in list_versions(st):
+    st = _release_storage(config, root)
+    versions = list_versions(st)
+    if not versions:
+        _fail(f"no release under {st.uri} (publish one with `medreco run` or `medreco snapshot publish`)")
+    tables = ("studies", "images", "pairs", "vqa")
+    typer.echo("\t".join(("version", "created_at", "change", "content_hash", *tables)))
+    for v in versions:
         m = read_manifest(st, v)
-        typer.echo(f"{v}\t{m['created_at']}\t{m.get('change', '?')}\t{m['content_hash'][:16]}\t"
-                   f"{sum(t['rows'] for t in m['tables'].values())} rows")
+        rows = [str(m["tables"][t]["rows"]) if t in m["tables"] else "-" for t in tables]
+        typer.echo("\t".join((v, m["created_at"], m.get("change", "?"), m["content_hash"][:16], *rows)))
 
 
 @snapshot_app.command("show")
 def snapshot_show(version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH or 'latest'"),
-                  config: Path = typer.Option(DEMO_CONFIG, "--config", "-c")) -> None:
+                  config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
+    root: str | None = typer.Option(None, "--root", help=ROOT_HELP)) -> None:
     """Print a release's manifest (JSON)."""
     from etl.snapshots import SnapshotError, read_manifest, resolve_version
 
-    _, st = _storage(config)
+    st = _release_storage(config, root)
     try:
         typer.echo(json.dumps(read_manifest(st, resolve_version(st, version)), indent=1, sort_keys=True))
     except SnapshotError as err:
@@ -275,12 +310,13 @@ def snapshot_diff(
     new: str = typer.Argument(..., help="the newer release"),
     limit: int = typer.Option(20, help="keys listed per table and kind (0: all)"),
     as_json: bool = typer.Option(False, "--json", help="print every key as JSON"),
-    config: Path = typer.Option(DEMO_CONFIG, "--config", "-c"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
+    root: str | None = typer.Option(None, "--root", help=ROOT_HELP),
 ) -> None:
     """Rows added, removed and changed per table between two releases, by each table's key columns."""
     from etl.snapshots import SnapshotError, diff, resolve_version
 
-    _, st = _storage(config)
+    st = _release_storage(config, root)
     try:
         a, b = resolve_version(st, old), resolve_version(st, new)
         result = diff(st, a, b)
@@ -302,11 +338,12 @@ def snapshot_diff(
 
 @snapshot_app.command("verify")
 def snapshot_verify(version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH or 'latest'"),
-                    config: Path = typer.Option(DEMO_CONFIG, "--config", "-c")) -> None:
+                    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
+    root: str | None = typer.Option(None, "--root", help=ROOT_HELP)) -> None:
     """Re-hash every file of a release; fail (exit 1, one line) naming each tampered or missing file."""
     from etl.snapshots import SnapshotError, resolve_version, verify
 
-    _, st = _storage(config)
+    st = _release_storage(config, root)
     try:
         version = resolve_version(st, version)
         problems = verify(st, version)
@@ -319,7 +356,7 @@ def snapshot_verify(version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH o
 
 @snapshot_app.command("publish")
 def snapshot_publish(
-    config: Path = typer.Option(DEMO_CONFIG, "--config", "-c"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
     run_id: str | None = typer.Option(None, "--run-id", help="lineage: the run whose ledger describes the inputs "
                                       "(default: the most recent run ledger)"),
 ) -> None:
@@ -343,7 +380,7 @@ def snapshot_publish(
 @app.command("validate-source")
 def validate_source(
     institution: str = typer.Option(..., "--institution", "-i", help="institution id of the config"),
-    config: Path = typer.Option(DEMO_CONFIG, "--config", "-c", help="pipeline YAML config"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
     deidentify: bool = typer.Option(True, "--deid/--no-deid", help="de-identify the DICOM files in memory "
                                     "(as the build); --no-deid checks headers, duplicates and reports only"),
     as_json: bool = typer.Option(False, "--json", help="print the whole result as JSON"),
@@ -359,7 +396,7 @@ def validate_source(
     from schemas.config import ConfigError, load_config
 
     try:
-        cfg = load_config(config)
+        cfg = load_config(_config(config))
     except ConfigError as err:
         _fail(str(err), 2)
     try:
@@ -391,7 +428,7 @@ def validate_source(
 
 @app.command()
 def dashboard(
-    config: Path = typer.Option(DEMO_CONFIG, "--config", "-c"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
     serve: bool = typer.Option(False, "--serve", help="serve it with the review app on http://127.0.0.1:PORT "
                                "(needs $MEDRECO_REVIEW_TOKEN: curators log in with it)"),
     port: int = typer.Option(8765),

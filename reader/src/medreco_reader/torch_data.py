@@ -10,16 +10,18 @@ strings, numbers and tensors, so PyTorch's *default* collate stacks any batch (:
 config's ``batches:`` section, the project's ``BatchConfig``):
 
 - 2D images: float32 ``(channels, rows, cols)`` in 0..1: resized with the aspect kept (bilinear, antialiased) and
-  zero padded to ``image_size`` (the normaliser's size, so a release's PNGs are normally kept as they are); grey
+  zero padded to ``image_size`` (by default the release's largest stored size, so its PNGs are kept as they are); grey
   repeated to 3 channels or RGB averaged to 1 (ITU-R BT.601 luma) as ``channels`` says;
 - volumes: float32 ``(1, slices, rows, cols)`` (channel first, as MONAI's networks take it), centre cropped or
-  padded to ``volume_shape`` (MedReCo: 240 x 480 x 480) with the pad value of the modality (CT -1000 HU, air; MR
+  padded to ``volume_shape`` (by default the release's largest stored volume) with the pad value of the modality (CT -1000 HU, air; MR
   0); ``valid`` (int64 ``(3, 2)``) is the ``[start, stop)`` of the data per axis in the output;
 - lists become fixed-size fields: ``change_labels``, ``options`` and ``entity_ids`` as JSON text, VQA images as a
   ``(2, ...)`` stack with ``image_mask`` (bool ``(2,)``: single-image items fill slot 0), a missing view or
   split as ``""``, an unknown spacing as NaN.
 
-A dataset serves one ``kind`` (``"2d"`` by default, or ``"3d"``): a batch of 2D images and volumes cannot stack.
+A dataset serves one ``kind`` (``"2d"`` by default, or ``"3d"``): a batch of 2D images and volumes cannot stack;
+pairs and VQA items left out for images of the other kind are counted in a ``UserWarning``. An unknown ``split`` name raises
+``ValueError`` naming the valid ones (:data:`SPLITS`).
 ``fixed_shape=False`` returns the stored sizes and lists (use :func:`collate` then, which keeps what does not
 stack as lists).
 
@@ -32,6 +34,7 @@ stack as lists).
 from __future__ import annotations
 
 import json
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,6 +79,26 @@ class TensorShape:
     channels: int = 1
     image_size: tuple[int, int] = (480, 480)
     volume_shape: tuple[int, int, int] = (240, 480, 480)
+
+    @classmethod
+    def from_release(cls, rows: Sequence[dict[str, Any]], channels: int = 1) -> TensorShape:
+        """The shapes that hold every image of a release as stored, without resizing: ``image_size`` the largest
+        rows and cols of its 2D images, ``volume_shape`` the largest slices, rows and cols of its volumes (the
+        defaults where it has none). What a dataset uses when no ``shape`` is given.
+
+        Parameters
+        ----------
+        rows : sequence of dict
+            ``images`` metadata rows (``kind``, ``rows``, ``cols``, ``n_slices``), e.g. :attr:`ImageStore.rows`.
+        channels : int
+            1 or 3.
+        """
+        flat = [r for r in rows if r.get("kind") != "3d" and r.get("rows") and r.get("cols")]
+        vols = [r for r in rows if r.get("kind") == "3d" and r.get("rows") and r.get("cols") and r.get("n_slices")]
+        size = (max(int(r["rows"]) for r in flat), max(int(r["cols"]) for r in flat)) if flat else cls.image_size
+        volume = ((max(int(r["n_slices"]) for r in vols), max(int(r["rows"]) for r in vols),
+                   max(int(r["cols"]) for r in vols)) if vols else cls.volume_shape)
+        return cls(channels, size, volume)
 
     @classmethod
     def from_config(cls, config: Any = None) -> TensorShape:
@@ -135,10 +158,31 @@ def _splits(snap: Snapshot) -> dict[str, str]:
     return dict(zip(t["patient_key"].to_pylist(), t["split"].to_pylist(), strict=True))
 
 
-def _wanted(split: str | Sequence[str] | None) -> set[str] | None:
-    if split is None:
+#: the split names of a release (``splits`` table): patient-level train/val/test and the institution-held-out test
+SPLITS = ("train", "val", "test", "external_test")
+
+
+def _wanted(values: str | Sequence[str] | None) -> set[str] | None:
+    if values is None:
         return None
-    return {split} if isinstance(split, str) else set(split)
+    return {values} if isinstance(values, str) else set(values)
+
+
+def _wanted_splits(split: str | Sequence[str] | None) -> set[str] | None:
+    """The split names asked for, checked against :data:`SPLITS`.
+
+    Raises
+    ------
+    ValueError
+        naming the valid splits, for a name that is not one (``"validation"``, ``"Train"``): a typo must not
+        become an empty dataset.
+    """
+    wanted = _wanted(split)
+    unknown = sorted(wanted - set(SPLITS)) if wanted is not None else []
+    if unknown:
+        raise ValueError(f"unknown split {', '.join(map(repr, unknown))}: a release's splits are "
+                         f"{', '.join(SPLITS)}")
+    return wanted
 
 
 def _vector(values: Any, n: int) -> torch.Tensor:
@@ -238,12 +282,33 @@ class _Base(Dataset):
         self.store = store or ImageStore(snapshot)
         self.kind = kind
         self.fixed_shape = fixed_shape
-        self.shape = shape if isinstance(shape, TensorShape) else TensorShape.from_config(shape)
+        if isinstance(shape, TensorShape):
+            self.shape = shape
+        elif shape is None:
+            self.shape = TensorShape.from_release(self.store.rows)
+        else:
+            self.shape = TensorShape.from_config(shape)
         #: ids of rows left out because an image they need is not in the release (or not of ``kind``)
         self.excluded: list[str] = []
+        #: how many of ``excluded`` have all their images, of the other kind (see :meth:`_warn_other_kind`)
+        self.other_kind = 0
 
     def _of_kind(self, indices: Sequence[int | None]) -> bool:
-        return all(i is not None and (self.kind is None or self.store.rows[i]["kind"] == self.kind) for i in indices)
+        if any(i is None for i in indices):
+            return False
+        if self.kind is None or all(self.store.rows[i]["kind"] == self.kind for i in indices):  # type: ignore[index]
+            return True
+        self.other_kind += 1
+        return False
+
+    def _warn_other_kind(self, what: str) -> None:
+        """Warn (``UserWarning``) when items were left out only because their images are of the other kind: a
+        ``kind="2d"`` dataset of a release with CT pairs must say that it serves part of them."""
+        if self.other_kind:
+            other = "3d" if self.kind == "2d" else "2d"
+            warnings.warn(f"{self.other_kind} {what} with {other} images are left out of this kind={self.kind!r} "
+                          f"dataset (their ids are in .excluded); a dataset with kind={other!r} serves them",
+                          UserWarning, stacklevel=3)
 
     def _image(self, index: int) -> dict[str, torch.Tensor]:
         """``image`` (and ``valid`` for volumes) of store row ``index``, fitted when ``fixed_shape``."""
@@ -292,7 +357,8 @@ class ImageDataset(_Base):
     fixed_shape : bool
         fit every tensor to ``shape`` (module docstring); False: stored sizes, metadata as stored.
     shape : TensorShape or a config (see :meth:`TensorShape.from_config`), optional
-        the shapes (default: :class:`TensorShape` from the default config).
+        the shapes (default: :meth:`TensorShape.from_release`, the largest stored image and volume of the
+        release, so nothing is resized or cropped).
 
     Items
     -----
@@ -308,7 +374,7 @@ class ImageDataset(_Base):
                  shape: TensorShape | Any = None) -> None:
         super().__init__(snapshot, transform, store, kind, fixed_shape, shape)
         self.split_of = _splits(snapshot)
-        splits, modalities = _wanted(split), _wanted(modality)
+        splits, modalities = _wanted_splits(split), _wanted(modality)
         self.indices = [i for i, r in enumerate(self.store.rows)
                         if (splits is None or self.split_of.get(r["patient_key"]) in splits)
                         and (modalities is None or r["modality"] in modalities) and self._of_kind([i])]
@@ -353,7 +419,7 @@ class PairDataset(_Base):
                  shape: TensorShape | Any = None) -> None:
         super().__init__(snapshot, transform, store, kind, fixed_shape, shape)
         split_of = _splits(snapshot)
-        wanted = _wanted(split)
+        wanted = _wanted_splits(split)
         pairs = [p for p in snapshot.read("pairs").to_pylist() if wanted is None or split_of.get(p["patient_key"]) in wanted]
         self.items: list[tuple[dict[str, Any], int, int]] = []
         for p, resolved in zip(pairs, pair_images(self.store.studies, pairs), strict=True):
@@ -363,6 +429,7 @@ class PairDataset(_Base):
                 self.excluded.append(p["pair_id"])
                 continue
             self.items.append(({**p, "split": split_of.get(p["patient_key"])}, a, b))  # type: ignore[arg-type]
+        self._warn_other_kind("pairs")
 
     def __len__(self) -> int:
         return len(self.items)
@@ -414,7 +481,7 @@ class VQADataset(_Base):
         super().__init__(snapshot, transform, store, kind, fixed_shape, shape)
         pairs = {p["pair_id"]: p for p in snapshot.read(
             "pairs", columns=["pair_id", "prior_study_key", "current_study_key", "modality", "view"]).to_pylist()}
-        splits, types = _wanted(split), _wanted(question_type)
+        splits, types = _wanted_splits(split), _wanted(question_type)
         items = [q for q in snapshot.read("vqa").to_pylist()
                  if (splits is None or q["split"] in splits) and (types is None or q["question_type"] in types)]
         self.items: list[tuple[dict[str, Any], list[int]]] = []
@@ -424,6 +491,7 @@ class VQADataset(_Base):
                 self.excluded.append(q["item_id"])
                 continue
             self.items.append((q, picks))  # type: ignore[arg-type]
+        self._warn_other_kind("VQA items")
 
     def __len__(self) -> int:
         return len(self.items)

@@ -1,0 +1,107 @@
+"""What an ML engineer trips on when reading a release (issue 40, points 1, 3, 6 and 13): an unknown split name, default
+tensor shapes that ignore the release, pairs silently dropped for their kind, and snapshot commands that need the
+whole pipeline config.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_snapshots import do_publish, write_institution
+
+from etl.snapshots import load_snapshot
+from etl.storage import Storage
+from medreco_reader.torch_data import SPLITS, ImageDataset, PairDataset, TensorShape, VQADataset
+from schemas.config import PROJECT_ROOT
+
+
+@pytest.fixture()
+def release(tmp_path):
+    """One release (us-a, gb-b: CR images 24 x 32 and one CT volume 3 x 8 x 8)."""
+    st = Storage.open(str(tmp_path / "root"))
+    write_institution(st, "us-a", 0)
+    write_institution(st, "gb-b", 1)
+    do_publish(st)
+    return st
+
+
+@pytest.mark.parametrize("name", ["validation", "Train", "tran", ["train", "dev"]])
+@pytest.mark.parametrize("dataset", [ImageDataset, PairDataset, VQADataset])
+def test_an_unknown_split_is_refused_naming_the_valid_ones(release, dataset, name):
+    with pytest.raises(ValueError, match="unknown split .*train, val, test, external_test"):
+        dataset(load_snapshot(release), split=name)
+
+
+def test_every_valid_split_name_is_accepted(release):
+    snap = load_snapshot(release)
+    sizes = {s: len(ImageDataset(snap, split=s)) for s in SPLITS}
+    assert sum(sizes.values()) == len(ImageDataset(snap))  # the splits partition the images
+
+
+def test_default_shapes_come_from_the_release_not_a_config(release):
+    snap = load_snapshot(release)
+    ds = ImageDataset(snap)  # no shape given
+    assert ds.shape == TensorShape(1, (24, 32), (3, 8, 8))
+    assert ds[0]["image"].shape == (1, 24, 32)  # stored size, not 480 x 480
+    vol = ImageDataset(snap, kind="3d")[0]
+    assert vol["image"].shape == (1, 3, 8, 8)  # not (1, 240, 480, 480): 221 MB a volume
+    # an explicit shape still wins
+    assert ImageDataset(snap, shape=TensorShape(3, (16, 16), (2, 4, 4)))[0]["image"].shape == (3, 16, 16)
+
+
+def test_items_left_out_for_their_kind_are_counted_in_a_warning(release):
+    snap = load_snapshot(release)
+    everything = len(VQADataset(snap, kind=None, fixed_shape=False))
+    with pytest.warns(UserWarning, match=r"VQA items with 3d images are left out of this kind='2d' dataset"):
+        two_d = VQADataset(snap)
+    three_d = VQADataset(snap, kind="3d")
+    assert three_d.other_kind == len(two_d) > 0 and two_d.other_kind == len(three_d) > 0
+    assert len(two_d) + len(three_d) == everything
+    assert len(two_d.excluded) == two_d.other_kind
+
+
+def _medreco(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "medreco.cli", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, cwd=cwd or PROJECT_ROOT)
+
+
+def test_snapshot_commands_with_root_or_a_storage_only_config(release, tmp_path):
+    only = tmp_path / "elsewhere" / "reader.yaml"
+    only.parent.mkdir()
+    only.write_text(f"storage:\n  root: {release.root}\n")
+    by_root = _medreco("snapshot", "list", "--root", release.root, cwd=tmp_path)
+    assert by_root.returncode == 0, by_root.stderr
+    header, row = by_root.stdout.strip().splitlines()
+    assert header.split("\t") == ["version", "created_at", "change", "content_hash", "studies", "images", "pairs", "vqa"]
+    manifest = load_snapshot(release).manifest
+    assert row.split("\t")[0] == "0.1.0" and row.split("\t")[5] == str(manifest["tables"]["images"]["rows"])
+    by_env = _medreco("snapshot", "list", env={"MEDRECO_CONFIG": str(only)}, cwd=tmp_path)
+    assert by_env.returncode == 0, by_env.stderr
+    assert by_env.stdout == by_root.stdout
+    verify = _medreco("snapshot", "verify", "latest", "-c", str(only), cwd=tmp_path)
+    assert verify.returncode == 0 and "all files match" in verify.stdout, verify.stderr
+    show = _medreco("snapshot", "show", "0.1.0", "--root", release.root, cwd=tmp_path)
+    assert show.returncode == 0 and '"content_hash"' in show.stdout
+
+
+def test_a_config_without_storage_is_refused_in_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("institutions: []\n")
+    out = _medreco("snapshot", "list", "-c", str(bad), cwd=tmp_path)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [f"error: configuration file {bad} has no storage: section "
+                                               "(storage: {root: FOLDER or s3://...})"]
+
+
+def test_no_release_under_a_root_says_so(tmp_path):
+    out = _medreco("snapshot", "list", "--root", str(tmp_path / "empty"), cwd=tmp_path)
+    assert out.returncode == 1 and "no release under" in out.stderr
+
+
+def test_tensor_shape_from_release_without_images_keeps_the_defaults():
+    assert TensorShape.from_release([]) == TensorShape()
+    assert torch.zeros(1).shape == (1,)
