@@ -20,3 +20,17 @@ def test_ruff_clean():
         pytest.skip("ruff is not installed")
     proc = subprocess.run([ruff, "check", "--output-format", "concise", str(ROOT)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def test_pre_commit_config_is_valid_and_runs_the_checks_of_the_suite():
+    import yaml
+
+    pre_commit = Path(sys.executable).with_name("pre-commit")
+    if not pre_commit.exists():
+        pytest.skip("pre-commit is not installed")
+    config = ROOT / ".pre-commit-config.yaml"
+    proc = subprocess.run([str(pre_commit), "validate-config", str(config)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    hooks = {h["id"]: h for repo in yaml.safe_load(config.read_text())["repos"] for h in repo["hooks"]}
+    assert {"ruff-check", "ruff-format", "mypy"} <= set(hooks)
+    assert all(h["language"] == "system" for h in hooks.values())  # offline: nothing fetched from the network
