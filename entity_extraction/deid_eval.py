@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from pathlib import Path
 
+from schemas.errors import ReasonCodedError
+
 #: replacement tokens of :func:`entity_extraction.text_deid.deidentify_text`: ``[NAME]``, ``[DATE]``, ...,
 #: and ``90+`` (an age over 89). Each is collapsed to :data:`_PLACEHOLDER` before the alignment.
 REPLACEMENT_TOKENS = re.compile(r"\[[A-Z][A-Z_]*\]|(?<!\d)90\+")
@@ -34,8 +36,11 @@ _TOKEN = re.compile(r"[^\W_]+")
 _CHUNK = re.compile(r"[^\W_]+|\s+|.", re.DOTALL)
 
 
-class GoldFormatError(ValueError):
+class GoldFormatError(ReasonCodedError, ValueError):
     """A gold file that does not follow the layout (reason names the line, never its text)."""
+
+    default_reason = "gold_format_invalid"
+    message_format = "{message}"
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from schemas.errors import ReasonCodedError
+
 LEXICON_FILE = Path(__file__).with_name("phi_lexicon_en.json")
 #: Zipf frequency (log10 of occurrences per billion words) from which a wordfreq word counts as common
 #: English: about the 50,000 most frequent English words.
@@ -53,8 +55,11 @@ _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 _INFLECTIONS = ("s", "es", "ed", "d", "ing", "ly", "er", "ers")
 
 
-class PhiLexiconError(ValueError):
+class PhiLexiconError(ReasonCodedError, ValueError):
     """Raised when ``phi_lexicon_en.json`` or a word-list package cannot be used (reason ``invalid_phi_lexicon``)."""
+
+    default_reason = "phi_lexicon_invalid"
+    message_format = "{message}"
 
     reason = "invalid_phi_lexicon"
 

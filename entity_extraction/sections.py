@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from schemas.errors import ReasonCodedError
+
 RULES_FILE = Path(__file__).with_name("section_rules_en.json")
 #: name of text before the first recognised header (a report without headers is all ``unsectioned``).
 UNSECTIONED = "unsectioned"
@@ -30,8 +32,11 @@ UNSECTIONED = "unsectioned"
 OTHER = "other"
 
 
-class SectionRulesError(ValueError):
+class SectionRulesError(ReasonCodedError, ValueError):
     """Raised when a section rules file is malformed (reason code ``invalid_section_rules``)."""
+
+    default_reason = "section_rules_invalid"
+    message_format = "{message}"
 
     reason = "invalid_section_rules"
 

@@ -22,13 +22,17 @@ from functools import lru_cache
 from pathlib import Path
 
 from entity_extraction.phi_lexicon import AMBIG, SAFE, lexical_hits, load_lexicon, protected_spans
+from schemas.errors import ReasonCodedError
 
 PATTERNS_FILE = Path(__file__).with_name("phi_patterns.json")
 _ORDINALS = ("st", "nd", "rd", "th")
 
 
-class PhiPatternsError(ValueError):
+class PhiPatternsError(ReasonCodedError, ValueError):
     """Raised when ``phi_patterns.json`` is malformed (reason code ``invalid_phi_patterns``)."""
+
+    default_reason = "phi_patterns_invalid"
+    message_format = "{message}"
 
     reason = "invalid_phi_patterns"
 

@@ -24,6 +24,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from schemas.errors import ReasonCodedError
+
 ENV_VAR = "MEDRECO_PSEUDONYM_KEY"
 AIRFLOW_CONN_ID = "medreco_pseudonym"
 MIN_KEY_CHARS = 32
@@ -31,8 +33,11 @@ MIN_KEY_CHARS = 32
 MAX_DATE_SHIFT_DAYS = 365
 
 
-class MissingKeyError(RuntimeError):
+class MissingKeyError(ReasonCodedError, RuntimeError):
     """Raised when no pseudonymisation secret is configured."""
+
+    default_reason = "missing_key"
+    message_format = "{message}"
 
 
 @dataclass(frozen=True)

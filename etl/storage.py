@@ -33,6 +33,7 @@ from etl.zones import RESTRICTED, UnsafePathError
 from medreco_reader import root as reader_root
 from medreco_reader.root import Root
 from schemas.config import PipelineConfig
+from schemas.errors import ReasonCodedError
 
 #: permissions of restricted zones (:data:`etl.zones.RESTRICTED`) on local disk: folders owner-only, files
 #: owner read/write (S3 separates them by bucket policy instead)
@@ -40,8 +41,11 @@ RESTRICTED_DIR_MODE = 0o700
 RESTRICTED_FILE_MODE = 0o600
 
 
-class StorageError(RuntimeError):
+class StorageError(ReasonCodedError, RuntimeError):
     """Raised for a storage URI that cannot be opened or a missing object."""
+
+    default_reason = "storage_error"
+    message_format = "{message}"
 
 
 def _s3_filesystem(endpoint_url: str | None, region: str) -> pafs.S3FileSystem:

@@ -24,6 +24,7 @@ from etl.pipeline.context import BuildContext
 from etl.pipeline.ledger import load_review
 from etl.pixels.integrity import recorded_integrity
 from etl.storage import Storage
+from schemas.errors import ReasonCodedError
 from schemas.ontology import load_ontology
 from schemas.tables import SCHEMAS, metadata_columns
 
@@ -36,8 +37,11 @@ def row_flags_path(run_id: str) -> str:
     return f"{zones.REPORTS}/quality/row_flags/{run_id}.parquet"
 
 
-class QualityGateError(RuntimeError):
+class QualityGateError(ReasonCodedError, RuntimeError):
     """Raised when a critical quality check fails: the snapshot is not published."""
+
+    default_reason = "quality_gate_failed"
+    message_format = "{message}"
 
 
 def load_tables(ctx: BuildContext) -> dict:

@@ -14,11 +14,13 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from schemas.errors import ReasonCodedError
 
 #: the project's checkout (the folder holding ``etl/``, ``schemas/``, ``config/``): the one place it is computed
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -45,8 +47,11 @@ _LANGUAGE_RE = re.compile(r"^[a-z]{2,3}$")
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{1,39}$")
 
 
-class ConfigError(ValueError):
+class ConfigError(ReasonCodedError, ValueError):
     """Raised when a configuration file cannot be read or does not validate."""
+
+    default_reason = "config_invalid"
+    message_format = "{message}"
 
 
 class _Strict(BaseModel):
@@ -430,7 +435,7 @@ def load_config(path: str | Path) -> PipelineConfig:
     return parse_config(_read_yaml(p), base_dir=p.resolve().parent, source=str(p))
 
 
-def _read_yaml(p: Path) -> object:
+def _read_yaml(p: Path) -> Any:
     if not p.is_file():
         raise ConfigError(f"configuration file not found: {p}")
     try:

@@ -6,7 +6,8 @@ value from an input file (a header value or report text may carry PHI); they nam
 or field instead.
 
 Subclasses also derive from the builtin that fits (``ValueError`` for bad input, ``RuntimeError`` for a state
-of the system) and set :attr:`ReasonCodedError.message_format` to how ``str(err)`` reads.
+of the system) and set :attr:`ReasonCodedError.message_format` to how ``str(err)`` reads. A subclass with one
+reason sets :attr:`ReasonCodedError.default_reason` and is raised with its message alone.
 """
 
 from __future__ import annotations
@@ -32,8 +33,14 @@ class ReasonCodedError(Exception):
     """
 
     message_format = "{reason}: {message}"
+    #: the reason of a subclass that has one (a state of the system rather than a per-input fault): such an error
+    #: is raised with its message alone, ``StorageError("cannot read ...")``
+    default_reason: str | None = None
 
-    def __init__(self, reason: str, message: str = "") -> None:
+    def __init__(self, reason: str, message: str | None = None) -> None:
+        if message is None and self.default_reason is not None:
+            reason, message = self.default_reason, reason
+        message = message or ""
         super().__init__(self.message_format.format(reason=reason, message=message))
         self.reason = reason
         self.detail = message

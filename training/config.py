@@ -14,9 +14,14 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from schemas.errors import ReasonCodedError
 
-class TrainingConfigError(ValueError):
+
+class TrainingConfigError(ReasonCodedError, ValueError):
     """A training config file that is missing, not YAML, or does not validate."""
+
+    default_reason = "training_config_invalid"
+    message_format = "{message}"
 
 
 class _Strict(BaseModel):

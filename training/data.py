@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from etl.snapshots import SnapshotError, list_versions, read_manifest, read_snapshot_table, verify
 from etl.storage import Storage
+from schemas.errors import ReasonCodedError
 
 #: ITU-R BT.601 luma weights (R, G, B)
 LUMA_BT601 = (0.299, 0.587, 0.114)
@@ -35,8 +36,11 @@ _TARGET_COLUMNS = ("target_study_key", "candidate_study_key", "neighbour_study_k
                    "reference_study_key", "relevant_study_key")
 
 
-class SnapshotRefusedError(SnapshotError):
+class SnapshotRefusedError(ReasonCodedError, SnapshotError):
     """The snapshot does not exist or fails verification; training refuses it."""
+
+    default_reason = "snapshot_refused"
+    message_format = "{message}"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from schemas.config import PROJECT_ROOT
+from schemas.errors import ReasonCodedError
 from training.config import KubernetesConfig, LaunchConfig, SageMakerConfig
 
 #: label and annotation keys on Kubernetes objects (app.kubernetes.io recommended labels)
@@ -29,8 +30,11 @@ _SM_STATUS = {"InProgress": "running", "Stopping": "running", "Completed": "succ
               "Stopped": "failed"}
 
 
-class LauncherError(RuntimeError):
+class LauncherError(ReasonCodedError, RuntimeError):
     """A job that could not be started or whose spec is invalid."""
+
+    default_reason = "launcher_failed"
+    message_format = "{message}"
 
 
 @dataclass(frozen=True)

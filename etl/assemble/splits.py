@@ -120,8 +120,11 @@ def assign_splits(patients: pl.DataFrame, cfg: SplitConfig, salt: str = DEFAULT_
     return table_from_rows(rows, SCHEMA)
 
 
-class SplitLeakError(RuntimeError):
+class SplitLeakError(ReasonCodedError, RuntimeError):
     """The built tables link patients or studies across splits; ``counts`` holds every violation count."""
+
+    default_reason = "split_leak"
+    message_format = "{message}"
 
     def __init__(self, counts: dict[str, int]) -> None:
         bad = {k: v for k, v in counts.items() if v}

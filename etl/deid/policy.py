@@ -32,6 +32,7 @@ from functools import lru_cache
 import yaml
 
 from schemas.config import PROJECT_ROOT, BurnedInTextConfig, DeidConfig
+from schemas.errors import ReasonCodedError
 
 DEID_DIR = PROJECT_ROOT / "schemas" / "deid"
 TABLE_FILE = DEID_DIR / "table_e1_1.csv"
@@ -47,8 +48,11 @@ CODE_SAFE_PRIVATE = ("113111", "Retain Safe Private Option")
 CODE_CLEAN_PIXEL = ("113101", "Clean Pixel Data Option")
 
 
-class PolicyError(ValueError):
+class PolicyError(ReasonCodedError, ValueError):
     """Raised for a malformed table, profile or safe-private allow-list."""
+
+    default_reason = "deid_policy_invalid"
+    message_format = "{message}"
 
 
 @dataclass(frozen=True)

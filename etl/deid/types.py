@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from schemas.config import PROJECT_ROOT
+from schemas.errors import ReasonCodedError
 
 TYPES_FILE = PROJECT_ROOT / "schemas" / "deid" / "iod_types.yaml"
 #: strength order of PS3.5 7.4 data element types (the strongest of several modules wins)
@@ -26,8 +27,11 @@ _WANTED = {"1": "D", "1C": "D", "2": "Z", "2C": "Z", "3": "X"}
 _FALLBACK = {"D": ("D", "U*"), "Z": ("Z", "D", "U*"), "X": ("X", "Z", "U*", "D")}
 
 
-class TypesError(ValueError):
+class TypesError(ReasonCodedError, ValueError):
     """Raised for a malformed ``iod_types.yaml`` (unknown module, Type or keyword)."""
+
+    default_reason = "deid_types_invalid"
+    message_format = "{message}"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from etl import zones
 from etl.keys import PseudonymKey, load_key
 from etl.storage import Storage
 from schemas.config import PROJECT_ROOT, PipelineConfig, load_config
+from schemas.errors import ReasonCodedError
 
 EVENT_SCHEMA = pa.schema(
     [
@@ -55,8 +56,11 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
-class KeyMismatchError(RuntimeError):
+class KeyMismatchError(ReasonCodedError, RuntimeError):
     """Raised when a storage root built with one pseudonymisation key is run with another."""
+
+    default_reason = "key_mismatch"
+    message_format = "{message}"
 
 
 def safe_run_id(run_id: str) -> str:

@@ -38,6 +38,7 @@ from etl.pipeline.context import EVENT_SCHEMA, BuildContext
 from etl.sources.discover import PLAN_SCHEMA, SEEN_INDEX, load_seen_index, update_seen_index
 from schemas import ledger as ledger_schema
 from schemas.base import table_from_rows
+from schemas.errors import ReasonCodedError
 
 STAGE_ORDER = ("discover", "deidentify", "normalise", "reports")
 #: curator decisions on quarantined files (PHI-free: opaque ids, decision codes, dates)
@@ -48,8 +49,11 @@ REJECTED_REASON = "curator_rejected"
 SEEN_REASON = "seen_in_earlier_run"
 
 
-class LedgerImbalanceError(RuntimeError):
+class LedgerImbalanceError(ReasonCodedError, RuntimeError):
     """Raised when files seen != sum of per-status counts (a file was lost or counted twice)."""
+
+    default_reason = "ledger_imbalance"
+    message_format = "{message}"
 
 
 def build_ledger(run_id: str, plan: pa.Table, events: pa.Table, *, clean_view: bool = False) -> pa.Table:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from etl.storage import put_if_absent, s3_client
 from etl.zones import BUILD_LOCK
+from schemas.errors import ReasonCodedError
 
 #: seconds a lock stays valid without a heartbeat (the holder refreshes it every third of that)
 BUILD_LOCK_TTL_S = 600.0
@@ -27,8 +28,11 @@ DAG_LOCK_TTL_S = 24 * 3600.0
 DAG_LOCK_TTL_ENV = "MEDRECO_DAG_LOCK_TTL_S"
 
 
-class BuildLockHeldError(RuntimeError):
+class BuildLockHeldError(ReasonCodedError, RuntimeError):
     """Raised when another build holds the storage root's lock; ``holder`` is its lock record."""
+
+    default_reason = "build_lock_held"
+    message_format = "{message}"
 
     def __init__(self, uri: str, holder: dict) -> None:
         super().__init__(

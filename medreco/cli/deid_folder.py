@@ -25,10 +25,14 @@ from etl.sources.discover import NON_INPUT_EXTENSIONS, classify_dicom
 from schemas import ledger as ledger_schema
 from schemas.base import table_from_rows
 from schemas.config import DeidConfig
+from schemas.errors import ReasonCodedError
 
 
-class DeidFolderError(ValueError):
+class DeidFolderError(ReasonCodedError, ValueError):
     """Raised for an unusable pair of source and output folders."""
+
+    default_reason = "deid_folder_invalid"
+    message_format = "{message}"
 
 
 def _write_private(path: Path, data: bytes) -> None:

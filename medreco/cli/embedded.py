@@ -13,14 +13,21 @@ from pathlib import Path
 
 from etl import zones
 from schemas.config import PROJECT_ROOT
+from schemas.errors import ReasonCodedError
 
 
-class BuildFailedError(RuntimeError):
+class BuildFailedError(ReasonCodedError, RuntimeError):
     """Raised when the build DAG run does not end in success."""
+
+    default_reason = "build_failed"
+    message_format = "{message}"
 
 
 class BuildLockedError(BuildFailedError):
     """Raised at once, before any work, when another build holds the storage root's lock."""
+
+    default_reason = "build_locked"
+    message_format = "{message}"
 
 
 def prepare_airflow_env(airflow_home: str | Path | None = None) -> Path:

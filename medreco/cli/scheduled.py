@@ -28,6 +28,7 @@ from pathlib import Path
 
 from medreco.cli.processes import ProcessGroups
 from schemas.config import CONFIG_ENV, PROJECT_ROOT
+from schemas.errors import ReasonCodedError
 
 #: seconds the components get to come up (2 shared cores: each imports Airflow for 10-40 s)
 STARTUP_TIMEOUT_S = 300.0
@@ -39,8 +40,11 @@ MIN_HEARTBEAT_INTERVAL_S = 1
 SCHEDULER_IDLE_SLEEP_S = 1.0
 
 
-class ScheduledRunError(RuntimeError):
+class ScheduledRunError(ReasonCodedError, RuntimeError):
     """A component of the scheduled run failed to start, died, or survived being stopped."""
+
+    default_reason = "scheduled_run_failed"
+    message_format = "{message}"
 
 
 def _free_port() -> int:
