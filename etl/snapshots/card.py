@@ -71,11 +71,12 @@ def card_facts(tables: dict[str, pa.Table], inputs: dict | None = None) -> dict:
     }
 
 
-def _entity_names() -> dict[str, tuple[str, str]]:
+def _entity_names() -> dict[str, tuple[str, str, str]]:
+    """Entity id -> (preferred name, category, modality families joined by ``/``)."""
     try:
         from schemas.ontology import load_ontology
 
-        return {c.id: (c.preferred_name, c.category) for c in load_ontology().concepts.values()}
+        return {c.id: (c.preferred_name, c.category, "/".join(c.families)) for c in load_ontology().concepts.values()}
     except (OSError, KeyError, ValueError):  # the card still lists ids
         return {}
 
@@ -122,9 +123,12 @@ def dataset_card(manifest: dict, facts: dict) -> str:
         "- format: one Delta Lake table per table under `snapshots/tables/<table>/`, pinned per release "
         "(manifest.json: Delta version, data files, sha256, rows)",
         "",
-        "Load it: `from etl.snapshots import load_snapshot; snap = load_snapshot(ROOT, version=\""
-        f"{manifest['version']}\"); snap.table(\"pairs\")` (polars LazyFrame). "
-        f"Check it: `medreco snapshot verify {manifest['version']}`.",
+        "Load it: `pip install ./reader` (the MedReCo-DB reader: pyarrow, polars, deltalake, numpy, nibabel, "
+        "Pillow; `./reader[torch]` adds the torch Datasets), then `from medreco_reader import load_snapshot; "
+        f"snap = load_snapshot(ROOT, version=\"{manifest['version']}\"); snap.table(\"pairs\")` (polars "
+        f"LazyFrame). Check it: `medreco snapshot verify {manifest['version']} --root ROOT`. Hand it over: "
+        f"`medreco snapshot export {manifest['version']} DEST --root ROOT` writes a self-contained folder with "
+        "train/val/test splits that `datasets.load_dataset(DEST, \"pairs\", split=\"train\")` reads.",
         "",
         "## Tables",
         "",
@@ -137,9 +141,15 @@ def dataset_card(manifest: dict, facts: dict) -> str:
     lines += _grid("Counts per modality", facts.get("modality", {}), "modality")
     lines += _grid("Counts per split", facts.get("split", {}), "split")
     names = _entity_names()
-    entity = {f"{e} {names[e][0]} ({names[e][1]})" if e in names else e: v
+    entity = {f"{e} {names[e][0]} ({names[e][1]}, {names[e][2]})" if e in names else e: v
               for e, v in facts.get("entity", {}).items()}
     lines += _grid("Entities (studies labelled present, mentions in reports)", entity, "entity")
+    lines += ["", "Each entity belongs to the modality families in brackets (chest radiograph, CT, brain MRI, "
+              "ultrasound): the same name under two ids is the same finding in two families, labelled apart. "
+              "`mentions` counts every mention in the reports, whatever its assertion; `studies` counts the studies "
+              "labelled present (a study_labels row with state present). An entity with mentions and no study is "
+              "mentioned only as absent, uncertain or historical, or only in reports not linked to a study of this "
+              "release."]
     lines += ["", "## De-identification", "",
               "DICOM PS3.15 Annex E, DeidentificationMethodCodeSequence (CID 7050, scheme DCM):", ""]
     lines += [f"- `{c}` {m}" for c, m in codes] or ["- (not recorded)"]
@@ -160,5 +170,15 @@ def dataset_card(manifest: dict, facts: dict) -> str:
             f"{k} {v}" for k, v in links.items()) + ".")
     if facts.get("empty_tables"):
         limits.append("Tables with no rows in this release: " + ", ".join(facts["empty_tables"]) + ".")
-    lines += ["", "## Known limitations", ""] + [f"- {x}" for x in limits] + [""]
+    lines += ["", "## Known limitations", ""] + [f"- {x}" for x in limits]
+    lines += ["", "## Licence and terms of use", "",
+              "Derived from clinical data of the contributing institutions under their data use agreement: use is "
+              "limited to the research purposes and people that agreement names; no attempt to re-identify any "
+              "person; no redistribution outside it. The Hugging Face card's `license: other` refers to this "
+              "section.", "", "## Citation", "", "```bibtex",
+              "@misc{medreco_db_" + manifest["version"].replace(".", "_") + ",",
+              "  title  = {MedReCo-DB: a de-identified comparative imaging dataset, release " + manifest["version"]
+              + "},",
+              "  note   = {content hash " + manifest["content_hash"] + "}",
+              "}", "```", ""]
     return "\n".join(lines)

@@ -354,6 +354,26 @@ def snapshot_verify(version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH o
     typer.echo(f"snapshot {version}: all files match the manifest")
 
 
+@snapshot_app.command("export")
+def snapshot_export(
+    version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH or 'latest'"),
+    dest: Path = typer.Argument(..., help="a new or empty folder"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
+    root: str | None = typer.Option(None, "--root", help=ROOT_HELP),
+) -> None:
+    """Write a release as one self-contained folder (per-split Parquet, volumes, Hugging Face card) that a plain
+    copy or huggingface_hub's upload_folder can move: datasets.load_dataset(DEST, "pairs", split="train")."""
+    from etl.snapshots.export import ExportError, export_release
+
+    st = _release_storage(config, root)
+    try:
+        record = export_release(st, version, dest)
+    except ExportError as err:
+        _fail(str(err))
+    counts = ", ".join(f"{t} {sum(r.values())}" for t, r in record["rows"].items())
+    typer.echo(f"snapshot {record['version']} exported to {dest}: {len(record['files'])} files ({counts})")
+
+
 @snapshot_app.command("publish")
 def snapshot_publish(
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),

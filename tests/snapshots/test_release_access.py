@@ -105,3 +105,30 @@ def test_no_release_under_a_root_says_so(tmp_path):
 def test_tensor_shape_from_release_without_images_keeps_the_defaults():
     assert TensorShape.from_release([]) == TensorShape()
     assert torch.zeros(1).shape == (1,)
+
+
+def test_an_exported_release_is_self_contained_and_has_hugging_face_splits(release, tmp_path):
+    import shutil
+
+    import datasets
+
+    manifest = load_snapshot(release).manifest
+    splits = {r["patient_key"]: r["split"] for r in load_snapshot(release).read("splits").to_pylist()}
+    pairs_by_split: dict[str, set] = {}
+    for p in load_snapshot(release).read("pairs").to_pylist():
+        pairs_by_split.setdefault(splits[p["patient_key"]], set()).add(p["pair_id"])
+    out = _medreco("snapshot", "export", "latest", str(tmp_path / "export"), "--root", release.root, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    moved = tmp_path / "handed-over"
+    shutil.copytree(tmp_path / "export", moved)
+    shutil.rmtree(release.root)  # nothing of the store is left: the copy must stand alone
+    for split, want in pairs_by_split.items():
+        ds = datasets.load_dataset(str(moved), "pairs", split=split, cache_dir=str(tmp_path / "hf-cache"))
+        assert set(ds["pair_id"]) == want and set(ds["split"]) == {split}
+        assert {splits[k] for k in ds["patient_key"]} == {split}  # patient sets match the splits table
+    images = datasets.load_dataset(str(moved), "images", cache_dir=str(tmp_path / "hf-cache"))
+    assert sum(len(images[s]) for s in images) == manifest["tables"]["images"]["rows"]
+    vqa = datasets.load_dataset(str(moved), "vqa_images", cache_dir=str(tmp_path / "hf-cache"))
+    assert sum(len(vqa[s]) for s in vqa) == manifest["views"]["vqa_images"]["rows"]
+    again = _medreco("snapshot", "export", "latest", str(moved), "--root", str(tmp_path / "none"), cwd=tmp_path)
+    assert again.returncode == 1  # an existing, non-empty destination is refused
