@@ -201,7 +201,7 @@ def export_release(storage: Storage, version: str, dest: str | os.PathLike) -> d
             (out / name).write_bytes(storage.read_bytes(f"{release}/{name}"))
     card_md = (out / "DATASET_CARD.md").read_text() if (out / "DATASET_CARD.md").is_file() else ""
     (out / "README.md").write_text(_card(manifest, rows, schemas, card_md))
-    files = {p.relative_to(out).as_posix(): _sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
-    record = {"version": version, "content_hash": manifest["content_hash"], "rows": rows, "files": files}
+    digests = {p.relative_to(out).as_posix(): _sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
+    record = {"version": version, "content_hash": manifest["content_hash"], "rows": rows, "files": digests}
     (out / "export.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
