@@ -16,10 +16,12 @@ from etl import zones
 from medreco.cli import eval as cli_eval
 from medreco.cli import reports as cli_reports
 from medreco.cli import train as training_cli
+from medreco.cli.help_format import plain_usage
 from schemas.config import PROJECT_ROOT
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="MedReCo-DB builder")
-snapshot_app = typer.Typer(no_args_is_help=True, help="list, show, diff, verify and publish snapshots")
+plain_usage()
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="MedReCo-DB builder")
+snapshot_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="list, show, diff, verify and publish snapshots")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(cli_reports.app, name="reports")
 app.add_typer(cli_eval.app, name="eval")
@@ -123,7 +125,7 @@ def _progress(quiet: bool):
 
 @app.command("demo-corpus")
 def demo_corpus(
-    out: Path = typer.Argument(..., help="output folder (sources/ and answer_key/ are written in it)"),
+    out: Path = typer.Argument(..., metavar="OUT", help="output folder (sources/ and answer_key/ are written in it)"),
     seed: int = typer.Option(0, help="random seed: same seed, same bytes"),
     patients: int = typer.Option(48, help="number of patients"),
 ) -> None:
@@ -247,8 +249,8 @@ def _flat(d: dict, prefix: str = "") -> list[tuple[str, object]]:
 
 @app.command()
 def deid(
-    src: Path = typer.Argument(..., exists=True, file_okay=False, help="folder of DICOM files"),
-    out: Path = typer.Argument(..., help="output folder: de-identified files, ledger.parquet, quarantine/"),
+    src: Path = typer.Argument(..., metavar="SRC", exists=True, file_okay=False, help="folder of DICOM files"),
+    out: Path = typer.Argument(..., metavar="OUT", help="output folder: de-identified files, ledger.parquet, quarantine/"),
     institution: str = typer.Option("local", help="institution id the PatientIDs belong to"),
     config: Path | None = typer.Option(None, "--config", "-c", help="take the deid: options from this config"),
 ) -> None:
@@ -291,7 +293,7 @@ def snapshot_list(config: Path | None = typer.Option(None, "--config", "-c", hel
 
 
 @snapshot_app.command("show")
-def snapshot_show(version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH or 'latest'"),
+def snapshot_show(version: str = typer.Argument(..., metavar="VERSION", help="MAJOR.MINOR.PATCH or 'latest'"),
                   config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
     root: str | None = typer.Option(None, "--root", help=ROOT_HELP)) -> None:
     """Print a release's manifest (JSON)."""
@@ -306,8 +308,8 @@ def snapshot_show(version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH or 
 
 @snapshot_app.command("diff")
 def snapshot_diff(
-    old: str = typer.Argument(..., help="the older release (MAJOR.MINOR.PATCH or 'latest')"),
-    new: str = typer.Argument(..., help="the newer release"),
+    old: str = typer.Argument(..., metavar="OLD", help="the older release (MAJOR.MINOR.PATCH or 'latest')"),
+    new: str = typer.Argument(..., metavar="NEW", help="the newer release"),
     limit: int = typer.Option(20, help="keys listed per table and kind (0: all)"),
     as_json: bool = typer.Option(False, "--json", help="print every key as JSON"),
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
@@ -337,7 +339,7 @@ def snapshot_diff(
 
 
 @snapshot_app.command("verify")
-def snapshot_verify(version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH or 'latest'"),
+def snapshot_verify(version: str = typer.Argument(..., metavar="VERSION", help="MAJOR.MINOR.PATCH or 'latest'"),
                     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
     root: str | None = typer.Option(None, "--root", help=ROOT_HELP)) -> None:
     """Re-hash every file of a release; fail (exit 1, one line) naming each tampered or missing file."""
@@ -356,8 +358,8 @@ def snapshot_verify(version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH o
 
 @snapshot_app.command("export")
 def snapshot_export(
-    version: str = typer.Argument(..., help="MAJOR.MINOR.PATCH or 'latest'"),
-    dest: Path = typer.Argument(..., help="a new or empty folder"),
+    version: str = typer.Argument(..., metavar="VERSION", help="MAJOR.MINOR.PATCH or 'latest'"),
+    dest: Path = typer.Argument(..., metavar="DEST", help="a new or empty folder"),
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
     root: str | None = typer.Option(None, "--root", help=ROOT_HELP),
 ) -> None:

@@ -21,7 +21,7 @@ from schemas.ontology import FAMILIES
 #: `medreco --help` and the other commands start without loading spaCy)
 DEFAULT_FAMILY = "2D-CXR"
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="annotate radiology reports")
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="annotate radiology reports")
 #: inputs with at least this many lines get a progress bar (unless --quiet).
 PROGRESS_MIN_LINES = 50
 

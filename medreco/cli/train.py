@@ -13,7 +13,7 @@ import typer
 
 from schemas.config import default_config_path
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="train the encoder or the VLM on a snapshot")
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="train the encoder or the VLM on a snapshot")
 
 
 def _run(kind: str, snapshot: str | None, config: Path | None, launcher: str | None, pipeline_config: Path) -> None:

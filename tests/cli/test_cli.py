@@ -33,3 +33,36 @@ def test_training_summary_prints_headline_metrics_not_per_entity_detail(capsys):
     assert "test.micro.R@1=0.500, test.micro.R@5=1.000, test.n_queries=4" in out
     assert "F029" not in out and "checkpoint /m/last.pt" in out
     assert "vlm      failed" in out
+
+
+def _all_commands():
+    import typer.main
+
+    from medreco.cli.app import app
+
+    root = typer.main.get_command(app)
+    out, todo = [], [((), root)]
+    while todo:
+        path, cmd = todo.pop()
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            todo += [((*path, name), sub) for name, sub in subs.items()]
+        else:
+            out.append(path)
+    return sorted(out)
+
+
+def test_help_is_plain_with_posix_usage_lines():
+    from typer.testing import CliRunner
+
+    from medreco.cli.app import app
+
+    commands = _all_commands()
+    assert ("deid",) in commands and ("snapshot", "export") in commands and len(commands) > 12
+    runner = CliRunner()
+    for path in commands:
+        out = runner.invoke(app, [*path, "--help"], terminal_width=100).output
+        assert "<bool>" not in out and "╭" not in out, path  # no placeholder on flags, no boxes
+        assert "{" not in out.splitlines()[0], path  # usage line: NAME, not {name}
+    usage = runner.invoke(app, ["deid", "--help"]).output.splitlines()[0]
+    assert usage.endswith(" deid [OPTIONS] SRC OUT")  # the program name is "root" under CliRunner
