@@ -389,13 +389,39 @@ class PipelineConfig(_Strict):
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (``X``, ``X | None``, ``list[X]``, ``dict[str, X]``), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        if (model := _model_in(arg)) is not None:
+            return model
+    return None
+
+
+def _known_fields(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names of the model a pydantic error location ``loc`` ends in (for "did you mean")."""
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        sub = _model_in(field.annotation) if field is not None else None
+        if sub is None:
+            break
+        model = sub
+    return list(model.model_fields)
+
+
 def _format_errors(err: ValidationError, source: str) -> str:
+    import difflib
+
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown field (check spelling)"
+            near = difflib.get_close_matches(str(e["loc"][-1]), _known_fields(PipelineConfig, tuple(e["loc"])), n=1)
+            msg = f"unknown field (did you mean `{near[0]}`?)" if near else "unknown field (check spelling)"
         lines.append(f"{loc}: {msg}")
     return f"invalid configuration {source}: " + "; ".join(lines)
 

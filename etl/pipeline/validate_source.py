@@ -153,7 +153,7 @@ def validate_delivery(cfg: PipelineConfig, institution: str, *, key: PseudonymKe
     try:
         check_source(inst, src)
     except SourceUnavailableError as err:
-        raise ValidateSourceError("missing_delivery", f"{err.reason}: {err}") from None
+        raise ValidateSourceError("missing_delivery", str(err)) from None  # str(err) starts with its own reason
     key = key or PseudonymKey(secrets.token_bytes(32))
     plan = mark_duplicates(discover_institution(cfg, inst, root, key))
     check = DeliveryCheck(institution, src.full_uri(""))
@@ -217,6 +217,7 @@ def validate_delivery(cfg: PipelineConfig, institution: str, *, key: PseudonymKe
             find(r, "reports", "withheld", w["reason"], w["detail"])
         check.records["read"] += len(report_rows)
         check.records["withheld"] += len(withheld)
-        check.records.update(f"link:{row['link_status']}" for row in report_rows)
+        if deidentify:  # without the de-identified studies nothing was linked: no link counts to report
+            check.records.update(f"link:{row['link_status']}" for row in report_rows)
     check.statuses.update(status.values())
     return check

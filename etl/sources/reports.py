@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import difflib
 import io
 import json
 import re
@@ -107,9 +108,12 @@ def _clean_value(value: object, key: str, where: str) -> str | None:
 
 
 def _record(raw: Mapping[str, object], where: str) -> dict[str, str | None]:
-    unknown = sum(1 for k in raw if k not in RECORD_FIELDS)
-    if unknown:  # a field name is sender text (it may carry PHI): counted, never quoted
-        raise ReportSourceError("malformed_report_record", f"{where}: {unknown} unknown field(s) "
+    unknown = [str(k) for k in raw if k not in RECORD_FIELDS]
+    if unknown:  # a field name is sender text (it may carry PHI): counted, never quoted; a near miss of a known
+        # field is named by the known field it resembles (difflib ratio >= 0.8), which is our text, not the sender's
+        near = sorted({m for k in unknown for m in difflib.get_close_matches(k, RECORD_FIELDS, n=1, cutoff=0.8)})
+        hint = f"; did you mean {', '.join(f'`{m}`' for m in near)}?" if near else ""
+        raise ReportSourceError("malformed_report_record", f"{where}: {len(unknown)} unknown field(s){hint} "
                                 f"(known fields: {', '.join(RECORD_FIELDS)})")
     rec = {k: _clean_value(raw.get(k), k, where) for k in RECORD_FIELDS}
     for k in REQUIRED_FIELDS:

@@ -111,3 +111,22 @@ def test_config_hash_ignores_where_zones_are_stored_but_not_what_is_built():
     s3 = parse_config({**GOOD, "storage": {"root": "s3://bucket/medreco", "s3_endpoint_url": "http://127.0.0.1:9000"}})
     assert local.config_hash() == s3.config_hash()
     assert parse_config({**GOOD, "shard_count": 3}).config_hash() != local.config_hash()
+
+
+@pytest.mark.parametrize(("path", "wrong", "meant"), [
+    ((), "shard_cout", "shard_count"),
+    (("normalisation",), "image_sise", "image_size"),
+    (("institutions", 0), "reprot_format", "report_format"),
+])
+def test_a_near_miss_config_key_gets_a_did_you_mean(path, wrong, meant):
+    import yaml
+
+    from schemas.config import PROJECT_ROOT, ConfigError, parse_config
+
+    data = yaml.safe_load((PROJECT_ROOT / "config" / "demo.yaml").read_text())
+    node = data
+    for part in path:
+        node = node.setdefault(part, {}) if isinstance(part, str) else node[part]
+    node[wrong] = 1
+    with pytest.raises(ConfigError, match=rf"{wrong}: unknown field \(did you mean `{meant}`\?\)"):
+        parse_config(data)

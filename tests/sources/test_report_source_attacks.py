@@ -46,3 +46,10 @@ def test_jsonl_unknown_field_message_does_not_quote_the_field_name():
     msg = str(errors[0])
     assert "John" not in msg and "4455" not in msg and "other" not in msg
     assert "2 unknown field(s)" in msg
+
+
+def test_jsonl_near_miss_field_is_named_by_the_known_field_it_resembles():
+    data = '{"report_id": "r1", "text": "x", "patiend_id": "4455"}\n'
+    records, errors = _split(data, "jsonl")
+    msg = str(errors[0])
+    assert "did you mean `patient_id`?" in msg and "patiend" not in msg and "4455" not in msg
