@@ -357,6 +357,31 @@ def check_splits(tables: dict[str, pa.Table]) -> list[CheckResult]:
     return out
 
 
+def check_institution_coverage(tables: Mapping[str, Any]) -> list[CheckResult]:
+    """Every institution with image studies has reports and entity labels (warnings naming the institutions that
+    have none: a site whose report feed failed publishes images without text, which a curator must see).
+
+    Reads key columns only: ``studies.institution``/``study_key``, ``reports.institution``,
+    ``study_labels.study_key``.
+    """
+    studies = tables["studies"].select(["study_key", "institution"])  # pyarrow.Table and PartitionedTable alike
+    institution_of = dict(zip(studies.column("study_key").to_pylist(), studies.column("institution").to_pylist(),
+                              strict=True))
+    with_images = sorted({i for i in institution_of.values() if i is not None})
+    with_reports = set(tables["reports"].column("institution").to_pylist())
+    labelled = {institution_of.get(k) for k in tables["study_labels"].column("study_key").to_pylist()}
+    no_reports = [i for i in with_images if i not in with_reports]
+    no_labels = [i for i in with_images if i not in labelled]
+    return [
+        _result("reports", "reports_per_institution", "warning", not no_reports,
+                {"institutions_with_studies": len(with_images), "without_reports": no_reports},
+                "institutions with image studies and no report: " + (", ".join(no_reports) or "none")),
+        _result("study_labels", "labels_per_institution", "warning", not no_labels,
+                {"institutions_with_studies": len(with_images), "without_labels": no_labels},
+                "institutions with image studies and no entity label: " + (", ".join(no_labels) or "none")),
+    ]
+
+
 def check_ledger(ledger: pa.Table, expected_files: Mapping[str, int] | None) -> list[CheckResult]:
     """Ledger balance per run (critical), quarantine reasons (critical), duplicate back-references (warning).
 
@@ -551,6 +576,7 @@ def run_checks(
     results += check_splits(t)
     results += check_ledger(t["ledger"], expected_files)
     results += check_redaction_counts(t["reports"])
+    results += check_institution_coverage(t)
     results += check_review(t["ledger"], review, run_id)
     return QualityReport(results=results, rules_version=rules.get("version"), row_flags=flag_counts(flags),
                          flags_table=flags)

@@ -44,7 +44,7 @@ def clean_rows() -> dict[str, list[dict]]:
              n_series=1, n_images=1, report_id="r2", shard=0),
         dict(study_key="s3", patient_key="p2", institution="gb-lon", country="GB", modality="CT", body_part="CHEST",
              family="3D-CT", study_datetime=dt.datetime(2019, 5, 2, 14, 0), study_date_shifted=dt.date(2019, 5, 2),
-             n_series=1, n_images=1, report_id=None, shard=1),
+             n_series=1, n_images=1, report_id="r3", shard=1),
     ]
     series = [
         dict(series_key=f"se{i}", study_key=s["study_key"], patient_key=s["patient_key"], institution=s["institution"],
@@ -79,6 +79,10 @@ def clean_rows() -> dict[str, list[dict]]:
              text="COMPARISON: Prior radiograph. FINDINGS: Left pleural effusion has increased, measuring 2.5 cm. "
                   "BP 120/80. IMPRESSION: Increased effusion.",
              redactions=0, redaction_counts="{}", report_date_shifted=dt.date(2020, 3, 1), shard=0),
+        dict(report_id="r3", study_key="s3", patient_key="p2", institution="gb-lon", language="en",
+             link_status="linked", indication=None, comparison=None, findings="No pleural effusion.",
+             impression="Normal study.", text="FINDINGS: No pleural effusion. IMPRESSION: Normal study.",
+             redactions=0, redaction_counts="{}", report_date_shifted=dt.date(2019, 5, 2), shard=1),
     ]
     mentions = [
         dict(mention_id="m1", report_id="r1", study_key="s1", patient_key="p1", entity_id="F029", category="finding",
@@ -95,6 +99,8 @@ def clean_rows() -> dict[str, list[dict]]:
              shard=0),
         dict(study_key="s2", patient_key="p1", family="2D-CXR", entity_id="F029", state="present",
              change="increased", shard=0),
+        dict(study_key="s3", patient_key="p2", family="3D-CT", entity_id="F029", state="absent", change="none",
+             shard=1),
     ]
     pairs = [
         dict(pair_id="pa1", patient_key="p1", prior_study_key="s1", current_study_key="s2", family="2D-CXR",
@@ -169,7 +175,7 @@ def test_clean_set_passes_everything(clean_report):
                  else f"expect_compound_columns_to_be_unique:{','.join(keys)}")
         assert get(clean_report, name, check).severity == "critical"
     r = get(clean_report, "reports", REPORT_TEXT)
-    assert r.severity == "critical" and r.observed["element_count"] == 2 + 2 + 1 + 2 + 2  # non-null values
+    assert r.severity == "critical" and r.observed["element_count"] == 2 + 2 + 1 + 2 + 2 + 3  # non-null values (r3: findings, impression, text)
     # every other string column: warning; vqa.options (list<string>) among them
     w = phi(clean_report, "vqa", "warning")
     cols = w.check.split(":", 1)[1].split("|")
@@ -468,7 +474,7 @@ def test_redaction_counts():
     rows["reports"][0]["redaction_counts"] = json.dumps({"NAME": -1, "DATE": 3})
     rows["reports"][1]["redaction_counts"] = "not json"
     report = run(rows)
-    assert get(report, "reports", "redaction_counts_valid").observed == {"rows": 2, "invalid_json": 1,
+    assert get(report, "reports", "redaction_counts_valid").observed == {"rows": 3, "invalid_json": 1,
                                                                           "negative_counts": 1}
     rows = clean_rows()
     rows["reports"][0]["redactions"] = -1
@@ -532,3 +538,18 @@ def test_phi_patterns_leave_ordinary_deidentified_values_alone():
     r = get(report, "reports", REPORT_TEXT)
     assert r.passed, r.observed
     assert r.observed["element_count"] == 2 * len(benign) + 3 * len(benign)  # text+findings, 3 more sections
+
+
+def test_an_institution_with_images_but_no_reports_or_labels_is_a_warning_naming_it(clean_report):
+    assert get(clean_report, "reports", "reports_per_institution").passed
+    assert get(clean_report, "study_labels", "labels_per_institution").passed
+    rows = clean_rows()
+    quiet = rows["studies"][0]["institution"]
+    rows["reports"] = [r for r in rows["reports"] if r["institution"] != quiet]
+    keys = {s["study_key"] for s in rows["studies"] if s["institution"] == quiet}
+    rows["study_labels"] = [r for r in rows["study_labels"] if r["study_key"] not in keys]
+    report = run(rows, only={"reports"})
+    for table, check in (("reports", "reports_per_institution"), ("study_labels", "labels_per_institution")):
+        result = get(report, table, check)
+        assert not result.passed and result.severity == "warning" and quiet in result.message
+    assert {w.check for w in report.warnings} >= {"reports_per_institution", "labels_per_institution"}
