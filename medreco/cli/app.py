@@ -272,6 +272,55 @@ def deid(
         _fail("ledger does not balance")
 
 
+@app.command()
+def runs(
+    run_id: str | None = typer.Argument(None, metavar="RUN", help="one run: its task instances"),
+    limit: int = typer.Option(20, min=1, help="runs listed, newest first"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
+) -> None:
+    """Build runs of the embedded default, newest first: state, start, duration, task states, files ingested and
+    quarantined; with RUN, that run's task instances (state, try, duration). Read from Airflow's metadata
+    database in $AIRFLOW_HOME (default: the checkout's .airflow)."""
+    from medreco.cli.embedded import prepare_airflow_env
+    from medreco.cli.runs import RunHistoryError, format_runs, format_tasks, list_runs, run_tasks
+
+    prepare_airflow_env()
+    if run_id is not None:
+        try:
+            typer.echo("\n".join(format_tasks(run_tasks(run_id))))
+        except RunHistoryError as err:
+            _fail(str(err))
+        return
+    try:
+        storage = _storage(config)[1]
+    except typer.Exit:
+        storage = None  # no readable config: runs without their file counts
+    rows = list_runs(storage, limit=limit)
+    if not rows:
+        _fail("no build run recorded in this AIRFLOW_HOME yet (medreco run starts one)")
+    typer.echo("\n".join(format_runs(rows)))
+
+
+@app.command()
+def logs(
+    run_id: str = typer.Argument(..., metavar="RUN", help="a run id (medreco runs lists them)"),
+    task: str | None = typer.Argument(None, metavar="TASK", help="one task id (e.g. deidentify_shard)"),
+) -> None:
+    """Print the logs of a build run, or of one of its tasks: Airflow's task log files, or the whole log of a
+    one-process (dag.test) run."""
+    from medreco.cli.embedded import prepare_airflow_env
+    from medreco.cli.runs import RunHistoryError, task_logs
+
+    home = prepare_airflow_env()
+    try:
+        files = task_logs(home, run_id, task)
+    except RunHistoryError as err:
+        _fail(str(err))
+    for path in files:
+        typer.echo(f"==> {path} <==")
+        typer.echo(path.read_text(encoding="utf-8", errors="replace"))
+
+
 @snapshot_app.command("list")
 def snapshot_list(config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
     root: str | None = typer.Option(None, "--root", help=ROOT_HELP)) -> None:

@@ -142,10 +142,13 @@ def _failed_tasks(dag_id: str, run_id: str) -> list[str]:
 def _run_dag_test(conf: dict, progress) -> tuple[str, str, list[str]]:
     """One run with ``dag.test()`` in this process; the progress display polls the database from a thread."""
     from dags.medreco_build import build_dag
+    from medreco.cli.runs import capture_run_log
 
     watcher = progress.watch_thread(build_dag.dag_id, conf["build_lock_token"]) if progress is not None else None
     try:
-        dagrun = build_dag.test(run_conf=conf)
+        with capture_run_log(os.environ["AIRFLOW_HOME"]) as log:  # dag.test() writes no task log files
+            dagrun = build_dag.test(run_conf=conf)
+            log["run_id"] = dagrun.run_id
     finally:
         if watcher is not None:
             watcher.stop()

@@ -209,3 +209,32 @@ def test_real_shared_data_build_publishes_under_the_key_that_failed_it(shared_da
     dated = [r for r in report["results"] if "date" in r["check"] and r["table"] == "studies"]
     assert dated and all(r["passed"] for r in dated), dated
     assert not [k for k in report["row_flags"] if "date" in str(k)], report["row_flags"]
+
+
+def test_run_history_and_logs_of_the_embedded_runs(demo_build, airflow_home):
+    """`medreco runs` lists both demo runs with their task states and files; `medreco runs RUN` their tasks;
+    `medreco logs RUN [TASK]` the log a dag.test() run kept (issue 40, point 10)."""
+    from typer.testing import CliRunner
+
+    from medreco.cli.app import app
+    from medreco.cli.runs import list_runs, run_tasks, task_logs
+
+    runs = list_runs(demo_build["storage"])
+    assert len(runs) >= 2 and all(r.state == "success" for r in runs[:2])
+    assert any(r.files.get("ingested") == demo_build["first"]["ledger"]["ingested"] for r in runs)  # the first build
+    assert runs[0].duration_s is not None and runs[0].duration_s > 0
+    tasks = run_tasks(runs[0].run_id)
+    assert {"discover", "plan", "deidentify", "normalise", "snapshot"} <= {t.task_id for t in tasks}
+    assert all(t.state in ("success", "skipped") for t in tasks)
+    logs = task_logs(airflow_home, runs[0].run_id)
+    assert [p.name for p in logs] == ["run.log"] and logs[0].stat().st_size >= 0
+    runner = CliRunner()
+    out = runner.invoke(app, ["runs", "-c", str(demo_build["config"])])
+    assert out.exit_code == 0, out.output
+    lines = out.output.strip().splitlines()
+    assert lines[0].split("\t")[:3] == ["run_id", "state", "start_utc"] and len(lines) == len(runs) + 1
+    one = runner.invoke(app, ["runs", runs[0].run_id])
+    assert one.exit_code == 0 and "\ndeidentify\t" in one.output
+    assert runner.invoke(app, ["logs", runs[0].run_id]).exit_code == 0
+    bad = runner.invoke(app, ["runs", "no-such-run"])
+    assert bad.exit_code == 1 and "unknown_run" in bad.output
