@@ -90,3 +90,52 @@ def test_reader_alone_in_a_fresh_venv_loads_the_demo_release(demo_build, tmp_pat
     assert got["vol"][:2] == [list(vol.shape), str(vol.dtype)] and vol.ndim == 3
     assert got["vol"][2] == pytest.approx(float(vol.astype(np.float64).sum())) and got["vol"][3] == meta["spacing_mm"]
     assert "importable" not in got, got.get("importable")  # the build stack is not there
+
+
+TORCH_SCRIPT = r"""
+import json, sys
+import torch
+from medreco_reader import load_snapshot
+from medreco_reader.torch_data import ImageDataset, PairDataset, VQADataset
+snap = load_snapshot(sys.argv[1])
+pairs = PairDataset(snap, split="train", kind=None, fixed_shape=False)
+batch = next(iter(torch.utils.data.DataLoader(PairDataset(snap, split="train"), batch_size=2)))
+try:
+    PairDataset(snap, split="validation")
+    refused = False
+except ValueError:
+    refused = True
+banned = [m for m in ("etl", "airflow", "spacy", "torchvision") if m in sys.modules]
+print(json.dumps({"pairs": len(pairs), "images": len(ImageDataset(snap, kind="3d")), "vqa": len(VQADataset(snap)),
+                  "batch": list(batch["prior"].shape), "refused": refused, "banned": banned}))
+"""
+
+
+def test_reader_with_the_torch_extra_alone_gives_the_datasets(demo_build, tmp_path):
+    """`pip install ./reader[torch]` in a fresh venv of the project's Python (the CPU torch wheel on local disk,
+    pinned first so no resolver reaches for a CUDA build) is all the torch Datasets need (issue 40, point 2)."""
+    venv = tmp_path / "venv"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
+    pip = venv / "bin" / "pip"
+    torch_pin = f"torch=={torch_version()}"
+    for args in ([torch_pin], [f"{PROJECT_ROOT / 'reader'}[torch]", torch_pin]):
+        proc = subprocess.run([str(pip), "install", "-q", *args], capture_output=True, text=True, timeout=900, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    run = subprocess.run([str(venv / "bin" / "python"), "-c", TORCH_SCRIPT, str(demo_build["root"])],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout)
+    snap = load_snapshot(demo_build["storage"])
+    from medreco_reader.torch_data import ImageDataset, PairDataset
+
+    assert got["pairs"] == len(PairDataset(snap, split="train", kind=None, fixed_shape=False)) > 0
+    assert got["images"] == len(ImageDataset(snap, kind="3d")) > 0
+    assert got["refused"] and got["banned"] == [] and got["batch"][0] == 2
+
+
+def torch_version() -> str:
+    """The installed torch release without its local tag (``2.13.0`` of ``2.13.0+cpu``)."""
+    import torch
+
+    return torch.__version__.split("+", 1)[0]
