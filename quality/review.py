@@ -22,8 +22,9 @@ from schemas.ledger import SCHEMA as LEDGER_SCHEMA
 
 _NOTE_MAX = 200
 _NOTE_OK = re.compile(r"^[A-Za-z .,;:()/_+-]*$")  # no digits, no @, no ^: nothing shaped like a date, id or name
-#: a curator identity (the served app's login name, an Airflow user name): letters, digits and ``. _ @ + -``
-CURATOR_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
+#: a curator identity (the served app's login name, an Airflow user name): letters, digits and ``. _ @ + -``, and
+#: single spaces between them ("Anne Smith"), at most 64 characters
+CURATOR_RE = re.compile(r"(?=.{1,64}$)[A-Za-z0-9](?:[A-Za-z0-9._@+-]| (?=[A-Za-z0-9]))*")
 #: the append-only audit trail of decisions (restricted: who decided what, when, why)
 AUDIT_DIR = f"{zones.LEDGER}/review_audit"
 
@@ -111,7 +112,8 @@ def record_decision(storage: Storage, item_id: str, decision: str, note: str = "
     if len(note) > _NOTE_MAX or not _NOTE_OK.match(note):
         raise ReviewError("bad_note", "notes take letters and punctuation only (no digits, @, ^)")
     if not CURATOR_RE.fullmatch(curator or ""):
-        raise ReviewError("bad_curator", "a decision needs the curator's identity (letters, digits, . _ @ + -)")
+        raise ReviewError("bad_curator", "a decision needs the curator's identity (letters, digits, . _ @ + - "
+                          "and single spaces)")
     item = {i["id"]: i for i in quarantine_items(storage)}.get(str(item_id).lower())
     if item is None:
         raise ReviewError("unknown_item", f"no quarantined file with id {item_id!r} in the latest run")

@@ -39,20 +39,22 @@ _STYLE = """body{margin:0;font:14px/1.45 system-ui,sans-serif;color:#1d2430;back
 header{background:#18263d;color:#fff;padding:12px 24px}header h1{font-size:18px;margin:0}
 header .sub{color:#b8c4d8;font-size:12px}
 nav{background:#223554;padding:0 24px}nav a{color:#d6e0f0;text-decoration:none;display:inline-block;padding:8px 12px}
-nav a.here{background:#f6f7fa;color:#1d2430;border-radius:4px 4px 0 0}td{overflow-wrap:anywhere}
+nav a.here{background:#f6f7fa;color:#1d2430;border-radius:4px 4px 0 0}td{overflow-wrap:break-word}
 input[type=text]{font-size:12px;width:14em;margin-right:4px}
 main{padding:16px 24px}table{border-collapse:collapse;font-size:13px;background:#fff}
 th,td{border-bottom:1px solid #d9dee7;padding:4px 10px;text-align:left}th{background:#eef1f6}
 .mono{font-family:ui-monospace,monospace;font-size:12px}form{display:inline}
 button{font-size:12px;padding:2px 8px;margin-right:4px;cursor:pointer}
-.pending{color:#5b6576}.release{color:#2e7d4f;font-weight:600}.reject{color:#b3261e;font-weight:600}"""
+.pending{color:#5b6576}.release{color:#2e7d4f;font-weight:600}.reject{color:#b3261e;font-weight:600}
+.error{background:#fdecea;border:1px solid #b3261e;padding:6px 10px;color:#7a1a14}"""
 
 
 def _e(v) -> str:
     return html.escape("" if v is None else str(v), quote=True)
 
 
-def review_page(items: list[dict], request: Request, message: str = "", curator: str = "") -> str:
+def review_page(items: list[dict], request: Request, message: str = "", curator: str = "",
+                error: str = "", kept: tuple[str, str] = ("", "")) -> str:
     """The quarantine review page (HTML): one row per item with its decision, who made it, the note, and a form
     (a free-text note and the two decision buttons).
 
@@ -66,14 +68,20 @@ def review_page(items: list[dict], request: Request, message: str = "", curator:
         a status line (the last decision recorded).
     curator : str
         the logged-in curator (shown: the name every decision from this page will carry).
+    error : str
+        why the last decision was not recorded (shown as an alert above the table).
+    kept : (str, str)
+        the item id and note of a refused decision: the note is put back in that item's form, to correct and
+        send again.
     """
     rows = []
     for i in items:
         action = _e(request.url_for("post_decision", item_id=i["id"]).path)
         buttons = "".join(f'<button type="submit" name="decision" value="{d}" id="{d}-{_e(i["id"])}">{label}</button>'
                           for d, label in (("release", "Release after fix"), ("reject", "Reject")))
+        value = f' value="{_e(kept[1])}"' if kept[0] == i["id"] and kept[1] else ""
         form = (f'<form method="post" action="{action}"><input type="text" name="note" maxlength="200" '
-                f'id="note-{_e(i["id"])}" placeholder="note (letters and punctuation)" '
+                f'id="note-{_e(i["id"])}" placeholder="note (letters and punctuation)"{value} '
                 f'aria-label="note on {_e(i["id"])}">{buttons}</form>')
         rows.append(f'<tr id="item-{_e(i["id"])}"><td class="mono">{_e(i["id"])}</td><td>{_e(i["institution"])}</td>'
                     f'<td>{_e(i["kind"])}</td><td>{_e(i["stage"])}</td><td>{_e(i["reason"])}</td>'
@@ -89,6 +97,7 @@ def review_page(items: list[dict], request: Request, message: str = "", curator:
                   for page, title in PAGES)
     docs = _e(request.url_for("zone_file", zone="data_docs", path="index.html").path)
     note = f'<p role="status">{_e(message)}</p>' if message else ""
+    note += f'<p role="alert" class="error" id="error">{_e(error)}</p>' if error else ""
     who = f' · signed in as <span class="mono" id="curator">{_e(curator)}</span>' if curator else ""
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">'
             f"<title>Quarantine review · MedReCo-DB</title><style>{_STYLE}</style></head><body><header>"
@@ -150,10 +159,16 @@ def create_app(storage: Storage | Callable[[], Storage], *, authenticate: Authen
 
     @app.post("/review/{item_id}", name="post_decision")
     def post_decision(request: Request, item_id: str, decision: str = Form(...), note: str = Form("")) -> Response:
+        storage = get_storage()
         try:
-            entry = record_decision(get_storage(), item_id, decision, note, curator=request.state.curator)
+            entry = record_decision(storage, item_id, decision, note, curator=request.state.curator)
         except ReviewError as err:
-            raise HTTPException(404 if err.reason == "unknown_item" else 400, str(err)) from None
+            if err.reason == "unknown_item":
+                raise HTTPException(404, str(err)) from None
+            # a refused note or decision: the page again, saying why, with the note back in its form
+            page = review_page(quarantine_items(storage), request, curator=request.state.curator,
+                               error=f"{item_id}: not recorded: {err.detail}", kept=(item_id, note[:200]))
+            return HTMLResponse(page, status_code=400)
         url = request.url_for("review").include_query_params(message=f"{item_id}: {entry['decision']} recorded")
         return RedirectResponse(str(url.path) + "?" + url.query, 303)
 

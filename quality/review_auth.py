@@ -103,7 +103,7 @@ class TokenAuth:
             if not hmac.compare_digest(password.encode(), self.token.encode()):
                 raise _unauthorised()
             if not CURATOR_RE.fullmatch(user):
-                raise HTTPException(400, "the user name must be a curator name (letters, digits, . _ @ + -)")
+                raise HTTPException(400, "the user name must be a curator name (letters, digits, . _ @ + - and single spaces)")
             return user
         raise _unauthorised()
 

@@ -172,3 +172,28 @@ def test_plugin_user_becomes_the_curator(plugin_client, storage):
     assert [a["curator"] for a in load_audit(storage)] == ["alice"]
     no_role = _airflow_token("mallory", None)
     assert plugin_client.get("/api/quarantine", headers={**host, "authorization": f"Bearer {no_role}"}).status_code == 403
+
+
+def test_a_refused_note_shows_the_page_again_with_the_reason_and_the_note(client, storage):
+    """A note with digits is refused (no date, id or phone can be typed into the de-identified zone), but on the
+    review page, saying why, with the note back in its form; not as a raw JSON error (issue 40, point 8)."""
+    r = client.post(f"/review/{ITEM}", data={"decision": "reject", "note": "see ticket 4411"},
+                    headers={**SAME_ORIGIN, **_basic("alice")})
+    assert r.status_code == 400 and r.headers["content-type"].startswith("text/html")
+    assert 'role="alert"' in r.text and "no digits" in r.text and 'value="see ticket 4411"' in r.text
+    assert not storage.is_file(zones.REVIEW_FILE) and load_audit(storage) == []
+
+
+@pytest.mark.parametrize(("user", "ok"), [("Anne Smith", True), ("anne.smith@site.org", True), (" anne", False),
+                                          ("anne  smith", False), ("anne ", False), ("DOE^JOHN", False)])
+def test_curator_names_may_hold_single_spaces(client, storage, user, ok):
+    r = client.post(f"/review/{ITEM}", data={"decision": "reject", "note": "bad header"},
+                    headers={**SAME_ORIGIN, **_basic(user)})
+    assert (r.status_code == 303) == ok, (user, r.status_code)
+    if ok:
+        assert load_audit(storage)[-1]["curator"] == user
+
+
+def test_table_cells_wrap_between_words_only(client):
+    page = client.get("/review", headers={**LOCAL, **_basic("alice")}).text
+    assert "overflow-wrap:break-word" in page and "overflow-wrap:anywhere" not in page
