@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from quality.checks import QualityReport
-from quality.page_kit import PAGES, REVIEW_LINK, TEMPLATE_FILE
+from quality.page_kit import PAGES, REVIEW_APP_LINK, REVIEW_LINK, TEMPLATE_FILE
 from quality.page_kit import Html as _Html
 from quality.page_kit import badge as _badge
 from quality.page_kit import cards as _cards
@@ -695,11 +695,13 @@ def _splits(tables) -> str:
 
 def _checks(quality: QualityReport, data_docs_href: str | None = None) -> str:
     res = sorted(quality.results, key=lambda r: (r.passed, r.severity != "critical", r.table, r.check))
-    rows = []
-    for r in res:
-        obs = json.dumps(r.observed, sort_keys=True)
-        rows.append((_badge(r.passed, r.severity), r.severity, r.table, r.check, r.message,
-                     _Html(f'<span class="mono">{_e(obs if len(obs) <= 400 else obs[:400] + " …")}</span>')))
+
+    def row(r) -> tuple:
+        return (_badge(r.passed, r.severity), r.severity, r.table, r.check, r.message, _observed(r.observed))
+
+    failed = [row(r) for r in res if not r.passed]
+    passed = [row(r) for r in res if r.passed]
+    headers = ["status", "severity", "table", "check", "message", "observed"]
     flagged = sorted(quality.row_flags.items())
     flags_html = ("<h3>Flagged rows</h3><p>Rows failing a row-level expectation (at most "
                   "<span class=\"mono\">row_level.max_failed_rate</span> of its values: a warning, the release goes "
@@ -715,7 +717,24 @@ def _checks(quality: QualityReport, data_docs_href: str | None = None) -> str:
                      f'in the <a href="{_e(data_docs_href)}">Data Docs</a> (the project\'s own pages of GX\'s '
                      "validation results: no script, no external resource). Checks named without <span class=\"mono\">expect_</span> are the "
                      "cross-table checks of quality/checks.py.</p>" if data_docs_href else ""),
-                    _table(["status", "severity", "table", "check", "message", "observed"], rows, wrap=[3, 4, 5]))
+                    "<h3 id=\"failed-checks\">Failed checks, critical first</h3>"
+                    + (_table(headers, failed, wrap=[3, 4, 5]) if failed else
+                       '<p class="empty" id="no-failures">every check passed</p>'),
+                    f'<details id="passed-checks"><summary>{len(passed)} passed checks</summary>'
+                    + _table(headers, passed, wrap=[3, 4, 5]) + "</details>")
+
+
+def _observed(observed: object) -> _Html:
+    """A check's observed figures as ``key: value`` lines (nested values as compact JSON, 400 characters at most)."""
+    if not isinstance(observed, dict):
+        text = json.dumps(observed, sort_keys=True)
+        return _Html(f'<span class="mono">{_e(text[:400])}</span>')
+    lines = []
+    for k, v in sorted(observed.items()):
+        value = v if isinstance(v, str | int | float) else json.dumps(v, sort_keys=True)
+        value = str(value) if len(str(value)) <= 120 else str(value)[:120] + " …"
+        lines.append(f"{_e(k)}: {_e(value)}")
+    return _Html('<span class="mono">' + "<br>".join(lines[:12]) + ("<br>…" if len(lines) > 12 else "") + "</span>")
 
 
 def _review_index(review: list[dict]) -> dict[str, dict]:
@@ -759,10 +778,12 @@ def _quarantine(tables, review: list[dict]) -> str:
         _cards([("quarantined files", len(rows)), ("released", decided["release"]), ("rejected", decided["reject"]),
                 ("pending review", len(rows) - len(matched)), ("review entries matching no file", len(unmatched))]),
         '<p class="muted">Files are shown by opaque id (first 12 hex digits of the file\'s SHA-256); the '
-        "source location is only in the restricted ledger. Decisions are read-only here: curators record them "
-        "with <span class=\"mono\">medreco dashboard --serve</span> (or the Airflow UI's MedReCo review page); the "
-        "next run honours them (a rejected file is recorded as <span class=\"mono\">curator_rejected</span>, a "
-        "file released after fix flows on once it passes).</p>",
+        "source location is only in the restricted ledger. The next run honours the decisions (a rejected file is "
+        "recorded as <span class=\"mono\">curator_rejected</span>, a file released after fix flows on once it "
+        "passes).</p>",
+        f'<p id="record-decisions"><strong>Record decisions</strong>: {REVIEW_APP_LINK} (served by '
+        "<span class=\"mono\">medreco dashboard --serve</span> or the Airflow UI's MedReCo review page, behind "
+        "their login; this page is read-only, and opened from disk it has no app behind the link).</p>",
         _table(["id", "institution", "run", "kind", "stage", "reason", "detail", "decision", "decided", "curator",
                 "note"],
                rows, wrap=[6, 10]),
@@ -849,7 +870,9 @@ def build_dashboard(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for page, title in PAGES:
-        nav = "".join(f'<a href="{p}"{_HERE if p == page else ""}>{_e(t)}</a>' for p, t in PAGES) + REVIEW_LINK
+        nav = "".join(f'<a href="{p}"{_HERE if p == page else ""}>{_e(t)}</a>' for p, t in PAGES)
+        nav += (f'<a href="{_e(data_docs_href)}" id="data-docs-nav">Data Docs</a>' if data_docs_href else "")
+        nav += REVIEW_LINK
         doc = template.substitute(site="MedReCo-DB curator dashboard", title=_e(title), run_id=_e(run_id), subtitle=_e(subtitle), nav=nav,
                                   body=bodies[page])
         (out_dir / page).write_text(doc, encoding="utf-8")

@@ -111,7 +111,7 @@ def _nav(depth: int, here: str) -> str:
     cls = ' class="here"' if here == INDEX else ""
     links = [f'<a href="{up}{INDEX}"{cls}>Data Docs</a>']
     links += [f'<a href="{up}../dashboard/{p}">{esc(t)}</a>' for p, t in PAGES]
-    links.append(REVIEW_LINK.replace('href="../review"', f'href="{up}../review"'))
+    links.append(REVIEW_LINK.replace('href="quarantine.html', f'href="{up}../dashboard/quarantine.html'))
     return "".join(links)
 
 

@@ -23,9 +23,13 @@ PAGES = (
     ("checks.html", "Quality checks"),
     ("quarantine.html", "Quarantine"),
 )
-#: the served app's quarantine review (``/review`` beside ``/dashboard/``, wherever the app is mounted: the
-#: link is relative); a static copy opened from disk has no app behind it
-REVIEW_LINK = '<a class="review" href="../review" id="review-link">Quarantine review (record decisions)</a>'
+#: the navigation's way to the quarantine review: the quarantine page's "record decisions" section, which exists
+#: whether the dashboard is served or opened from disk (a file has no app behind ``../review``); that section links
+#: the served app (:data:`REVIEW_APP_LINK`)
+REVIEW_LINK = ('<a class="review" href="quarantine.html#record-decisions" id="review-nav">'
+               'Quarantine review (record decisions)</a>')
+#: the served app's quarantine review (``/review`` beside ``/dashboard/``, wherever the app is mounted: relative)
+REVIEW_APP_LINK = '<a class="review" href="../review" id="review-link">Open the review app</a>'
 
 
 class Html(str):

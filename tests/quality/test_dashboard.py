@@ -212,6 +212,9 @@ def test_checks_and_quarantine_pages(site):
                      r'<td class="wrap">expect_column_values_to_not_match_regex_list:text\|', checks)  # the planted phone, first
     assert checks.count('class="badge fail"') == 1
     assert '<a href="../data_docs/index.html">Data Docs</a>' in checks
+    # failures first, the passes folded away; observed figures as key: value lines, not raw JSON
+    assert checks.index('id="failed-checks"') < checks.index('class="badge fail"') < checks.index('id="passed-checks"')
+    assert "<details id=\"passed-checks\"><summary>" in checks and "unexpected_count: 1" in checks
     q = pages["quarantine.html"]
     assert _sha(5)[:12] in q and _sha(6)[:12] in q and _sha(0)[:12] not in q  # only quarantined rows
     assert _sha(5) not in q  # the full digest is not needed
@@ -345,7 +348,45 @@ def test_every_page_links_the_review_app_and_names_the_curator(tmp_path):
     review = [{"sha256": _sha(5), "decision": "reject", "note": "text in the pixel data confirmed",
                "curator": "carol"}]
     build_dashboard(tables, quality, {"run_id": RUN_ID}, tmp_path, review=review)
-    for page, _ in PAGES:
-        assert '<a class="review" href="../review" id="review-link">' in (tmp_path / page).read_text(), page
+    for page, _ in PAGES:  # a link that works opened from disk too: the quarantine page's record-decisions section
+        assert '<a class="review" href="quarantine.html#record-decisions" id="review-nav">' in (
+            tmp_path / page).read_text(), page
     q = (tmp_path / "quarantine.html").read_text()
+    assert 'id="record-decisions"' in q and '<a class="review" href="../review" id="review-link">' in q
     assert "<th>curator</th><th>note</th>" in q and "<td>carol</td>" in q
+
+
+def test_every_link_of_the_dashboard_opened_from_disk_resolves(tmp_path):
+    """Opened as files (no app behind it), every relative link of every page names a page that exists, but the one
+    link to the served review app on the quarantine page (issue 40, point 7)."""
+    from html.parser import HTMLParser
+    from urllib.parse import urlsplit
+
+    tables = make_tables()
+    quality = run_checks(tables, load_ontology(), today=dt.date(2025, 6, 1))
+    (tmp_path / "data_docs").mkdir()
+    (tmp_path / "data_docs" / "index.html").write_text("<html></html>")
+    build_dashboard(tables, quality, {"run_id": RUN_ID}, tmp_path / "dashboard", data_docs_href="../data_docs/index.html")
+
+    class Links(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.hrefs = []
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag == "a" and a.get("href"):
+                self.hrefs.append((a["href"], a.get("id")))
+
+    dead = []
+    for page, _ in PAGES:
+        parser = Links()
+        parser.feed((tmp_path / "dashboard" / page).read_text())
+        for href, ident in parser.hrefs:
+            target = urlsplit(href)
+            if target.scheme or not target.path or ident == "review-link":
+                continue
+            if not (tmp_path / "dashboard" / target.path).resolve().is_file():
+                dead.append((page, href))
+    assert dead == []
+

@@ -206,12 +206,14 @@ def test_every_dashboard_page_renders_its_plots(browser, served, tmp_path):
         assert _console_errors(browser) == [], page
         assert _layout_faults(browser) == [], page  # no card overflows, no label is cut at 1400 px
         assert _resources_off_site(browser) == [], page
-        review = browser.find_element(By.ID, "review-link").get_attribute("href")
-        assert urlsplit(review).path == "/review", page
+        review = browser.find_element(By.ID, "review-nav").get_attribute("href")
+        assert urlsplit(review).path == "/dashboard/quarantine.html", page  # works opened from disk too
         shot = tmp_path / f"{page}.png"
         browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000, page
-    browser.find_element(By.ID, "review-link").click()  # the served review page, from any dashboard page
+    browser.find_element(By.ID, "review-nav").click()  # the quarantine page's record-decisions section
+    assert urlsplit(browser.find_element(By.ID, "review-link").get_attribute("href")).path == "/review"
+    browser.find_element(By.ID, "review-link").click()  # then the served review app
     assert "Quarantine review" in browser.title
 
 
@@ -238,4 +240,5 @@ def test_data_docs_render_styled_offline(browser, served, tmp_path):
     assert browser.find_elements(By.CSS_SELECTOR, "main .badge.pass, main .badge.fail")  # status badges drawn
     assert _resources_off_site(browser) == [] and _layout_faults(browser) == [] and _console_errors(browser) == []
     browser.save_screenshot(str(tmp_path / "data_docs.png"))
-    assert browser.find_element(By.ID, "review-link").get_attribute("href").endswith("/review")
+    assert browser.find_element(By.ID, "review-nav").get_attribute("href").endswith(
+        "/dashboard/quarantine.html#record-decisions")
