@@ -380,7 +380,7 @@ def normalise_2d(ds: Dataset, cfg: NormalisationConfig) -> dict[str, Any]:
         if decoded.photometric == "MONOCHROME1":
             unit = 1.0 - unit
             steps.append({"step": "invert", "reason": "MONOCHROME1"})
-    resized, resize_step = _resize(unit, tuple(cfg.image_size), cfg.keep_aspect)
+    resized, resize_step = _resize(unit, (int(cfg.image_size[0]), int(cfg.image_size[1])), cfg.keep_aspect)
     steps.append(resize_step)
     payload, encode_step = _png(resized, cfg.png_bit_depth)
     steps.append(encode_step)
@@ -417,7 +417,7 @@ def _slices(datasets: list[Dataset]) -> list[dict[str, Any]]:
         _, ts = check_decodable(ds)
         frames = n_frames(ds)
         number = element_value(ds, "InstanceNumber")
-        common = {
+        common: dict[str, Any] = {
             "ds": ds,
             "index": i,
             "ts": ts,
@@ -671,13 +671,14 @@ def normalise_volume(
     if excluded:
         steps.append({"step": "exclude", "slices": excluded})
     in_plane = slices[0]["spacing"]
-    origin = direction = None
+    origin: list[float] | None = None
+    direction: list[float] | None = None
     geo = slice_geometry(slices) if _has_positions(slices) else None
     ordered = [slices[i] for i in geo["order"]] if geo is not None else _order_by_instance(slices)
     duplicates = geo is not None and any(len(g) > 1 for g in geo["groups"])
     # one slice per position: the geometry is known before decoding (an irregular series configured
     # for quarantine fails before its pixels are decoded)
-    info = _assess(ordered, geo, cfg) if geo is not None and not duplicates and n > 1 else None
+    info: dict[str, Any] | None = _assess(ordered, geo, cfg) if geo is not None and not duplicates and n > 1 else None
     regularised = info is not None and _irregular(info) and in_plane is not None
     resampled = target_spacing_mm is not None and geo is not None and in_plane is not None and n > 1
     # the volume is decoded straight into the payload's memory, and CT clipped slice by slice as it is
@@ -685,7 +686,7 @@ def normalise_volume(
     in_place = not (duplicates or regularised or resampled)
     # an axis-aligned series resampled as it is (no duplicates to drop, nothing to regularise) is decoded slice by
     # slice as the separable resampling reads it: the native stack never exists, only the resampled payload
-    streamed = (resampled and not duplicates and not regularised and rows > 1 and cols > 1
+    streamed = (resampled and geo is not None and not duplicates and not regularised and rows > 1 and cols > 1
                 and is_axis_aligned(geo["matrix"].reshape(-1)))
     payload_buffer = NpyPayload((n, rows, cols)) if in_place else None
     stack = payload_buffer.array if payload_buffer is not None else None
@@ -693,7 +694,8 @@ def normalise_volume(
     if geo is not None:
         steps.append({"step": "sort", "by": "ImagePositionPatient.normal"})
         decode_at = len(steps)
-        volume = _StreamedStack(ordered) if streamed else _decode_stack(ordered, steps, stack, clip)
+        # a stack decoded as the resampling reads it, or the decoded array
+        volume: Any = _StreamedStack(ordered) if streamed else _decode_stack(ordered, steps, stack, clip)
         if duplicates:
             rank = {i: k for k, i in enumerate(geo["order"])}
             keep, dup_warnings = dedupe(
@@ -733,14 +735,14 @@ def normalise_volume(
         slice_mm, slice_from = _thickness(ordered[0]), "SliceThickness"
         if slices[0]["orientation"] is not None:
             direction = [float(v) for v in direction_matrix(slices[0]["orientation"]).reshape(-1)]
-    spacing = None if in_plane is None else [float(in_plane[0]), float(in_plane[1]), slice_mm]
+    spacing: Any = None if in_plane is None else [float(in_plane[0]), float(in_plane[1]), slice_mm]
     steps.append({"step": "spacing", "slice_from": slice_from})
 
     if target_spacing_mm is not None:
         target = [float(v) for v in target_spacing_mm]
         if len(target) != 3 or min(target) <= 0:
             raise ValueError("target_spacing_mm must hold 3 positive spacings [row, col, slice] in mm")
-        if spacing is None or slice_mm is None or origin is None or volume.shape[0] < 2:
+        if spacing is None or slice_mm is None or origin is None or direction is None or volume.shape[0] < 2:
             steps.append({"step": "resample", "skipped": "geometry unknown or one slice", "target_mm": target})
         else:
             assert clip is None, "resampling must see unclipped values"
@@ -752,7 +754,8 @@ def normalise_volume(
             out = payload_buffer.array if payload_buffer is not None else None
             streamed_stack = volume if isinstance(volume, _StreamedStack) else None
             ct_window = (float(cfg.ct_hu_window[0]), float(cfg.ct_hu_window[1])) if modality == "CT" else None
-            volume, geometry, method = resample(volume, geometry, target, default, out=out, clip=ct_window)
+            volume, geometry, method = resample(volume, geometry, (target[0], target[1], target[2]), default, out=out,
+                                                clip=ct_window)
             if ct_window is not None and method == "separable":
                 clip = ct_window  # clipped slice by slice as it was resampled
             if streamed_stack is not None:

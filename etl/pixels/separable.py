@@ -28,6 +28,7 @@ the volume's largest magnitude (``tests/pixels/test_separable.py`` on a real CT 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,8 +89,8 @@ def axis_map(n: int, spacing_mm: float, target_mm: float, m: int) -> AxisMap:
     return AxisMap(lower, upper, xc - lower, inside)
 
 
-def resampled_size(shape: tuple[int, int, int], spacing_mm: tuple[float, float, float],
-                   target_mm: tuple[float, float, float]) -> tuple[int, int, int]:
+def resampled_size(shape: Sequence[int], spacing_mm: Sequence[float],
+                   target_mm: Sequence[float]) -> tuple[int, int, int]:
     """Output (slices, rows, cols) of :func:`etl.pixels.volumes.resample`: floor(extent / target) + 1 per axis
     with extent = (n - 1) x spacing, so that every output voxel lies inside the input grid.
 
@@ -142,8 +143,8 @@ def _column_blocks(amap: AxisMap, block: int) -> list[tuple[int, int, int, int, 
 
 def resample_separable(
     volume: np.ndarray,
-    spacing_mm: tuple[float, float, float],
-    target_mm: tuple[float, float, float],
+    spacing_mm: Sequence[float],
+    target_mm: Sequence[float],
     size: tuple[int, int, int],
     default: float,
     out: np.ndarray | None = None,
@@ -203,12 +204,12 @@ def resample_separable(
         k1 = min(k0 + slab, m0)
         for k in range(k0, k1):  # slices: a blend of the two input slices around each output slice
             s = zs[k - k0]
-            a, b, w = volume[zmap.lower[k]], volume[zmap.upper[k]], np.float32(zmap.weight[k])
-            if w == 0.0:
+            a, b, wz = volume[zmap.lower[k]], volume[zmap.upper[k]], np.float32(zmap.weight[k])
+            if wz == 0.0:
                 s[...] = a
             else:
                 np.subtract(b, a, out=s)
-                s *= w
+                s *= wz
                 s += a
         z_flat = zs[: k1 - k0].reshape(-1, n2)
         c_flat = cs[: k1 - k0].reshape(-1, m2)

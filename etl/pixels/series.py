@@ -80,8 +80,8 @@ class ShardPixels:
         """Rows of the ``series`` table (:mod:`schemas.series`), sorted by ``series_key``; spacing and orientation
         from the series' first image row."""
         first: dict[str, NormalisedImage] = {}
-        for img in self.images:
-            first.setdefault(img.row["series_key"], img)
+        for image in self.images:
+            first.setdefault(image.row["series_key"], image)
         rows = []
         for key, m in sorted(self.series.items()):
             img = first.get(key)
