@@ -130,11 +130,15 @@ def medreco_build():
     def snapshot() -> dict:
         from etl.pipeline.stages import publish_stage
 
-        result = publish_stage(task_context())
+        ctx = task_context()
+        result = publish_stage(ctx)
         if not result["published"]:  # no file at all: no release, and no Asset event to trigger training
             from airflow.sdk.exceptions import AirflowSkipException
 
             raise AirflowSkipException(result["reason"])
+        from quality.dashboard import stamp_release
+
+        stamp_release(ctx.storage, result["version"], result["content_hash"])  # the dashboard names the release
         get_current_context()["outlet_events"][SNAPSHOT_ASSET].extra = {
             "version": result["version"], "content_hash": result["content_hash"], "uri": result["uri"],
         }

@@ -23,8 +23,9 @@ from string import Template
 import numpy as np
 import pyarrow as pa
 
+from etl.storage import Storage
 from quality.checks import QualityReport
-from quality.page_kit import PAGES, REVIEW_APP_LINK, REVIEW_LINK, TEMPLATE_FILE
+from quality.page_kit import PAGES, RELEASE_PENDING, REVIEW_APP_LINK, REVIEW_LINK, TEMPLATE_FILE
 from quality.page_kit import Html as _Html
 from quality.page_kit import badge as _badge
 from quality.page_kit import cards as _cards
@@ -873,7 +874,35 @@ def build_dashboard(
         nav = "".join(f'<a href="{p}"{_HERE if p == page else ""}>{_e(t)}</a>' for p, t in PAGES)
         nav += (f'<a href="{_e(data_docs_href)}" id="data-docs-nav">Data Docs</a>' if data_docs_href else "")
         nav += REVIEW_LINK
-        doc = template.substitute(site="MedReCo-DB curator dashboard", title=_e(title), run_id=_e(run_id), subtitle=_e(subtitle), nav=nav,
+        doc = template.substitute(release=RELEASE_PENDING, site="MedReCo-DB curator dashboard", title=_e(title), run_id=_e(run_id), subtitle=_e(subtitle), nav=nav,
                                   body=bodies[page])
         (out_dir / page).write_text(doc, encoding="utf-8")
     return out_dir / "index.html"
+
+
+def stamp_release(storage: Storage, version: str, content_hash: str) -> int:
+    """Name the release a run published in the header of every dashboard page (the pages are built by the quality
+    stage, before the release exists). Returns the number of pages stamped.
+
+    Parameters
+    ----------
+    storage : etl.storage.Storage
+        the build's storage root (pages under ``reports/dashboard/``).
+    version, content_hash : str
+        the release (``MAJOR.MINOR.PATCH``, 64 hex).
+    """
+    from etl import zones
+    from quality.page_kit import release_label
+
+    stamped = 0
+    slot = re.compile(r"<!--release-->.*?<!--/release-->")
+    for rel in storage.list_files(zones.DASHBOARD_DIR):
+        if not rel.endswith(".html"):
+            continue
+        page = storage.read_text(rel)
+        new, n = slot.subn(lambda _: release_label(version, content_hash), page, count=1)
+        if n:
+            storage.write_text(rel, new)
+            stamped += 1
+    return stamped
+

@@ -27,7 +27,18 @@ from pathlib import Path
 from string import Template
 from urllib.parse import quote
 
-from quality.page_kit import PAGES, REVIEW_LINK, TEMPLATE_FILE, Html, badge, cards, esc, section, table
+from quality.page_kit import (
+    PAGES,
+    RELEASE_PENDING,
+    REVIEW_LINK,
+    TEMPLATE_FILE,
+    Html,
+    badge,
+    cards,
+    esc,
+    section,
+    table,
+)
 from schemas.errors import ReasonCodedError
 
 INDEX = "index.html"
@@ -221,7 +232,7 @@ def write_data_docs(validations_dir: Path, out_dir: Path) -> Path:
 
     def write(rel: str, title: str, body: str, run_id: str) -> None:
         depth = rel.count("/")
-        doc = template.substitute(site="MedReCo-DB Data Docs", title=esc(title), run_id=esc(run_id),
+        doc = template.substitute(release=RELEASE_PENDING, site="MedReCo-DB Data Docs", title=esc(title), run_id=esc(run_id),
                                   subtitle=esc(subtitle), nav=_nav(depth, rel if rel == INDEX else ""), body=body)
         target = out_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-#: the page template (inline CSS, no script): ``$site $title $run_id $subtitle $nav $body``
+#: the page template (inline CSS, no script): ``$site $title $run_id $subtitle $release $nav $body``
 TEMPLATE_FILE = Path(__file__).with_name("dashboard_template.html")
 #: the dashboard's pages: file name and title
 PAGES = (
@@ -30,6 +30,17 @@ REVIEW_LINK = ('<a class="review" href="quarantine.html#record-decisions" id="re
                'Quarantine review (record decisions)</a>')
 #: the served app's quarantine review (``/review`` beside ``/dashboard/``, wherever the app is mounted: relative)
 REVIEW_APP_LINK = '<a class="review" href="../review" id="review-link">Open the review app</a>'
+
+
+#: the release slot of every page's header before the run's release is known (the checks run before publishing);
+#: :func:`quality.dashboard.stamp_release` replaces it with the release the run published
+RELEASE_PENDING = '<!--release--><span id="release">release: not yet published by this run</span><!--/release-->'
+
+
+def release_label(version: str, content_hash: str) -> str:
+    """The header's release slot naming a published release: version and the first 16 hex of its content hash."""
+    return (f'<!--release--><span id="release">release <span class="mono">{esc(version)}</span> (content hash '
+            f'<span class="mono">{esc(content_hash[:16])}</span>)</span><!--/release-->')
 
 
 class Html(str):

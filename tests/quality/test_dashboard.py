@@ -390,3 +390,25 @@ def test_every_link_of_the_dashboard_opened_from_disk_resolves(tmp_path):
                 dead.append((page, href))
     assert dead == []
 
+
+
+def test_pages_name_the_release_once_it_is_published(tmp_path):
+    """The pages are built before the release exists; the snapshot task stamps its version and content hash into
+    every page's header (issue 40, point 9), and stamping again replaces it."""
+    from etl import zones
+    from etl.storage import Storage
+    from quality.dashboard import stamp_release
+
+    st = Storage.open(str(tmp_path / "root"))
+    tables = make_tables()
+    quality = run_checks(tables, load_ontology(), today=dt.date(2025, 6, 1))
+    out = build_dashboard(tables, quality, {"run_id": RUN_ID}, tmp_path / "pages")
+    for page in out.parent.glob("*.html"):
+        assert "release: not yet published by this run" in page.read_text()
+        st.write_bytes(f"{zones.DASHBOARD_DIR}/{page.name}", page.read_bytes())
+    assert stamp_release(st, "0.3.0", "ab" * 32) == len(PAGES)
+    assert stamp_release(st, "0.4.0", "cd" * 32) == len(PAGES)
+    for page, _ in PAGES:
+        text = st.read_text(f"{zones.DASHBOARD_DIR}/{page}")
+        assert 'release <span class="mono">0.4.0</span> (content hash <span class="mono">' + "cd" * 8 in text
+        assert "0.3.0" not in text and text.count('id="release"') == 1
