@@ -446,11 +446,15 @@ def _overview(tables, quality: QualityReport, run_info: dict, history: list[dict
     info_rows = [(k, v) for k, v in sorted(run_info.items())
                  if k != "deid_audit" and not _LOCATION_KEY.search(k)
                  and isinstance(v, (str, int, float, bool)) and v is not None]
-    cards = _cards([("files in ledger", len(statuses)), *[(s, status_counts.get(s, 0)) for s in STATUSES],
-                    ("studies", _n(tables, "studies")), ("images", _n(tables, "images")),
-                    ("reports", _n(tables, "reports")), ("pairs", _n(tables, "pairs")),
-                    ("VQA items", _n(tables, "vqa")), ("critical failures", len(quality.critical_failures)),
-                    ("warnings", len(quality.warnings))])
+    # what this run did to its inputs, apart from what the dataset holds after it (a no-op re-run ingests nothing
+    # and records every file as a duplicate, while the dataset keeps all it had)
+    this_run = Counter(s for r, s in zip(_col(tables, "ledger", "run_id"), statuses, strict=True) if r == run_id)
+    run_cards = _cards([("files seen by this run", sum(this_run.values())),
+                        *[(s, this_run.get(s, 0)) for s in STATUSES],
+                        ("critical failures", len(quality.critical_failures)), ("warnings", len(quality.warnings))])
+    dataset_cards = _cards([("studies", _n(tables, "studies")), ("images", _n(tables, "images")),
+                            ("reports", _n(tables, "reports")), ("pairs", _n(tables, "pairs")),
+                            ("VQA items", _n(tables, "vqa")), ("files in all runs' ledgers", len(statuses))])
     # ledger balance per run
     per_run: dict[str, Counter] = defaultdict(Counter)
     for r, s in zip(_col(tables, "ledger", "run_id"), statuses, strict=True):
@@ -482,7 +486,8 @@ def _overview(tables, quality: QualityReport, run_info: dict, history: list[dict
     # trend
     trend = _trend(history, per_run, run_id)
     return "".join([
-        _section("Run", _table(["key", "value"], info_rows), cards),
+        _section("This run", _table(["key", "value"], info_rows), run_cards),
+        _section("The dataset after this run (all runs)", dataset_cards),
         _section("Ledger balance (every discovered file has exactly one status)", balance,
                  _row(status_chart, reason_chart)),
         _section("Institutions and modalities", _row(inst_chart, inst_mod)),

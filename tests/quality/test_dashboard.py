@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import xml.etree.ElementTree as ET
+from html import escape as html_escape
 from pathlib import Path
 
 import numpy as np
@@ -157,9 +158,13 @@ def test_overview_counts_svg_and_trend(site):
     _, pages = site
     html = pages["index.html"]
     assert "<svg" in html
-    for k, v in [("files in ledger", 9), ("ingested", 5), ("quarantined", 2), ("duplicate", 1), ("skipped", 1),
-                 ("studies", 8), ("images", 8), ("pairs", 4), ("VQA items", 4)]:
-        assert f'<div class="v">{v}</div><div class="k">{k}</div>' in html, k
+    run_part = html[html.index("<h2>This run</h2>"):html.index("<h2>The dataset after this run")]
+    data_part = html[html.index("<h2>The dataset after this run"):]
+    for k, v in [("files seen by this run", 9), ("ingested", 5), ("quarantined", 2), ("duplicate", 1),
+                 ("skipped", 1)]:
+        assert f'<div class="v">{v}</div><div class="k">{k}</div>' in run_part, k
+    for k, v in [("studies", 8), ("images", 8), ("pairs", 4), ("VQA items", 4), ("files in all runs' ledgers", 9)]:
+        assert f'<div class="v">{v}</div><div class="k">{html_escape(k)}</div>' in data_part, k
     # ledger balance row of this run: rows, four statuses, sum, PASS
     assert re.search(rf"<td>{RUN_ID}</td>" + r'<td class="num">9</td><td class="num">5</td><td class="num">2</td>'
                      r'<td class="num">1</td><td class="num">1</td><td class="num">9</td><td><span class="badge pass">',
@@ -256,7 +261,7 @@ def test_empty_run_renders(tmp_path):
     quality = run_checks({}, load_ontology(), today=dt.date(2025, 6, 1))
     index = build_dashboard({}, quality, {"run_id": "empty-run"}, tmp_path)
     html = index.read_text()
-    assert "empty-run" in html and '<div class="v">0</div><div class="k">files in ledger</div>' in html
+    assert "empty-run" in html and '<div class="v">0</div><div class="k">files seen by this run</div>' in html
     assert "no de-identification audit" in (tmp_path / "deid.html").read_text()
 
 
