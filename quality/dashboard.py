@@ -151,8 +151,10 @@ def svg_histogram(values: Iterable[float], *, bins: int = 20, title: str = "", u
     if arr.size == 0:
         return f'<p class="empty">{_e(title)}: no data</p>'
     lo, hi = float(arr.min()), float(arr.max())
-    if integer and hi - lo + 1 <= bins:
-        edges = np.arange(lo - 0.5, hi + 1.5, 1.0)
+    if integer:  # whole-number bins centred on integers: one per value, or a whole number of values per bin
+        step = max(1.0, float(math.ceil((hi - lo + 1) / bins)))
+        edges = np.arange(lo - 0.5, hi + 0.5 + step, step)
+        edges = edges[: int(np.searchsorted(edges, hi + 0.5, side="left")) + 1]
     else:
         edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
     counts, edges = np.histogram(arr, bins=edges)
@@ -170,15 +172,37 @@ def svg_histogram(values: Iterable[float], *, bins: int = 20, title: str = "", u
     for i, c in enumerate(counts):
         h = c / cmax * plot_h
         a, b = edges[i], edges[i + 1]
-        rng = f"{_fmt(round((a + b) / 2))}" if integer and b - a == 1 else f"{_fmt(a)}–{_fmt(b)}"
+        if integer:  # the whole numbers the bin holds
+            rng = _fmt(round((a + b) / 2)) if b - a == 1 else f"{_fmt(round(a + 0.5))}–{_fmt(round(b - 0.5))}"
+        else:
+            rng = f"{_fmt(a)}–{_fmt(b)}"
         parts.append(f'<rect x="{left + i * bw + 1:.1f}" y="{top + plot_h - h:.1f}" width="{max(bw - 2, 1):.1f}" '
                      f'height="{h:.1f}" fill="{PALETTE[0]}"><title>{_e(rng)} {_e(unit)}: {int(c):,}</title></rect>')
-    parts.append(f'<text x="{left}" y="{top + plot_h + 14}" font-size="11">{_e(_fmt(edges[0]))}</text>'
-                 f'<text x="{left + plot_w}" y="{top + plot_h + 14}" font-size="11" text-anchor="end">'
-                 f'{_e(_fmt(edges[-1]))}</text>'
-                 f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 28}" font-size="11" text-anchor="middle">'
+    parts += _histogram_ticks(edges, integer, left, plot_w, top + plot_h)
+    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 28}" font-size="11" text-anchor="middle">'
                  f'{_e(unit)}</text></svg>')
     return "".join(parts)
+
+
+def _histogram_ticks(edges: np.ndarray, integer: bool, left: float, plot_w: float, base_y: float,
+                     ticks: int = 5) -> list[str]:
+    """About ``ticks`` x-axis labels under a histogram: bin centres (whole numbers) for integer data, else bin
+    edges, spread evenly over the bins, each with a tick mark."""
+    n = len(edges) - 1
+    bw = plot_w / n
+    if integer:
+        idx = sorted({round(k * (n - 1) / max(ticks - 1, 1)) for k in range(ticks)}) if n > 1 else [0]
+        spots = [(left + (i + 0.5) * bw, (edges[i] + edges[i + 1]) / 2) for i in idx]
+    else:
+        idx = sorted({round(k * n / max(ticks - 1, 1)) for k in range(ticks)})
+        spots = [(left + i * bw, edges[i]) for i in idx]
+    out = []
+    for x, value in spots:
+        label = _fmt(int(round(value))) if integer else _fmt(value)
+        anchor = "start" if x <= left + 1 else "end" if x >= left + plot_w - 1 else "middle"
+        out.append(f'<line x1="{x:.1f}" y1="{base_y}" x2="{x:.1f}" y2="{base_y + 3}" stroke="#999"/>'
+                   f'<text x="{x:.1f}" y="{base_y + 14}" font-size="11" text-anchor="{anchor}">{_e(label)}</text>')
+    return out
 
 
 def svg_heatmap(row_labels: Sequence[str], col_labels: Sequence[str], matrix: np.ndarray, *, title: str = "",
@@ -216,6 +240,7 @@ def svg_heatmap(row_labels: Sequence[str], col_labels: Sequence[str], matrix: np
     top = int(max(22 + 70, 22 + col_w * math.sin(math.radians(40)) + 12))
     right = int(max(10, col_w * math.cos(math.radians(40)) - cw / 2 + 6))
     width, height = label_w + cw * len(col_labels) + right, top + cell * len(row_labels) + 6
+    width = int(max(width, text_width(title, 13) + 8))  # the title is never cut (one row, one column)
     scale = 1.0 if percent else max(np.nanmax(m) if np.isfinite(m).any() else 1.0, 1e-12)
     parts = [f'<svg role="img" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}">',

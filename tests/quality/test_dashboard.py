@@ -286,6 +286,28 @@ def test_svg_helpers():
     assert "no data" in svg_histogram([], title="empty")
 
 
+
+def test_histograms_bin_whole_numbers_whole_and_label_the_axis():
+    """Integer data over a wide range: bins of whole numbers (no bin edge splits a value at .5 in a label),
+    several axis labels, not only min and max; a one-cell heatmap keeps its whole title (issue 40, point 9)."""
+    import re as _re
+
+    h = svg_histogram(list(range(1, 101)) + [100] * 5, integer=True, title="slices per series", unit="slices")
+    tips = _re.findall(r"<title>([^<]*) slices: (\d+)</title>", h)
+    assert len(tips) <= 20 and all("." not in rng for rng, _ in tips)
+    assert sum(int(n) for _, n in tips) == 105 and tips[0][0] == "1–5"
+    labels = _re.findall(r'<text x="[\d.]+" y="\d+" font-size="11" text-anchor="(?:start|middle|end)">([^<]+)</text>', h)
+    assert len(labels) >= 5 and all(x.isdigit() for x in labels[:5])
+    f = svg_histogram([0.1, 0.5, 2.5, 3.0], title="spacing", unit="mm")
+    assert len(_re.findall(r"<line x1", f)) >= 5  # the axis and its ticks
+    title = "Studies per institution and modality"
+    m = svg_heatmap(["us-a"], ["CR"], np.ones((1, 1)), title=title, percent=False)
+    width = int(_re.search(r'width="(\d+)"', m).group(1))
+    from quality.dashboard import text_width
+
+    assert width >= text_width(title, 13)
+
+
 def test_every_inline_svg_is_well_formed(site):
 
     _, pages = site
