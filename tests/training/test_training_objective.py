@@ -106,6 +106,25 @@ def test_ct_window_and_slice_resampling():
     assert resample_slices(v, None, 1.0) is v and resample_slices(v, 2.5, 2.5) is v
 
 
+def test_vlm_vision_tower_starts_from_an_encoder_checkpoint(tmp_path):
+    from training.config import EncoderModelConfig
+    from training.encoder import EntityAwareEncoder
+    from training.tasks import load_vision_init
+
+    cfg = EncoderModelConfig()
+    enc = EntityAwareEncoder(cfg, n_entities=3, n_families=2)
+    torch.save({"model": enc.state_dict(), "task": {"entity_ids": ["F001", "F002", "F003"]}}, tmp_path / "last.pt")
+    vision = EntityAwareEncoder(cfg, n_entities=2, n_families=1, with_heads=False)
+    got = load_vision_init(vision, tmp_path / "last.pt", ["F003", "F009"])
+    assert got["entities"] == 1 and not hasattr(vision, "head_w")
+    for k, v in vision.tokens.state_dict().items():
+        assert torch.equal(v, enc.tokens.state_dict()[k])
+    assert torch.equal(vision.pool.queries.weight[0], enc.pool.queries.weight[2])  # F003 by id
+    assert not torch.equal(vision.pool.queries.weight[1], enc.pool.queries.weight[1])
+    with pytest.raises(FileNotFoundError):
+        load_vision_init(vision, tmp_path / "none.pt", [])
+
+
 @pytest.mark.slow
 def test_gpu_check_runs_green_on_cpu_with_tiny_sizes(tmp_path):
     out = subprocess.run([sys.executable, "training/gpu_check.py", "--size", "tiny", "--device", "cpu", "--out",
