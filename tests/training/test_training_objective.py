@@ -125,6 +125,26 @@ def test_vlm_vision_tower_starts_from_an_encoder_checkpoint(tmp_path):
         load_vision_init(vision, tmp_path / "none.pt", [])
 
 
+def test_training_page_shows_the_cells_escaped():
+    from training.report import render_training_page
+
+    cells = {"2D-CXR|finding": {"n_queries": 3, "gallery": 8, "R@1": 0.5, "NDCG@10": 0.75},
+             "2D-CXR|anatomy": {"n_queries": 0, "gallery": 8, "R@1": None, "NDCG@10": None}}
+    enc = {"status": "succeeded", "launcher": "local", "lineage_record": {"metrics": {
+        "step": 10, "images_per_s": 12.5, "best": {"metric": "val.cells_mean.NDCG@10", "value": 0.75, "step": 10},
+        "eval": {"val": {"n_queries": 3, "gallery": 8, "cells": cells, "cells_mean": {"R@1": 0.5, "NDCG@10": 0.75}}}}}}
+    vqa = {"n_mc": 2, "mc_accuracy": 0.5, "by_question_type": {"change": {"n_mc": 2, "mc_accuracy": 0.5}},
+           "by_family": {"2D-CXR": {"n_mc": 2, "mc_accuracy": 0.5}},
+           "by_family_and_type": {"2D-CXR|change": {"n_mc": 2, "mc_accuracy": 0.5}},
+           "longitudinal_change": {"2D-CXR": {"n_mc": 2, "mc_accuracy": 0.5}}}
+    page = render_training_page({"snapshot_version": "1.0.0<x>", "content_hash": "abc", "jobs": {
+        "encoder": enc, "vlm": {"status": "succeeded", "launcher": "local",
+                                "lineage_record": {"metrics": {"step": 4, "eval": {"test": vqa}}}}}})
+    assert "1.0.0&lt;x&gt;" in page and "<x>" not in page
+    assert "<td>2D-CXR|finding</td>" in page and "val.cells_mean.NDCG@10 = 0.7500 at step 10" in page
+    assert "<td>longitudinal change</td>" in page and "<h3>test</h3>" in page
+
+
 @pytest.mark.slow
 def test_gpu_check_runs_green_on_cpu_with_tiny_sizes(tmp_path):
     out = subprocess.run([sys.executable, "training/gpu_check.py", "--size", "tiny", "--device", "cpu", "--out",
