@@ -138,6 +138,26 @@ def test_vlm_with_a_pretrained_language_model_and_its_own_tokenizer(snap, folder
     assert 0 <= m["eval"]["val"]["mc_accuracy"] <= 1
 
 
+def test_vlm_lora_on_the_language_model_trains_only_adapters_there(snap, folders, tmp_path):
+    from training.config import load_job_config
+    from training.data import open_snapshot
+    from training.tasks import VLMTask
+
+    folder = causal_lm_folder(folders, "qwen2")
+    cfg = job_file(tmp_path, "vlm", model={"lm": {"path": str(folder)}, "gradient_checkpointing": True,
+                                           "lora": {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
+                                           "freeze_vision": True})
+    model = VLMTask(load_job_config(cfg), open_snapshot(snap), tmp_path / "run").build_model()
+    trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+    lm_trainable = {n: v for n, v in trainable.items() if n.startswith("lm.")}
+    # 2 layers x (q_proj 32->32, v_proj 32->16 with 2 KV heads of 8) adapters of rank 2; no base LM weight trains
+    assert all("lora_" in n for n in lm_trainable)
+    assert sum(lm_trainable.values()) == 2 * ((32 * 2 + 2 * 32) + (32 * 2 + 2 * 16))
+    assert not any(n.startswith("vision.") for n in trainable)  # frozen tower
+    assert {n.split(".")[0] for n in trainable} == {"lm", "latents", "resampler", "projector", "role", "no_prior"}
+    assert model.lm.get_base_model().is_gradient_checkpointing
+
+
 def test_vlm_from_a_released_qwen2_5_vl_folder(snap, folders, tmp_path):
     from training.data import open_snapshot
     from training.jobs import run_job
