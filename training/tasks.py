@@ -194,10 +194,7 @@ class EncoderTask:
             pos = set(gallery)
             queries = [(s, e) for (s, e) in sorted(self.positives.query_group)
                        if s in pos and self.positives.relevant(s, e, self.index)]
-            if not queries:
-                result[split] = {"n_queries": 0, "gallery": len(gallery)}
-                continue
-            emb = self.embed_split(model, device, gallery)
+            emb = self.embed_split(model, device, gallery) if queries else torch.zeros((0, 0, 0))
             pos_rel = self.positives
 
             def relevance(s: str, e: str, _p=pos_rel) -> dict[str, float]:

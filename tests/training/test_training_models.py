@@ -51,7 +51,7 @@ def test_encoder_trains_evaluates_and_resumes(snap, tmp_path):
     assert torch.load(run_dir / "checkpoints" / "best.pt", weights_only=False)["step"] == best_step
     cells = m["eval"]["val"]["cells"]
     assert {k for k, c in cells.items() if c["n_queries"]} == {"2D-CXR|finding"}  # F001-F003 are findings
-    assert set(cells) == {f"{f}|{c}" for f in ("2D-CXR", "3D-CT") for c in ("anatomy", "finding", "condition")}
+    assert len(cells) == 12 and cells["2D-CXR|finding"]["gallery"] == 8 and cells["3D-CT|finding"]["gallery"] == 1
     assert json.loads((run_dir / "metrics.json").read_text())["step"] == 24
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
     assert ckpt["step"] == 24 and ckpt["task"]["entity_ids"] == ["F001", "F002", "F003"]
