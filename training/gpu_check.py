@@ -29,11 +29,16 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+sys.path[:0] = [str(ROOT), str(ROOT / "reader" / "src")]  # run as a script from anywhere
+
+from schemas.errors import ReasonCodedError  # noqa: E402
 
 
-class CheckFailed(AssertionError):
+class CheckFailed(ReasonCodedError, AssertionError):
     """A gpu check assertion that did not hold."""
+
+    default_reason = "gpu_check_failed"
+    message_format = "{message}"
 
 
 def _job_yaml(base: str, work: Path, name: str, device: str, steps: int, size: str, model: dict | None = None,

@@ -24,12 +24,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from schemas.errors import ReasonCodedError
+
 #: model_type values of the VLM folders :func:`load_qwen_vl` reads
 QWEN_VL_TYPES = ("qwen2_vl", "qwen2_5_vl")
 
 
-class PretrainedFolderError(ValueError):
+class PretrainedFolderError(ReasonCodedError, ValueError):
     """A ``path:`` that is not a folder, or a folder that holds no model of the expected kind."""
+
+    default_reason = "pretrained_folder_invalid"
+    message_format = "{message}"
 
 
 def _folder(path: str | Path, what: str) -> Path:

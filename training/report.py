@@ -3,11 +3,40 @@
 A static, self-contained HTML page (no scripts, every value escaped) with, per finished job, the evaluation in the
 paper's cells: retrieval Recall@k / NDCG@k per modality family x entity category and split, VQA accuracy per
 question type, per modality family and for longitudinal change; plus the checkpoint kept by the best metric.
+(Training sits beside ``quality`` in the layers, so the page has its own small HTML helpers.)
 """
 
 from __future__ import annotations
 
-from quality.page_kit import esc, section, table
+import html
+from collections.abc import Iterable, Sequence
+
+
+def esc(value) -> str:
+    """HTML-escaped text of a value (None as empty)."""
+    return html.escape("" if value is None else str(value))
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence], numeric: Iterable[int] = ()) -> str:
+    """An HTML table, ``numeric`` columns right-aligned (floats to 4 decimals, None as a dash)."""
+    num = set(numeric)
+    head = "".join(f'<th class="num">{esc(h)}</th>' if i in num else f"<th>{esc(h)}</th>" for i, h in enumerate(headers))
+    body = ["<tr>" + "".join(f'<td class="num">{esc(_fmt(v))}</td>' if i in num else f"<td>{esc(v)}</td>"
+                             for i, v in enumerate(r)) + "</tr>" for r in rows]
+    if not body:
+        body = [f'<tr><td colspan="{len(headers)}" class="empty">none</td></tr>']
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def section(title: str, *content: str) -> str:
+    """A ``<section>`` with a heading and trusted HTML content."""
+    return f"<section><h2>{esc(title)}</h2>{''.join(content)}</section>"
 
 _STYLE = ("body{font-family:sans-serif;margin:2em;color:#1b1f24}table{border-collapse:collapse;margin:.5em 0 1.5em}"
           "td,th{border:1px solid #d0d7de;padding:3px 8px}td.num,th.num{text-align:right}td.empty{color:#8a94a6}")
