@@ -21,6 +21,7 @@ with options) and, for open answers (prompt without options, greedy decoding), e
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 from pathlib import Path
@@ -181,7 +182,10 @@ class ComparativeVLM(nn.Module):
         """Greedy decoding with the KV cache; per row the ids generated before EOS."""
         embeds, mask, pos = self.embed(batch)
         out = self.lm(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, use_cache=True)
-        past, b = out.cache, embeds.shape[0]
+        # transformers >= 5.2x names the KV cache ``cache``, earlier releases ``past_key_values``
+        base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        key = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        past, b = getattr(out, key), embeds.shape[0]
         done = torch.zeros(b, dtype=torch.bool, device=embeds.device)
         result: list[list[int]] = [[] for _ in range(b)]
         nxt = out.logits[:, -1].argmax(-1)
@@ -196,8 +200,8 @@ class ComparativeVLM(nn.Module):
             mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=mask.device)], 1)
             pos = pos[:, -1:] + 1
             out = self.lm(inputs_embeds=emb(nxt[:, None]).to(embeds.dtype), attention_mask=mask, position_ids=pos,
-                          cache=past, use_cache=True)
-            past = out.cache
+                          use_cache=True, **{key: past})
+            past = getattr(out, key)
             nxt = out.logits[:, -1].argmax(-1)
         return result
 
