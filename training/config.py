@@ -36,7 +36,10 @@ class BackboneConfig(_Strict):
     tokens are the cells of its last feature map.
     """
 
-    kind: Literal["vit", "resnet"] = "vit"
+    kind: Literal["vit", "resnet", "pretrained"] = "vit"
+    path: str | None = Field(
+        default=None, description="local folder of a transformers vision checkpoint (ViT, DINOv2, Swin, SigLIP vision: "
+        "AutoModel + AutoImageProcessor, local_files_only); sets kind=pretrained, its hidden size wins")
     image_size: int = Field(default=32, ge=8, description="input side in pixels (images are resized to it)")
     in_channels: Literal[1, 3] = 1
     patch_size: int = Field(default=8, ge=1, description="vit only")
@@ -46,8 +49,19 @@ class BackboneConfig(_Strict):
     intermediate_size: int = Field(default=128, ge=8, description="vit MLP width")
     resnet_widths: list[int] = Field(default=[16, 32, 64], min_length=1, description="channels per resnet stage")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _path_means_pretrained(cls, data):
+        if isinstance(data, dict) and data.get("path"):
+            data = {**data, "kind": "pretrained"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> BackboneConfig:
+        if self.kind == "pretrained":
+            if not self.path:
+                raise ValueError("backbone.kind=pretrained needs backbone.path")
+            return self
         if self.kind == "vit" and self.image_size % self.patch_size:
             raise ValueError("backbone.image_size must be a multiple of backbone.patch_size")
         if self.hidden_size % self.num_heads:
@@ -55,6 +69,17 @@ class BackboneConfig(_Strict):
         if self.kind == "resnet" and self.resnet_widths[-1] != self.hidden_size:
             raise ValueError("backbone.resnet_widths[-1] must equal backbone.hidden_size")
         return self
+
+
+class LoRAConfig(_Strict):
+    """LoRA adapters (Hu et al. 2021, arXiv:2106.09685) through ``peft``: only the adapters train."""
+
+    r: int = Field(default=8, ge=1, description="adapter rank")
+    alpha: int = Field(default=16, ge=1, description="scaling numerator (scale = alpha / r)")
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default=["q_proj", "k_proj", "v_proj", "o_proj", "query", "key", "value", "c_attn", "qkv"], min_length=1,
+        description="module name suffixes that get adapters (those present in the model are used)")
 
 
 class EncoderModelConfig(_Strict):
@@ -66,6 +91,16 @@ class EncoderModelConfig(_Strict):
     pool_heads: int = Field(default=4, ge=1, description="heads of the entity-conditioned attention pooling")
     modality_heads: bool = Field(default=True, description="one projection head per modality (else shared)")
     temperature: float = Field(default=0.07, gt=0, description="initial InfoNCE temperature (learned per modality)")
+    entity_text_encoder: str | None = Field(
+        default=None, description="local folder of a transformers text encoder (e.g. all-MiniLM-L6-v2): entity "
+        "queries start from mean-pooled embeddings of the entity names (randomly projected to the token width)")
+    freeze_backbone: bool = Field(default=False, description="keep the backbone's weights fixed (no gradient)")
+    lora: LoRAConfig | None = Field(default=None, description="LoRA adapters on the backbone (peft); base weights frozen")
+    gradient_checkpointing: bool = Field(default=False, description="recompute backbone activations in backward")
+    window: dict[str, tuple[float, float]] = Field(
+        default={"CT": (40.0, 400.0)}, description="per modality: (centre, width) intensity window (CT: HU); "
+        "other volumes min-max scaled")
+    slice_spacing_mm: float | None = Field(default=None, gt=0, description="resample volumes to this slice spacing")
 
 
 class OptimConfig(_Strict):
@@ -85,22 +120,34 @@ class OptimConfig(_Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     checkpoint_every: int = Field(default=20, ge=1, description="steps between checkpoints (and one at the end)")
     log_every: int = Field(default=1, ge=1)
+    eval_every: int | None = Field(default=None, ge=1, description="steps between evaluations (None: at the end only)")
+    best_metric: str | None = Field(
+        default=None, description="dotted path into the evaluation (e.g. val.cells_mean.NDCG@10 or "
+        "val.mc_accuracy): the checkpoint with its highest value is kept as checkpoints/best.pt")
+    parallel: Literal["ddp", "fsdp"] = Field(
+        default="ddp", description="several processes: DistributedDataParallel or FSDP2 fully_shard")
 
 
 class EncoderDataConfig(_Strict):
     """Which positives and splits the encoder job uses."""
 
+    loss: Literal["graded", "infonce"] = Field(
+        default="graded", description="graded: multi-positive contrastive loss with targets weighted by the "
+        "retrieval_targets relevance; infonce: one positive per query, relevant in-batch items masked")
+    gather_negatives: bool = Field(default=True, description="all-gather embeddings across processes as negatives")
     positive_states: list[Literal["present", "absent", "uncertain"]] = Field(
         default=["present"], min_length=1,
         description="study_labels states that make two studies relevant (fallback when retrieval_targets is absent)")
-    eval_splits: list[str] = Field(default=["val", "test"], min_length=1)
-    recall_ks: list[int] = Field(default=[1, 3, 5, 10], min_length=1)
+    eval_splits: list[str] = Field(default=["val", "test", "external_test"], min_length=1)
+    recall_ks: list[int] = Field(default=[1, 5, 10], min_length=1)
+    ndcg_k: int = Field(default=10, ge=1)
 
 
 class TokenizerConfig(_Strict):
     """Tokenizer trained offline on the snapshot's VQA texts (``tokenizers`` WordLevel), or a local one."""
 
-    kind: Literal["word", "local"] = "word"
+    kind: Literal["auto", "word", "local"] = Field(
+        default="auto", description="auto: the language model folder's own tokenizer when lm.path is set, else word")
     path: str | None = Field(default=None, description="kind=local: folder with a saved tokenizer")
     min_frequency: int = Field(default=1, ge=1)
     lowercase: bool = True
@@ -117,6 +164,13 @@ class LanguageModelConfig(_Strict):
     intermediate_size: int = Field(default=128, ge=8)
     max_positions: int = Field(default=256, ge=16)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _path_means_local(cls, data):
+        if isinstance(data, dict) and data.get("path"):
+            data = {**data, "kind": "local"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> LanguageModelConfig:
         if self.kind == "local" and not self.path:
@@ -125,8 +179,18 @@ class LanguageModelConfig(_Strict):
 
 
 class VLMModelConfig(_Strict):
-    """Comparative VLM (MedReCo-VLM): vision encoder + projector + causal LM."""
+    """Comparative VLM (MedReCo-VLM): vision encoder + projector + causal LM, or a local Qwen2-VL/Qwen2.5-VL."""
 
+    path: str | None = Field(
+        default=None, description="local Qwen2-VL / Qwen2.5-VL folder as released (weights, tokenizer files, "
+        "image processor config, chat template): trained as is, vision/lm/tokenizer settings unused")
+    vision_init: str | None = Field(
+        default=None, description="encoder checkpoint (checkpoints/last.pt or best.pt of an encoder job) whose "
+        "backbone, slice and entity-pool weights start the vision tower")
+    freeze_vision: bool = Field(default=False, description="keep the vision tower fixed")
+    freeze_lm: bool = Field(default=False, description="keep the language model fixed (projector still trains)")
+    lora: LoRAConfig | None = Field(default=None, description="LoRA adapters on the language model (peft)")
+    gradient_checkpointing: bool = Field(default=False, description="recompute LM/vision activations in backward")
     vision: EncoderModelConfig = EncoderModelConfig()
     visual_tokens: int = Field(default=4, ge=1, description="tokens per image after the resampler")
     lm: LanguageModelConfig = LanguageModelConfig()
@@ -139,7 +203,7 @@ class VLMDataConfig(_Strict):
     """Which answer formats are trained and which splits are evaluated."""
 
     formats: list[Literal["mc", "open"]] = Field(default=["mc", "open"], min_length=1)
-    eval_splits: list[str] = Field(default=["val", "test"], min_length=1)
+    eval_splits: list[str] = Field(default=["val", "test", "external_test"], min_length=1)
     max_eval_items: int | None = Field(default=None, ge=1, description="cap per split (None: all)")
 
 

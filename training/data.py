@@ -1,16 +1,21 @@
 """Datasets over a published snapshot: images, retrieval positives and VQA items.
 
 Everything is read through :mod:`etl.snapshots` (the release's manifest decides which files exist), and a
-snapshot that fails :func:`etl.snapshots.verify` is refused before any row is read.
+snapshot that fails :func:`etl.snapshots.verify` is refused before any row is read (verified once per job:
+rank 0 hashes, the other ranks take its verdict, :func:`open_snapshot_once`).
 
-Images are decoded lazily (``medreco_reader.tensors.to_tensor``) from the payload bytes of the ``images`` table, one
-representative image per study (the first by ``image_key``; a 2D image before a volume), and brought to a
-common layout ``(slices, channels, size, size)`` float32 in 0..1:
+Images stream: the ``images`` table's metadata columns are indexed once, and a payload is fetched on demand by
+reading only the Parquet row group that holds it (the reader's torch datasets' :class:`ImageStore`, one implementation),
+so a process holds one or two row groups of payloads, never the table. One representative image per study
+(a 2D image before a volume, then the smallest ``image_key``) is brought to ``(slices, channels, size, size)``
+float32 in 0..1:
 
 * 2D (PNG): one slice; 8/16-bit scaled to 0..1 by the loader; RGB -> grey by ITU-R BT.601 luma weights
   when the backbone takes one channel, grey repeated when it takes three.
-* 3D (npy volume, HU for CT): ``max_slices`` slices sampled evenly (``linspace`` over the slice axis),
-  then min-max scaled per volume to 0..1 (CT HU and MR intensities alike).
+* 3D (volume, HU for CT): resampled along the slice axis to ``slice_spacing_mm`` when set (linear), then
+  ``max_slices`` slices sampled evenly (``linspace``), then windowed per modality (``window``: CT
+  ``(centre, width)`` in HU, values outside clipped) or, for modalities without a window, min-max scaled.
+  Volumes keep their own slice count; the batch pads with a mask and padded slices never reach the backbone.
 * resized with bilinear, anti-aliased interpolation (``torch.nn.functional.interpolate``).
 """
 
@@ -26,6 +31,7 @@ import pyarrow.compute as pc
 
 from etl.snapshots import SnapshotError, list_versions, read_manifest, read_snapshot_table, verify
 from etl.storage import Storage
+from medreco_reader.torch_data import ImageStore
 from schemas.errors import ReasonCodedError
 
 #: ITU-R BT.601 luma weights (R, G, B)
@@ -61,7 +67,7 @@ class SnapshotRef:
         return read_snapshot_table(self.storage, self.version, table, columns=columns)
 
 
-def open_snapshot(storage: Storage, version: str | None = None) -> SnapshotRef:
+def open_snapshot(storage: Storage, version: str | None = None, verify_files: bool = True) -> SnapshotRef:
     """Verify a release and return a handle on it (``version`` None: the latest).
 
     Raises
@@ -76,7 +82,7 @@ def open_snapshot(storage: Storage, version: str | None = None) -> SnapshotRef:
     version = version or versions[-1]
     if version not in versions:
         raise SnapshotRefusedError(f"no snapshot {version}; published: {', '.join(versions)}")
-    problems = verify(storage, version)
+    problems = verify(storage, version) if verify_files else []
     if problems:
         raise SnapshotRefusedError(f"snapshot {version} failed verification, refusing to train on it: "
                                    + "; ".join(problems))
@@ -84,56 +90,111 @@ def open_snapshot(storage: Storage, version: str | None = None) -> SnapshotRef:
     return SnapshotRef(storage, version, manifest["content_hash"], manifest)
 
 
+def open_snapshot_once(storage: Storage, version: str | None = None) -> SnapshotRef:
+    """:func:`open_snapshot`, verified once per job: under ``torch.distributed`` rank 0 re-hashes the release and
+    broadcasts its verdict (the problems, or the version it resolved), the other ranks open it without hashing.
+
+    Raises
+    ------
+    SnapshotRefusedError
+        on every rank, when rank 0 refused the release.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return open_snapshot(storage, version)
+    verdict: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            verdict = [("ok", open_snapshot(storage, version).version)]
+        except SnapshotRefusedError as err:
+            verdict = [("refused", str(err))]
+    dist.broadcast_object_list(verdict, src=0)
+    status, value = verdict[0]
+    if status != "ok":
+        raise SnapshotRefusedError(value)
+    return open_snapshot(storage, value, verify_files=False)
+
+
 # ---- studies and images ------------------------------------------------------------------------------
 
 
 @dataclass
 class StudyIndex:
-    """Per study: patient, family (modality family, else modality), split, and its representative image."""
+    """Per study: patient, family (modality family, else modality), split, and its representative image.
+
+    ``image_row[study]`` is a row index of ``store`` (:class:`ImageStore`: metadata in memory, payloads read one
+    Parquet row group at a time); ``modality[study]`` is the representative image's DICOM modality.
+    """
 
     patient: dict[str, str]
     family: dict[str, str]
     split: dict[str, str]
     image_row: dict[str, int]
-    images: pa.Table = field(repr=False)
-    #: the release's storage root: volumes of images schema 2.0 are objects under it (``payload_uri``)
-    storage: Storage | None = field(default=None, repr=False)
+    store: ImageStore = field(repr=False)
+    modality: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def storage(self) -> Storage:
+        """The release's storage root (volumes of images schema 2.0 are objects under it)."""
+        return self.store.storage
 
     def has_image(self, study_key: str) -> bool:
         """Whether the study has an image in the release."""
         return study_key in self.image_row
 
     def image_record(self, study_key: str) -> dict:
-        """The ``images`` row of the study's representative image (payload included)."""
-        return self.images.slice(self.image_row[study_key], 1).to_pylist()[0]
+        """The ``images`` row of the study's representative image, payload included (one row group read)."""
+        return self.store.row(self.image_row[study_key])
 
     def studies(self, split: str | None = None) -> list[str]:
         """Studies with an image, sorted, optionally of one split."""
         return sorted(s for s in self.image_row if split is None or self.split.get(s) == split)
 
 
-_IMAGE_COLUMNS = ["image_key", "study_key", "modality", "kind", "payload_format", "payload", "view",
-                  "spacing_mm", "origin_mm", "direction", "recipe"]
-
-
 def load_study_index(ref: SnapshotRef) -> StudyIndex:
-    """Index the release's studies, splits and images (payloads stay in the Arrow table, undecoded; volumes of
-    images schema 2.0 stay objects under the storage root, named by ``payload_uri``)."""
+    """Index the release's studies, splits and images: the ``images`` metadata once (no payload), payloads later
+    on demand (:class:`ImageStore`)."""
+    from medreco_reader.snapshot import Snapshot
+
     studies = ref.table("studies", ["study_key", "patient_key", "modality", "family"]).to_pylist()
     splits = {r["patient_key"]: r["split"] for r in ref.table("splits", ["patient_key", "split"]).to_pylist()}
-    major = int(str(ref.manifest["tables"]["images"].get("schema_version", "1")).split(".")[0] or 1)
-    images = ref.table("images", _IMAGE_COLUMNS + (["payload_uri"] if major >= 2 else []))
-    images = images.sort_by([("study_key", "ascending"), ("kind", "ascending"), ("image_key", "ascending")])
-    first: dict[str, int] = {}
-    for i, s in enumerate(images["study_key"].to_pylist()):
-        first.setdefault(s, i)  # "2d" sorts before "3d": a 2D image is preferred
+    store = ImageStore(Snapshot(ref.storage, ref.version, ref.manifest))
     patient = {r["study_key"]: r["patient_key"] for r in studies}
     family = {r["study_key"]: r["family"] or r["modality"] for r in studies}
     split = {s: splits[p] for s, p in patient.items() if p in splits}
-    return StudyIndex(patient, family, split, {s: i for s, i in first.items() if s in patient}, images, ref.storage)
+    rows = {s: store.pick(s) for s in patient}
+    rows = {s: i for s, i in rows.items() if i is not None}
+    modality = {s: store.rows[i]["modality"] for s, i in rows.items()}
+    return StudyIndex(patient, family, split, rows, store, modality)
 
 
-def image_tensor(row: dict, size: int, channels: int, max_slices: int, storage: Storage | None = None):
+def window_volume(x, modality: str | None, window: dict[str, tuple[float, float]] | None):
+    """Volume intensities -> 0..1: the modality's ``(centre, width)`` window (``(x - (c - w/2)) / w`` clipped; CT in
+    HU, e.g. soft tissue 40/400, lung -600/1500) or, without one, min-max over the volume (zeros when flat)."""
+    import torch
+
+    win = (window or {}).get(modality or "")
+    if win is not None:
+        c, w = win
+        return ((x - (c - w / 2)) / w).clamp(0, 1)
+    lo, hi = x.amin(), x.amax()
+    return (x - lo) / (hi - lo) if hi > lo else torch.zeros_like(x)
+
+
+def resample_slices(x, spacing_mm: float | None, target_mm: float | None):
+    """A volume ``(n, H, W)`` resampled along the slice axis from ``spacing_mm`` to ``target_mm`` (linear; as is
+    when either is unknown or they agree within 1%)."""
+    import torch.nn.functional as F
+
+    if not spacing_mm or not target_mm or abs(spacing_mm - target_mm) <= 0.01 * target_mm or x.shape[0] < 2:
+        return x
+    n = max(1, round((x.shape[0] - 1) * spacing_mm / target_mm) + 1)
+    return F.interpolate(x[None, None].float(), size=(n, *x.shape[1:]), mode="trilinear", align_corners=True)[0, 0]
+
+
+def image_tensor(row: dict, size: int, channels: int, max_slices: int, storage: Storage | None = None,
+                 window: dict[str, tuple[float, float]] | None = None, slice_spacing_mm: float | None = None):
     """Decode one ``images`` row to ``(slices, channels, size, size)`` float32 in 0..1 (see module doc).
 
     Parameters
@@ -148,6 +209,10 @@ def image_tensor(row: dict, size: int, channels: int, max_slices: int, storage: 
         cap on slices sampled from a volume (evenly spaced, first and last included).
     storage : Storage, optional
         the release's storage root (rows whose volume is an object, images schema 2.0).
+    window : dict, optional
+        per modality ``(centre, width)`` (:func:`window_volume`).
+    slice_spacing_mm : float, optional
+        resample volumes to this slice spacing first (:func:`resample_slices`; the row's ``spacing_mm[2]``).
 
     Returns
     -------
@@ -162,11 +227,11 @@ def image_tensor(row: dict, size: int, channels: int, max_slices: int, storage: 
 
     x = to_tensor(row, storage)
     if row["payload_format"] in VOLUME_FORMATS:
+        sp = row.get("spacing_mm") or []
+        x = resample_slices(x, sp[2] if len(sp) > 2 else None, slice_spacing_mm)
         n = x.shape[0]
         idx = np.unique(np.linspace(0, n - 1, min(n, max_slices)).round().astype(int))
-        x = x[torch.from_numpy(idx)].float()
-        lo, hi = x.amin(), x.amax()
-        x = (x - lo) / (hi - lo) if hi > lo else torch.zeros_like(x)
+        x = window_volume(x[torch.from_numpy(idx)].float(), row.get("modality"), window)
         x = x[:, None]  # (S, 1, H, W)
     else:
         x = x[None]  # (1, C, H, W)
@@ -198,16 +263,23 @@ def pad_slices(stacks: list):
 
 @dataclass
 class Positives:
-    """Which studies are relevant to a (query study, entity): sparse groups, never an N x N matrix.
+    """Which studies are relevant to a (query study, entity), and how much: sparse groups, never an N x N matrix.
 
-    ``query_group[(study, entity)]`` names a group in ``groups``; the relevant studies are the group's
-    members minus the query study and the query patient's other studies (retrieval is across patients).
+    ``query_group[(study, entity)]`` names a group in ``groups``, a mapping ``relevant study -> relevance`` (the
+    ``retrieval_targets`` relevance in (0, 1]; 1.0 for positives derived from ``study_labels``); the relevant
+    studies of a query are the group's members minus the query study and the query patient's other studies
+    (retrieval is across patients).
     """
 
     source: str  # retrieval_targets | study_labels
     note: str
-    groups: dict[str, frozenset[str]]
+    groups: dict[str, dict[str, float]]
     query_group: dict[tuple[str, str], str]
+
+    def relevance(self, study: str, entity: str, candidate: str) -> float:
+        """Relevance of ``candidate`` to the query (0.0 when not relevant; patients are not checked here)."""
+        g = self.query_group.get((study, entity))
+        return 0.0 if g is None or candidate == study else self.groups[g].get(candidate, 0.0)
 
     def relevant(self, study: str, entity: str, index: StudyIndex) -> list[str]:
         """Relevant studies of a query (sorted), other patients only."""
@@ -223,20 +295,20 @@ class Positives:
 
 
 def load_positives(ref: SnapshotRef, index: StudyIndex, positive_states: list[str]) -> Positives:
-    """Retrieval positives of the release.
+    """Retrieval positives of the release, with their graded relevance.
 
-    From the ``retrieval_targets`` table when the release has one with rows (its query study, relevant study
-    and ``entity_id`` columns); otherwise (an older release without the table, or an empty one) derived from ``study_labels``: two studies of the same split and
-    modality family are relevant for an entity when they have the same state of it, one of
-    ``positive_states`` (MedReCo's relevance reduced to equal entity state). Only studies with an image
-    count. ``Positives.note`` says which source was used.
+    From the ``retrieval_targets`` table when the release has one with rows (query study, relevant study,
+    ``entity_id`` and, when present, ``relevance``); otherwise (an older release without the table, or an empty
+    one) derived from ``study_labels``: two studies of the same split and modality family are relevant (1.0) for
+    an entity when they have the same state of it, one of ``positive_states`` (MedReCo's relevance reduced to
+    equal entity state). Only studies with an image count. ``Positives.note`` says which source was used.
 
     Raises
     ------
     SnapshotError
         when ``retrieval_targets`` exists but has no recognisable query/target columns.
     """
-    groups: dict[str, set[str]] = defaultdict(set)
+    groups: dict[str, dict[str, float]] = defaultdict(dict)
     query_group: dict[tuple[str, str], str] = {}
     t = ref.table("retrieval_targets") if ref.has_table("retrieval_targets") else None
     if t is not None and t.num_rows:
@@ -245,12 +317,14 @@ def load_positives(ref: SnapshotRef, index: StudyIndex, positive_states: list[st
         if q is None or tg is None or "entity_id" not in t.column_names:
             raise SnapshotError(f"retrieval_targets of {ref.version}: no query/target/entity_id columns in "
                                 f"{t.column_names}")
-        for qs, ts, e in zip(t[q].to_pylist(), t[tg].to_pylist(), t["entity_id"].to_pylist()):
-            if index.has_image(qs) and index.has_image(ts) and index.split.get(qs) == index.split.get(ts):
+        rel = t["relevance"].to_pylist() if "relevance" in t.column_names else [1.0] * t.num_rows
+        for qs, ts, e, r in zip(t[q].to_pylist(), t[tg].to_pylist(), t["entity_id"].to_pylist(), rel):
+            if index.has_image(qs) and index.has_image(ts) and index.split.get(qs) == index.split.get(ts) \
+                    and r is not None and r > 0:
                 key = f"{qs}|{e}"
-                groups[key].add(ts)
+                groups[key][ts] = max(float(r), groups[key].get(ts, 0.0))
                 query_group[(qs, e)] = key
-        source, note = "retrieval_targets", "positives from the snapshot's retrieval_targets table"
+        source, note = "retrieval_targets", "positives from the snapshot's retrieval_targets table (graded relevance)"
     else:
         labels = ref.table("study_labels", ["study_key", "entity_id", "state"])
         labels = labels.filter(pc.is_in(labels["state"], pa.array(positive_states)))
@@ -259,31 +333,38 @@ def load_positives(ref: SnapshotRef, index: StudyIndex, positive_states: list[st
             if not index.has_image(s) or s not in index.split:
                 continue
             key = f"{index.split[s]}|{index.family[s]}|{e}|{st}"
-            groups[key].add(s)
+            groups[key][s] = 1.0
             query_group[(s, e)] = key
         source = "study_labels"
         note = (f"snapshot {ref.version} has no retrieval_targets rows: positives derived from study_labels "
-                f"(same split, family and entity state in {positive_states})")
-    return Positives(source, note, {k: frozenset(v) for k, v in groups.items()}, query_group)
+                f"(same split, family and entity state in {positive_states}, relevance 1)")
+    return Positives(source, note, dict(groups), query_group)
 
 
 class RetrievalTrainSet:
     """Map-style dataset of training queries ``(study, entity)`` with at least one relevant study.
 
-    Item ``i`` gives the query image, one relevant study's image (drawn with ``random.Random`` seeded by
-    (seed, epoch, i), so a resumed epoch draws the same), the entity index and both studies' family index.
+    Item ``i`` gives the query image, one relevant study's image (drawn with probability proportional to its
+    relevance, with ``random.Random`` seeded by (seed, epoch, i), so a resumed epoch draws the same), the entity
+    index, both studies' family index, and integer codes of both studies and patients (``study_code`` /
+    ``patient_code``: positions in the sorted study / patient lists) so that relevance across processes can be
+    looked up after an all-gather.
     """
 
     def __init__(self, index: StudyIndex, positives: Positives, split: str, entity_ids: list[str],
-                 families: list[str], size: int, channels: int, max_slices: int, seed: int = 0):
+                 families: list[str], size: int, channels: int, max_slices: int, seed: int = 0,
+                 window: dict | None = None, slice_spacing_mm: float | None = None):
         self.index, self.positives = index, positives
         self.entity_ids = {e: i for i, e in enumerate(entity_ids)}
         self.families = {f: i for i, f in enumerate(families)}
         self.size, self.channels, self.max_slices, self.seed = size, channels, max_slices, seed
+        self.window, self.slice_spacing_mm = window, slice_spacing_mm
         self.epoch = 0
         self.queries = [(s, e) for (s, e) in sorted(positives.query_group)
                         if index.split.get(s) == split and e in self.entity_ids
                         and positives.relevant(s, e, index)]
+        self.study_code = {s: i for i, s in enumerate(sorted(index.patient))}
+        self.patient_code = {p: i for i, p in enumerate(sorted(set(index.patient.values())))}
 
     def set_epoch(self, epoch: int) -> None:
         """Change the positive draw (call once per epoch)."""
@@ -295,17 +376,20 @@ class RetrievalTrainSet:
     def image(self, study: str):
         """The study's image tensor ``(S, C, size, size)``."""
         return image_tensor(self.index.image_record(study), self.size, self.channels, self.max_slices,
-                            self.index.storage)
+                            self.index.storage, self.window, self.slice_spacing_mm)
 
     def __getitem__(self, i: int) -> dict:
         study, entity = self.queries[i]
         rel = self.positives.relevant(study, entity, self.index)
-        pos = random.Random(f"{self.seed}|{self.epoch}|{i}").choice(rel)
-        fam = self.families
+        weights = [self.positives.relevance(study, entity, s) for s in rel]
+        pos = random.Random(f"{self.seed}|{self.epoch}|{i}").choices(rel, weights=weights)[0]
+        fam, pat = self.families, self.patient_code
         return {"anchor": self.image(study), "positive": self.image(pos), "entity": self.entity_ids[entity],
                 "anchor_family": fam.get(self.index.family[study], len(fam)),
                 "positive_family": fam.get(self.index.family[pos], len(fam)),
-                "anchor_study": study, "positive_study": pos, "entity_id": entity}
+                "anchor_study": study, "positive_study": pos, "entity_id": entity,
+                "anchor_code": self.study_code[study], "positive_code": self.study_code[pos],
+                "anchor_patient": pat[self.index.patient[study]], "positive_patient": pat[self.index.patient[pos]]}
 
 
 # ---- VQA items ------------------------------------------------------------------------------------------
@@ -325,6 +409,7 @@ class VQAItem:
     split: str
     prior: str | None
     current: str
+    reason: str | None = None
 
 
 def load_vqa_items(ref: SnapshotRef, index: StudyIndex) -> tuple[list[VQAItem], int]:
@@ -346,5 +431,5 @@ def load_vqa_items(ref: SnapshotRef, index: StudyIndex) -> tuple[list[VQAItem], 
             skipped += 1
             continue
         items.append(VQAItem(r["item_id"], r["question_type"], r["question"], list(r["options"]), r["answer"],
-                             r["answer_text"], list(r["entity_ids"]), r["split"], prior, current))
+                             r["answer_text"], list(r["entity_ids"]), r["split"], prior, current, r.get("reason")))
     return items, skipped

@@ -79,27 +79,44 @@ class ViTTokens(nn.Module):
 
 
 def build_backbone(cfg: BackboneConfig) -> nn.Module:
-    """The 2D token backbone of ``cfg.kind`` (``vit`` | ``resnet``)."""
-    return ViTTokens(cfg) if cfg.kind == "vit" else ResNetTokens(cfg)
+    """The 2D token backbone of ``cfg.kind``: ``vit`` | ``resnet`` (random initialisation) or ``pretrained`` (a local
+    transformers vision checkpoint, :class:`training.pretrained.PretrainedVisionTokens`). The module's
+    ``hidden_size`` attribute is its token width."""
+    if cfg.kind == "pretrained":
+        from training.pretrained import PretrainedVisionTokens
+
+        return PretrainedVisionTokens(cfg.path)
+    m = ViTTokens(cfg) if cfg.kind == "vit" else ResNetTokens(cfg)
+    m.hidden_size = cfg.hidden_size
+    return m
+
+
+def hf_model(backbone: nn.Module) -> nn.Module | None:
+    """The transformers model inside a backbone (None for the ResNet)."""
+    return getattr(backbone, "vit", None) or getattr(backbone, "model", None)
 
 
 class SliceTokens(nn.Module):
-    """Backbone over every slice, tokens concatenated per image (3D variant by slice aggregation).
+    """Backbone over every real slice, tokens concatenated per image (3D variant by slice aggregation).
 
     ``forward(images (B, S, C, H, W), slice_mask (B, S) bool)`` -> ``tokens (B, S*T, D)`` with a learned
-    slice-position embedding added, and ``pad (B, S*T)`` bool, True for tokens of padded slices.
+    slice-position embedding added, and ``pad (B, S*T)`` bool, True for tokens of absent slices. Only the slices
+    the mask marks real go through the backbone (absent ones are zero tokens, masked in every attention).
     """
 
     def __init__(self, cfg: EncoderModelConfig):
         super().__init__()
         self.backbone = build_backbone(cfg.backbone)
-        self.slice_pos = nn.Parameter(torch.zeros(cfg.max_slices, cfg.backbone.hidden_size))
+        self.hidden_size = int(self.backbone.hidden_size)
+        self.slice_pos = nn.Parameter(torch.zeros(cfg.max_slices, self.hidden_size))
         nn.init.normal_(self.slice_pos, std=0.02)
 
     def forward(self, images: torch.Tensor, slice_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, s = images.shape[:2]
-        tok = self.backbone(images.flatten(0, 1))  # (B*S, T, D)
-        t, d = tok.shape[1:]
+        flat = slice_mask.reshape(-1)
+        real = self.backbone(images.flatten(0, 1)[flat])  # (n_real, T, D)
+        t, d = real.shape[1:]
+        tok = real.new_zeros((b * s, t, d)).index_put((flat.nonzero()[:, 0],), real)
         tok = tok.view(b, s, t, d) + self.slice_pos[:s].to(tok.dtype)[None, :, None, :]
         pad = (~slice_mask)[:, :, None].expand(b, s, t).reshape(b, s * t)
         return tok.reshape(b, s * t, d), pad
@@ -111,10 +128,13 @@ class EntityAttentionPool(nn.Module):
     ``forward(tokens (B, N, D), pad (B, N), entity (B,) or (B, K) long)`` -> ``(B, D)`` or ``(B, K, D)``.
     """
 
-    def __init__(self, n_entities: int, dim: int, heads: int):
+    def __init__(self, n_entities: int, dim: int, heads: int, init: torch.Tensor | None = None):
         super().__init__()
         self.queries = nn.Embedding(n_entities, dim)
         nn.init.normal_(self.queries.weight, std=0.02)
+        if init is not None:
+            with torch.no_grad():
+                self.queries.weight.copy_(init)
         self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
         self.norm = nn.LayerNorm(dim)
 
@@ -136,14 +156,24 @@ class EntityAwareEncoder(nn.Module):
         size of the entity vocabulary (entity index = position in the job's sorted entity list).
     n_families : int
         modality families seen in training; index ``n_families`` is the "other" slot.
+    entity_init : torch.Tensor, optional
+        ``(n_entities, D)`` initial entity queries (:func:`training.pretrained.project_to` of text embeddings).
+    with_heads : bool
+        False: no projection heads and temperatures (the VLM's vision tower, which uses tokens and pooling only;
+        parameters that never get a gradient would break DDP).
     """
 
-    def __init__(self, cfg: EncoderModelConfig, n_entities: int, n_families: int):
+    def __init__(self, cfg: EncoderModelConfig, n_entities: int, n_families: int,
+                 entity_init: torch.Tensor | None = None, with_heads: bool = True):
         super().__init__()
-        d, e = cfg.backbone.hidden_size, cfg.embed_dim
         self.cfg = cfg
         self.tokens = SliceTokens(cfg)
-        self.pool = EntityAttentionPool(n_entities, d, cfg.pool_heads)
+        d, e = self.tokens.hidden_size, cfg.embed_dim
+        if d % cfg.pool_heads:
+            raise ValueError(f"pool_heads {cfg.pool_heads} must divide the backbone width {d}")
+        self.pool = EntityAttentionPool(n_entities, d, cfg.pool_heads, entity_init)
+        if not with_heads:
+            return
         heads = n_families + 1 if cfg.modality_heads else 1
         self.head_w = nn.Parameter(torch.randn(heads, d, e) / d**0.5)
         self.head_b = nn.Parameter(torch.zeros(heads, e))
@@ -227,3 +257,84 @@ def recall_at_k(sim: torch.Tensor, relevant: torch.Tensor, ks: list[int], exclud
         hits &= ~exclude.gather(1, order)
     return {f"R@{k}": float(hits[:, : min(k, sim.shape[1])].any(1).float().mean()) if sim.shape[0] else 0.0
             for k in ks}
+
+
+def graded_contrastive(anchor: torch.Tensor, positive: torch.Tensor, all_anchor: torch.Tensor,
+                       all_positive: torch.Tensor, tau_anchor: torch.Tensor, tau_positive: torch.Tensor,
+                       rel_a2p: torch.Tensor, rel_p2a: torch.Tensor, ignore_a2p: torch.Tensor | None = None,
+                       ignore_p2a: torch.Tensor | None = None) -> torch.Tensor:
+    """Multi-positive contrastive loss with graded targets (symmetric).
+
+    Each local row is scored against every column of the (all-gathered) batch; its target distribution puts
+    mass on every relevant column in proportion to the relevance (``q_ij = r_ij / sum_j r_ij``), and the loss is
+    the cross-entropy ``-sum_j q_ij log softmax_j(s_ij / tau_i)`` (the soft-target form of InfoNCE, van den Oord et
+    al. 2018, with several positives as in SupCon, Khosla et al. 2020, weighted by MedReCo's graded relevance).
+    With one positive of relevance 1 per row (the diagonal) it equals :func:`info_nce`. Ignored columns
+    (the query patient's own studies) are neither positives nor negatives (-inf before the softmax).
+
+    Parameters
+    ----------
+    anchor, positive : torch.Tensor
+        (B, E) float, L2-normalised: this process's rows.
+    all_anchor, all_positive : torch.Tensor
+        (M, E): the columns, every process's rows (M = world x B; this process's rows carry the gradient).
+    tau_anchor, tau_positive : torch.Tensor
+        (B,) temperatures of the local rows.
+    rel_a2p, rel_p2a : torch.Tensor
+        (B, M) float >= 0: relevance of positive column j to local anchor i, and of anchor column j to local
+        positive i; every row needs one entry > 0 (its own pair).
+    ignore_a2p, ignore_p2a : torch.Tensor, optional
+        (B, M) bool, columns left out of the row's softmax (never set on an entry with relevance > 0).
+
+    Returns
+    -------
+    torch.Tensor
+        scalar float32 (nats).
+
+    Raises
+    ------
+    ValueError
+        a row without any relevant column.
+    """
+    def one(rows, cols, tau, rel, ignore):
+        logits = (rows.float() @ cols.float().T) / tau[:, None]
+        if ignore is not None:
+            logits = logits.masked_fill(ignore & (rel <= 0), float("-inf"))
+        total = rel.sum(1, keepdim=True)
+        if bool((total <= 0).any()):
+            raise ValueError("graded_contrastive: a row has no relevant column")
+        logp = torch.log_softmax(logits, dim=1)
+        q = rel / total
+        return -(q * logp.masked_fill(q == 0, 0.0)).sum(1).mean()
+
+    return 0.5 * (one(anchor, all_positive, tau_anchor, rel_a2p, ignore_a2p)
+                  + one(positive, all_anchor, tau_positive, rel_p2a, ignore_p2a))
+
+
+def ndcg_at_k(sim: torch.Tensor, gain: torch.Tensor, k: int, exclude: torch.Tensor | None = None) -> torch.Tensor:
+    """NDCG@k per query with graded gains (Jarvelin & Kekalainen 2002; linear gain, ``log2(rank + 1)`` discount).
+
+    Parameters
+    ----------
+    sim : torch.Tensor
+        (Q, G) similarity, higher = closer.
+    gain : torch.Tensor
+        (Q, G) float relevance >= 0 (0: not relevant).
+    k : int
+    exclude : torch.Tensor, optional
+        (Q, G) bool, candidates never ranked (their gain counts neither in DCG nor in the ideal DCG).
+
+    Returns
+    -------
+    torch.Tensor
+        (Q,) float in 0..1; NaN for a query without any relevant candidate.
+    """
+    gain = gain.float()
+    if exclude is not None:
+        sim, gain = sim.masked_fill(exclude, float("-inf")), gain.masked_fill(exclude, 0.0)
+    k = min(k, sim.shape[1])
+    disc = 1.0 / torch.log2(torch.arange(2, k + 2, dtype=torch.float32))
+    top = sim.topk(k, dim=1).indices
+    dcg = (gain.gather(1, top) * disc).sum(1)
+    ideal = (gain.sort(dim=1, descending=True).values[:, :k] * disc).sum(1)
+    return torch.where(ideal > 0, dcg / ideal.clamp(min=1e-12), torch.full_like(dcg, float("nan")))

@@ -23,7 +23,7 @@ from etl import zones
 from etl.storage import Storage
 from schemas.config import PROJECT_ROOT
 from training.config import JobConfig, load_job_config
-from training.data import open_snapshot
+from training.data import open_snapshot_once
 
 
 def code_version() -> str:
@@ -116,11 +116,18 @@ def run_job(kind: str, snapshot: str | None, config: str | Path, *, pipeline_con
 
     job = load_job_config(config, expect=kind)
     storage = open_storage(pipeline_config, root)
-    ref = open_snapshot(storage, snapshot)
+    runtime = setup_runtime(job.optim)
+    ref = open_snapshot_once(storage, snapshot)  # rank 0 re-hashes the release; the other ranks take its verdict
     run_dir = run_dir_for(job, ref.version, storage, output)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    runtime = setup_runtime(job.optim)
-    task = EncoderTask(job, ref) if job.job == "encoder" else VLMTask(job, ref, run_dir)
+    if job.job == "encoder":
+        task = EncoderTask(job, ref)
+    elif job.model.path:
+        from training.qwen_vl import QwenVLTask
+
+        task = QwenVLTask(job, ref, run_dir)
+    else:
+        task = VLMTask(job, ref, run_dir)
     metrics = train(task, job.optim, run_dir, runtime)
     record = {
         "job": job.job, "name": job.name,

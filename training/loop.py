@@ -9,9 +9,11 @@ batch and the evaluation; this module runs it the same way on a laptop CPU and o
   accumulation window (``no_sync``);
 * precision: ``bf16`` autocast on CUDA by default (``precision: auto``), or forced (``bf16``, CPU too);
 * input pipeline: DataLoader workers (persistent) and pinned memory with non-blocking copies on CUDA;
+* distributed: ``optim.parallel: fsdp`` shards instead with FSDP2 ``fully_shard`` (:func:`training.scale.shard_fsdp`);
 * checkpoints: ``<run_dir>/checkpoints/last.pt`` (model, optimizer, scheduler, step, epoch, task state),
   written atomically by rank 0 every ``checkpoint_every`` steps and at the end; a run started on a
-  run folder that has one resumes from it and continues the step count;
+  run folder that has one resumes from it and continues the step count; ``checkpoints/best.pt`` holds the
+  evaluation with the best ``best_metric`` (evaluated every ``eval_every`` steps and at the end);
 * metrics: ``<run_dir>/metrics.json`` (losses per step, throughput, peak memory, evaluation).
 """
 
@@ -34,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 from training.config import OptimConfig
 
 CHECKPOINT = "checkpoints/last.pt"
+BEST_CHECKPOINT = "checkpoints/best.pt"
 METRICS = "metrics.json"
 
 
@@ -132,15 +135,54 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _is_fsdp(cfg: OptimConfig, rt: Runtime) -> bool:
+    return rt.world_size > 1 and cfg.parallel == "fsdp"
+
+
+def _state_dicts(model: nn.Module, opt, fsdp: bool) -> tuple[dict, dict]:
+    """Full (unsharded, CPU) model and optimizer state dicts; collective under FSDP (every rank must call)."""
+    if not fsdp:
+        return model.state_dict(), opt.state_dict()
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    o = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=o), get_optimizer_state_dict(model, opt, options=o)
+
+
+def _load_state(model: nn.Module, opt, state: dict, fsdp: bool) -> None:
+    if not fsdp:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        return
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    o = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, state["model"], options=o)
+    set_optimizer_state_dict(model, opt, state["optimizer"], options=o)
+
+
 def train(task: TrainTask, cfg: OptimConfig, run_dir: str | Path, runtime: Runtime | None = None) -> dict:
     """Train ``task`` for ``cfg.max_steps`` optimizer steps in total, evaluate, write metrics.
+
+    Several processes (torchrun) train under DDP, or FSDP2 (``optim.parallel: fsdp``: parameters, gradients and
+    optimizer state sharded; checkpoints hold full state dicts, gathered collectively). Every ``eval_every`` steps
+    (and at the end) the task is evaluated; with ``best_metric`` the checkpoint of the best value so far is kept as
+    ``checkpoints/best.pt``.
 
     Parameters
     ----------
     task : TrainTask
     cfg : OptimConfig
     run_dir : str or Path
-        run folder (local path); an existing ``checkpoints/last.pt`` is resumed.
+        run folder (local path); an existing ``checkpoints/last.pt`` is resumed (same ``parallel`` mode).
     runtime : Runtime, optional
         default :func:`setup_runtime`.
 
@@ -149,24 +191,43 @@ def train(task: TrainTask, cfg: OptimConfig, run_dir: str | Path, runtime: Runti
     dict
         the metrics written to ``metrics.json``: ``start_step``, ``step``, ``losses`` (one float per
         optimizer step of this invocation, mean over its micro-batches and processes), ``images_per_s``,
-        ``peak_memory_bytes`` (CUDA only, else null), ``eval`` (the task's evaluation), ``checkpoint``.
+        ``loader_wait_share`` (fraction of the loop's wall time spent waiting for the next batch),
+        ``peak_memory_bytes`` (CUDA only, else null), ``parameters`` (total / trainable), ``eval`` (the task's
+        final evaluation), ``eval_history`` (``[{step, eval}]``), ``best`` (``{metric, value, step, checkpoint}``
+        or null), ``checkpoint``.
+
+    Raises
+    ------
+    ValueError
+        an empty training split, or a checkpoint written under another ``parallel`` mode.
     """
+    from training.evaluation import metric_at
+
     rt = runtime or setup_runtime(cfg)
     run_dir = Path(run_dir)
     torch.manual_seed(cfg.seed + rt.rank)
-    model = task.build_model().to(rt.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.warmup_steps, cfg.max_steps))
-    step, epoch = 0, 0
+    fsdp = _is_fsdp(cfg, rt)
+    model = task.build_model()
     ckpt_path = run_dir / CHECKPOINT
-    if ckpt_path.is_file():
-        state = torch.load(ckpt_path, map_location=rt.device, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+    state = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path.is_file() else None
+    if state is not None and state.get("parallel", "ddp") != ("fsdp" if fsdp else "ddp"):
+        raise ValueError(f"{ckpt_path} was written under parallel={state.get('parallel', 'ddp')}; resume with it")
+    model = model.to(rt.device)
+    if fsdp:
+        from training.scale import shard_fsdp
+
+        shard_fsdp(model, rt.device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.warmup_steps, cfg.max_steps))
+    step, epoch, best = 0, 0, None
+    if state is not None:
+        _load_state(model, opt, state, fsdp)
         sched.load_state_dict(state["scheduler"])
         step, epoch = state["step"], state["epoch"] + 1  # a resumed run starts a fresh epoch
+        best = state.get("best")
     start_step = step
-    ddp = rt.world_size > 1
+    ddp = rt.world_size > 1 and not fsdp
     wrapped = nn.parallel.DistributedDataParallel(
         model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None) if ddp else model
 
@@ -174,14 +235,44 @@ def train(task: TrainTask, cfg: OptimConfig, run_dir: str | Path, runtime: Runti
     if len(data) == 0:
         raise ValueError("the training split has no examples")
     cuda = rt.device.type == "cuda"
+    multi = rt.world_size > 1
     sampler = (DistributedSampler(data, num_replicas=rt.world_size, rank=rt.rank, seed=cfg.seed, drop_last=True)
-               if ddp else RandomSampler(data, generator=torch.Generator().manual_seed(cfg.seed)))
+               if multi else RandomSampler(data, generator=torch.Generator().manual_seed(cfg.seed)))
     loader = DataLoader(data, batch_size=cfg.batch_size, sampler=sampler, collate_fn=task.collate,
                         num_workers=cfg.num_workers, pin_memory=cuda, drop_last=len(data) >= cfg.batch_size * 2,
                         persistent_workers=cfg.num_workers > 0)
 
+    def evaluate_now() -> dict:
+        model.eval()
+        ev = task.evaluate(model, rt.device) if (rt.is_main or fsdp) else {}
+        model.train()
+        return ev if rt.is_main else {}
+
+    def save(path: Path) -> None:
+        msd, osd = _state_dicts(model, opt, fsdp)
+        if rt.is_main:
+            _save_atomic({"model": msd, "optimizer": osd, "scheduler": sched.state_dict(), "step": step,
+                          "epoch": epoch, "task": task.state(), "best": best,
+                          "parallel": "fsdp" if fsdp else "ddp"}, path)
+
+    def after_eval(ev: dict) -> None:
+        nonlocal best
+        history.append({"step": step, "eval": ev})
+        value = metric_at(ev, cfg.best_metric) if cfg.best_metric and rt.is_main else None
+        improved = value is not None and (best is None or value > best["value"])
+        if improved:
+            best = {"metric": cfg.best_metric, "value": value, "step": step,
+                    "checkpoint": str(run_dir / BEST_CHECKPOINT)}
+        if multi:
+            flag = [improved, best]
+            dist.broadcast_object_list(flag, src=0)
+            improved, best = flag
+        if improved:
+            save(run_dir / BEST_CHECKPOINT)
+
     losses: list[float] = []
-    n_images, t0 = 0, time.perf_counter()
+    history: list[dict] = []
+    n_images, wait, t0 = 0, 0.0, time.perf_counter()
     if cuda:
         torch.cuda.reset_peak_memory_stats(rt.device)
     model.train()
@@ -190,13 +281,24 @@ def train(task: TrainTask, cfg: OptimConfig, run_dir: str | Path, runtime: Runti
             sampler.set_epoch(epoch)
         if hasattr(data, "set_epoch"):
             data.set_epoch(epoch)
-        if not ddp:  # a fresh, epoch-dependent order (same on resume)
+        if not multi:  # a fresh, epoch-dependent order (same on resume)
             sampler.generator = torch.Generator().manual_seed(cfg.seed * 100003 + epoch)
         micro: list[float] = []
-        for i, batch in enumerate(loader):
+        it = iter(loader)
+        i = -1
+        while True:
+            t_wait = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            wait += time.perf_counter() - t_wait
+            i += 1
             batch = to_device(batch, rt.device)
             last_micro = (i + 1) % cfg.grad_accum_steps == 0
-            sync = contextlib.nullcontext() if (not ddp or last_micro) else wrapped.no_sync()
+            if fsdp:
+                model.set_requires_gradient_sync(last_micro)
+            sync = wrapped.no_sync() if (ddp and not last_micro) else contextlib.nullcontext()
             with sync:
                 with rt.autocast():
                     loss, n = task.compute_loss(wrapped, batch)
@@ -205,49 +307,61 @@ def train(task: TrainTask, cfg: OptimConfig, run_dir: str | Path, runtime: Runti
             n_images += n
             if not last_micro:
                 continue
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
             mean = torch.tensor(sum(micro) / len(micro), device=rt.device)
-            if ddp:
+            if multi:
                 dist.all_reduce(mean)
                 mean /= rt.world_size
             losses.append(float(mean))
             micro = []
-            if rt.is_main and (step % cfg.checkpoint_every == 0 or step == cfg.max_steps):
-                _checkpoint(model, opt, sched, step, epoch, task, ckpt_path)
-                task.save_artifacts(run_dir)
+            if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
+                save(ckpt_path)
+                if rt.is_main:
+                    task.save_artifacts(run_dir)
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
+                after_eval(evaluate_now())
             if step >= cfg.max_steps:
                 break
         epoch += 1
     elapsed = time.perf_counter() - t0
-    model.eval()
-    evaluation = task.evaluate(model, rt.device) if rt.is_main else {}
+    evaluation = evaluate_now()
+    after_eval(evaluation)
+    if best is not None and best["step"] == step:
+        save(ckpt_path)  # last.pt records the final best too
     metrics = {
         "start_step": start_step,
         "step": step,
         "losses": losses,
         "images_per_s": n_images * rt.world_size / elapsed if elapsed > 0 and n_images else None,
+        "loader_wait_share": wait / elapsed if elapsed > 0 else None,
         "peak_memory_bytes": torch.cuda.max_memory_allocated(rt.device) if cuda else None,
         "device": str(rt.device),
         "world_size": rt.world_size,
+        "parallel": ("fsdp" if fsdp else "ddp") if multi else None,
         "autocast": str(rt.autocast_dtype) if rt.autocast_dtype else None,
+        "parameters": count_parameters(model),
         "eval": evaluation,
+        "eval_history": history,
+        "best": best,
         "checkpoint": str(ckpt_path),
     }
     if rt.is_main:
         task.save_artifacts(run_dir)
         write_json_atomic(run_dir / METRICS, metrics)
-    if ddp:
+    if multi:
         dist.barrier()
     return metrics
 
 
-def _checkpoint(model, opt, sched, step, epoch, task, path: Path) -> None:
-    _save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                  "step": step, "epoch": epoch, "task": task.state()}, path)
+def count_parameters(model: nn.Module) -> dict[str, int]:
+    """``{"total": n, "trainable": n}`` elements (sharded parameters counted in full)."""
+    from training.scale import count_parameters as count
+
+    return count(model)
 
 
 def load_checkpoint(path: str | Path) -> dict:

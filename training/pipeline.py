@@ -3,7 +3,8 @@
 :func:`start_job` resolves the pipeline config, verifies the snapshot (a tampered one is refused before
 anything is launched), picks the job config and the launcher, and launches; :func:`record_runs` writes the
 per-snapshot training record ``reports/training/<version>.json`` (handles, launcher, and for finished jobs
-their lineage records: metrics, checkpoint, code version).
+their lineage records: metrics, checkpoint, code version) and its page ``reports/training/<version>.html`` (the
+evaluation cells, :mod:`training.report`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def start_job(kind: str, pipeline_config: str | Path, snapshot: str | None = Non
 
 
 def record_runs(pipeline_config: str | Path, handles: list[dict]) -> dict:
-    """Write ``reports/training/<version>.json``: per job its handle and, when finished, its lineage record.
+    """Write ``reports/training/<version>.json`` (per job its handle and, when finished, its lineage record) and
+    the page of its evaluation cells ``reports/training/<version>.html``.
 
     Returns
     -------
@@ -106,5 +108,9 @@ def record_runs(pipeline_config: str | Path, handles: list[dict]) -> dict:
         lin = json.loads(storage.read_text(h["lineage"])) if h["lineage"] and storage.is_file(h["lineage"]) else None
         jobs[h["job"]] = {**h, "lineage_record": lin}
     record = {"snapshot_version": version, "content_hash": handles[0]["content_hash"], "jobs": jobs}
-    storage.write_text(zones.training_record(version), json.dumps(record, indent=1, sort_keys=True))
+    rel = zones.training_record(version)
+    storage.write_text(rel, json.dumps(record, indent=1, sort_keys=True))
+    from training.report import render_training_page
+
+    storage.write_text(rel.removesuffix(".json") + ".html", render_training_page(record))
     return record

@@ -9,8 +9,10 @@ prior image. The sequence is ``[prior block][current block][prompt tokens][answe
 answer tokens and EOS are supervised (labels -100 elsewhere).
 
 The causal LM comes from transformers: GPT-2 or Llama built from a config, or a ``save_pretrained`` folder
-loaded with ``local_files_only=True``. The tokenizer is a word-level ``tokenizers`` model trained offline on
-the snapshot's VQA texts and saved beside the checkpoint.
+loaded with ``local_files_only=True`` together with that folder's own tokenizer (its embeddings are never remapped
+to another vocabulary). A config-built LM uses a word-level ``tokenizers`` model trained offline on the snapshot's
+VQA texts. The tokenizer is saved beside the checkpoint. A Qwen2-VL / Qwen2.5-VL folder is trained as is
+(:mod:`training.qwen_vl`).
 
 Evaluation: multiple-choice accuracy (the option letter with the highest next-token logit after the prompt
 with options) and, for open answers (prompt without options, greedy decoding), exact match and corpus BLEU
@@ -19,6 +21,7 @@ with options) and, for open answers (prompt without options, greedy decoding), e
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 from pathlib import Path
@@ -86,10 +89,9 @@ def build_language_model(cfg: LanguageModelConfig, tokenizer) -> nn.Module:
     ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
            "pad_token_id": tokenizer.pad_token_id}
     if cfg.kind == "local":
-        lm = AutoModelForCausalLM.from_pretrained(cfg.path, local_files_only=True)
-        if lm.get_input_embeddings().num_embeddings != len(tokenizer):
-            lm.resize_token_embeddings(len(tokenizer))
-        return lm
+        from training.pretrained import load_language_model
+
+        return load_language_model(cfg.path, tokenizer)
     if cfg.kind == "gpt2":
         conf = GPT2Config(vocab_size=len(tokenizer), n_positions=cfg.max_positions, n_embd=cfg.hidden_size,
                           n_layer=cfg.num_layers, n_head=cfg.num_heads, n_inner=cfg.intermediate_size, **ids)
@@ -116,10 +118,11 @@ class ComparativeVLM(nn.Module):
 
     def __init__(self, cfg: VLMModelConfig, lm: nn.Module, n_entities: int, n_families: int):
         super().__init__()
-        d = cfg.vision.backbone.hidden_size
         h = lm.get_input_embeddings().embedding_dim
         self.cfg, self.lm = cfg, lm
-        self.vision = EntityAwareEncoder(cfg.vision, n_entities, n_families)
+        # tokens and entity pooling only: heads/temperatures would get no gradient (DDP refuses those)
+        self.vision = EntityAwareEncoder(cfg.vision, n_entities, n_families, with_heads=False)
+        d = self.vision.tokens.hidden_size
         self.latents = nn.Parameter(torch.randn(cfg.visual_tokens, d) * 0.02)
         self.resampler = nn.MultiheadAttention(d, cfg.vision.pool_heads, batch_first=True)
         self.projector = nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, h))
@@ -179,7 +182,10 @@ class ComparativeVLM(nn.Module):
         """Greedy decoding with the KV cache; per row the ids generated before EOS."""
         embeds, mask, pos = self.embed(batch)
         out = self.lm(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, use_cache=True)
-        past, b = out.cache, embeds.shape[0]
+        # transformers >= 5.2x names the KV cache ``cache``, earlier releases ``past_key_values``
+        base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+        key = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        past, b = getattr(out, key), embeds.shape[0]
         done = torch.zeros(b, dtype=torch.bool, device=embeds.device)
         result: list[list[int]] = [[] for _ in range(b)]
         nxt = out.logits[:, -1].argmax(-1)
@@ -194,8 +200,8 @@ class ComparativeVLM(nn.Module):
             mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=mask.device)], 1)
             pos = pos[:, -1:] + 1
             out = self.lm(inputs_embeds=emb(nxt[:, None]).to(embeds.dtype), attention_mask=mask, position_ids=pos,
-                          cache=past, use_cache=True)
-            past = out.cache
+                          use_cache=True, **{key: past})
+            past = getattr(out, key)
             nxt = out.logits[:, -1].argmax(-1)
         return result
 

@@ -37,12 +37,21 @@ def test_encoder_trains_evaluates_and_resumes(snap, tmp_path):
     from training.jobs import run_job
 
     out = str(tmp_path / "models")
-    rec = run_job("encoder", None, job_file(tmp_path, "encoder", max_steps=24, checkpoint_every=8), root=snap.root,
-                  output=out)
+    rec = run_job("encoder", None, job_file(tmp_path, "encoder", max_steps=24, checkpoint_every=8, eval_every=12,
+                                            best_metric="val.cells_mean.NDCG@10"), root=snap.root, output=out)
     m = rec["metrics"]
     assert (m["start_step"], m["step"], len(m["losses"])) == (0, 24, 24)
     assert _mean(m["losses"][-6:]) < 0.8 * _mean(m["losses"][:6])
     run_dir = tmp_path / "models" / "encoder" / "0.1.0" / "encoder-tiny-cpu"
+    # evaluated at step 12 and at the end; best.pt holds the step with the highest val NDCG@10
+    hist = [(h["step"], h["eval"]["val"]["cells_mean"]["NDCG@10"]) for h in m["eval_history"]]
+    assert [s for s, _ in hist] == [12, 24]
+    best_step, best_value = max(hist, key=lambda x: (x[1], -x[0]))
+    assert (m["best"]["step"], m["best"]["value"]) == (best_step, best_value)
+    assert torch.load(run_dir / "checkpoints" / "best.pt", weights_only=False)["step"] == best_step
+    cells = m["eval"]["val"]["cells"]
+    assert {k for k, c in cells.items() if c["n_queries"]} == {"2D-CXR|finding"}  # F001-F003 are findings
+    assert len(cells) == 12 and cells["2D-CXR|finding"]["gallery"] == 8 and cells["3D-CT|finding"]["gallery"] == 1
     assert json.loads((run_dir / "metrics.json").read_text())["step"] == 24
     ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
     assert ckpt["step"] == 24 and ckpt["task"]["entity_ids"] == ["F001", "F002", "F003"]
