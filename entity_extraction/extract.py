@@ -58,6 +58,7 @@ from medspacy.target_matcher import TargetMatcher, TargetRule  # noqa: E402
 from scispacy.abbreviation import AbbreviationDetector  # noqa: E402
 
 from entity_extraction.sentence_context import SentenceScopedConText  # noqa: E402
+from entity_extraction.trigger_lexicons import load_field_lexicons, merge_rules  # noqa: E402
 
 #: packaged language files: ``context_rules_<lang>.json`` (required), ``section_rules_<lang>.json`` and
 #: ``descriptor_rules_<lang>.json`` (optional); other folders come first on the search path
@@ -372,10 +373,14 @@ class EntityExtractor:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             terminated_by = {k.upper(): {v.upper() for v in vals} for k, vals in data.get("terminated_by", {}).items()}
+            data_rules = data["rules"]
+            if data.get("field_lexicons"):  # the field's trigger lexicons under our rules (trigger_lexicons.py)
+                field, _ = load_field_lexicons(path.parent / data["field_lexicons"])
+                data_rules = merge_rules(data_rules, field)
             rules, variants = [], []
-            for r in data["rules"]:
+            for r in data_rules:
                 category = r["category"].upper()
-                metadata = {k: r[k] for k in ("value", "change") if k in r}
+                metadata = {k: r[k] for k in ("value", "change", "assertion") if k in r}
                 # phrases x following token: one rule, its phrase variants matched by spaCy's PhraseMatcher
                 # (a token pattern would evaluate Python set predicates at every token)
                 literals = [f"{p} {f}" for p in r["phrases"] for f in r["followed_by"]] if "phrases" in r else []
@@ -515,12 +520,16 @@ class EntityExtractor:
         by_cat: dict[str, list] = {}
         for mod in ent._.modifiers:
             by_cat.setdefault(mod.category, []).append(mod)
-        # PROBABLE_EXISTENCE ('probable', 'likely') asserts the finding: only POSSIBLE_EXISTENCE makes it uncertain
-        # (certainty policy and its sources: context_rules_en.json description)
-        if by_cat.get("POSSIBLE_EXISTENCE"):
+        # PROBABLE_EXISTENCE ('likely', 'suggestive of') asserts the finding: only POSSIBLE_EXISTENCE makes it
+        # uncertain (the assertion convention: docs/reports.md). A rule of another category may carry the assertion a
+        # field lexicon gives its trigger ("rule out": hypothetical and uncertain; trigger_lexicons.merge_rules).
+        carried = {(m.rule.metadata or {}).get("assertion") for m in ent._.modifiers}
+        if by_cat.get("POSSIBLE_EXISTENCE") or "uncertain" in carried:
             assertion = "uncertain"
-        elif by_cat.get("NEGATED_EXISTENCE"):
+        elif by_cat.get("NEGATED_EXISTENCE") or "absent" in carried:
             assertion = "absent"
+        elif by_cat.get("NP_HEDGE"):  # an adjective hedge of the noun phrase ("suspicious opacity"): below negation
+            assertion = "uncertain"
         else:
             assertion = "present"
         if by_cat.get("HYPOTHETICAL"):
