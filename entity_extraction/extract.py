@@ -102,7 +102,8 @@ _TEXT_KEY = "medreco_text"
 
 
 def _section_sentences(doc: Doc, rules_path: str | None = None) -> Doc:
-    """Start a sentence at every section header, blank line and numbered/bulleted list item.
+    """Start a sentence at every section header, blank line and numbered/bulleted list item; a question mark followed
+    by a lower-case word ("opacity, ? pneumonia") does not end one (the uncertainty rule "?" then reaches the word).
 
     Only the few candidate tokens are visited: header starts (bisected in the token offsets) and the
     tokens after whitespace tokens holding a newline (spaCy keeps at most one trailing space on a token,
@@ -125,6 +126,12 @@ def _section_sentences(doc: Doc, rules_path: str | None = None) -> Doc:
             starts.add(k + 2)
     for i in starts:
         doc[i].is_sent_start = True
+    at = text.find("?")
+    while at >= 0:  # "opacity, ? pneumonia": a question mark before a lower-case word is a hedge, not a sentence end
+        i = bisect_left(idx, at)
+        if i + 1 < n and idx[i] == at and doc[i + 1].text[:1].islower() and i + 1 not in starts:
+            doc[i + 1].is_sent_start = False
+        at = text.find("?", at + 1)
     return doc
 
 

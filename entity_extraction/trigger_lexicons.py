@@ -203,7 +203,7 @@ def merge_rules(own: list[dict], field: list[FieldRule]) -> list[dict]:
     list of dict
         Rules in the ``context_rules`` layout. An own rule of a category that states no assertion whose literal a
         field source reads as negated or uncertain gets ``"assertion"`` (``absent``/``uncertain``, the first field
-        reading) unless it states its own.
+        reading) unless it states its own; a HYPOTHETICAL rule never carries ``absent``.
     """
     field_assertion: dict[str, str] = {}
     for r in field:
@@ -214,6 +214,10 @@ def merge_rules(own: list[dict], field: list[FieldRule]) -> list[dict]:
         lits = list(_literals(rule))
         if rule["category"].upper() not in STATES_ASSERTION and "assertion" not in rule:
             carried = next((field_assertion[lit] for lit in lits if lit in field_assertion), None)
+            # ConText moved NegEx's indication phrases ("evaluate for", "to exclude") from negation to hypothetical:
+            # what is asked about is not said absent (Harkema et al. 2009); an uncertain reading is carried
+            if carried == "absent" and rule["category"].upper() == "HYPOTHETICAL":
+                carried = None
             if carried is not None:
                 rule = {**rule, "assertion": carried}
         out.append(rule)
