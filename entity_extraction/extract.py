@@ -235,6 +235,48 @@ def _phrase_regex(phrases: Iterable[str], variants_of=_plural_variants) -> re.Pa
                       + r")(?![\w-])", re.IGNORECASE)
 
 
+@dataclass(frozen=True)
+class _LexicalVariants:
+    """``lexical_variants_<lang>.json``: extra target phrases per concept, and spelling/hyphenation variants of
+    every target phrase of ``families``."""
+
+    families: frozenset[str] = frozenset()
+    spelling: dict[str, str] | None = None
+    hyphenation: tuple[tuple[str, str], ...] = ()
+    concepts: dict[str, tuple[str, ...]] | None = None
+
+    def phrases(self, concept_id: str, synonyms: Iterable[str], family: str) -> list[str]:
+        """The concept's target phrases: its synonyms, its variants, and (in ``families``) their spelling and
+        hyphenation variants (lower case, single-spaced)."""
+        out = [" ".join(p.lower().split()) for p in (*synonyms, *((self.concepts or {}).get(concept_id, ())))]
+        if family not in self.families:
+            return out
+        spelled = []
+        for phrase in out:
+            words = phrase.split(" ")
+            spelled.append(" ".join((self.spelling or {}).get(w, w) for w in words))
+        out += spelled
+        for a, b in self.hyphenation:
+            forms = (f"{a} {b}", f"{a}-{b}", f"{a}{b}")
+            out += [phrase.replace(f, g) for phrase in list(out) for f in forms if f in phrase for g in forms if g != f]
+        return list(dict.fromkeys(out))
+
+
+def _load_lexical_variants(path: Path | None) -> _LexicalVariants:
+    if path is None:
+        return _LexicalVariants()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        spelling = {}
+        for a, b in data.get("spelling", ()):
+            spelling[a.lower()], spelling[b.lower()] = b.lower(), a.lower()
+        return _LexicalVariants(frozenset(data.get("families", ())), spelling,
+                                tuple((a.lower(), b.lower()) for a, b in data.get("hyphenation", ())),
+                                {cid: tuple(e["variants"]) for cid, e in data.get("concepts", {}).items()})
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ExtractorConfigError("invalid_lexical_variants", f"{path.name}: {exc}") from exc
+
+
 def _load_descriptor_rules(path: Path | None, variants_of=_plural_variants) -> _DescriptorRules:
     if path is None:
         return _DescriptorRules(0, frozenset(), (), {})
@@ -278,6 +320,9 @@ class EntityExtractor:
         (nearest anatomy wins); ``refine`` rules turn a mention into a more specific concept when a
         descriptor is near (``old healed rib fractures`` -> healing changes); a rule with ``"normal": true``
         is a normal statement ("heart size is normal"): its concept is absent in any word order.
+    Lexical variants: ``lexical_variants_<language>.json`` on the search path (optional; English is packaged: the
+        brain MRI and ultrasound vocabulary reviewed against RadLex) adds target phrases per concept and spelling
+        ("haemorrhage") and hyphenation ("gall bladder") variants of every target phrase of its families.
     section_rules_path : str or Path, optional
         Section header rules (default: ``section_rules_<language>.json`` on the search path, else the
         English ones).
@@ -289,8 +334,8 @@ class EntityExtractor:
     ------
     ExtractorConfigError
         ``unsupported_language`` (no synonyms, or no ConText rules, for ``language``; or not a language code);
-        ``invalid_context_rules``, ``invalid_descriptor_rules`` (malformed rules file). Descriptor rules
-        naming concepts the ontology lacks are ignored.
+        ``invalid_context_rules``, ``invalid_descriptor_rules``, ``invalid_lexical_variants`` (malformed rules
+        file). Descriptor rules naming concepts the ontology lacks are ignored.
     """
 
     def __init__(self, ontology: Ontology | None = None, language: str = "en",
@@ -334,6 +379,7 @@ class EntityExtractor:
             self._descriptors.max_distance, self._descriptors.clause_breaks,
             tuple(r for r in self._descriptors.compose if r[0] in self.ontology.concepts),
             {k: v for k, v in refine.items() if v})
+        self._lexical = _load_lexical_variants(find_language_file("lexical_variants", language, dirs))
         self._families = {f: self._build_family(nlp, f) for f in FAMILIES if f in self.ontology.families}
         self._abbreviations = AbbreviationDetector(nlp)
         self._context = self._build_context(nlp, Path(context_rules_path))
@@ -351,8 +397,8 @@ class EntityExtractor:
     def _build_family(self, nlp: Language, family: str) -> _FamilyIndex:
         surface: dict[str, list[str]] = {}
         for concept in self.ontology.family_concepts(family):
-            for syn in concept.synonyms.get(self.language, ()):
-                for variant in self._variants(" ".join(syn.lower().split())):
+            for syn in self._lexical.phrases(concept.id, concept.synonyms.get(self.language, ()), family):
+                for variant in self._variants(syn):
                     ids = surface.setdefault(variant, [])
                     if concept.id not in ids:
                         ids.append(concept.id)

@@ -344,10 +344,12 @@ def test_openi_gold_micro_f1(ex):
     assert mesh.n_reports == 2696 and mesh.n_excluded == 71  # 71 reports coded only 'No Indexing'
     assert mesh.micro[2] >= MIN_MESH_MICRO_F1
     assert negbio.micro[2] >= MIN_NEGBIO_MICRO_F1
-    # well-defined findings must be good on their own (measured MeSH F1: F018 0.973, F019 0.936, F029 0.915,
-    # F014 0.974, F020 0.983)
-    for eid in ("F018", "F019", "F029", "F014", "F020"):
+    # well-defined findings must be good on their own (measured MeSH F1 before the CheXpert convention: F018 0.973,
+    # F019 0.936, F029 0.915, F014 0.974, F020 0.983; with it F029 0.876: "effusion and/or atelectasis", "probable
+    # small effusions" are uncertain, NLM codes them)
+    for eid in ("F018", "F019", "F014", "F020"):
         assert mesh.per_entity[eid].f1 >= 0.88, eid
+    assert mesh.per_entity["F029"].f1 >= 0.86
     for eid in ("F018", "F019", "F029"):  # measured NegBio F1: 0.948, 0.922, 0.887
         assert negbio.per_entity[eid].f1 >= 0.85, eid
 

@@ -233,3 +233,41 @@ def test_fold_plans(tmp_path):
 
 def test_asserting_categories():
     assert ASSERTING == {"NEGATED_EXISTENCE": "absent", "POSSIBLE_EXISTENCE": "uncertain"}
+
+
+# ------------------------------------------------------------------ brain MRI and ultrasound vocabulary (RadLex review)
+VARIANTS = json.loads((CONTEXT_RULES_FILE.parent / "lexical_variants_en.json").read_text(encoding="utf-8"))
+
+
+def _family_of(onto, concept_id: str) -> str:
+    return next(f for f in VARIANTS["families"] if any(c.id == concept_id for c in onto.family_concepts(f)))
+
+
+@pytest.mark.parametrize("concept_id", sorted(VARIANTS["concepts"]))
+def test_variant_example_names_its_concept(ex, concept_id):
+    entry = VARIANTS["concepts"][concept_id]
+    family = _family_of(ex.ontology, concept_id)
+    ids = {m["entity_id"] for m in ex.extract(entry["example"], family)}
+    assert concept_id in ids, (entry["example"], ids)
+
+
+def test_variants_never_name_another_concept(ex):
+    synonyms = {s.lower(): c.id for f in VARIANTS["families"] for c in ex.ontology.family_concepts(f)
+                for s in c.synonyms.get("en", ())}
+    for cid, entry in VARIANTS["concepts"].items():
+        for v in entry["variants"]:
+            assert synonyms.get(v.lower(), cid) == cid, (v, cid, synonyms[v.lower()])
+
+
+@pytest.mark.parametrize(
+    "text, family, concept_id",
+    [
+        ("Small intraventricular haemorrhage.", "3D-Brain-MRI", "F044"),
+        ("Chronic ischaemic changes.", "3D-Brain-MRI", "F049"),
+        ("Mild small-vessel disease.", "3D-Brain-MRI", "C024"),
+        ("The gall-bladder is normal.", "2D-Ultrasound", "A030"),
+        ("Subdural haematoma.", "3D-Brain-MRI", "C023"),
+    ],
+)
+def test_spelling_and_hyphenation_variants(ex, text, family, concept_id):
+    assert concept_id in {m["entity_id"] for m in ex.extract(text, family)}
