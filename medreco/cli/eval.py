@@ -6,7 +6,8 @@ the Open-i layout (see :mod:`entity_extraction.evaluate`) and prints one table p
 of each table gives the micro and macro figures. ``--negex FILE`` (the NegEx/ConText annotated test-kit layout)
 prints negation precision/recall/F1; ``--ct-extractions DIR`` (the layout of ``../shared/data/ct-report-extractions``)
 prints the gold present/absent findings found and the assertion accuracy (see
-:mod:`entity_extraction.evaluate_outside`); ``--trigger-probe`` scores the NegEx trigger probe
+:mod:`entity_extraction.evaluate_outside`); ``--chexpert FILE`` (the CheXpert labelled-report layout) prints mention, negation, uncertain and positive F1
+(:mod:`entity_extraction.evaluate_chexpert`); ``--trigger-probe`` scores the NegEx trigger probe
 (:mod:`entity_extraction.trigger_probe`). Unless ``--no-folds``, each figure is also printed on the folds rule work
 may look at and on the held-out folds, with their difference (k-fold discipline: :mod:`entity_extraction.folds`,
 ``entity_extraction/eval_folds.yaml``); for Open-i both with present study labels and with present or uncertain
@@ -45,6 +46,8 @@ def entities(
     negex: Path | None = typer.Option(None, "--negex", help="file in the NegEx/ConText annotated test-kit layout"),
     ct_extractions: Path | None = typer.Option(None, "--ct-extractions",
                                                help="directory in the ct-report-extractions layout"),
+    chexpert: Path | None = typer.Option(None, "--chexpert",
+                                         help="CSV in the CheXpert labelled-report layout (Reports + 14 observations)"),
     trigger_probe: bool = typer.Option(False, "--trigger-probe",
                                        help="score the NegEx trigger probe (frames of the published trigger list)"),
     folds: bool = typer.Option(True, "--folds/--no-folds",
@@ -52,6 +55,7 @@ def entities(
 ) -> None:
     """Score entity extraction on labelled report sets: Open-i labels, the NegEx kit, CT extractions, the trigger probe."""
     from entity_extraction.evaluate import NEGBIO_FILE, EvaluationDataError, evaluate_by_fold, render_table
+    from entity_extraction.evaluate_chexpert import evaluate_chexpert, load_chexpert_labelled, render_chexpert
     from entity_extraction.evaluate_outside import (
         evaluate_ct,
         evaluate_negex,
@@ -64,8 +68,9 @@ def entities(
     from entity_extraction.folds import FoldsError, load_fold_plans, render_fold_line
     from entity_extraction.trigger_probe import build_probe, render_probe, score_probe
 
-    if openi is None and negex is None and ct_extractions is None and not trigger_probe:
-        typer.echo("error: give at least one of --openi, --negex, --ct-extractions, --trigger-probe", err=True)
+    if openi is None and negex is None and ct_extractions is None and chexpert is None and not trigger_probe:
+        typer.echo("error: give at least one of --openi, --negex, --ct-extractions, --chexpert, --trigger-probe",
+                   err=True)
         raise typer.Exit(1)
     blocks: list[str] = []
     try:
@@ -112,6 +117,18 @@ def entities(
                                                   {p: r.mention_right / max(r.found, 1) for p, r in parts.items()}, n)
                 block += "\n" + render_fold_line(plan, "study-level assertion accuracy",
                                                   {p: r.pairs_right / max(r.pairs_found, 1) for p, r in parts.items()}, n)
+            blocks.append(block)
+        if chexpert is not None:
+            labelled = load_chexpert_labelled(chexpert)
+            block = render_chexpert(evaluate_chexpert(labelled, extractor), f"CheXpert labelled reports {chexpert.name}")
+            if folds:
+                plan = plans["chexpert"]
+                parts = {p: evaluate_chexpert([r for r in labelled if plan.part(str(r.index)) == p], extractor)
+                         for p in ("tuned", "held-out")}
+                n = {p: sum(1 for r in labelled if plan.part(str(r.index)) == p) for p in parts}
+                for fig in ("mention", "negation", "uncertain"):
+                    block += "\n" + render_fold_line(plan, f"{fig} F1",
+                                                      {p: r.scores[fig].prf[2] for p, r in parts.items()}, n)
             blocks.append(block)
         if trigger_probe:
             frames = build_probe()
