@@ -164,6 +164,8 @@ def test_own_phrase_rules(ex):
     [
         ("Atelectasis versus pneumonia.", "Atelectasis", "uncertain"),
         ("Atelectasis versus pneumonia.", "pneumonia", "uncertain"),
+        ("Small pleural effusions and right infrahilar infiltrate versus crowding.", "pleural effusions", "present"),
+        ("Small pleural effusions and right infrahilar infiltrate versus crowding.", "infiltrate", "uncertain"),
         ("Scarring and/or atelectasis.", "Scarring", "uncertain"),
         ("Scarring and/or atelectasis.", "atelectasis", "uncertain"),
         ("Cannot exclude pneumonia.", "pneumonia", "uncertain"),
