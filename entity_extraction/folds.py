@@ -76,14 +76,19 @@ def load_fold_plans(path: str | Path | None = None) -> dict[str, FoldPlan]:
     return plans
 
 
-def render_fold_line(plan: FoldPlan, figure: str, values: dict[str, float], sizes: dict[str, int]) -> str:
+def render_fold_line(plan: FoldPlan, figure: str, values: dict[str, float | None], sizes: dict[str, int]) -> str:
     """``k-fold <set>: <figure>: tuned (folds a,b; n=..) x | held-out (folds c,d; n=..) y | gap y-x``.
 
-    ``values``/``sizes``: by part (``tuned``, ``held-out``; other keys ignored).
+    ``values``/``sizes``: by part (``tuned``, ``held-out``; other keys ignored); a value None (the figure is
+    undefined on that part, e.g. an F1 without any gold or predicted positive) prints ``n/a``.
     """
     held = sorted(set(range(plan.k)) - plan.tuned)
     tuned = sorted(plan.tuned)
-    gap = values["held-out"] - values["tuned"]
+    a, b = values["tuned"], values["held-out"]
+
+    def fmt(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.3f}"
+
+    gap = "n/a" if a is None or b is None else f"{b - a:+.3f}"
     return (f"k-fold {plan.set_name}: {figure}: tuned (folds {','.join(map(str, tuned))}; n={sizes['tuned']}) "
-            f"{values['tuned']:.3f} | held-out (folds {','.join(map(str, held))}; n={sizes['held-out']}) "
-            f"{values['held-out']:.3f} | gap {gap:+.3f}")
+            f"{fmt(a)} | held-out (folds {','.join(map(str, held))}; n={sizes['held-out']}) {fmt(b)} | gap {gap}")

@@ -127,8 +127,9 @@ def entities(
                          for p in ("tuned", "held-out")}
                 n = {p: sum(1 for r in labelled if plan.part(str(r.index)) == p) for p in parts}
                 for fig in ("mention", "negation", "uncertain"):
-                    block += "\n" + render_fold_line(plan, f"{fig} F1",
-                                                      {p: r.scores[fig].prf[2] for p, r in parts.items()}, n)
+                    block += "\n" + render_fold_line(plan, f"{fig} F1", {
+                        p: r.scores[fig].prf[2] if r.scores[fig].tp + r.scores[fig].fp + r.scores[fig].fn else None
+                        for p, r in parts.items()}, n)
             blocks.append(block)
         if trigger_probe:
             frames = build_probe()

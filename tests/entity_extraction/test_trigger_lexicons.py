@@ -231,6 +231,9 @@ def test_fold_plans(tmp_path):
     line = render_fold_line(FoldPlan("x", 5, frozenset({0, 1, 2})), "F1", {"tuned": 0.9, "held-out": 0.88},
                             {"tuned": 30, "held-out": 20})
     assert line == ("k-fold x: F1: tuned (folds 0,1,2; n=30) 0.900 | held-out (folds 3,4; n=20) 0.880 | gap -0.020")
+    undefined = render_fold_line(FoldPlan("x", 5, frozenset({0, 1, 2})), "F1", {"tuned": 0.9, "held-out": None},
+                                 {"tuned": 3, "held-out": 1})
+    assert undefined.endswith("held-out (folds 3,4; n=1) n/a | gap n/a")
 
 
 def test_asserting_categories():
