@@ -152,6 +152,22 @@ def test_own_rule_sentence(ex, rule):
     assert (got != "absent") if want == "not_absent" else (got == want), (text, got)
 
 
+def own_temporality_rules():
+    """Our layer's hypothetical and historical rules."""
+    return [pytest.param(r, id=f"{r['category']}:{r['literal']}") for r in RULES["rules"]
+            if r["category"] in ("HYPOTHETICAL", "HISTORICAL") and "phrases" not in r]
+
+
+@pytest.mark.parametrize("rule", own_temporality_rules())
+def test_own_temporality_rule_sentence(ex, rule):
+    """Each hypothetical/historical rule of our layer in a generated sentence: the target takes its temporality."""
+    backward = rule.get("direction") == "BACKWARD"
+    text = f"Pleural effusion {rule['literal']}." if backward else f"{rule['literal']} pleural effusion."
+    text = text[0].upper() + text[1:]
+    at = text.lower().index("pleural effusion")
+    assert ex.assert_target(text, at, at + 16)["temporality"] == rule["category"].lower(), text
+
+
 def test_own_phrase_rules(ex):
     assert assertion_of(ex, "Pleural effusion: none.", "Pleural effusion") == "absent"
     assert assertion_of(ex, "The pleural effusion has resolved.", "pleural effusion") == "absent"
