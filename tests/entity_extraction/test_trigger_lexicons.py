@@ -198,6 +198,11 @@ def test_own_phrase_rules(ex):
          "pleural effusion", "absent"),
         ("Suspicious pulmonary nodule.", "pulmonary nodule", "uncertain"),
         ("Rule out pneumonia.", "pneumonia", "uncertain"),
+        ("Evaluate for pneumonia.", "pneumonia", "present"),
+        ("Pneumonia is not excluded.", "Pneumonia", "uncertain"),
+        ("Questionable nodule.", "nodule", "uncertain"),
+        ("Opacity may be secondary to atelectasis.", "atelectasis", "uncertain"),
+        ("Right basilar opacity, ? pneumonia.", "pneumonia", "uncertain"),
     ],
 )
 def test_convention(ex, text, target, want):
