@@ -408,7 +408,7 @@ def gold_sets(reports: list[OpeniReport], label_set: str, ontology: Ontology | N
 
 
 def predicted_sets(reports: list[OpeniReport], family: str = "2D-CXR", extractor=None,
-                   ontology: Ontology | None = None) -> dict[str, set[str]]:
+                   ontology: Ontology | None = None, states: tuple[str, ...] = ("present",)) -> dict[str, set[str]]:
     """Concepts extraction marks present per report (``study_labels`` state ``present``).
 
     Parameters
@@ -418,6 +418,8 @@ def predicted_sets(reports: list[OpeniReport], family: str = "2D-CXR", extractor
     extractor : EntityExtractor, optional
         Built on ``ontology`` when omitted (about a second).
     ontology : Ontology, optional
+    states : tuple of str, default ("present",)
+        Study-label states counted as predicted (``("present", "uncertain")``: a hedged finding counts as coded).
 
     Returns
     -------
@@ -430,7 +432,7 @@ def predicted_sets(reports: list[OpeniReport], family: str = "2D-CXR", extractor
     ex = extractor or EntityExtractor(ontology=onto)
     out = {}
     for rep, mentions in zip(reports, ex.extract_many([r.text for r in reports], family)):
-        out[rep.uid] = {row["entity_id"] for row in study_labels(mentions, family, onto) if row["state"] == "present"}
+        out[rep.uid] = {row["entity_id"] for row in study_labels(mentions, family, onto) if row["state"] in states}
     return out
 
 
@@ -525,6 +527,46 @@ def evaluate(directory: str | Path, label_sets: tuple[str, ...] = LABEL_SETS, fa
     if "negbio" in results:
         results["negbio"].notes.append(negbio_ceiling_note(reports, golds["negbio"], fam, onto))
     return results
+
+
+def evaluate_by_fold(directory: str | Path, label_sets: tuple[str, ...], plan, extractor=None,
+                     ontology: Ontology | None = None,
+                     states: tuple[str, ...] = ("present",)) -> dict[str, dict[str, EvalResult]]:
+    """:func:`evaluate` on all reports and on each part of a fold plan (k-fold discipline, :mod:`entity_extraction.folds`).
+
+    Parameters
+    ----------
+    directory, label_sets, extractor, ontology
+        As :func:`evaluate`.
+    plan : entity_extraction.folds.FoldPlan
+        Folds of the set (record id = ``uid``).
+    states : tuple of str
+        See :func:`predicted_sets`.
+
+    Returns
+    -------
+    dict
+        label set -> {``"all"``, ``"tuned"``, ``"held-out"``} -> :class:`EvalResult` (one extraction run).
+
+    Raises
+    ------
+    EvaluationDataError
+        As :func:`evaluate`.
+    """
+    onto = ontology or load_ontology()
+    reports = load_openi_dir(directory)
+    fam = load_mesh_map(ontology=onto).family
+    predicted = predicted_sets(reports, fam, extractor, onto, states)
+    out: dict[str, dict[str, EvalResult]] = {}
+    for ls in label_sets:
+        if ls not in LABEL_SETS:
+            raise EvaluationDataError("unknown_label_set", f"label set {ls!r} not in {LABEL_SETS}")
+        gold, universe, unknown, notes = gold_sets(reports, ls, onto)
+        out[ls] = {"all": score(gold, predicted, universe, fam, ls, onto, len(reports), unknown, notes)}
+        for part in ("tuned", "held-out"):
+            sub = {uid: g for uid, g in gold.items() if plan.part(uid) == part}
+            out[ls][part] = score(sub, predicted, universe, fam, ls, onto)
+    return out
 
 
 def negbio_ceiling_note(reports: list[OpeniReport], negbio_gold: tuple, family: str, ontology: Ontology) -> str:

@@ -58,6 +58,7 @@ from medspacy.target_matcher import TargetMatcher, TargetRule  # noqa: E402
 from scispacy.abbreviation import AbbreviationDetector  # noqa: E402
 
 from entity_extraction.sentence_context import SentenceScopedConText  # noqa: E402
+from entity_extraction.trigger_lexicons import load_field_lexicons, merge_rules  # noqa: E402
 
 #: packaged language files: ``context_rules_<lang>.json`` (required), ``section_rules_<lang>.json`` and
 #: ``descriptor_rules_<lang>.json`` (optional); other folders come first on the search path
@@ -101,7 +102,8 @@ _TEXT_KEY = "medreco_text"
 
 
 def _section_sentences(doc: Doc, rules_path: str | None = None) -> Doc:
-    """Start a sentence at every section header, blank line and numbered/bulleted list item.
+    """Start a sentence at every section header, blank line and numbered/bulleted list item; a question mark followed
+    by a lower-case word ("opacity, ? pneumonia") does not end one (the uncertainty rule "?" then reaches the word).
 
     Only the few candidate tokens are visited: header starts (bisected in the token offsets) and the
     tokens after whitespace tokens holding a newline (spaCy keeps at most one trailing space on a token,
@@ -124,6 +126,12 @@ def _section_sentences(doc: Doc, rules_path: str | None = None) -> Doc:
             starts.add(k + 2)
     for i in starts:
         doc[i].is_sent_start = True
+    at = text.find("?")
+    while at >= 0:  # "opacity, ? pneumonia": a question mark before a lower-case word is a hedge, not a sentence end
+        i = bisect_left(idx, at)
+        if i + 1 < n and idx[i] == at and doc[i + 1].text[:1].islower() and i + 1 not in starts:
+            doc[i + 1].is_sent_start = False
+        at = text.find("?", at + 1)
     return doc
 
 
@@ -227,6 +235,48 @@ def _phrase_regex(phrases: Iterable[str], variants_of=_plural_variants) -> re.Pa
                       + r")(?![\w-])", re.IGNORECASE)
 
 
+@dataclass(frozen=True)
+class _LexicalVariants:
+    """``lexical_variants_<lang>.json``: extra target phrases per concept, and spelling/hyphenation variants of
+    every target phrase of ``families``."""
+
+    families: frozenset[str] = frozenset()
+    spelling: dict[str, str] | None = None
+    hyphenation: tuple[tuple[str, str], ...] = ()
+    concepts: dict[str, tuple[str, ...]] | None = None
+
+    def phrases(self, concept_id: str, synonyms: Iterable[str], family: str) -> list[str]:
+        """The concept's target phrases: its synonyms, its variants, and (in ``families``) their spelling and
+        hyphenation variants (lower case, single-spaced)."""
+        out = [" ".join(p.lower().split()) for p in (*synonyms, *((self.concepts or {}).get(concept_id, ())))]
+        if family not in self.families:
+            return out
+        spelled = []
+        for phrase in out:
+            words = phrase.split(" ")
+            spelled.append(" ".join((self.spelling or {}).get(w, w) for w in words))
+        out += spelled
+        for a, b in self.hyphenation:
+            forms = (f"{a} {b}", f"{a}-{b}", f"{a}{b}")
+            out += [phrase.replace(f, g) for phrase in list(out) for f in forms if f in phrase for g in forms if g != f]
+        return list(dict.fromkeys(out))
+
+
+def _load_lexical_variants(path: Path | None) -> _LexicalVariants:
+    if path is None:
+        return _LexicalVariants()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        spelling = {}
+        for a, b in data.get("spelling", ()):
+            spelling[a.lower()], spelling[b.lower()] = b.lower(), a.lower()
+        return _LexicalVariants(frozenset(data.get("families", ())), spelling,
+                                tuple((a.lower(), b.lower()) for a, b in data.get("hyphenation", ())),
+                                {cid: tuple(e["variants"]) for cid, e in data.get("concepts", {}).items()})
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ExtractorConfigError("invalid_lexical_variants", f"{path.name}: {exc}") from exc
+
+
 def _load_descriptor_rules(path: Path | None, variants_of=_plural_variants) -> _DescriptorRules:
     if path is None:
         return _DescriptorRules(0, frozenset(), (), {})
@@ -270,6 +320,9 @@ class EntityExtractor:
         (nearest anatomy wins); ``refine`` rules turn a mention into a more specific concept when a
         descriptor is near (``old healed rib fractures`` -> healing changes); a rule with ``"normal": true``
         is a normal statement ("heart size is normal"): its concept is absent in any word order.
+    Lexical variants: ``lexical_variants_<language>.json`` on the search path (optional; English is packaged: the
+        brain MRI and ultrasound vocabulary reviewed against RadLex) adds target phrases per concept and spelling
+        ("haemorrhage") and hyphenation ("gall bladder") variants of every target phrase of its families.
     section_rules_path : str or Path, optional
         Section header rules (default: ``section_rules_<language>.json`` on the search path, else the
         English ones).
@@ -281,8 +334,8 @@ class EntityExtractor:
     ------
     ExtractorConfigError
         ``unsupported_language`` (no synonyms, or no ConText rules, for ``language``; or not a language code);
-        ``invalid_context_rules``, ``invalid_descriptor_rules`` (malformed rules file). Descriptor rules
-        naming concepts the ontology lacks are ignored.
+        ``invalid_context_rules``, ``invalid_descriptor_rules``, ``invalid_lexical_variants`` (malformed rules
+        file). Descriptor rules naming concepts the ontology lacks are ignored.
     """
 
     def __init__(self, ontology: Ontology | None = None, language: str = "en",
@@ -326,6 +379,7 @@ class EntityExtractor:
             self._descriptors.max_distance, self._descriptors.clause_breaks,
             tuple(r for r in self._descriptors.compose if r[0] in self.ontology.concepts),
             {k: v for k, v in refine.items() if v})
+        self._lexical = _load_lexical_variants(find_language_file("lexical_variants", language, dirs))
         self._families = {f: self._build_family(nlp, f) for f in FAMILIES if f in self.ontology.families}
         self._abbreviations = AbbreviationDetector(nlp)
         self._context = self._build_context(nlp, Path(context_rules_path))
@@ -343,8 +397,8 @@ class EntityExtractor:
     def _build_family(self, nlp: Language, family: str) -> _FamilyIndex:
         surface: dict[str, list[str]] = {}
         for concept in self.ontology.family_concepts(family):
-            for syn in concept.synonyms.get(self.language, ()):
-                for variant in self._variants(" ".join(syn.lower().split())):
+            for syn in self._lexical.phrases(concept.id, concept.synonyms.get(self.language, ()), family):
+                for variant in self._variants(syn):
                     ids = surface.setdefault(variant, [])
                     if concept.id not in ids:
                         ids.append(concept.id)
@@ -372,10 +426,14 @@ class EntityExtractor:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             terminated_by = {k.upper(): {v.upper() for v in vals} for k, vals in data.get("terminated_by", {}).items()}
+            data_rules = data["rules"]
+            if data.get("field_lexicons"):  # the field's trigger lexicons under our rules (trigger_lexicons.py)
+                field, _ = load_field_lexicons(path.parent / data["field_lexicons"])
+                data_rules = merge_rules(data_rules, field)
             rules, variants = [], []
-            for r in data["rules"]:
+            for r in data_rules:
                 category = r["category"].upper()
-                metadata = {k: r[k] for k in ("value", "change") if k in r}
+                metadata = {k: r[k] for k in ("value", "change", "assertion") if k in r}
                 # phrases x following token: one rule, its phrase variants matched by spaCy's PhraseMatcher
                 # (a token pattern would evaluate Python set predicates at every token)
                 literals = [f"{p} {f}" for p in r["phrases"] for f in r["followed_by"]] if "phrases" in r else []
@@ -515,12 +573,16 @@ class EntityExtractor:
         by_cat: dict[str, list] = {}
         for mod in ent._.modifiers:
             by_cat.setdefault(mod.category, []).append(mod)
-        # PROBABLE_EXISTENCE ('probable', 'likely') asserts the finding: only POSSIBLE_EXISTENCE makes it uncertain
-        # (certainty policy and its sources: context_rules_en.json description)
-        if by_cat.get("POSSIBLE_EXISTENCE"):
+        # PROBABLE_EXISTENCE ('likely', 'suggestive of') asserts the finding: only POSSIBLE_EXISTENCE makes it
+        # uncertain (the assertion convention: docs/reports.md). A rule of another category may carry the assertion a
+        # field lexicon gives its trigger ("rule out": hypothetical and uncertain; trigger_lexicons.merge_rules).
+        carried = {(m.rule.metadata or {}).get("assertion") for m in ent._.modifiers}
+        if by_cat.get("POSSIBLE_EXISTENCE") or "uncertain" in carried:
             assertion = "uncertain"
-        elif by_cat.get("NEGATED_EXISTENCE"):
+        elif by_cat.get("NEGATED_EXISTENCE") or "absent" in carried:
             assertion = "absent"
+        elif by_cat.get("NP_HEDGE"):  # an adjective hedge of the noun phrase ("suspicious opacity"): below negation
+            assertion = "uncertain"
         else:
             assertion = "present"
         if by_cat.get("HYPOTHETICAL"):

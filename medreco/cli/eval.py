@@ -6,7 +6,12 @@ the Open-i layout (see :mod:`entity_extraction.evaluate`) and prints one table p
 of each table gives the micro and macro figures. ``--negex FILE`` (the NegEx/ConText annotated test-kit layout)
 prints negation precision/recall/F1; ``--ct-extractions DIR`` (the layout of ``../shared/data/ct-report-extractions``)
 prints the gold present/absent findings found and the assertion accuracy (see
-:mod:`entity_extraction.evaluate_outside`). The options combine; at least one is required. Exit status 0 on
+:mod:`entity_extraction.evaluate_outside`); ``--chexpert FILE`` (the CheXpert labelled-report layout) prints mention, negation, uncertain and positive F1
+(:mod:`entity_extraction.evaluate_chexpert`); ``--trigger-probe`` scores the NegEx trigger probe
+(:mod:`entity_extraction.trigger_probe`). Unless ``--no-folds``, each figure is also printed on the folds rule work
+may look at and on the held-out folds, with their difference (k-fold discipline: :mod:`entity_extraction.folds`,
+``entity_extraction/eval_folds.yaml``); for Open-i both with present study labels and with present or uncertain
+ones counted as coded. The options combine; at least one is required. Exit status 0 on
 success; 1 with a one-line reason on stderr when a set or its label files cannot be used.
 
 ``medreco eval deid --gold FILE.jsonl`` scores report text de-identification on a gold file in the layout of
@@ -41,9 +46,16 @@ def entities(
     negex: Path | None = typer.Option(None, "--negex", help="file in the NegEx/ConText annotated test-kit layout"),
     ct_extractions: Path | None = typer.Option(None, "--ct-extractions",
                                                help="directory in the ct-report-extractions layout"),
+    chexpert: Path | None = typer.Option(None, "--chexpert",
+                                         help="CSV in the CheXpert labelled-report layout (Reports + 14 observations)"),
+    trigger_probe: bool = typer.Option(False, "--trigger-probe",
+                                       help="score the NegEx trigger probe (frames of the published trigger list)"),
+    folds: bool = typer.Option(True, "--folds/--no-folds",
+                               help="also print each figure on the tuned and held-out folds (eval_folds.yaml)"),
 ) -> None:
-    """Score entity extraction on labelled report sets: Open-i labels, the NegEx kit, CT extractions."""
-    from entity_extraction.evaluate import NEGBIO_FILE, EvaluationDataError, evaluate, render_table
+    """Score entity extraction on labelled report sets: Open-i labels, the NegEx kit, CT extractions, the trigger probe."""
+    from entity_extraction.evaluate import NEGBIO_FILE, EvaluationDataError, evaluate_by_fold, render_table
+    from entity_extraction.evaluate_chexpert import evaluate_chexpert, load_chexpert_labelled, render_chexpert
     from entity_extraction.evaluate_outside import (
         evaluate_ct,
         evaluate_negex,
@@ -53,24 +65,83 @@ def entities(
         render_negex,
     )
     from entity_extraction.extract import EntityExtractor
+    from entity_extraction.folds import FoldsError, load_fold_plans, render_fold_line
+    from entity_extraction.trigger_probe import build_probe, render_probe, score_probe
 
-    if openi is None and negex is None and ct_extractions is None:
-        typer.echo("error: give at least one of --openi, --negex, --ct-extractions", err=True)
+    if openi is None and negex is None and ct_extractions is None and chexpert is None and not trigger_probe:
+        typer.echo("error: give at least one of --openi, --negex, --ct-extractions, --chexpert, --trigger-probe",
+                   err=True)
         raise typer.Exit(1)
     blocks: list[str] = []
     try:
+        plans = load_fold_plans()
         extractor = EntityExtractor()
         if openi is not None:
             sets: tuple[str, ...] = ("mesh", "negbio") if labels is LabelChoice.both else (labels.value,)
             if labels is LabelChoice.both and openi.is_dir() and not (openi / NEGBIO_FILE).is_file():
                 sets = ("mesh",)  # NegBio labels are optional in the layout; asked for explicitly they are required
-            results = evaluate(openi, sets, extractor=extractor)
-            blocks.extend(render_table(results[s]) for s in sets)
+            results = evaluate_by_fold(openi, sets, plans["openi"], extractor=extractor)
+            hedged = evaluate_by_fold(openi, sets, plans["openi"], extractor=extractor,
+                                      states=("present", "uncertain")) if folds else {}
+            for s in sets:
+                block = render_table(results[s]["all"])
+                if folds:
+                    block += "\n" + render_fold_line(plans["openi"], f"{s} micro F1, present",
+                                                      {p: r.micro[2] for p, r in results[s].items()},
+                                                      {p: r.n_reports - r.n_excluded for p, r in results[s].items()})
+                    block += "\n" + render_fold_line(plans["openi"], f"{s} micro F1, present or uncertain",
+                                                      {p: r.micro[2] for p, r in hedged[s].items()},
+                                                      {p: r.n_reports - r.n_excluded for p, r in hedged[s].items()})
+                blocks.append(block)
         if negex is not None:
-            blocks.append(render_negex(evaluate_negex(load_negex_kit(negex), extractor), f"NegEx kit {negex.name}"))
+            items = load_negex_kit(negex)
+            block = render_negex(evaluate_negex(items, extractor), f"NegEx kit {negex.name}")
+            if folds:
+                plan = plans["negex-kit"]
+                parts = {p: [it for i, it in enumerate(items) if plan.part(str(i)) == p] for p in ("tuned", "held-out")}
+                f1 = {p: evaluate_negex(v, extractor).all.prf[2] for p, v in parts.items()}
+                block += "\n" + render_fold_line(plan, "negation F1, all targets", f1, {p: len(v) for p, v in parts.items()})
+            blocks.append(block)
         if ct_extractions is not None:
-            blocks.append(render_ct(evaluate_ct(load_ct_extractions(ct_extractions), extractor)))
-    except EvaluationDataError as err:
+            reports = load_ct_extractions(ct_extractions)
+            result = evaluate_ct(reports, extractor)
+            block = render_ct(result)
+            if folds:
+                plan = plans["ct-extractions"]
+                parts = {p: evaluate_ct([r for r in reports if plan.part(r.id) == p], extractor)
+                         for p in ("tuned", "held-out")}
+                n = {p: r.n_reports for p, r in parts.items()}
+                block += "\n" + render_fold_line(plan, "findings found", {p: r.found / max(r.items, 1)
+                                                                         for p, r in parts.items()}, n)
+                block += "\n" + render_fold_line(plan, "mention assertion accuracy",
+                                                  {p: r.mention_right / max(r.found, 1) for p, r in parts.items()}, n)
+                block += "\n" + render_fold_line(plan, "study-level assertion accuracy",
+                                                  {p: r.pairs_right / max(r.pairs_found, 1) for p, r in parts.items()}, n)
+            blocks.append(block)
+        if chexpert is not None:
+            labelled = load_chexpert_labelled(chexpert)
+            block = render_chexpert(evaluate_chexpert(labelled, extractor), f"CheXpert labelled reports {chexpert.name}")
+            if folds:
+                plan = plans["chexpert"]
+                parts = {p: evaluate_chexpert([r for r in labelled if plan.part(str(r.index)) == p], extractor)
+                         for p in ("tuned", "held-out")}
+                n = {p: sum(1 for r in labelled if plan.part(str(r.index)) == p) for p in parts}
+                for fig in ("mention", "negation", "uncertain"):
+                    block += "\n" + render_fold_line(plan, f"{fig} F1", {
+                        p: r.scores[fig].prf[2] if r.scores[fig].tp + r.scores[fig].fp + r.scores[fig].fn else None
+                        for p, r in parts.items()}, n)
+            blocks.append(block)
+        if trigger_probe:
+            frames = build_probe()
+            block = render_probe(score_probe(frames, extractor))
+            if folds:
+                plan = plans["negex-probe"]
+                parts = {p: [f for f in frames if plan.part(f.trigger) == p] for p in ("tuned", "held-out")}
+                block += "\n" + render_fold_line(plan, "probe accuracy",
+                                                  {p: score_probe(v, extractor).accuracy for p, v in parts.items()},
+                                                  {p: len(v) for p, v in parts.items()})
+            blocks.append(block)
+    except (EvaluationDataError, FoldsError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     typer.echo("\n\n".join(blocks))

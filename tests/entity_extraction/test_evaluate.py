@@ -115,9 +115,15 @@ def test_render_table_last_line(results):
 
 def test_cli_entities(tiny, tmp_path):
     runner = CliRunner()
-    out = runner.invoke(app, ["entities", "--openi", str(tiny), "--labels", "mesh"])
+    out = runner.invoke(app, ["entities", "--openi", str(tiny), "--labels", "mesh", "--no-folds"])
     assert out.exit_code == 0, out.output
     assert out.output.strip().splitlines()[-1] == "micro P=0.800 R=0.800 F1=0.800 | macro P=0.750 R=0.750 F1=0.750"
+    folded = runner.invoke(app, ["entities", "--openi", str(tiny), "--labels", "mesh"])
+    assert folded.exit_code == 0, folded.output
+    lines = folded.output.strip().splitlines()
+    assert lines[-3] == "micro P=0.800 R=0.800 F1=0.800 | macro P=0.750 R=0.750 F1=0.750"
+    assert lines[-2].startswith("k-fold openi: mesh micro F1, present: tuned (folds 0,1,2; n=")
+    assert lines[-1].startswith("k-fold openi: mesh micro F1, present or uncertain: tuned")
     both = runner.invoke(app, ["entities", "--openi", str(tiny)])
     assert both.exit_code == 0 and both.output.count("micro P=") == 2
     bad = runner.invoke(app, ["entities", "--openi", str(tmp_path / "missing")])

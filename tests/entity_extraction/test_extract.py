@@ -14,11 +14,13 @@ DATA = PROJECT_ROOT.parent / "shared" / "data"
 OPENI = DATA / "openi"
 CXR = "2D-CXR"
 # Open-i gold figures (harness: entity_extraction.evaluate, maps openi_mesh_map.yaml / negbio14_map.yaml).
-# Measured on the 2,696 shared reports: MeSH micro P 0.928 R 0.939 F1 0.933 (macro F1 0.779);
-# NegBio-14 micro P 0.591 R 0.946 F1 0.727 (macro F1 0.689; ceiling with NLM's MeSH gold as the prediction 0.772,
-# see negbio14_map.yaml). Thresholds a little below.
-MIN_MESH_MICRO_F1 = 0.93
-MIN_NEGBIO_MICRO_F1 = 0.72
+# Measured on the 2,696 shared reports with the CheXpert assertion convention (docs/reports.md; "probable",
+# "borderline", both readings of "versus" and "and/or", "may be secondary to" are uncertain, which NLM's MeSH codes
+# count as coded findings): MeSH micro P 0.937 R 0.896 F1 0.916 (before the convention 0.933); NegBio-14 micro
+# P 0.584 R 0.863 F1 0.697 (before 0.727; ceiling with NLM's MeSH gold as the prediction 0.772, see
+# negbio14_map.yaml). Thresholds a little below.
+MIN_MESH_MICRO_F1 = 0.91
+MIN_NEGBIO_MICRO_F1 = 0.69
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,10 @@ def test_findings_colon_no_trap(ex):
         ("Cannot exclude pneumonia.", "C006", "uncertain"),
         ("Findings suspicious for pneumonia.", "C006", "uncertain"),
         ("Likely atelectasis.", "F019", "present"),  # high-likelihood hedge asserts (PROBABLE_EXISTENCE)
-        ("Probable small left pleural effusion.", "F029", "present"),
+        # CheXpert convention (docs/reports.md): "probable" is uncertain (was present before the convention), "likely" present
+        ("Probable small left pleural effusion.", "F029", "uncertain"),
+        ("Likely small left pleural effusion.", "F029", "present"),
+        ("Pneumonia versus atelectasis.", "C006", "uncertain"),  # both readings of "versus" (was present)
         ("Possible small left pleural effusion.", "F029", "uncertain"),
         ("Atelectasis versus pneumonia.", "C006", "uncertain"),
         ("Age-indeterminate fracture of the right 9th rib.", "F006", "present"),  # the age is unknown, not the fracture
@@ -339,10 +344,12 @@ def test_openi_gold_micro_f1(ex):
     assert mesh.n_reports == 2696 and mesh.n_excluded == 71  # 71 reports coded only 'No Indexing'
     assert mesh.micro[2] >= MIN_MESH_MICRO_F1
     assert negbio.micro[2] >= MIN_NEGBIO_MICRO_F1
-    # well-defined findings must be good on their own (measured MeSH F1: F018 0.973, F019 0.936, F029 0.915,
-    # F014 0.974, F020 0.983)
-    for eid in ("F018", "F019", "F029", "F014", "F020"):
+    # well-defined findings must be good on their own (measured MeSH F1 before the CheXpert convention: F018 0.973,
+    # F019 0.936, F029 0.915, F014 0.974, F020 0.983; with it F029 0.882: "effusion and/or atelectasis", "probable
+    # small effusions" are uncertain, NLM codes them)
+    for eid in ("F018", "F019", "F014", "F020"):
         assert mesh.per_entity[eid].f1 >= 0.88, eid
+    assert mesh.per_entity["F029"].f1 >= 0.86
     for eid in ("F018", "F019", "F029"):  # measured NegBio F1: 0.948, 0.922, 0.887
         assert negbio.per_entity[eid].f1 >= 0.85, eid
 

@@ -1,0 +1,94 @@
+"""k-fold discipline for rule writing: which records of a labelled set rules may be written on, which are held out.
+
+Every record of a shared labelled set falls in one of ``k`` folds by a hash of the set name and its id
+(:func:`fold_of`: SHA-256, so the assignment never depends on file order or on the other records). The folds
+open for rule writing are listed per set in ``eval_folds.yaml``; rule work looks only at errors on those
+(``medreco eval entities --folds development``), and every figure is reported on both parts
+(``tuned`` and ``held-out``), with their difference. A rule set that only fits the records at hand shows a gap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+FOLDS_FILE = Path(__file__).with_name("eval_folds.yaml")
+PARTS = ("tuned", "held-out")
+
+
+class FoldsError(ValueError):
+    """``eval_folds.yaml`` cannot be used (message names the problem)."""
+
+
+def fold_of(set_name: str, record_id: str, k: int) -> int:
+    """Fold (0..k-1) of one record: ``int(sha256(set_name + ":" + record_id)) mod k``.
+
+    Raises
+    ------
+    ValueError
+        ``k`` < 2.
+    """
+    if k < 2:
+        raise ValueError(f"k must be >= 2, got {k}")
+    digest = hashlib.sha256(f"{set_name}:{record_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % k
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """Folds of one labelled set: ``k`` and the folds open for rule writing (``tuned``)."""
+
+    set_name: str
+    k: int
+    tuned: frozenset[int]
+
+    def part(self, record_id: str) -> str:
+        """``"tuned"`` or ``"held-out"`` for one record id."""
+        return "tuned" if fold_of(self.set_name, str(record_id), self.k) in self.tuned else "held-out"
+
+
+def load_fold_plans(path: str | Path | None = None) -> dict[str, FoldPlan]:
+    """Fold plans by set name from ``eval_folds.yaml`` (default :data:`FOLDS_FILE`).
+
+    Raises
+    ------
+    FoldsError
+        Missing file or a set without ``k`` >= 2 and a non-empty ``tuned`` list of folds below ``k`` that leaves
+        at least one fold held out.
+    """
+    path = Path(path) if path else FOLDS_FILE
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        plans = {}
+        for name, spec in data["sets"].items():
+            k, tuned = int(spec["k"]), frozenset(int(f) for f in spec["tuned"])
+            if k < 2 or not tuned or not tuned < frozenset(range(k)):
+                raise FoldsError(f"{path.name}: set {name}: tuned folds {sorted(tuned)} must be a proper subset of "
+                                 f"0..{k - 1}")
+            plans[name] = FoldPlan(name, k, tuned)
+    except FoldsError:
+        raise
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
+        raise FoldsError(f"{path.name}: {type(exc).__name__}: {exc}") from exc
+    return plans
+
+
+def render_fold_line(plan: FoldPlan, figure: str, values: dict[str, float | None], sizes: dict[str, int]) -> str:
+    """``k-fold <set>: <figure>: tuned (folds a,b; n=..) x | held-out (folds c,d; n=..) y | gap y-x``.
+
+    ``values``/``sizes``: by part (``tuned``, ``held-out``; other keys ignored); a value None (the figure is
+    undefined on that part, e.g. an F1 without any gold or predicted positive) prints ``n/a``.
+    """
+    held = sorted(set(range(plan.k)) - plan.tuned)
+    tuned = sorted(plan.tuned)
+    a, b = values["tuned"], values["held-out"]
+
+    def fmt(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.3f}"
+
+    gap = "n/a" if a is None or b is None else f"{b - a:+.3f}"
+    return (f"k-fold {plan.set_name}: {figure}: tuned (folds {','.join(map(str, tuned))}; n={sizes['tuned']}) "
+            f"{fmt(a)} | held-out (folds {','.join(map(str, held))}; n={sizes['held-out']}) {fmt(b)} | gap {gap}")
