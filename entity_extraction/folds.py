@@ -10,17 +10,23 @@ open for rule writing are listed per set in ``eval_folds.yaml``; rule work looks
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from schemas.errors import ReasonCodedError
+
 FOLDS_FILE = Path(__file__).with_name("eval_folds.yaml")
 PARTS = ("tuned", "held-out")
 
 
-class FoldsError(ValueError):
+class FoldsError(ReasonCodedError, ValueError):
     """``eval_folds.yaml`` cannot be used (message names the problem)."""
+
+    default_reason = "folds_invalid"
+    message_format = "{message}"
 
 
 def fold_of(set_name: str, record_id: str, k: int) -> int:
@@ -76,7 +82,8 @@ def load_fold_plans(path: str | Path | None = None) -> dict[str, FoldPlan]:
     return plans
 
 
-def render_fold_line(plan: FoldPlan, figure: str, values: dict[str, float | None], sizes: dict[str, int]) -> str:
+def render_fold_line(plan: FoldPlan, figure: str, values: Mapping[str, float | None],
+                     sizes: Mapping[str, int]) -> str:
     """``k-fold <set>: <figure>: tuned (folds a,b; n=..) x | held-out (folds c,d; n=..) y | gap y-x``.
 
     ``values``/``sizes``: by part (``tuned``, ``held-out``; other keys ignored); a value None (the figure is

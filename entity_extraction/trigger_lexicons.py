@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from schemas.errors import ReasonCodedError
+
 #: categories whose rules state an assertion, and the assertion
 ASSERTING = {"NEGATED_EXISTENCE": "absent", "POSSIBLE_EXISTENCE": "uncertain"}
 #: our categories that state an assertion of their own (never carry a field reading): negation, uncertainty, the
@@ -34,8 +36,11 @@ STATES_ASSERTION = frozenset({*ASSERTING, "PROBABLE_EXISTENCE", "NP_HEDGE"})
 MAX_PATTERN_LITERALS = 200
 
 
-class LexiconError(ValueError):
+class LexiconError(ReasonCodedError, ValueError):
     """A lexicon manifest or source file cannot be read (message names the file)."""
+
+    default_reason = "lexicon_invalid"
+    message_format = "{message}"
 
 
 @dataclass(frozen=True)

@@ -98,9 +98,10 @@ def entities(
             block = render_negex(evaluate_negex(items, extractor), f"NegEx kit {negex.name}")
             if folds:
                 plan = plans["negex-kit"]
-                parts = {p: [it for i, it in enumerate(items) if plan.part(str(i)) == p] for p in ("tuned", "held-out")}
-                f1 = {p: evaluate_negex(v, extractor).all.prf[2] for p, v in parts.items()}
-                block += "\n" + render_fold_line(plan, "negation F1, all targets", f1, {p: len(v) for p, v in parts.items()})
+                kit_parts = {p: [it for i, it in enumerate(items) if plan.part(str(i)) == p] for p in ("tuned", "held-out")}
+                f1 = {p: evaluate_negex(v, extractor).all.prf[2] for p, v in kit_parts.items()}
+                block += "\n" + render_fold_line(plan, "negation F1, all targets", f1,
+                                                  {p: len(v) for p, v in kit_parts.items()})
             blocks.append(block)
         if ct_extractions is not None:
             reports = load_ct_extractions(ct_extractions)
@@ -108,38 +109,38 @@ def entities(
             block = render_ct(result)
             if folds:
                 plan = plans["ct-extractions"]
-                parts = {p: evaluate_ct([r for r in reports if plan.part(r.id) == p], extractor)
+                ct_parts = {p: evaluate_ct([r for r in reports if plan.part(r.id) == p], extractor)
                          for p in ("tuned", "held-out")}
-                n = {p: r.n_reports for p, r in parts.items()}
+                n = {p: r.n_reports for p, r in ct_parts.items()}
                 block += "\n" + render_fold_line(plan, "findings found", {p: r.found / max(r.items, 1)
-                                                                         for p, r in parts.items()}, n)
+                                                                         for p, r in ct_parts.items()}, n)
                 block += "\n" + render_fold_line(plan, "mention assertion accuracy",
-                                                  {p: r.mention_right / max(r.found, 1) for p, r in parts.items()}, n)
+                                                  {p: r.mention_right / max(r.found, 1) for p, r in ct_parts.items()}, n)
                 block += "\n" + render_fold_line(plan, "study-level assertion accuracy",
-                                                  {p: r.pairs_right / max(r.pairs_found, 1) for p, r in parts.items()}, n)
+                                                  {p: r.pairs_right / max(r.pairs_found, 1) for p, r in ct_parts.items()}, n)
             blocks.append(block)
         if chexpert is not None:
             labelled = load_chexpert_labelled(chexpert)
             block = render_chexpert(evaluate_chexpert(labelled, extractor), f"CheXpert labelled reports {chexpert.name}")
             if folds:
                 plan = plans["chexpert"]
-                parts = {p: evaluate_chexpert([r for r in labelled if plan.part(str(r.index)) == p], extractor)
+                cx_parts = {p: evaluate_chexpert([r for r in labelled if plan.part(str(r.index)) == p], extractor)
                          for p in ("tuned", "held-out")}
-                n = {p: sum(1 for r in labelled if plan.part(str(r.index)) == p) for p in parts}
+                n = {p: sum(1 for r in labelled if plan.part(str(r.index)) == p) for p in cx_parts}
                 for fig in ("mention", "negation", "uncertain"):
                     block += "\n" + render_fold_line(plan, f"{fig} F1", {
                         p: r.scores[fig].prf[2] if r.scores[fig].tp + r.scores[fig].fp + r.scores[fig].fn else None
-                        for p, r in parts.items()}, n)
+                        for p, r in cx_parts.items()}, n)
             blocks.append(block)
         if trigger_probe:
             frames = build_probe()
             block = render_probe(score_probe(frames, extractor))
             if folds:
                 plan = plans["negex-probe"]
-                parts = {p: [f for f in frames if plan.part(f.trigger) == p] for p in ("tuned", "held-out")}
+                probe_parts = {p: [f for f in frames if plan.part(f.trigger) == p] for p in ("tuned", "held-out")}
                 block += "\n" + render_fold_line(plan, "probe accuracy",
-                                                  {p: score_probe(v, extractor).accuracy for p, v in parts.items()},
-                                                  {p: len(v) for p, v in parts.items()})
+                                                  {p: score_probe(v, extractor).accuracy for p, v in probe_parts.items()},
+                                                  {p: len(v) for p, v in probe_parts.items()})
             blocks.append(block)
     except (EvaluationDataError, FoldsError) as err:
         typer.echo(f"error: {err}", err=True)
