@@ -7,9 +7,9 @@ row of glyph-like strokes on the slice (fail closed: a slice with text the sampl
 The test is the usual connected-component text test (Epshtein et al., CVPR 2010, section 3.3; the same idea as
 :func:`etl.deid.text_regions.glyph_row`, made permissive and vectorised): on the white and the black
 morphological top-hat of the displayed frame (strokes brighter / darker than their local background, structure
-``tophat_px`` as in the layout pass), pixels of stroke contrast at or above ``min_ink`` display levels (the floor
-under which the layout's page is white, so text fainter than that is not text to the OCR pass either) form
-8-connected components. A component is glyph-like when its height is ``min_glyph_px``..``max_glyph_px``, its width
+``tophat_px`` as in the layout pass), pixels of stroke contrast at or above each level of ``min_ink`` (display
+levels; the first is the floor under which the layout's page is white, so text fainter than that is not text to
+the OCR pass either; higher ones part glyphs from anatomy their faint edges touch) form 8-connected components. A component is glyph-like when its height is ``min_glyph_px``..``max_glyph_px``, its width
 at most ``max_width`` x its height and it fills ``min_fill``..``max_fill`` of its box (strokes, not blobs). Glyphs
 on one line (bottoms and tops within ``align`` x the taller height, heights within ``height_ratio``, gaps of at
 most ``max_gap`` x the taller height) join into rows; a row of ``min_glyphs`` glyphs or more makes the frame
@@ -31,7 +31,7 @@ from etl.deid.text_regions import Box, components, downscale, work_factor
 class PrecheckPolicy:
     """``series.precheck`` of the burned-in text policy (see the policy file for each field's reason)."""
 
-    min_ink: float
+    min_ink: tuple[float, ...]
     tophat_px: tuple[int, ...]
     max_side_px: int
     min_glyph_px: int
@@ -49,7 +49,7 @@ class PrecheckPolicy:
     @classmethod
     def from_dict(cls, d: dict) -> PrecheckPolicy:
         """From the policy file's mapping. Raises KeyError / TypeError / ValueError for a missing or bad field."""
-        return cls(min_ink=float(d["min_ink"]), tophat_px=tuple(int(k) for k in d["tophat_px"]),
+        return cls(min_ink=tuple(float(v) for v in d["min_ink"]), tophat_px=tuple(int(k) for k in d["tophat_px"]),
                    max_side_px=int(d["max_side_px"]), min_glyph_px=int(d["min_glyph_px"]),
                    max_glyph_px=int(d["max_glyph_px"]), max_width=float(d["max_width"]),
                    min_fill=float(d["min_fill"]), max_fill=float(d["max_fill"]),
@@ -145,15 +145,28 @@ def glyph_rows(frame: np.ndarray, p: PrecheckPolicy) -> list[GlyphRow]:
     for size in p.tophat_px:  # strokes brighter / darker than their local background
         k = max(3, round(size / d))
         for op, bright in ((cv2.MORPH_TOPHAT, True), (cv2.MORPH_BLACKHAT, False)):
-            mask = cv2.morphologyEx(work, op, np.ones((k, k), np.uint8)) >= p.min_ink
-            if not mask.any():
-                continue
-            g = _glyphs(*_components(mask), p, 1.0 / d)
-            if len(g) > p.max_glyphs:
-                return [GlyphRow((0, 0, cols, rows), bright, False, 0, dense=True)]
-            for vertical in (False, True):  # along the rows, then along the columns (text written bottom to top)
-                for box, height in _rows(g[:, [1, 0, 3, 2]] if vertical else g, p):
-                    x0, y0, x1, y1 = (box[1], box[0], box[3], box[2]) if vertical else box
-                    out.append(GlyphRow((x0 * d, y0 * d, min(cols, x1 * d), min(rows, y1 * d)), bright, vertical,
-                                        height * d))
+            ink = cv2.morphologyEx(work, op, np.ones((k, k), np.uint8))
+            for level in p.min_ink:  # higher levels part glyphs from the anatomy their faint edges touch
+                mask = ink >= level
+                if not mask.any():
+                    break
+                g = _glyphs(*_components(mask), p, 1.0 / d)
+                if len(g) > p.max_glyphs:
+                    return [GlyphRow((0, 0, cols, rows), bright, False, 0, dense=True)]
+                for vertical in (False, True):  # along the rows, then along the columns (text written upwards)
+                    for box, height in _rows(g[:, [1, 0, 3, 2]] if vertical else g, p):
+                        x0, y0, x1, y1 = (box[1], box[0], box[3], box[2]) if vertical else box
+                        out.append(GlyphRow((x0 * d, y0 * d, min(cols, x1 * d), min(rows, y1 * d)), bright,
+                                            vertical, height * d))
+    return _merged(out)
+
+
+def _merged(rows: list[GlyphRow]) -> list[GlyphRow]:
+    """The rows with those found again (another level, the other structure) inside a larger one of the same
+    polarity and direction left out: each place is recognised once."""
+    out: list[GlyphRow] = []
+    for r in sorted(rows, key=lambda r: -(r.box[2] - r.box[0]) * (r.box[3] - r.box[1])):
+        if not any(o.bright == r.bright and o.vertical == r.vertical and o.box[0] <= r.box[0] and o.box[1] <= r.box[1]
+                   and o.box[2] >= r.box[2] and o.box[3] >= r.box[3] for o in out):
+            out.append(r)
     return out
