@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from etl.deid.text_regions import Box, components, downscale, work_factor
+from etl.deid.text_regions import Box, downscale, work_factor
 
 
 @dataclass(frozen=True)
@@ -113,11 +113,32 @@ def _rows(g: np.ndarray, p: PrecheckPolicy) -> list[tuple[Box, int]]:
     near = (gap <= p.max_gap * hmax) & (gap >= -p.align * hmax) & (hmax <= p.height_ratio * hmin) & aligned
     i, j = np.nonzero(np.triu(near, k=1))
     out = []
-    for grp in components(n, list(zip(i.tolist(), j.tolist()))):
+    for grp in _groups(n, i.tolist(), j.tolist()):
         if len(grp) >= p.min_glyphs:
             out.append(((int(x0[grp].min()), int(y0[grp].min()), int(x1[grp].max()), int(y1[grp].max())),
                         int(h[grp].max())))
     return out
+
+
+def _groups(n: int, a: list[int], b: list[int]) -> list[list[int]]:
+    """The connected components (lists of node indices) of ``n`` nodes joined by the edges ``a[k]``-``b[k]``
+    that have two nodes or more (union-find with path halving; a few edges per frame, so plain Python)."""
+    parent = list(range(n))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for x, y in zip(a, b):
+        rx, ry = root(x), root(y)
+        if rx != ry:
+            parent[ry] = rx
+    groups: dict[int, list[int]] = {}
+    for x in set(a) | set(b):
+        groups.setdefault(root(x), []).append(x)
+    return list(groups.values())
 
 
 def glyph_rows(frame: np.ndarray, p: PrecheckPolicy) -> list[GlyphRow]:
