@@ -184,3 +184,36 @@ def test_medreco_deid_blanks_text_on_an_unsampled_slice(tmp_path, key):
     (slice7,) = [ds for ds in files if int(ds.InstanceNumber) == 8]
     assert _text_left(slice7.pixel_array, box) == 0
     assert sum(int((ds.pixel_array == TEXT_VALUE).sum()) for ds in files) == 0
+
+
+@pytest.mark.slow
+def test_gate_sends_every_case_file_with_text_to_the_full_read(tmp_path):
+    """The pre-check and its row reads on the burned-in case generator's files (../shared/tools/burned_in_cases.py,
+    drawn on real images of the shared data, none written for these rules): every file with PHI text would be read
+    in full, and no negative control."""
+    require_ocr()
+    import json
+    import subprocess
+    import sys
+
+    from etl.deid.series_text import _displayed
+    from schemas.config import PROJECT_ROOT
+
+    tool = PROJECT_ROOT.parent / "shared" / "tools" / "burned_in_cases.py"
+    subprocess.run([sys.executable, str(tool), str(tmp_path)], check=True, capture_output=True)
+    answer = json.loads((tmp_path / "answer_key.json").read_text())
+    policy, sp = load_text_policy(), load_series_policy()
+    missed, negatives, with_text = [], [], 0
+    for entry in answer["files"]:
+        ds = pydicom.dcmread(tmp_path / entry["path"])
+        disp, phi = _displayed(ds, policy), header_phi(ds, policy)
+        read = disp is None or any(row_has_text(f, r, policy, phi, sp)
+                                   for f in disp for r in glyph_rows(f, sp.precheck))
+        if any(item["expected"] == "must_remove" for item in entry["planted"]):
+            with_text += 1
+            if not read:
+                missed.append(entry["path"])
+        elif entry["negative_control"] and read:
+            negatives.append(entry["path"])
+    assert with_text == 39 and missed == []
+    assert negatives == []
