@@ -28,7 +28,6 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import yaml
@@ -179,6 +178,14 @@ class SeriesTextGate:
             out += [f for f in files if f in self._sampled] + [f for f in files if f not in self._sampled]
         return out
 
+    def record(self, file_id: Hashable, text_regions: list[dict] | None) -> None:
+        """Mark the series of ``file_id`` as holding text when its de-identification blanked text lines
+        (``text_regions`` of :class:`etl.deid.dicom.DeidResult`; device rule regions do not count). :func:`clean_slice`
+        does this itself; the caller records it too, so the series state holds where de-identification ran in
+        another process."""
+        if any(r.get("reason") != "rule" for r in text_regions or []):
+            self._state[self._key[file_id]].has_text = True
+
     def slot(self, file_id: Hashable) -> SeriesSlot | None:
         """The slot of one file (None when OCR per series is off in the policy: every file is read in full)."""
         if not self.policy.enabled:
@@ -279,7 +286,3 @@ def audit_key(why: str) -> str:
     """The audit count a slice's outcome adds to (``text_series_<why>``, the header keyword dropped)."""
     return "text_series_" + why.split(":", 1)[0]
 
-
-def series_members(rows: Iterable[dict[str, Any]], file_key: str, series_key: str) -> list[tuple[Any, Any]]:
-    """(file id, series key) pairs of plan-like rows, for :class:`SeriesTextGate`."""
-    return [(r[file_key], r.get(series_key)) for r in rows]

@@ -223,6 +223,7 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
             continue
         assert outcome.result is not None and outcome.payload is not None and outcome.instance is not None
         result, payload, instance = outcome.result, outcome.payload, outcome.instance
+        gate.record(uri, result.text_regions)
         path = instance["dicom_path"]
         if result.sop_key in written:
             events.append({**event, "status": "quarantined", "reason": "duplicate_sop_instance_uid",

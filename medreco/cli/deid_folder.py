@@ -105,6 +105,7 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
                 result = deidentify_dataset(pydicom.dcmread(io.BytesIO(path.read_bytes()), force=True), key,
                                             institution, policy, pixel_cleaning=cfg.pixel_cleaning,
                                             series_text=gate.slot(uri))
+                gate.record(uri, result.text_regions)
                 if result.sop_key in written:
                     raise DeidentificationError(
                         "duplicate_sop_instance_uid",

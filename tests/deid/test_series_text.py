@@ -50,7 +50,9 @@ def test_gate_orders_each_series_sample_first_and_keeps_files_of_unknown_series_
     assert order[5:12] == ["a1", "a2", "a4", "a6", "a7", "a9", "a10"]
     assert gate.slot("x").sampled and gate.slot("y").sampled and gate.slot("b2").sampled
     assert not gate.slot("a1").sampled
-    gate.slot("a0").state.has_text = True
+    gate.record("a0", [{"frame": "all", "box": [0, 0, 9, 9], "reason": "rule"}])  # a device rule is no text found
+    assert not gate.slot("a1").state.has_text
+    gate.record("a0", [{"frame": 0, "box": [0, 0, 9, 9], "reason": "phi"}])
     assert gate.slot("a1").state.has_text and not gate.slot("b0").state.has_text  # one state per series
 
 
