@@ -63,6 +63,8 @@ class SeriesPolicy:
     precheck: PrecheckPolicy
     pad: float
     word_min_chars: int
+    long_word_chars: int
+    long_word_confidence: float
 
 
 @lru_cache(maxsize=4)
@@ -85,7 +87,8 @@ def load_series_policy(path: str | None = None) -> SeriesPolicy:
             modalities=frozenset(str(v).upper() for v in likely["modalities"]),
             burned_in_annotation_yes=bool(likely["burned_in_annotation_yes"]),
             precheck=PrecheckPolicy.from_dict(s["precheck"]), pad=float(read["pad"]),
-            word_min_chars=int(read["word_min_chars"]))
+            word_min_chars=int(read["word_min_chars"]), long_word_chars=int(read["long_word_chars"]),
+            long_word_confidence=float(read["long_word_confidence"]))
     except (KeyError, TypeError, ValueError) as err:
         raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
     if out.sample_slices < 3:
@@ -196,8 +199,8 @@ class SeriesTextGate:
 def row_has_text(frame: np.ndarray, row: GlyphRow, policy: TextPolicy, phi: PhiTokens, sp: SeriesPolicy) -> bool:
     """Whether OCR reads a word in one pre-check row of a displayed frame (rows, cols uint8): the row's box grown
     by ``pad`` x its height, recognised on the top-hat page of its polarity (:func:`read_region`); a word of
-    ``word_min_chars`` letters/digits or more at ``min_join_confidence`` or more, or a header PHI value
-    (``phi.min_confidence``), is text. A ``dense`` row is always text (the frame cannot be told from it)."""
+    ``word_min_chars`` letters/digits or more at ``min_join_confidence`` or more, one of ``long_word_chars`` or more
+    at ``long_word_confidence`` or more, or a header PHI value (``phi.min_confidence``), is text. A ``dense`` row is always text (the frame cannot be told from it)."""
     if row.dense:
         return True
     rows, cols = frame.shape
@@ -209,7 +212,10 @@ def row_has_text(frame: np.ndarray, row: GlyphRow, policy: TextPolicy, phi: PhiT
     words, _, _ = read_region(frame, region, policy)
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     for w in words:
-        if len(_norm(w.text)) >= sp.word_min_chars and w.conf >= policy.min_join_confidence:
+        chars = len(_norm(w.text))
+        if chars >= sp.word_min_chars and w.conf >= policy.min_join_confidence:
+            return True
+        if chars >= sp.long_word_chars and w.conf >= sp.long_word_confidence:
             return True
         if w.conf >= policy.phi["min_confidence"] and phi.matches(w.text, fuzzy):
             return True
