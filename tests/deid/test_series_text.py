@@ -219,3 +219,73 @@ def test_gate_sends_every_case_file_with_text_to_the_full_read(tmp_path):
             negatives.append(entry["path"])
     assert with_text == 39 and missed == []
     assert negatives == []
+
+
+#: measured (issue 35): of 200 random placements on held-out real MR slices, this many pass the gate where the full
+#: read acts (blanks or quarantines)
+MAX_GATE_HOLES = 8
+
+
+@pytest.mark.slow
+def test_gate_on_random_text_over_held_out_real_slices():
+    """Held out (no threshold was chosen on these images or this seed): PHI-like text in the fonts `make tools`
+    installs, 9-18 px, full or half contrast, at random places on the real 256 x 256 MR series of TCIA's pseudo-PHI
+    set and the two MR slices of dcm_qa_deident (../shared/data/deid). A placement the gate lets pass
+    counts as a hole when the full read would have blanked it or quarantined the file. Prints the figures."""
+    require_ocr()
+    import copy
+    import glob
+    import random
+
+    from PIL import Image, ImageDraw, ImageFont
+
+    from etl.deid.burned_in_text import BurnedInTextError, clean_text
+    from etl.deid.series_text import _displayed
+    from schemas.config import PROJECT_ROOT
+
+    root = PROJECT_ROOT.parent / "shared" / "data" / "deid"
+    files = sorted(glob.glob(str(root / "tcia-pseudo-phi-mr" / "phi" / "*.dcm"))) + sorted(
+        glob.glob(str(root / "already-deidentified" / "*.dcm")))
+    bases = [pydicom.dcmread(f) for f in files]
+    assert len(bases) == 15
+    policy, sp = load_text_policy(), load_series_policy()
+
+    def gate(ds) -> bool:
+        disp, phi = _displayed(ds, policy), header_phi(ds, policy)
+        return disp is None or any(row_has_text(f, r, policy, phi, sp)
+                                   for f in disp for r in glyph_rows(f, sp.precheck))
+
+    fonts = ["dejavu/DejaVuSans.ttf", "liberation/LiberationSans-Regular.ttf", "noto/NotoSansMono-Regular.ttf",
+             "dejavu/DejaVuSansMono.ttf"]
+    words = ["HALVORSEN", "PRIYA", "OKAFOR", "LINDQVIST", "MARTA", "BEAUREGARD", "ID 5518203", "DOB 03/11/1958",
+             "ACC A7731904", "12-FEB-2019", "ST. BRENDAN HOSP", "74Y", "14:22:07"]
+    rng = random.Random(8)
+    passed, holes = 0, []
+    for _ in range(200):
+        ds = copy.deepcopy(rng.choice(bases))
+        arr = ds.pixel_array.copy()
+        rows, cols = arr.shape
+        cap, text = rng.choice([9, 10, 11, 12, 14, 16, 18]), " ".join(rng.sample(words, rng.choice([1, 2])))
+        font = ImageFont.truetype(f"/usr/share/fonts/truetype/{rng.choice(fonts)}", cap)
+        im = Image.new("L", (cols, rows), 0)
+        draw = ImageDraw.Draw(im)
+        x = rng.randrange(0, max(1, int(cols - draw.textlength(text, font=font))))
+        y = rng.randrange(0, rows - 2 * cap)
+        draw.text((x, y), text, fill=255, font=font)
+        mask = np.asarray(im) > 128
+        contrast = rng.choice([1.0, 1.0, 0.5])
+        top = float(np.percentile(arr, 99.9)) if contrast < 1 else float(arr.max())
+        bg = float(np.median(arr[mask]))
+        arr[mask] = np.clip(bg + contrast * (top - bg), arr.min(), np.iinfo(arr.dtype).max).astype(arr.dtype)
+        ds.set_pixel_data(arr, str(ds.PhotometricInterpretation), int(ds.BitsStored), generate_instance_uid=False)
+        if gate(ds):
+            continue
+        passed += 1
+        try:
+            acted = bool(clean_text(copy.deepcopy(ds), policy, header_phi(ds, policy)).regions)
+        except BurnedInTextError:
+            acted = True
+        if acted:
+            holes.append((text, cap, contrast, (x, y)))
+    print(f"SERIES_GATE held_out placements=200 passed_gate={passed} holes={len(holes)}")
+    assert len(holes) <= MAX_GATE_HOLES, holes
