@@ -73,7 +73,7 @@ def ct_series(n: int, spacing_mm: float = 2.5, root: Path = SHARED_DICOM) -> lis
     sources = [pydicom.dcmread(p) for p in real_axial_slices(root)]
     template = sources[0]
     study, series, frame = generate_uid(), generate_uid(), generate_uid()
-    out = []
+    out: list[pydicom.Dataset] = []
     for i in range(n):
         src = sources[i % len(sources)]
         ds = copy.deepcopy(template)
@@ -105,7 +105,7 @@ def localizer(series: list[pydicom.Dataset], root: Path = SHARED_DICOM) -> pydic
     return ds
 
 
-def font(cap_px: int) -> ImageFont.ImageFont:
+def font(cap_px: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     """DejaVu Sans Mono (``make tools`` installs fonts-dejavu-core) at ``cap_px``, else Pillow's own font."""
     path = Path("/usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf")
     return ImageFont.truetype(str(path), cap_px) if path.is_file() else ImageFont.load_default(size=cap_px)

@@ -97,7 +97,7 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
     gate = SeriesTextGate((uri, _series_uid(path)) for uri, (_, path) in pending.items())
     written: dict[str, str] = {}
     for uri in gate.order():
-        row, path = pending[uri]
+        row, path = pending[str(uri)]
         try:
             with warnings.catch_warnings(), time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout",
                                                        "file's de-identification"):
