@@ -5,9 +5,16 @@ core, same run.
 Real-sized images from the pydicom-data package: a Philips CR chest (RG1_UNCR, 1955 x 1841), an ultrasound
 (US1_UNCR, 640 x 480 RGB) and a CT slice (CT_small is 128 x 128, so a 512 x 512 CT of pydicom-data, 693_UNCR). Each
 is read as it is (no text: the pass runs in full, nothing is blanked) and with a PHI label burned into its corner
-(the pass blanks and verifies). Ends with one ``BENCH burned_in ...`` line: CPU seconds per image of this
-process (one core; wall-clock beside it in the log lines), images/s per core, and the ratio to the decode floor.
-Usage: ``python benchmarks/bench_burned_in.py [repeats]``.
+(the pass blanks and verifies).
+
+Series case: a 120-slice chest CT series without burned-in text built from the real 512 x 512 axial slices of the
+shared data (:func:`etl.demo.real_series.ct_series`), de-identified as the deid stage does it (parse, de-identify,
+Part 10 bytes), each slice's CPU time measured, with the OCR off (``deid.burned_in_text.ocr: false``) and on (the
+production default: per series, :mod:`etl.deid.series_text`), alternating, best of ``repeats``; the CPU time per
+slice by outcome (sample read in full, pre-checked and skipped, pre-check rows read) and, for reference, every slice
+read in full (first ``FULL_SLICES`` slices). Ends with one ``BENCH burned_in ...`` line: CPU seconds per image of
+this process (one core; wall-clock beside it in the log lines), images/s per core, the ratio to the decode floor,
+and ``series_ratio`` (OCR on / off per slice, target 1.3). Usage: ``python benchmarks/bench_burned_in.py [repeats]``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import os
 import sys
 import time
 import warnings
+from collections import Counter
 from importlib import resources
 from pathlib import Path
 
@@ -28,6 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from etl.deid.burned_in_text import BurnedInTextError, load_text_policy  # noqa: E402
 from etl.deid.burned_in_text import clean_text as _clean  # noqa: E402
+from etl.deid.dicom import deidentify_dataset  # noqa: E402
+from etl.deid.policy import build_policy  # noqa: E402
+from etl.deid.series_text import SeriesTextGate, load_series_policy  # noqa: E402
+from etl.demo.real_series import ct_series  # noqa: E402
+from etl.keys import PseudonymKey  # noqa: E402
+from schemas.config import BurnedInTextConfig, DeidConfig  # noqa: E402
+
+SERIES_SLICES = 120
+FULL_SLICES = 6  # slices read in full without the series gate, for the per-slice cost of a full read
 
 
 def clean_text(ds, policy):
@@ -78,6 +95,56 @@ def _time(fn, repeats: int) -> tuple[float, float]:
     return best_wall, best_cpu
 
 
+def _deid_series(datas: list[bytes], ocr: bool, gate: bool) -> tuple[float, Counter, dict[str, float]]:
+    """De-identify the slices (Part 10 bytes) as the deid stage does, OCR ``ocr``, per series when ``gate``.
+    Returns (CPU seconds per slice, outcomes, CPU seconds per outcome)."""
+    key = PseudonymKey(b"bench-key-of-32-bytes-----------")
+    policy = build_policy(DeidConfig(burned_in_text=BurnedInTextConfig(ocr=ocr)))
+    g = SeriesTextGate((i, "series") for i in range(len(datas)))
+    outcomes: Counter = Counter()
+    cpu: Counter = Counter()
+    total = time.process_time()
+    for i in g.order() if gate else range(len(datas)):
+        c = time.process_time()
+        result = deidentify_dataset(pydicom.dcmread(io.BytesIO(datas[i])), key, "bench", policy,
+                                    series_text=g.slot(i) if gate else None)
+        result.to_bytes()
+        why = next((k for k in result.audit if k.startswith("text_series_")), "text_full" if ocr else "text_off")
+        outcomes[why] += 1
+        cpu[why] += time.process_time() - c
+        if result.text_regions:
+            outcomes["blanked"] += 1
+    return (time.process_time() - total) / len(datas), outcomes, dict(cpu)
+
+
+def series_case(repeats: int) -> dict[str, float]:
+    """The 120-slice series without text: OCR off and on (per series), alternating, best of ``repeats``."""
+    slices = ct_series(SERIES_SLICES)
+    datas = []
+    for ds in slices:
+        buf = io.BytesIO()
+        ds.save_as(buf, enforce_file_format=True)
+        datas.append(buf.getvalue())
+    _deid_series(datas[:3], True, True)  # warm: Tesseract loaded, policies read
+    off = on = float("inf")
+    for _ in range(repeats):
+        off = min(off, _deid_series(datas, False, False)[0])
+        t, outcomes, cpu = _deid_series(datas, True, True)
+        if t < on:
+            on, best_outcomes, best_cpu = t, outcomes, cpu
+    full, _, _ = _deid_series(datas[:FULL_SLICES], True, False)
+    per = {k.removeprefix("text_series_"): v / max(best_outcomes[k], 1) for k, v in best_cpu.items()}
+    print(f"series: {SERIES_SLICES} real 512 x 512 CT slices without text, sample {load_series_policy().sample_slices}:"
+          f" OCR off {off * 1000:.1f} ms CPU per slice, on {on * 1000:.1f} ms (ratio {on / off:.2f}; target 1.3);"
+          f" outcomes {dict(best_outcomes)}; CPU per slice by outcome "
+          + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in sorted(per.items()))
+          + f"; every slice read in full: {full * 1000:.0f} ms per slice ({full / off:.0f} x off)")
+    return {"series_off_s": off, "series_on_s": on, "series_ratio": on / off, "series_full_s": full,
+            "series_sample_s": per.get("sample", 0.0), "series_skipped_s": per.get("skipped", 0.0),
+            "series_read": sum(v for k, v in best_outcomes.items() if k not in ("text_series_skipped", "blanked")),
+            "series_blanked": best_outcomes.get("blanked", 0)}
+
+
 def main(repeats: int = 3) -> None:
     """Run the benchmark and print one BENCH line."""
     warnings.simplefilter("ignore")
@@ -108,6 +175,8 @@ def main(repeats: int = 3) -> None:
         parts.append(f"{name}_s_per_image={plain:.3f} {name}_images_per_s_per_core={1 / plain:.2f} "
                      f"{name}_labelled_s={text:.3f} {name}_decode_floor_s={floor:.4f} "
                      f"{name}_ratio_to_decode={plain / max(floor, 1e-4):.1f}")
+    series = series_case(max(2, repeats - 1))
+    parts.append(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in series.items()))
     print("BENCH burned_in " + " ".join(parts) + f" load={os.getloadavg()[0]:.2f} cpu_seconds=process_time")
 
 

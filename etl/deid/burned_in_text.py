@@ -660,7 +660,7 @@ def _stroke_rows(ink: np.ndarray, floor: float, vertical: bool) -> int:
 
 def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False,
                unread: list | None = None, blanked: np.ndarray | None = None,
-               thresholding: int = 0) -> list[TextLine]:
+               thresholding: int = 0, hints: list[Region] | None = None) -> list[TextLine]:
     """Text lines of one displayed frame (rows, cols uint8) that the policy calls text (allowed ones included,
     flagged): :func:`candidate_regions`, then :func:`read_region` on each; words join into lines
     (:func:`group_lines`), are classified (:func:`classify`), and each text line's box is grown along its
@@ -670,11 +670,12 @@ def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify:
     With ``unread`` (a list), the box [x0, y0, x1, y1] (frame pixels) of each row of character-like glyphs
     (:func:`unreadable_row`) in a candidate region outside its text lines and outside ``blanked`` (rows, cols
     bool, pixels already blanked) is appended to it: text OCR could not read. ``thresholding``: the layout's
-    binarisation (:func:`layout_lines`)."""
+    binarisation (:func:`layout_lines`). ``hints``: regions read before the layout's own (the text lines found on
+    the previous slice of the series, :mod:`etl.deid.series_text`), so a line the layout misses here is read."""
     p_conf = policy.verify["phi_min_confidence"] if verify else policy.phi["min_confidence"]
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     lines: list[TextLine] = []
-    for region in candidate_regions(frame, policy, thresholding):
+    for region in list(hints or []) + candidate_regions(frame, policy, thresholding):
         words, ink, (rx0, ry0) = read_region(frame, region, policy)
         kept = [w for w in words if _norm(w.text) and w.box[2] > w.box[0] and w.box[3] > w.box[1]
                 and (w.conf >= policy.min_join_confidence or (w.conf >= p_conf and phi.matches(w.text, fuzzy)))]
@@ -982,7 +983,8 @@ class TextCleaning:
     unreadable|bridge} (tight boxes when they verified, see ``trim`` in the policy);
     ``kept_markers``: allow-listed marker lines left in place; ``frames_read``: frames (or composites) read;
     ``pixels_blanked``: pixels set to the fill value (all frames); ``too_small``: fewer than ``min_side_px``
-    rows or columns, so no line of legible text fits (nothing read).
+    rows or columns, so no line of legible text fits (nothing read); ``lines``: the text lines blanked, as
+    regions to read first on the next slice of the series (``hints`` of :func:`clean_text`).
     """
 
     regions: list[dict] = field(default_factory=list)
@@ -990,6 +992,7 @@ class TextCleaning:
     frames_read: int = 0
     pixels_blanked: int = 0
     too_small: bool = False
+    lines: list[Region] = field(default_factory=list)
 
     @property
     def blanked(self) -> bool:
@@ -1015,7 +1018,8 @@ def fill_value(arr: np.ndarray, photometric: str) -> Any:
     return arr.max() if photometric == "MONOCHROME1" else arr.min()
 
 
-def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = None) -> TextCleaning:
+def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = None,
+               hints: list[Region] | None = None) -> TextCleaning:
     """Find, blank and verify burned-in text in every frame of ``ds`` (modified in place when text is blanked:
     PixelData re-encoded uncompressed, BurnedInAnnotation NO).
 
@@ -1027,6 +1031,9 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
         default :func:`load_text_policy`.
     phi : PhiTokens, optional
         header PHI tokens; default read from ``ds``.
+    hints : list of Region, optional
+        regions read first on every frame (frame pixels; the text lines of the previous slice of the series,
+        :mod:`etl.deid.series_text`); regions outside the frame are clipped.
 
     Returns
     -------
@@ -1069,9 +1076,11 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     values: list[tuple[int, int] | None] = []  # per box: (stroke value, line height) of its line, or None
     band = float(policy.unreadable["margin_band"])
     pending: list[tuple[Any, tuple[int, int, int, int]]] = []
+    hints = [_clipped(r, h, w) for r in hints or []]
+    hints = [r for r in hints if r.box[2] > r.box[0] and r.box[3] > r.box[1]]
     for label, frame in todo:
         unread: list = []
-        found = read_lines(frame, policy, phi, unread=unread)
+        found = read_lines(frame, policy, phi, unread=unread, hints=hints)
         for box in bridges(found, h, w, policy):
             boxes.append((label, box, "bridge", frame, False))
             values.append(None)
@@ -1084,6 +1093,9 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
                 box = uncut(frame, box, ln.height, ln.vertical, ln.bright, policy)
             boxes.append((label, box, ln.reason or "word", frame, ln.vertical))
             values.append(_line_value(stacked, label, ln.box, frame, ln.height, policy))
+            p = max(policy.pad_px, int(round(policy.pad_fraction * ln.height)))
+            out.lines.append(_clipped(Region((ln.box[0] - p, ln.box[1] - p, ln.box[2] + p, ln.box[3] + p),
+                                             ln.bright, max(1, ln.height), ln.vertical), h, w))
         for row in unread:  # glyphs OCR cannot read: blanked in the image margin, else the verify pass decides
             if in_margin(row, h, w, band):
                 rh = row[3] - row[1]
@@ -1124,6 +1136,13 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     _write_pixels(ds, cleaned if frames > 1 else cleaned[0], photometric)
     ds.BurnedInAnnotation = "NO"
     return out
+
+
+def _clipped(region: Region, rows: int, cols: int) -> Region:
+    """``region`` with its box clipped to a frame of ``rows`` x ``cols``."""
+    x0, y0, x1, y1 = region.box
+    return Region((max(0, x0), max(0, y0), min(cols, x1), min(rows, y1)), region.bright, region.line_px,
+                  region.vertical)
 
 
 def _line_value(stacked: np.ndarray, label: Any, box: tuple[int, int, int, int], frame: np.ndarray, height: int,

@@ -32,6 +32,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import pydicom
 from pydicom import config as pydicom_config
@@ -52,6 +53,9 @@ from etl.limits import MAX_DICOM_TEXT_CHARS
 from etl.sources.dicom_integrity import last_element_cut
 from schemas.config import PixelCleaningRule
 from schemas.errors import ReasonCodedError
+
+if TYPE_CHECKING:
+    from etl.deid.series_text import SeriesSlot
 
 #: values of already de-identified input that are not identifying (and equal our own dummies)
 PLACEHOLDERS = frozenset({"ANONYMIZED", "ANONYMOUS", "ANON", "UNKNOWN", "NONE", "NULL", "REMOVED", "DEIDENTIFIED",
@@ -736,6 +740,7 @@ def deidentify_dataset(
     *,
     pixel_cleaning: list[PixelCleaningRule] | None = None,
     default_issuer: str | None = None,
+    series_text: SeriesSlot | None = None,
 ) -> DeidResult:
     """De-identify one DICOM instance **in place** and return it with its verified Part-10 bytes.
 
@@ -753,6 +758,9 @@ def deidentify_dataset(
         rules that make files at risk of burned-in text acceptable by blanking their text regions.
     default_issuer : str, optional
         IssuerOfPatientID assumed when the file has none (the institution's own MRNs).
+    series_text : SeriesSlot, optional
+        the file's place in its series (:class:`etl.deid.series_text.SeriesTextGate`): burned-in text is then
+        read in full on the series' sample and pre-checked elsewhere; without it every image is read in full.
 
     Returns
     -------
@@ -785,7 +793,7 @@ def deidentify_dataset(
         # the file ends inside the pixel data: rewriting it would hide the truncation from normalisation
         raise DeidentificationError("truncated_file", "the file ends before the end of its Pixel Data")
     audit: Counter = Counter()
-    text_regions = _burned_in_text(ds, policy, institution, pixel_cleaning, audit)
+    text_regions = _burned_in_text(ds, policy, institution, pixel_cleaning, audit, series_text)
 
     patient_key = patient_key_for(key, institution, patient_id, issuer or default_issuer)
     shift = key.date_shift_days(patient_key)
@@ -842,11 +850,13 @@ def deidentify_dataset(
 
 
 def _burned_in_text(ds: Dataset, policy: Policy, institution: str, rules: list[PixelCleaningRule] | None,
-                    audit: Counter) -> list[dict]:
+                    audit: Counter, series_text: SeriesSlot | None = None) -> list[dict]:
     """Burned-in text of one instance (before its header is de-identified): the device's region rule when one
     matches (the fast path), then OCR of every frame (:func:`etl.deid.burned_in_text.clean_text`) unless the
     config turns it off for this institution and modality; without OCR, files at header risk
-    (:func:`burned_in_risk`) need a rule, as before.
+    (:func:`burned_in_risk`) need a rule, as before. With ``series_text`` a file not at header risk is read as
+    :func:`etl.deid.series_text.clean_slice` decides (in full, or pre-checked and skipped), counted in
+    ``text_series_<why>``.
 
     Returns the blanked regions ({"frame", "box", "reason"}; rule regions have reason ``rule``) and counts
     ``pixel_regions_cleaned``, ``text_checked``, ``text_images_blanked``, ``text_regions_blanked`` and
@@ -878,7 +888,16 @@ def _burned_in_text(ds: Dataset, policy: Policy, institution: str, rules: list[P
         return regions
     text_policy = load_text_policy()
     try:
-        done = clean_text(ds, text_policy, header_phi(ds, text_policy))
+        if series_text is None or risk:  # at header risk: always read in full
+            done = clean_text(ds, text_policy, header_phi(ds, text_policy))
+        else:
+            from etl.deid.series_text import audit_key, clean_slice
+
+            found, why = clean_slice(ds, text_policy, header_phi(ds, text_policy), series_text)
+            audit[audit_key(why)] += 1
+            if found is None:  # pre-checked: no row of glyphs OCR reads as a word, in a series whose sample is clean
+                return regions
+            done = found
     except BurnedInTextError as err:
         if err.reason == "pixel_cleaning_failed":
             if risk:  # cannot be read, and the header says text is likely: as before, quarantined

@@ -15,7 +15,7 @@ import io
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydicom
 
@@ -25,6 +25,9 @@ from etl.keys import PseudonymKey
 from etl.limits import FILE_TIME_LIMIT_S, RecordLimitError, time_limit
 from schemas.config import Institution, PixelCleaningRule
 from schemas.ontology import infer_body_part, modality_family
+
+if TYPE_CHECKING:
+    from etl.deid.series_text import SeriesSlot
 
 _IS_INTEGER = re.compile(r"[+-]?\d{1,12}")
 #: a Code String (PS3.5 6.2, VR CS): upper-case letters, digits, space and underscore, at most 16 characters
@@ -114,7 +117,8 @@ def instance_row(result: DeidResult, inst: Institution, body_part: str | None, p
 
 
 def deidentify_file(data: bytes, key: PseudonymKey, inst: Institution, policy: Policy, dicom_dir: str, shard: int,
-                    pixel_cleaning: list[PixelCleaningRule] | None = None) -> DeidOutcome:
+                    pixel_cleaning: list[PixelCleaningRule] | None = None,
+                    series_text: SeriesSlot | None = None) -> DeidOutcome:
     """De-identify one source file (its bytes) for institution ``inst``; never raises for a bad file.
 
     Parameters
@@ -128,6 +132,8 @@ def deidentify_file(data: bytes, key: PseudonymKey, inst: Institution, policy: P
     shard : int
     pixel_cleaning : list of PixelCleaningRule, optional
         per-device region rules (config ``deid.pixel_cleaning``).
+    series_text : SeriesSlot, optional
+        the file's place in its series for burned-in text (:class:`etl.deid.series_text.SeriesTextGate`).
 
     Returns
     -------
@@ -145,7 +151,7 @@ def deidentify_file(data: bytes, key: PseudonymKey, inst: Institution, policy: P
                     [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")],
                 )
                 result = deidentify_dataset(ds, key, inst.id, policy, pixel_cleaning=pixel_cleaning,
-                                            default_issuer=inst.patient_id_issuer)
+                                            default_issuer=inst.patient_id_issuer, series_text=series_text)
             payload = result.to_bytes()
         row = instance_row(result, inst, body_part, f"{dicom_dir}/{result.sop_key}.dcm", shard)
     except (DeidentificationError, RecordLimitError) as err:

@@ -37,6 +37,7 @@ import pydicom
 from etl import zones
 from etl.deid.instance import DeidOutcome, deidentify_file
 from etl.deid.policy import build_policy
+from etl.deid.series_text import SeriesTextGate
 from etl.pipeline.batches import balanced_shard_batches, pending_files_per_shard
 from etl.pipeline.context import EVENT_SCHEMA, BuildContext
 from etl.pipeline.incremental import (
@@ -187,7 +188,9 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     with certainty get a ``quarantined`` event with the reason code and are not written; so does a file whose
     de-identification raises anything unexpected (``unreadable_dicom``, with the exception's type only), takes
     longer than :data:`etl.limits.FILE_TIME_LIMIT_S` (``deidentification_timeout``) or has a value the instances
-    row cannot hold (``invalid_value``). No file can fail the task.
+    row cannot hold (``invalid_value``). No file can fail the task. Burned-in text is read per series
+    (:class:`etl.deid.series_text.SeriesTextGate`, series from the plan's ``series_uid_key``): the files of each
+    series are de-identified with its sample first; events are written in source order.
 
     Skipped (result ``skipped: True``) when the shard's input files are those it was last built from (see
     the module docstring).
@@ -200,7 +203,11 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     policy = build_policy(ctx.cfg.deid)
     events, instances, audit, audit_rows = [], [], Counter(), []
     written: set[str] = set()
-    for row in p.sort("source_uri").iter_rows(named=True):
+    rows = {r["source_uri"]: r for r in p.sort("source_uri").iter_rows(named=True)}
+    # burned-in text per series: each series' sample first (etl.deid.series_text)
+    gate = SeriesTextGate((uri, r["series_uid_key"]) for uri, r in rows.items())
+    for uri in gate.order():
+        row = rows[uri]
         inst = ctx.cfg.institution(row["institution"])
         event = {"source_uri": row["source_uri"], "sha256": row["sha256"], "stage": "deidentify"}
         try:
@@ -209,13 +216,14 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
             data, outcome = b"", DeidOutcome(reason="unreadable_dicom", detail=f"{type(err).__name__} while reading")
         else:
             outcome = deidentify_file(data, ctx.key, inst, policy, ctx.dicom_dir(shard), shard,
-                                      pixel_cleaning=ctx.cfg.deid.pixel_cleaning)
+                                      pixel_cleaning=ctx.cfg.deid.pixel_cleaning, series_text=gate.slot(uri))
         if not outcome.ingested:
             events.append({**event, "status": "quarantined", "reason": outcome.reason, "detail": outcome.detail})
             audit[f"quarantined:{outcome.reason}"] += 1
             continue
         assert outcome.result is not None and outcome.payload is not None and outcome.instance is not None
         result, payload, instance = outcome.result, outcome.payload, outcome.instance
+        gate.record(uri, result.text_regions)
         path = instance["dicom_path"]
         if result.sop_key in written:
             events.append({**event, "status": "quarantined", "reason": "duplicate_sop_instance_uid",
@@ -239,6 +247,7 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     for stale in ctx.storage.list_files(ctx.dicom_dir(shard)):
         if stale.rsplit("/", 1)[-1].removesuffix(".dcm") not in written:
             ctx.storage.delete(stale)
+    events.sort(key=lambda e: e["source_uri"])  # in source order, whatever order the series were read in
     n = write_partition(ctx, "instances", instances_schema.SCHEMA, shard, instances)
     write_partition(ctx, "deid_audit", deid_audit_schema.SCHEMA, shard, audit_rows)
     ctx.storage.write_table(ctx.events_path("deidentify", shard), table_from_rows(events, EVENT_SCHEMA))

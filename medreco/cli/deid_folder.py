@@ -18,6 +18,7 @@ import pydicom
 
 from etl.deid.dicom import DeidentificationError, deidentify_dataset
 from etl.deid.policy import build_policy
+from etl.deid.series_text import SeriesTextGate
 from etl.keys import PseudonymKey
 from etl.limits import FILE_TIME_LIMIT_S, RecordLimitError, time_limit
 from etl.pipeline.ledger import balance
@@ -43,9 +44,21 @@ def _write_private(path: Path, data: bytes) -> None:
     os.chmod(path, 0o600)
 
 
+def _series_uid(path: Path) -> str | None:
+    """The SeriesInstanceUID of a DICOM file (header only), or None when it cannot be read."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ds = pydicom.dcmread(path, stop_before_pixels=True, force=True, specific_tags=["SeriesInstanceUID"])
+        return str(ds.get("SeriesInstanceUID", "") or "").strip() or None
+    except Exception:  # noqa: BLE001  unreadable here: de-identification quarantines it with its reason
+        return None
+
+
 def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str = "local",
                       deid_cfg: DeidConfig | None = None) -> dict:
-    """De-identify every file under ``src`` into ``out``; returns the ledger balance dict.
+    """De-identify every file under ``src`` into ``out``; returns the ledger balance dict. Burned-in text is
+    read per series (:class:`etl.deid.series_text.SeriesTextGate`): each series' sample first.
 
     Raises
     ------
@@ -62,7 +75,7 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
     policy = build_policy(cfg)
     rows: list[dict] = []
     seen: dict[str, str] = {}
-    written: dict[str, str] = {}
+    pending: dict[str, tuple[dict, Path]] = {}  # source_uri -> (ledger row, path) of the files to de-identify
     for path in sorted(p for p in Path(src).rglob("*") if p.is_file()):
         data = path.read_bytes()
         sha = hashlib.sha256(data).hexdigest()
@@ -78,26 +91,36 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
             if reason:
                 row.update(status="quarantined", reason=reason, detail=detail, stage="discover")
             else:
-                try:
-                    with warnings.catch_warnings(), time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout",
-                                                               "file's de-identification"):
-                        warnings.simplefilter("ignore")
-                        result = deidentify_dataset(pydicom.dcmread(io.BytesIO(data), force=True), key, institution,
-                                                    policy, pixel_cleaning=cfg.pixel_cleaning)
-                        if result.sop_key in written:
-                            raise DeidentificationError(
-                                "duplicate_sop_instance_uid",
-                                "another file of this folder has the same SOPInstanceUID and different content")
-                        (out / "files" / f"{result.sop_key}.dcm").write_bytes(result.to_bytes())
-                        written[result.sop_key] = str(path)
-                except (DeidentificationError, RecordLimitError) as err:
-                    row.update(status="quarantined", reason=err.reason, detail=str(err))
-                except Exception as err:  # noqa: BLE001  fail closed on anything pydicom cannot handle
-                    row.update(status="quarantined", reason="unreadable_dicom", detail=type(err).__name__)
+                pending[str(path)] = (row, path)
         rows.append(row)
+    # burned-in text per series (etl.deid.series_text): each series' sample first
+    gate = SeriesTextGate((uri, _series_uid(path)) for uri, (_, path) in pending.items())
+    written: dict[str, str] = {}
+    for uri in gate.order():
+        row, path = pending[str(uri)]
+        try:
+            with warnings.catch_warnings(), time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout",
+                                                       "file's de-identification"):
+                warnings.simplefilter("ignore")
+                result = deidentify_dataset(pydicom.dcmread(io.BytesIO(path.read_bytes()), force=True), key,
+                                            institution, policy, pixel_cleaning=cfg.pixel_cleaning,
+                                            series_text=gate.slot(uri))
+                gate.record(uri, result.text_regions)
+                if result.sop_key in written:
+                    raise DeidentificationError(
+                        "duplicate_sop_instance_uid",
+                        "another file of this folder has the same SOPInstanceUID and different content")
+                (out / "files" / f"{result.sop_key}.dcm").write_bytes(result.to_bytes())
+                written[result.sop_key] = str(path)
+        except (DeidentificationError, RecordLimitError) as err:
+            row.update(status="quarantined", reason=err.reason, detail=str(err))
+        except Exception as err:  # noqa: BLE001  fail closed on anything pydicom cannot handle
+            row.update(status="quarantined", reason="unreadable_dicom", detail=type(err).__name__)
+    for row in rows:
         if row["status"] == "quarantined":  # restricted (names source paths): owner-only
             (out / "quarantine").mkdir(mode=0o700, exist_ok=True)
-            _write_private(out / "quarantine" / f"{sha}.json", json.dumps(row, indent=1, sort_keys=True).encode())
+            _write_private(out / "quarantine" / f"{row['sha256']}.json",
+                           json.dumps(row, indent=1, sort_keys=True).encode())
     ledger = table_from_rows(rows, ledger_schema.SCHEMA)
     buf = io.BytesIO()
     pq.write_table(ledger, buf)
