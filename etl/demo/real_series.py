@@ -20,6 +20,7 @@ from PIL import Image, ImageDraw, ImageFont
 from pydicom.uid import generate_uid
 
 from schemas.config import PROJECT_ROOT
+from schemas.errors import ReasonCodedError
 
 #: the shared real DICOM files (PROVENANCE.md there)
 SHARED_DICOM = PROJECT_ROOT.parent / "shared" / "data" / "dicom"
@@ -33,8 +34,11 @@ PATIENT = {"PatientName": "QUENNELL^MARGIT", "PatientID": "4829173", "AccessionN
            "InstitutionName": "St. Aldric Memorial Hospital"}
 
 
-class SeriesDataError(FileNotFoundError):
+class SeriesDataError(ReasonCodedError, FileNotFoundError):
     """The shared real slices are not where :data:`SHARED_DICOM` points."""
+
+    default_reason = "shared_data_missing"
+    message_format = "{message}"
 
 
 def real_axial_slices(root: Path = SHARED_DICOM) -> list[Path]:
