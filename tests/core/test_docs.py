@@ -138,3 +138,32 @@ def test_the_history_check_can_fail(line, what):
                                   "ahead of the run", "the load on the store"])
 def test_the_history_check_passes_ordinary_text(line):
     assert not any(rx.search(line) for rx in HISTORY.values())
+
+
+def _config_fields(model, prefix: str = "") -> set[str]:
+    """Dotted names of every field of a config model, nested models walked (a list of models: its item's fields)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    out = set()
+    for name, field in model.model_fields.items():
+        if field.exclude:
+            continue
+        dotted = f"{prefix}{name}"
+        out.add(dotted)
+        for arg in (field.annotation, *typing.get_args(field.annotation)):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                out |= _config_fields(arg, f"{dotted}.")
+    return out
+
+
+def test_every_config_field_is_documented():
+    from schemas.config import PipelineConfig
+
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    fields = _config_fields(PipelineConfig)
+    assert {"storage.root", "institutions.timezone", "deid.burned_in_text.ocr_off.modality"} <= fields
+    # a field is named in backticks by its dotted path, or (inside its section's table) by its own name
+    missing = sorted(f for f in fields if f"`{f}`" not in text and f"`{f.rsplit('.', 1)[-1]}`" not in text)
+    assert not missing, missing
