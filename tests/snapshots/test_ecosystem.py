@@ -60,7 +60,7 @@ def _folder(st: Storage, version: str) -> str:
 
 
 def _files(folder: str, table: str) -> list[str]:
-    """The README's one-liner list: ``files/<table>.txt`` relative to the release folder."""
+    """The one-liner list of docs/snapshots.md: ``files/<table>.txt`` relative to the release folder."""
     return [f"{folder}/{p}" for p in open(f"{folder}/files/{table}.txt").read().split()]
 
 
@@ -254,15 +254,16 @@ def test_default_collate_batches_images_pairs_and_vqa_with_two_workers(two_relea
         ImageDataset(snap, kind=None)
 
 
-def test_readme_training_loop_runs_on_a_release(two_releases):
-    """The README's ten-line loop over pairs and VQA items, as printed, on a release (default collate, 2 workers)."""
+def test_docs_training_loop_runs_on_a_release(two_releases):
+    """The ten-line loop over pairs and VQA items of docs/snapshots.md, as printed, on a release (default collate,
+    2 workers)."""
     from schemas.config import PROJECT_ROOT
 
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    code = readme.split("<!-- training-loop -->\n```python\n", 1)[1].split("```", 1)[0]
+    page = (PROJECT_ROOT / "docs" / "snapshots.md").read_text()
+    code = page.split("<!-- training-loop -->\n```python\n", 1)[1].split("```", 1)[0]
     assert len(code.strip().splitlines()) <= 12 and ".demo/root" in code
     scope: dict = {}
-    exec(compile(code.replace(".demo/root", two_releases.root), "README.md", "exec"), scope)  # noqa: S102
+    exec(compile(code.replace(".demo/root", two_releases.root), "docs/snapshots.md", "exec"), scope)  # noqa: S102
     assert scope["loss"].ndim == 0 and torch.isfinite(scope["loss"])
     assert scope["b"]["images"].shape[1:3] == (2, 1)  # the last VQA batch: two slots, one channel
 
