@@ -9,6 +9,7 @@ against known rows after a second release exists.
 from __future__ import annotations
 
 import json
+import re
 import zlib
 
 import duckdb
@@ -284,3 +285,22 @@ def test_monai_loads_the_release_volumes(two_releases):
     ds = MonaiDataset(records, transform=LoadImaged(keys="image", image_only=True))
     assert [tuple(ds[i]["image"].shape) for i in range(len(ds))] == [(8, 8, 3)] * 3
     assert np.allclose(np.asarray(ds[0]["image"].affine)[:3, :3].diagonal(), [-0.7, -0.7, 1.5])  # RAS, mm
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/snapshots.md", "docs/pixels.md"])
+def test_docs_release_examples_run_on_a_release(two_releases, page):
+    """Every ``<!-- release-example -->`` block of the README and docs, as printed, on a release (``image_key``: the
+    first images row's, for blocks that take one)."""
+    from medreco_reader import Snapshot as ReaderSnapshot
+    from schemas.config import PROJECT_ROOT
+
+    text = (PROJECT_ROOT / page).read_text(encoding="utf-8")
+    blocks = re.findall(r"<!-- release-example -->\n```python\n(.*?)```", text, flags=re.DOTALL)
+    assert blocks, page
+    snap = load_snapshot(two_releases)
+    for code in blocks:
+        assert ".demo/root" in code
+        scope: dict = {"image_key": snap.read("images", ["image_key"])["image_key"][0].as_py()}
+        exec(compile(code.replace(".demo/root", two_releases.root), page, "exec"), scope)  # noqa: S102
+        assert isinstance(scope["snap"], ReaderSnapshot) and scope["snap"].version == "0.2.0"
+        assert scope["array"].size > 0
