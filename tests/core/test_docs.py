@@ -21,18 +21,44 @@ from schemas.config import PROJECT_ROOT
 DOCS = PROJECT_ROOT / "docs"
 README = PROJECT_ROOT / "README.md"
 #: the pages the site must have (issue 39: one page per topic)
-PAGES = ("index", "design", "command-line", "configuration", "deidentification", "pixels", "reports", "snapshots",
-         "quality", "training", "operations")
+PAGES = (
+    "index",
+    "design",
+    "command-line",
+    "configuration",
+    "deidentification",
+    "pixels",
+    "reports",
+    "snapshots",
+    "quality",
+    "training",
+    "operations",
+)
 #: top-level folders whose paths the docs name in backticks (checked to exist)
-CODE_ROOTS = ("schemas", "etl", "entity_extraction", "quality", "training", "dags", "plugins", "medreco", "reader",
-              "infra", "benchmarks", "tests", "config", "constraints")
+CODE_ROOTS = (
+    "schemas",
+    "etl",
+    "entity_extraction",
+    "quality",
+    "training",
+    "dags",
+    "plugins",
+    "medreco",
+    "reader",
+    "infra",
+    "benchmarks",
+    "tests",
+    "config",
+    "constraints",
+)
 #: history in a document that should state what is true now: a commit id in backticks (7-40 hex digits with at least
 #: one letter and one digit), a bare 40-hex id, "before" (a before/after figure), machine-load notes
 HISTORY = {
     "commit id": re.compile(r"`(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}`|\b[0-9a-f]{40}\b"),
     "'before'": re.compile(r"\bbefore\b", re.IGNORECASE),
-    "machine-load note": re.compile(r"\bunder load\b|\bload average\b|\bmachine load\b|\bloaded machine\b",
-                                    re.IGNORECASE),
+    "machine-load note": re.compile(
+        r"\bunder load\b|\bload average\b|\bmachine load\b|\bloaded machine\b", re.IGNORECASE
+    ),
 }
 #: backticked names that look like repository paths but are not (an AWS Secrets Manager prefix in infra/README.md)
 NOT_PATHS = {"medreco/airflow/connections"}
@@ -44,8 +70,13 @@ def _md_files() -> list[Path]:
 
 
 def _mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config),
-                           "--site-dir", str(site)], capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_every_topic_page_is_there_and_in_the_nav():
@@ -64,8 +95,10 @@ def test_the_site_builds_strict_with_every_link_and_anchor_resolved(tmp_path):
         assert not re.findall(r"<(?:script|link|img)[^>]+(?:src|href)=\"(?:https?:)?//", html), page  # works offline
 
 
-@pytest.mark.parametrize(("link", "says"), [("pixels.md", "not found"), ("reports.md#no-such-heading", "anchor"),
-                                            ("../etl/storage.py", "not found")])
+@pytest.mark.parametrize(
+    ("link", "says"),
+    [("pixels.md", "not found"), ("reports.md#no-such-heading", "anchor"), ("../etl/storage.py", "not found")],
+)
 def test_a_broken_link_fails_the_build(tmp_path, link, says):
     """The check above can fail: the same config on a copy of the docs with one bad link is refused."""
     docs = tmp_path / "docs"
@@ -102,16 +135,24 @@ def _code_paths(text: str) -> set[str]:
     out = set()
     for span in re.findall(r"`([^`\s]+)`", text):
         path = span.split("::", 1)[0].rstrip("/")
-        if (path.split("/", 1)[0] in CODE_ROOTS and "/" in span and re.fullmatch(r"[\w./-]+", path)
-                and ".." not in path and path not in NOT_PATHS):
+        if (
+            path.split("/", 1)[0] in CODE_ROOTS
+            and "/" in span
+            and re.fullmatch(r"[\w./-]+", path)
+            and ".." not in path
+            and path not in NOT_PATHS
+        ):
             out.add(path)
     return out
 
 
 def test_code_paths_named_in_the_docs_exist():
     pages = [*_md_files(), *(PROJECT_ROOT / f for f in ("SECURITY.md", "benchmarks/README.md", "infra/README.md"))]
-    named = {(md.relative_to(PROJECT_ROOT).as_posix(), p) for md in pages
-             for p in _code_paths(md.read_text(encoding="utf-8"))}
+    named = {
+        (md.relative_to(PROJECT_ROOT).as_posix(), p)
+        for md in pages
+        for p in _code_paths(md.read_text(encoding="utf-8"))
+    }
     assert len(named) >= 50
     missing = sorted(f"{md}: {p}" for md, p in named if not (PROJECT_ROOT / p).exists())
     assert not missing, "\n".join(missing)
@@ -119,27 +160,47 @@ def test_code_paths_named_in_the_docs_exist():
 
 def test_the_path_check_can_fail():
     assert _code_paths("see `etl/pipeline/stages.py::run_stage`, `quality/` and `.demo/root`, `a/b`") == {
-        "etl/pipeline/stages.py", "quality"}
+        "etl/pipeline/stages.py",
+        "quality",
+    }
 
 
 def test_readme_and_docs_state_what_is_true_now():
     found = []
     for md in _md_files():
         for n, line in enumerate(md.read_text(encoding="utf-8").splitlines(), 1):
-            found += [f"{md.relative_to(PROJECT_ROOT)}:{n}: {what}: {line.strip()[:100]}"
-                      for what, rx in HISTORY.items() if rx.search(line)]
+            found += [
+                f"{md.relative_to(PROJECT_ROOT)}:{n}: {what}: {line.strip()[:100]}"
+                for what, rx in HISTORY.items()
+                if rx.search(line)
+            ]
     assert not found, "\n".join(found)
 
 
-@pytest.mark.parametrize(("line", "what"), [("at `0f30c66` it was", "commit id"), ("the figure before it", "'before'"),
-                                            ("measured under load", "machine-load note"),
-                                            ("c610e6c4" * 5, "commit id")])
+@pytest.mark.parametrize(
+    ("line", "what"),
+    [
+        ("at `0f30c66` it was", "commit id"),
+        ("the figure before it", "'before'"),
+        ("measured under load", "machine-load note"),
+        ("c610e6c4" * 5, "commit id"),
+    ],
+)
 def test_the_history_check_can_fail(line, what):
     assert HISTORY[what].search(line)
 
 
-@pytest.mark.parametrize("line", ["`0444` files", "`2.25.<keyed hash>`", "`deadbeef`", "`ct_spacing_mm`",
-                                  "ahead of the run", "the load on the store"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "`0444` files",
+        "`2.25.<keyed hash>`",
+        "`deadbeef`",
+        "`ct_spacing_mm`",
+        "ahead of the run",
+        "the load on the store",
+    ],
+)
 def test_the_history_check_passes_ordinary_text(line):
     assert not any(rx.search(line) for rx in HISTORY.values())
 
