@@ -1,7 +1,7 @@
 """Pairs, retrieval targets, VQA items and splits at MedReCo-DB scale (metadata only, no pixels).
 
 Generates the ``studies`` / ``images`` (view only) / ``study_labels`` / ``entity_mentions`` frames of a synthetic
-archive: 8 institutions, 4 modality families, 160,000 patients and about 690,000 images (DESIGN.md scale), then runs
+archive: 8 institutions, 4 modality families, 160,000 patients and about 690,000 images (docs/design.md scale), then runs
 the build's own functions on them, in build order: :func:`etl.assemble.splits.assign_splits`, :func:`etl.assemble.pairs.build_pairs`,
 :func:`etl.assemble.vqa.build_vqa` (with the mentions and image views, as ``assemble`` passes them),
 :func:`etl.assemble.retrieval.build_retrieval_targets`, :func:`etl.assemble.vqa.build_case_comparison_vqa` and

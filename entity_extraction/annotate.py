@@ -1,6 +1,6 @@
 """Annotate one report for curators: de-identified text, sections and ontology entities with their modifiers.
 
-The per-line logic of ``medreco reports annotate IN.jsonl OUT.jsonl`` (DESIGN.md, command line): an input
+The per-line logic of ``medreco reports annotate IN.jsonl OUT.jsonl`` (docs/command-line.md): an input
 record ``{"id", "input"}`` (optionally ``"family"``, or ``"modality"`` and ``"body_part"``; other keys are
 ignored) becomes ``{"id", "deidentified_text", "sections", "entities": [...]}`` plus ``"family"`` (the
 vocabulary used) and ``"deidentification"`` (what text de-identification could use and how much it
@@ -26,7 +26,7 @@ from entity_extraction.text_deid import deidentify_text
 from schemas.errors import ReasonCodedError
 from schemas.ontology import FAMILIES, modality_family
 
-#: keys of one output entity, in output order (DESIGN.md, ``medreco reports annotate``).
+#: keys of one output entity, in output order (docs/command-line.md, ``medreco reports annotate``).
 ENTITY_FIELDS = ("text", "entity_id", "category", "section", "assertion", "temporality", "change", "laterality",
                  "severity", "anatomy_id")
 #: keys of one output line, in output order.

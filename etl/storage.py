@@ -4,7 +4,7 @@ Built on :mod:`pyarrow.fs` (LocalFileSystem / S3FileSystem), so the same code re
 Parquet and raw bytes on a laptop and on object storage. Paths handed to :class:`Storage` methods are
 relative to the storage root and always use ``/``.
 
-Zones (DESIGN.md)::
+Zones (docs/design.md)::
 
     sources/<institution>/...   raw input, read-only to the pipeline (restricted: may hold PHI)
     quarantine/<run_id>/...     quarantine records (restricted: name source paths, never copy values)

@@ -1,4 +1,4 @@
-"""``medreco``: the project's command line (one console script; DESIGN.md lists the contract).
+"""``medreco``: the project's command line (one console script; docs/command-line.md lists the contract).
 
 Exit status 0 on success; non-zero with a one-line reason on failure.
 """

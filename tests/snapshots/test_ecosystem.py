@@ -9,6 +9,7 @@ against known rows after a second release exists.
 from __future__ import annotations
 
 import json
+import re
 import zlib
 
 import duckdb
@@ -60,7 +61,7 @@ def _folder(st: Storage, version: str) -> str:
 
 
 def _files(folder: str, table: str) -> list[str]:
-    """The README's one-liner list: ``files/<table>.txt`` relative to the release folder."""
+    """The one-liner list of docs/snapshots.md: ``files/<table>.txt`` relative to the release folder."""
     return [f"{folder}/{p}" for p in open(f"{folder}/files/{table}.txt").read().split()]
 
 
@@ -254,15 +255,16 @@ def test_default_collate_batches_images_pairs_and_vqa_with_two_workers(two_relea
         ImageDataset(snap, kind=None)
 
 
-def test_readme_training_loop_runs_on_a_release(two_releases):
-    """The README's ten-line loop over pairs and VQA items, as printed, on a release (default collate, 2 workers)."""
+def test_docs_training_loop_runs_on_a_release(two_releases):
+    """The ten-line loop over pairs and VQA items of docs/snapshots.md, as printed, on a release (default collate,
+    2 workers)."""
     from schemas.config import PROJECT_ROOT
 
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    code = readme.split("<!-- training-loop -->\n```python\n", 1)[1].split("```", 1)[0]
+    page = (PROJECT_ROOT / "docs" / "snapshots.md").read_text()
+    code = page.split("<!-- training-loop -->\n```python\n", 1)[1].split("```", 1)[0]
     assert len(code.strip().splitlines()) <= 12 and ".demo/root" in code
     scope: dict = {}
-    exec(compile(code.replace(".demo/root", two_releases.root), "README.md", "exec"), scope)  # noqa: S102
+    exec(compile(code.replace(".demo/root", two_releases.root), "docs/snapshots.md", "exec"), scope)  # noqa: S102
     assert scope["loss"].ndim == 0 and torch.isfinite(scope["loss"])
     assert scope["b"]["images"].shape[1:3] == (2, 1)  # the last VQA batch: two slots, one channel
 
@@ -283,3 +285,22 @@ def test_monai_loads_the_release_volumes(two_releases):
     ds = MonaiDataset(records, transform=LoadImaged(keys="image", image_only=True))
     assert [tuple(ds[i]["image"].shape) for i in range(len(ds))] == [(8, 8, 3)] * 3
     assert np.allclose(np.asarray(ds[0]["image"].affine)[:3, :3].diagonal(), [-0.7, -0.7, 1.5])  # RAS, mm
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/snapshots.md", "docs/pixels.md"])
+def test_docs_release_examples_run_on_a_release(two_releases, page):
+    """Every ``<!-- release-example -->`` block of the README and docs, as printed, on a release (``image_key``: the
+    first images row's, for blocks that take one)."""
+    from medreco_reader import Snapshot as ReaderSnapshot
+    from schemas.config import PROJECT_ROOT
+
+    text = (PROJECT_ROOT / page).read_text(encoding="utf-8")
+    blocks = re.findall(r"<!-- release-example -->\n```python\n(.*?)```", text, flags=re.DOTALL)
+    assert blocks, page
+    snap = load_snapshot(two_releases)
+    for code in blocks:
+        assert ".demo/root" in code
+        scope: dict = {"image_key": snap.read("images", ["image_key"])["image_key"][0].as_py()}
+        exec(compile(code.replace(".demo/root", two_releases.root), page, "exec"), scope)  # noqa: S102
+        assert isinstance(scope["snap"], ReaderSnapshot) and scope["snap"].version == "0.2.0"
+        assert scope["array"].size > 0

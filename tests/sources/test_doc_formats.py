@@ -1,4 +1,4 @@
-"""The README's report input formats: the table names every format and field, and every example parses."""
+"""The report input formats of docs/reports.md: the table names every format and field, and every example parses."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from etl.sources.reports import FORMATS, RECORD_FIELDS, REQUIRED_FIELDS, ReportSourceError, iter_report_source
 from schemas.config import PROJECT_ROOT
 
-README = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
-SECTION = README[README.index("### Report input formats"):README.index("## Snapshots for ML users")]
+PAGE = (PROJECT_ROOT / "docs" / "reports.md").read_text(encoding="utf-8")
+SECTION = PAGE[PAGE.index("## Report input formats"):PAGE.index("\n## ", PAGE.index("## Report input formats") + 1)]
 EXAMPLES = dict(re.findall(r"<!-- report-example: ([a-z0-9-]+) -->\n```\n(.*?)```", SECTION, flags=re.DOTALL))
 
 
