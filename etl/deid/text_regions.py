@@ -179,7 +179,6 @@ def glyph_row(ink: np.ndarray, floor: float, *, min_px: int = 6, max_px: int = 6
             best = row
     if len(best) < min_glyphs:
         return None
-    glyph_row.last = best  # the glyph boxes of the last row found (diagnostics)
     return (min(b[0] for b in best), min(b[1] for b in best), max(b[2] for b in best), max(b[3] for b in best))
 
 
