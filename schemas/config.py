@@ -327,6 +327,17 @@ class DeidConfig(_Strict):
     )
     pixel_cleaning: list[PixelCleaningRule] = Field(default_factory=list)
     burned_in_text: BurnedInTextConfig = BurnedInTextConfig()
+    deface: Literal["on", "quarantine", "off"] = Field(
+        default="on",
+        description="113102 for head CT/MR volumes: on = remove the face (else quarantine defacing_failed), "
+        "quarantine = withhold head volumes, off = keep faces (only where the data agreement allows; the release "
+        "card says so)",
+    )
+    recognizable_visual_features_allowed: list[str] = Field(
+        default_factory=list,
+        description="institution ids whose data agreement allows images showing a face (VL/Video Photographic "
+        "SOP classes, RecognizableVisualFeatures YES); elsewhere they are quarantined recognizable_visual_features",
+    )
 
 
 class TrainingConfig(_Strict):

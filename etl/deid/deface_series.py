@@ -33,8 +33,8 @@ import SimpleITK as sitk
 from pydicom.dataset import Dataset
 
 from etl.deid.deface import (
-    DefaceError,
     MIN_SLICES,
+    DefaceError,
     detect_faces,
     face_mask,
     front_render,
@@ -43,10 +43,7 @@ from etl.deid.deface import (
     looks_like_body,
     tissue_threshold,
 )
-
-CODE_CLEAN_RVF = ("113102", "Clean Recognizable Visual Features Option")
-#: SOP classes whose images show a face by design: VL Photographic Image, Video Photographic Image (PS3.4 B.5)
-PHOTOGRAPHIC_SOP_CLASSES = frozenset({"1.2.840.10008.5.1.4.1.1.77.1.4", "1.2.840.10008.5.1.4.1.1.77.1.4.1"})
+from etl.deid.policy import CODE_CLEAN_RVF
 
 
 @dataclass
@@ -350,3 +347,78 @@ def audit_counts(outcomes: list[SeriesOutcome]) -> Counter:
             if k in o.figures:
                 c[f"deface:{k}"] += int(o.figures[k])
     return c
+
+
+@dataclass
+class ShardDefacing:
+    """What defacing did to the head series of one shard (or one ``medreco deid`` folder).
+
+    Attributes
+    ----------
+    quarantined : dict of str to (str, str)
+        sop_key -> (reason, detail) of every file of a series that was quarantined (its file must be removed).
+    transfer_syntax : dict of str to str
+        sop_key -> TransferSyntaxUID of each rewritten file (defaced pixels are stored uncompressed).
+    series : list of dict
+        one PHI-free audit record per head-candidate series: ``series_key``, ``status``, ``reason``, ``detail``,
+        ``files`` and the figures of :class:`SeriesOutcome`.
+    counts : Counter
+        :func:`audit_counts` of the outcomes.
+    """
+
+    quarantined: dict[str, tuple[str, str]] = field(default_factory=dict)
+    transfer_syntax: dict[str, str] = field(default_factory=dict)
+    series: list[dict] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+
+
+def deface_written(instances: list[dict], read, write, mode: str = "on", detector: bool = True) -> ShardDefacing:
+    """Deface the head series among files already de-identified and written, one series in memory at a time.
+
+    Parameters
+    ----------
+    instances : list of dict
+        rows with ``sop_key``, ``series_key``, ``modality``, ``body_part`` and ``dicom_path`` (the ``instances``
+        columns); series whose modality is not CT/MR or whose body part is another one are not read.
+    read, write : callables
+        ``read(path) -> bytes`` and ``write(path, bytes)`` on the written files.
+    mode : str
+        config ``deid.deface``.
+    detector : bool
+        passed to :func:`deface_series`.
+
+    Returns
+    -------
+    ShardDefacing
+        the caller removes the files of ``quarantined`` and their rows, and records their reason.
+    """
+    groups: dict[str, list[dict]] = {}
+    for row in instances:
+        if head_decision(str(row.get("modality") or ""), row.get("body_part")) != "other":
+            groups.setdefault(row["series_key"], []).append(row)
+    done = ShardDefacing()
+    outcomes = []
+    for series_key, rows in sorted(groups.items()):
+        by_path = {r["dicom_path"]: r["sop_key"] for r in rows}
+        try:
+            outcome = deface_series({p: read(p) for p in by_path}, rows[0].get("body_part"), mode, detector)
+        except Exception as err:  # noqa: BLE001  anything unforeseen in one series quarantines that series only
+            outcome = SeriesOutcome("quarantined", "defacing_failed", f"unexpected: {type(err).__name__}")
+        outcomes.append(outcome)
+        done.series.append({"series_key": series_key, "status": outcome.status, "reason": outcome.reason,
+                            "detail": outcome.detail, "files": len(rows), **outcome.figures})
+        if outcome.status == "quarantined":
+            for sop in by_path.values():
+                done.quarantined[sop] = (outcome.reason or "defacing_failed", outcome.detail or "")
+            continue
+        for path, data in outcome.payloads.items():
+            write(path, data)
+            done.transfer_syntax[by_path[path]] = str(_read_meta_ts(data))
+    done.counts = audit_counts(outcomes)
+    return done
+
+
+def _read_meta_ts(data: bytes) -> str:
+    from pydicom.filereader import read_file_meta_info
+
+    return str(read_file_meta_info(io.BytesIO(data)).TransferSyntaxUID)

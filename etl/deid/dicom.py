@@ -47,7 +47,7 @@ from pydicom.sequence import Sequence
 from pydicom.tag import Tag
 from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID, ExplicitVRLittleEndian, UID_dictionary
 
-from etl.deid.policy import CODE_CLEAN_PIXEL, Policy, build_policy
+from etl.deid.policy import CODE_CLEAN_PIXEL, PHOTOGRAPHIC_SOP_CLASSES, Policy, build_policy
 from etl.keys import PseudonymKey, patient_key_for
 from etl.limits import MAX_DICOM_TEXT_CHARS
 from etl.sources.dicom_integrity import last_element_cut
@@ -769,7 +769,8 @@ def deidentify_dataset(
     Raises
     ------
     DeidentificationError
-        reason codes: ``missing_patient_id``, ``missing_uid``, ``truncated_file``, ``burned_in_annotation_risk``,
+        reason codes: ``missing_patient_id``, ``missing_uid``, ``recognizable_visual_features`` (a VL or Video
+        Photographic image, or RecognizableVisualFeatures YES, from an institution not allowed them), ``truncated_file``, ``burned_in_annotation_risk``,
         ``pixel_cleaning_failed``, ``unparseable_date``, ``verification_failed``, ``malformed_structure`` (a
         sequence item or delimiter at dataset level), ``value_too_long`` (a text value to clean longer than
         :data:`etl.limits.MAX_DICOM_TEXT_CHARS`), ``deidentification_error`` (anything unexpected while walking or
@@ -787,6 +788,12 @@ def deidentify_dataset(
         uids[kw] = _ascii(ds, tag)  # read raw: no conversion of values the walk replaces anyway
         if not uids[kw]:
             raise DeidentificationError("missing_uid", f"{kw} is empty or absent")
+    sop_class = _ascii(ds, 0x00080016)
+    if ((sop_class in PHOTOGRAPHIC_SOP_CLASSES or _ascii(ds, 0x00280302).upper() == "YES")
+            and institution not in policy.visual_features_allowed):  # a photograph or video of a face
+        raise DeidentificationError("recognizable_visual_features", "a VL/Video Photographic image or "
+                                    "RecognizableVisualFeatures YES, and config deid.recognizable_visual_features_"
+                                    "allowed does not list this institution")
     raw_pixels = ds.get_item(_PIXEL_DATA)
     if (raw_pixels is not None and isinstance(raw_pixels.value, (bytes, bytearray))
             and getattr(raw_pixels, "length", 0) not in (0, 0xFFFFFFFF) and len(raw_pixels.value) < raw_pixels.length):

@@ -46,6 +46,9 @@ CODE_PATIENT_CHARACTERISTICS = ("113108", "Retain Patient Characteristics Option
 CODE_DEVICE_IDENTITY = ("113109", "Retain Device Identity Option")
 CODE_SAFE_PRIVATE = ("113111", "Retain Safe Private Option")
 CODE_CLEAN_PIXEL = ("113101", "Clean Pixel Data Option")
+CODE_CLEAN_RVF = ("113102", "Clean Recognizable Visual Features Option")
+#: SOP classes whose images show a face by design: VL Photographic Image, Video Photographic Image (PS3.4 B.5)
+PHOTOGRAPHIC_SOP_CLASSES = frozenset({"1.2.840.10008.5.1.4.1.1.77.1.4", "1.2.840.10008.5.1.4.1.1.77.1.4.1"})
 
 
 class PolicyError(ReasonCodedError, ValueError):
@@ -75,6 +78,14 @@ class Policy:
     modified_dates: bool = True
     #: burned-in text OCR switch (config ``deid.burned_in_text``)
     burned_in_text: BurnedInTextConfig = field(default_factory=BurnedInTextConfig)
+    #: config ``deid.deface`` (on / quarantine / off) and the institutions allowed images showing a face
+    deface: str = "on"
+    visual_features_allowed: frozenset[str] = frozenset()
+
+    @property
+    def release_method_codes(self) -> tuple[tuple[str, str], ...]:
+        """The codes a release records: :attr:`method_codes` plus 113102 when head volumes are defaced."""
+        return (*self.method_codes, CODE_CLEAN_RVF) if self.deface == "on" else self.method_codes
 
     #: group numbers & 0xFF00 of the repeating groups removed whole (0x5000 curves, 0x6000 overlays)
     removed_group_prefixes: frozenset[int] = frozenset()
@@ -254,4 +265,6 @@ def _build_policy_cached(cfg_json: str) -> Policy:
         method_text=text[:64],
         modified_dates=cfg.retain_longitudinal_modified_dates,
         burned_in_text=cfg.burned_in_text,
+        deface=cfg.deface,
+        visual_features_allowed=frozenset(cfg.recognizable_visual_features_allowed),
     )

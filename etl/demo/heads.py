@@ -52,6 +52,24 @@ def template_head() -> tuple[sitk.Image, sitk.Image]:
     return head, face
 
 
+def answer_key(volume: sitk.Image, face: sitk.Image, brain_depth_mm: float = 20.0,
+               face_margin_mm: float = 10.0) -> sitk.Image:
+    """Labels of a head: 1 = face region (``face`` > 0), 2 = brain and inner skull (tissue at least
+    ``brain_depth_mm`` inside the head surface and ``face_margin_mm`` away from the face region), 0 = the rest."""
+    arr = sitk.GetArrayViewFromImage(volume)
+    head = sitk.BinaryFillhole(sitk.BinaryThreshold(volume, _threshold(volume), 1e30, 1, 0))
+    depth = sitk.GetArrayFromImage(sitk.SignedMaurerDistanceMap(head, insideIsPositive=True, useImageSpacing=True))
+    face_arr = sitk.GetArrayFromImage(face) > 0
+    away = sitk.GetArrayFromImage(sitk.SignedMaurerDistanceMap(
+        sitk.Cast(face > 0, sitk.sitkUInt8), insideIsPositive=False, useImageSpacing=True)) >= face_margin_mm
+    out = np.zeros(arr.shape, np.uint8)
+    out[(depth >= brain_depth_mm) & away] = 2
+    out[face_arr] = 1
+    labels = sitk.GetImageFromArray(out)
+    labels.CopyInformation(volume)
+    return labels
+
+
 def ct_like(mr: sitk.Image, seed: int = 0) -> sitk.Image:
     """A CT-like volume (HU, float32) from a T1-weighted head: air -1000, soft tissue 20-80 HU, dark voxels
     within 15 mm of the head surface as bone (700 HU), dark voxels deeper as CSF (5 HU), Gaussian noise sd 8 HU."""
@@ -77,6 +95,7 @@ class HeadSeries:
 
     files: list[bytes]
     grid: sitk.Image  # the sampled volume (float32, rescaled values) on the series grid
+    labels: np.ndarray | None = None  # the answer key on the series grid (slices, rows, columns), when given
 
 
 def _rotation(axis: str, degrees: float) -> np.ndarray:
@@ -91,7 +110,8 @@ def _rotation(axis: str, degrees: float) -> np.ndarray:
 
 def head_series(volume: sitk.Image, *, plane: str = "axial", position: str = "HFS", spacing=(1.5, 1.5, 2.0),
                 size=(128, 128, 96), oblique_deg: float = 0.0, tilt_deg: float = 0.0, crop_front_mm: float = 0.0,
-                modality: str = "MR", body_part: str | None = "HEAD", seed: int = 1) -> HeadSeries:
+                modality: str = "MR", body_part: str | None = "HEAD", seed: int = 1,
+                labels: sitk.Image | None = None) -> HeadSeries:
     """DICOM series of ``volume`` (LPS, float32; CT in HU) on a new slice grid.
 
     Parameters
@@ -111,6 +131,8 @@ def head_series(volume: sitk.Image, *, plane: str = "axial", position: str = "HF
         ``MR`` (stored uint16, values as given) or ``CT`` (stored int16, RescaleIntercept -1024).
     body_part : str or None
         BodyPartExamined (None: absent).
+    labels : sitk.Image, optional
+        an answer key on ``volume``'s space (e.g. 1 = face, 2 = brain), resampled (nearest) like the volume.
 
     Returns
     -------
@@ -136,6 +158,9 @@ def head_series(volume: sitk.Image, *, plane: str = "axial", position: str = "HF
     grid = sitk.Resample(volume, [int(n) for n in size], moving, sitk.sitkLinear, origin.tolist(),
                          [float(s) for s in spacing], direction.ravel().tolist(), background, sitk.sitkFloat32)
     arr = sitk.GetArrayFromImage(grid)
+    key = None if labels is None else sitk.GetArrayFromImage(sitk.Resample(
+        labels, [int(n) for n in size], moving, sitk.sitkNearestNeighbor, origin.tolist(), [float(s) for s in spacing],
+        direction.ravel().tolist(), 0, sitk.sitkUInt8))
     study, series, frame_of_ref = generate_uid(), generate_uid(), generate_uid()
     files = []
     for k in range(arr.shape[0]):
@@ -144,7 +169,7 @@ def head_series(volume: sitk.Image, *, plane: str = "axial", position: str = "HF
         ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = study, series, frame_of_ref
         ds.PatientID = f"HEAD{seed:04d}"
         files.append(_to_bytes(ds))
-    return HeadSeries(files, grid)
+    return HeadSeries(files, grid, key)
 
 
 def _points(volume: sitk.Image, threshold: float) -> np.ndarray:

@@ -80,7 +80,7 @@ def publish_stage(ctx: BuildContext) -> dict:
         return _nothing_published(ctx, balance)
     release = publish(
         st, config_hash=ctx.cfg.config_hash(), ontology_version=load_ontology().version, run_id=ctx.run_id,
-        key_fingerprint=ctx.key.fingerprint(), deid_method_codes=build_policy(ctx.cfg.deid).method_codes,
+        key_fingerprint=ctx.key.fingerprint(), deid_method_codes=build_policy(ctx.cfg.deid).release_method_codes,
     )
     summary = {
         "run_id": ctx.run_id,

@@ -243,6 +243,7 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
         instances.append(instance)
         events.append({**event, "status": "ingested", "reason": None, "detail": None,
                        "sop_key": result.sop_key, "study_key": result.study_key})
+    _deface(ctx, shard, instances, audit_rows, events, written, audit)
     # remove de-identified files of this shard that this run did not write (re-runs with fewer inputs)
     for stale in ctx.storage.list_files(ctx.dicom_dir(shard)):
         if stale.rsplit("/", 1)[-1].removesuffix(".dcm") not in written:
@@ -255,6 +256,32 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     return record(ctx, "deidentify", shard, digest,
                    {"shard": shard, "instances": n, "quarantined": sum(e["status"] == "quarantined" for e in events)})
 
+
+
+def _deface(ctx: BuildContext, shard: int, instances: list[dict], audit_rows: list[dict], events: list[dict],
+            written: set[str], audit: Counter) -> None:
+    """Deface the shard's head CT/MR series in the files just written (config ``deid.deface``,
+    :func:`etl.deid.deface_series.deface_written`); the files of a series that fails are withheld: their rows
+    leave ``instances`` and ``deid_audit``, their events become ``quarantined`` with the reason, and the caller's
+    stale-file sweep removes them. Per-series figures go to the run's ``audit/deface`` (PHI-free)."""
+    from etl.deid.deface_series import deface_written
+
+    done = deface_written(instances, ctx.storage.read_bytes, ctx.storage.write_bytes, ctx.cfg.deid.deface)
+    for row in instances:
+        if row["sop_key"] in done.transfer_syntax:
+            row["transfer_syntax"] = done.transfer_syntax[row["sop_key"]]
+    if done.quarantined:
+        instances[:] = [r for r in instances if r["sop_key"] not in done.quarantined]
+        audit_rows[:] = [r for r in audit_rows if r["sop_key"] not in done.quarantined]
+        written.difference_update(done.quarantined)
+        for event in events:
+            if event.get("sop_key") in done.quarantined:
+                reason, detail = done.quarantined[event["sop_key"]]
+                event.update(status="quarantined", reason=reason, detail=detail, sop_key=None, study_key=None)
+                audit[f"quarantined:{reason}"] += 1
+    audit.update(done.counts)
+    if done.series:
+        ctx.storage.write_text(ctx.audit_path("deface", shard), json.dumps(done.series, sort_keys=True))
 
 
 # ---- normalisation -------------------------------------------------------------------------------

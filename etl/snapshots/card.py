@@ -164,6 +164,9 @@ def dataset_card(manifest: dict, facts: dict) -> str:
         if inputs["quarantined_by_reason"]:
             limits.append("Quarantined inputs are not in this release: " + ", ".join(
                 f"{r} {n}" for r, n in inputs["quarantined_by_reason"].items()) + ".")
+    if codes and "113102" not in {c for c, _ in codes}:
+        limits.append("Head CT and MR volumes were not defaced (config deid.deface is off or quarantine): with off "
+                      "they keep the patient's face, with quarantine they are withheld.")
     links = {k: v for k, v in facts.get("report_links", {}).items() if k != "linked"}
     if links:
         limits.append("Reports without an image study in this release: " + ", ".join(

@@ -442,7 +442,7 @@ def snapshot_publish(
         rel = publish(st, config_hash=cfg.config_hash(), ontology_version=load_ontology().version,
                       run_id=run_id or "cli", ledger_run_id=run_id,
                       key_fingerprint=load_key(allow_airflow=False).fingerprint(),
-                      deid_method_codes=build_policy(cfg.deid).method_codes)
+                      deid_method_codes=build_policy(cfg.deid).release_method_codes)
     except (MissingKeyError, SnapshotError) as err:
         _fail(str(err))
     typer.echo(f"{rel.version}\t{'created' if rel.created else 'unchanged'}\t{rel.manifest['content_hash']}\t{rel.path}")

@@ -1,6 +1,7 @@
 """``medreco deid SRC OUT``: de-identify a folder of DICOM files outside the DAG.
 
-Writes ``OUT/files/<sop_key>.dcm``, ``OUT/ledger.parquet`` (one row per input file) and
+Writes ``OUT/files/<sop_key>.dcm`` (head CT/MR series defaced, :mod:`etl.deid.deface_series`),
+``OUT/ledger.parquet`` (one row per input file), ``OUT/deface_audit.json`` (figures per head series) and
 ``OUT/quarantine/<sha256>.json`` records (both restricted: 0600 files, an 0700 folder); the ledger always
 balances: no input file, however malformed, stops the run (each is quarantined with a reason code).
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pydicom
 
+from etl.deid.deface_series import deface_written
 from etl.deid.dicom import DeidentificationError, deidentify_dataset
 from etl.deid.policy import build_policy
 from etl.deid.series_text import SeriesTextGate
@@ -27,6 +29,7 @@ from schemas import ledger as ledger_schema
 from schemas.base import table_from_rows
 from schemas.config import DeidConfig
 from schemas.errors import ReasonCodedError
+from schemas.ontology import infer_body_part
 
 
 class DeidFolderError(ReasonCodedError, ValueError):
@@ -76,6 +79,7 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
     rows: list[dict] = []
     seen: dict[str, str] = {}
     pending: dict[str, tuple[dict, Path]] = {}  # source_uri -> (ledger row, path) of the files to de-identify
+    heads: list[dict] = []  # ingested files with their series and anatomy, for defacing
     for path in sorted(p for p in Path(src).rglob("*") if p.is_file()):
         data = path.read_bytes()
         sha = hashlib.sha256(data).hexdigest()
@@ -102,8 +106,11 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
             with warnings.catch_warnings(), time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout",
                                                        "file's de-identification"):
                 warnings.simplefilter("ignore")
-                result = deidentify_dataset(pydicom.dcmread(io.BytesIO(path.read_bytes()), force=True), key,
-                                            institution, policy, pixel_cleaning=cfg.pixel_cleaning,
+                ds = pydicom.dcmread(io.BytesIO(path.read_bytes()), force=True)
+                body_part = infer_body_part(  # from the source descriptors, before they are cleaned
+                    str(ds.get("BodyPartExamined", "") or ""),
+                    [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")])
+                result = deidentify_dataset(ds, key, institution, policy, pixel_cleaning=cfg.pixel_cleaning,
                                             series_text=gate.slot(uri))
                 gate.record(uri, result.text_regions)
                 if result.sop_key in written:
@@ -112,10 +119,22 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
                         "another file of this folder has the same SOPInstanceUID and different content")
                 (out / "files" / f"{result.sop_key}.dcm").write_bytes(result.to_bytes())
                 written[result.sop_key] = str(path)
+                heads.append({"sop_key": result.sop_key, "series_key": result.series_key,
+                              "modality": str(result.dataset.get("Modality", "") or ""), "body_part": body_part,
+                              "dicom_path": str(out / "files" / f"{result.sop_key}.dcm"), "row": row})
         except (DeidentificationError, RecordLimitError) as err:
             row.update(status="quarantined", reason=err.reason, detail=str(err))
         except Exception as err:  # noqa: BLE001  fail closed on anything pydicom cannot handle
             row.update(status="quarantined", reason="unreadable_dicom", detail=type(err).__name__)
+    # defacing (config deid.deface): head CT/MR series, one at a time, in the files just written
+    done = deface_written(heads, lambda p: Path(p).read_bytes(), lambda p, b: Path(p).write_bytes(b), cfg.deface)
+    for head in heads:
+        if head["sop_key"] in done.quarantined:
+            Path(head["dicom_path"]).unlink()
+            reason, detail = done.quarantined[head["sop_key"]]
+            head["row"].update(status="quarantined", reason=reason, detail=detail)
+    if done.series:
+        _write_private(out / "deface_audit.json", json.dumps(done.series, indent=1, sort_keys=True).encode())
     for row in rows:
         if row["status"] == "quarantined":  # restricted (names source paths): owner-only
             (out / "quarantine").mkdir(mode=0o700, exist_ok=True)
