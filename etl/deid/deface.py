@@ -11,7 +11,7 @@ module removes it from one series volume:
    head with its face; MIT, Gulban et al., https://github.com/poldracklab/pydeface) to the series with SimpleITK: a
    start that puts the template's crown and upper-head centre on the series' ones (so a neck or a cropped chin in
    the field of view does not pull it), then similarity and affine stages with Mattes mutual information
-   (Mattes et al. 2003, IEEE TMI 22:120) on 3 mm block means, two resolutions. Mutual information needs no common
+   (Mattes et al. 2003, IEEE TMI 22:120) on 4 mm block means, two resolutions. Mutual information needs no common
    intensity scale, so the same MR template serves CT; CT is clamped to [-1000, 1000] HU first and its head is cut at
    -300 HU (skin) rather than by Otsu's threshold.
 3. **Warp** the template's face mask (``facemask.nii.gz``: 0 = nose, mouth, chin, cheeks, lower eyes) onto the
@@ -74,6 +74,8 @@ class DefaceError(ReasonCodedError, ValueError):
     """Defacing failed or could not be verified; ``reason`` is ``defacing_failed`` and the message names the check."""
 
     message_format = "{reason}: {message}"
+    #: the registration figures when a check failed (for the audit record)
+    figures: dict = {}
 
 
 @dataclass
@@ -181,7 +183,7 @@ def template_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def _template() -> tuple[sitk.Image, sitk.Image, sitk.Image]:
-    """(template on the 3 mm grid as float32, its head mask there, face mask (uint8, 1 = face) padded by 40 mm)."""
+    """(template on the 4 mm grid as float32, its head mask there, face mask (uint8, 1 = face) padded by 40 mm)."""
     folder = template_dir()
     head = sitk.ReadImage(str(folder / "mean_reg2mean.nii.gz"), sitk.sitkFloat32)
     small = _block_mean(head)
@@ -272,7 +274,7 @@ def register_template(image: sitk.Image, modality: str) -> tuple[sitk.AffineTran
     metric : float
         final Mattes mutual information value (negative).
     fixed, fixed_mask : sitk.Image
-        the series' 3 mm block means and their head mask (for the checks).
+        the series' 4 mm block means and their head mask (for the checks).
 
     Raises
     ------
@@ -284,40 +286,59 @@ def register_template(image: sitk.Image, modality: str) -> tuple[sitk.AffineTran
     fixed_mask = _head_mask(fixed, modality)
     anchor_f, anchor_t = _crown_anchor(fixed_mask), _crown_anchor(template_mask)
     moving = template
-    if modality == "CT":  # MI is blind to the scale, not to the range: put the template on a comparable range
-        moving = sitk.Cast(template, sitk.sitkFloat32)
-    sim = sitk.Similarity3DTransform()
-    sim.SetCenter(anchor_f.tolist())
-    sim.SetTranslation((anchor_t - anchor_f).tolist())
+    # orientation probe: a short coarse fit from the header's orientation and from the head turned 90, 180 and
+    # 270 degrees about its superior axis; the best start wins (a header that lies about the orientation then
+    # fails the rotation check instead of defacing the back of the head)
+    starts = []
+    for yaw in (0.0, 90.0, 180.0, 270.0):
+        turn = sitk.Euler3DTransform()  # fixed during the fit: the versor of the similarity stays near identity
+        turn.SetCenter(anchor_t.tolist())
+        turn.SetRotation(0.0, 0.0, math.radians(yaw))
+        sim = sitk.Similarity3DTransform()
+        sim.SetCenter(anchor_f.tolist())
+        sim.SetTranslation((anchor_t - anchor_f).tolist())
+        value = _fit(fixed, moving, sim, shrink=[2], sigmas=[1.0], iterations=15, step=2.0, turn=turn)
+        starts.append((value, yaw, sim, turn))
+    _, _, sim, turn = min(starts, key=lambda s: s[0])
+    _fit(fixed, moving, sim, shrink=[2, 1], sigmas=[1.0, 0.0], iterations=60, step=2.0, turn=turn)
+    affine = _as_affine(lambda p: turn.TransformPoint(sim.TransformPoint(p)), anchor_f)
+    metric = _fit(fixed, moving, affine, shrink=[1], sigmas=[0.0], iterations=40, step=1.0)
+    return affine, metric, fixed, fixed_mask
+
+
+def _fit(fixed: sitk.Image, moving: sitk.Image, transform: sitk.Transform, shrink: list[int], sigmas: list[float],
+         iterations: int, step: float, turn: sitk.Transform | None = None) -> float:
+    """Optimise ``transform`` in place (Mattes MI, 32 bins, 10% random samples with a fixed seed, regular-step
+    gradient descent with physical-shift scales), followed by the fixed transform ``turn`` when given; returns the
+    final metric value."""
     reg = sitk.ImageRegistrationMethod()
     reg.SetMetricAsMattesMutualInformation(numberOfHistogramBins=32)
     reg.SetMetricSamplingStrategy(reg.RANDOM)
     reg.SetMetricSamplingPercentage(0.10, seed=20240601)
     reg.SetInterpolator(sitk.sitkLinear)
-    reg.SetOptimizerAsRegularStepGradientDescent(learningRate=2.0, minStep=1e-3, numberOfIterations=60,
+    reg.SetOptimizerAsRegularStepGradientDescent(learningRate=step, minStep=1e-3, numberOfIterations=iterations,
                                                  relaxationFactor=0.6, gradientMagnitudeTolerance=1e-6)
     reg.SetOptimizerScalesFromPhysicalShift()
-    reg.SetShrinkFactorsPerLevel([2, 1])
-    reg.SetSmoothingSigmasPerLevel([1.0, 0.0])
-    reg.SetInitialTransform(sim, inPlace=True)
+    reg.SetShrinkFactorsPerLevel(shrink)
+    reg.SetSmoothingSigmasPerLevel(sigmas)
+    reg.SetInitialTransform(transform, inPlace=True)
+    if turn is not None:
+        reg.SetMovingInitialTransform(turn)
     reg.Execute(fixed, moving)
+    return float(reg.GetMetricValue())
+
+
+def _as_affine(point_map, centre: np.ndarray) -> sitk.AffineTransform:
+    """The affine transform (centred at ``centre``) equal to ``point_map`` (a composition of affine maps), fitted on
+    four points around the centre."""
+    src = centre + np.array([[0, 0, 0], [50, 0, 0], [0, 50, 0], [0, 0, 50]], float)
+    dst = np.array([point_map(p.tolist()) for p in src])
+    matrix = np.linalg.solve(src[1:] - src[0], dst[1:] - dst[0]).T
     affine = sitk.AffineTransform(3)
-    affine.SetCenter(sim.GetCenter())
-    affine.SetMatrix(sim.GetMatrix())
-    affine.SetTranslation(sim.GetTranslation())
-    reg2 = sitk.ImageRegistrationMethod()
-    reg2.SetMetricAsMattesMutualInformation(numberOfHistogramBins=32)
-    reg2.SetMetricSamplingStrategy(reg2.RANDOM)
-    reg2.SetMetricSamplingPercentage(0.10, seed=20240601)
-    reg2.SetInterpolator(sitk.sitkLinear)
-    reg2.SetOptimizerAsRegularStepGradientDescent(learningRate=1.0, minStep=1e-3, numberOfIterations=40,
-                                                  relaxationFactor=0.6, gradientMagnitudeTolerance=1e-6)
-    reg2.SetOptimizerScalesFromPhysicalShift()
-    reg2.SetShrinkFactorsPerLevel([1])
-    reg2.SetSmoothingSigmasPerLevel([0.0])
-    reg2.SetInitialTransform(affine, inPlace=True)
-    reg2.Execute(fixed, moving)
-    return affine, float(reg2.GetMetricValue()), fixed, fixed_mask
+    affine.SetCenter(centre.tolist())
+    affine.SetMatrix(matrix.ravel().tolist())
+    affine.SetTranslation((dst[0] - centre).tolist())
+    return affine
 
 
 def _decompose(affine: sitk.AffineTransform) -> tuple[list[float], float]:
@@ -378,7 +399,11 @@ def face_mask(image: sitk.Image, modality: str) -> tuple[np.ndarray, DefaceRepor
     if len(face_pts):  # LPS: anterior is -y
         report.face_ahead_mm = float(head_pts[:, 1].mean() - face_pts[:, 1].mean())
     report.cpu_s = time.process_time() - t0
-    _check_registration(report)
+    try:
+        _check_registration(report)
+    except DefaceError as err:
+        err.figures = report.as_dict()
+        raise
     return mask, report
 
 

@@ -296,6 +296,7 @@ def deface_series(payloads: dict[str, bytes], body_part: str | None, mode: str =
                                   "on the defaced render")
         out = _write_back(datasets, vol, stored)
     except DefaceError as err:
+        figures.update(err.figures)
         figures["cpu_s"] = round(time.process_time() - t0, 3)
         return SeriesOutcome("quarantined", err.reason, err.detail, figures=figures)
     figures["cpu_s"] = round(time.process_time() - t0, 3)

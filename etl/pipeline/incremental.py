@@ -52,7 +52,7 @@ STAGE_OUTPUT = {"deidentify": "instances", "normalise": "series", "entities": "s
 def carried_files(ctx: BuildContext, stage: str, shard: int) -> list[str]:
     """Run-folder files a stage writes for a shard (carried into a run that skips the shard)."""
     if stage == "deidentify":
-        return [ctx.events_path(stage, shard), ctx.audit_path(stage, shard)]
+        return [ctx.events_path(stage, shard), ctx.audit_path(stage, shard), ctx.audit_path("deface", shard)]
     if stage == "normalise":
         return [ctx.events_path(stage, shard)]
     return []

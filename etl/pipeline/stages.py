@@ -280,8 +280,7 @@ def _deface(ctx: BuildContext, shard: int, instances: list[dict], audit_rows: li
                 event.update(status="quarantined", reason=reason, detail=detail, sop_key=None, study_key=None)
                 audit[f"quarantined:{reason}"] += 1
     audit.update(done.counts)
-    if done.series:
-        ctx.storage.write_text(ctx.audit_path("deface", shard), json.dumps(done.series, sort_keys=True))
+    ctx.storage.write_text(ctx.audit_path("deface", shard), json.dumps(done.series, sort_keys=True))
 
 
 # ---- normalisation -------------------------------------------------------------------------------
