@@ -15,8 +15,8 @@ module removes it from one series volume:
    intensity scale, so the same MR template serves CT; CT is clamped to [-1000, 1000] HU first and its head is cut at
    -300 HU (skin) rather than by Otsu's threshold.
 3. **Warp** the template's face mask (``facemask.nii.gz``: 0 = nose, mouth, chin, cheeks, lower eyes) onto the
-   series grid (nearest neighbour; the mask's border is extended 40 mm so a longer chin or nose than the template's
-   is still inside it) and set its voxels to the series' background (the median stored value of the air outside the
+   series grid (nearest neighbour; the mask is grown by 4-5.6 mm to absorb registration error, and its border is
+   extended 40 mm so a longer chin or nose than the template's is still inside it) and set its voxels to the series' background (the median stored value of the air outside the
    head) in the stored pixel values.
 4. **Verify** (:func:`verify`): the registration's metric value, the Dice overlap of the registered template head
    with the series head, the affine's scales and rotation, the face region's position in front of the head centre,
@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import SimpleITK as sitk
+from scipy import ndimage
 
 from schemas.errors import ReasonCodedError
 
@@ -67,6 +68,7 @@ MIN_SLICES, MIN_EXTENT_MM = 10, 60.0
 MAX_HEAD_WIDTH_MM = 260.0
 _GRID_MM = 4.0  # registration grid
 _PAD_MM = 40.0  # extension of the face mask's border
+_MARGIN_VOXELS = 4  # the face mask grown by 4 voxels (4-5.6 mm, 18-connected) to absorb registration error
 CT_SKIN_HU = -300.0
 
 
@@ -189,6 +191,7 @@ def _template() -> tuple[sitk.Image, sitk.Image, sitk.Image]:
     small = _block_mean(head)
     mask = sitk.ReadImage(str(folder / "facemask.nii.gz"), sitk.sitkFloat32)
     face = sitk.GetArrayFromImage(mask) < 0.5  # (z, y, x); 0 in the file = face
+    face = ndimage.binary_dilation(face, ndimage.generate_binary_structure(3, 2), iterations=_MARGIN_VOXELS)
     pad = [int(round(_PAD_MM / s)) for s in mask.GetSpacing()[::-1]]
     face = np.pad(face, [(p, p) for p in pad], mode="edge").astype(np.uint8)
     padded = sitk.GetImageFromArray(face)
