@@ -420,6 +420,4 @@ def deface_written(instances: list[dict], read, write, mode: str = "on", detecto
 
 
 def _read_meta_ts(data: bytes) -> str:
-    from pydicom.filereader import read_file_meta_info
-
-    return str(read_file_meta_info(io.BytesIO(data)).TransferSyntaxUID)
+    return str(pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True).file_meta.TransferSyntaxUID)

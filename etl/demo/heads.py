@@ -167,7 +167,7 @@ def head_series(volume: sitk.Image, *, plane: str = "axial", position: str = "HF
         ipp = origin + direction[:, 2] * spacing[2] * k
         ds = _slice_dataset(arr[k], modality, body_part, position, row, col, ipp, spacing, k)
         ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = study, series, frame_of_ref
-        ds.PatientID = f"HEAD{seed:04d}"
+        ds.PatientID = f"SYN{seed:06d}"
         files.append(_to_bytes(ds))
     return HeadSeries(files, grid, key)
 
@@ -204,10 +204,10 @@ def _slice_dataset(pixels: np.ndarray, modality: str, body_part: str | None, pos
     ds.SOPClassUID, ds.SOPInstanceUID = sop_class, generate_uid()
     ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
     ds.Modality = modality
-    ds.PatientName, ds.PatientBirthDate, ds.PatientSex = "DEMO^HEAD", "19700101", "O"
+    ds.PatientName, ds.PatientBirthDate, ds.PatientSex = "SYNTHETIC^VOLUNTEER", "19700101", "O"
     ds.StudyDate = ds.SeriesDate = dt.date(2024, 5, 6).strftime("%Y%m%d")
     ds.StudyTime = "101500"
-    ds.AccessionNumber = "HEADACC1"
+    ds.AccessionNumber = f"ACC{k // 1000:05d}"
     ds.StudyDescription = f"{modality} HEAD"
     ds.SeriesDescription = f"{modality} head volume"
     if body_part:

@@ -211,3 +211,50 @@ def test_release_codes_and_card_say_whether_faces_were_removed():
     assert ("113102", "Clean Recognizable Visual Features Option") in build_policy(DeidConfig()).release_method_codes
     off = build_policy(DeidConfig(deface="off"))
     assert "113102" not in {c for c, _ in off.release_method_codes}
+
+
+@pytest.mark.slow
+def test_medreco_deid_defaces_head_series_and_quarantines_failures(volunteer, key, tmp_path):
+    """Through ``medreco deid`` (medreco.cli.deid_folder): a volunteer head series is defaced in the written files
+    (face tissue gone from the answer key's face region, brain unchanged, marked 113102); a series of noise that
+    claims to be a head is quarantined ``defacing_failed``, one ledger row per file; the ledger balances."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from medreco.cli.deid_folder import deidentify_folder
+
+    image, labels = volunteer
+    head = H.head_series(image, labels=labels, seed=2, **GRID)
+    rng = np.random.default_rng(3)
+    noise = sitk.GetImageFromArray(rng.uniform(0, 500, (80, 100, 100)).astype(np.float32))
+    noise.SetSpacing((2.0, 2.0, 2.0))
+    bad = H.head_series(noise, size=(64, 64, 24), spacing=(3.0, 3.0, 4.0), seed=3)
+    src, out = tmp_path / "src", tmp_path / "out"
+    for name, series in (("head", head), ("bad", bad)):
+        (src / name).mkdir(parents=True)
+        for i, data in enumerate(series.files):
+            (src / name / f"{i:03d}.dcm").write_bytes(data)
+    balance = deidentify_folder(src, out, key)
+    ledger = pq.read_table(out / "ledger.parquet").to_pylist()
+    assert len(ledger) == len(head.files) + len(bad.files)
+    assert balance["files_seen"] == len(ledger)
+    bad_rows = [r for r in ledger if "/bad/" in r["source_uri"]]
+    assert {(r["status"], r["reason"]) for r in bad_rows} == {("quarantined", "defacing_failed")}
+    assert all(r["status"] == "ingested" for r in ledger if "/head/" in r["source_uri"])
+    written = sorted(out.glob("files/*.dcm"))
+    assert len(written) == len(head.files)
+    datasets = [pydicom.dcmread(p) for p in written]
+    assert all(ds.RecognizableVisualFeatures == "NO" for ds in datasets)
+    assert all("113102" in [c.CodeValue for c in ds.DeidentificationMethodCodeSequence] for ds in datasets)
+    defaced = S._volume({str(p): ds for p, ds in zip(written, datasets)})
+    # the answer key follows the source slice order: match the written slices to it by position
+    m = measure(head, S.SeriesOutcome("defaced", payloads={
+        str(i): p.read_bytes() for i, p in enumerate(sorted(written, key=lambda p: float(
+            np.dot(pydicom.dcmread(p, stop_before_pixels=True).ImagePositionPatient, [0, 0, 1]))))}), "MR")
+    assert m["face_left"] <= 0.05 and m["brain_changed"] <= 0.01 and m["faces_after"] == 0, m
+    assert m["faces_before"] >= 1
+    assert len(defaced.slices) == len(head.files)
+    audit = json.loads((out / "deface_audit.json").read_text())
+    assert sorted(r["status"] for r in audit) == ["defaced", "quarantined"]
+    assert all("PatientID" not in json.dumps(r) for r in audit)
