@@ -203,8 +203,21 @@ def _template() -> tuple[sitk.Image, sitk.Image, sitk.Image]:
 
 def _block_mean(image: sitk.Image) -> sitk.Image:
     """Block means of ``image`` to about :data:`_GRID_MM` per voxel (float32)."""
-    factors = [max(1, int(round(_GRID_MM / s))) for s in image.GetSpacing()]
-    return sitk.BinShrink(sitk.Cast(image, sitk.sitkFloat32), factors)
+    return sitk.Cast(sitk.BinShrink(image, _factors(image)), sitk.sitkFloat32)
+
+
+def _factors(image: sitk.Image) -> list[int]:
+    return [max(1, int(round(_GRID_MM / s))) for s in image.GetSpacing()]
+
+
+def _small(image: sitk.Image, modality: str, rescale: tuple[float, float]) -> sitk.Image:
+    """Block means of a series volume in rescaled units (``stored * slope + intercept``), CT clamped to
+    [-1000, 1000] HU: the registration image (the full-resolution volume is never converted to float)."""
+    slope, intercept = rescale
+    small = _block_mean(image)
+    if (slope, intercept) != (1.0, 0.0):
+        small = small * float(slope) + float(intercept)
+    return sitk.Clamp(small, sitk.sitkFloat32, -1000.0, 1000.0) if modality == "CT" else small
 
 
 def _head_mask(image: sitk.Image, modality: str) -> sitk.Image:
@@ -248,10 +261,11 @@ def _crown_anchor(mask: sitk.Image) -> np.ndarray:
     return np.array([upper[:, 0].mean(), upper[:, 1].mean(), top])
 
 
-def looks_like_body(image: sitk.Image, modality: str) -> bool:
+def looks_like_body(image: sitk.Image, modality: str, rescale: tuple[float, float] = (1.0, 0.0)) -> bool:
     """Content check for a series of unknown anatomy: True when its tissue is wider than a head
-    (:data:`MAX_HEAD_WIDTH_MM` left-right or front-back, 2nd-98th percentile of the tissue's extent)."""
-    small = _block_mean(_as_float(image, modality))
+    (:data:`MAX_HEAD_WIDTH_MM` left-right or front-back, 2nd-98th percentile of the tissue's extent).
+    ``rescale``: (slope, intercept) from the image's values to HU/scaled values."""
+    small = _small(image, modality, rescale)
     pts = _points(_head_mask(small, modality))
     if len(pts) < 50:
         return False
@@ -259,16 +273,12 @@ def looks_like_body(image: sitk.Image, modality: str) -> bool:
     return bool(((hi - lo) > MAX_HEAD_WIDTH_MM).any())
 
 
-def _as_float(image: sitk.Image, modality: str) -> sitk.Image:
-    """Float32 copy for registration; CT clamped to [-1000, 1000] HU."""
-    out = sitk.Cast(image, sitk.sitkFloat32)
-    return sitk.Clamp(out, sitk.sitkFloat32, -1000.0, 1000.0) if modality == "CT" else out
-
-
 # ---- registration -----------------------------------------------------------------------------------------
 
-def register_template(image: sitk.Image, modality: str) -> tuple[sitk.AffineTransform, float, sitk.Image, sitk.Image]:
-    """Register the template to ``image`` (the series volume in physical LPS space; CT in HU).
+def register_template(image: sitk.Image, modality: str, rescale: tuple[float, float] = (1.0, 0.0)
+                      ) -> tuple[sitk.AffineTransform, float, sitk.Image, sitk.Image]:
+    """Register the template to ``image`` (the series volume in physical LPS space; its values times
+    ``rescale[0]`` plus ``rescale[1]`` are HU for CT).
 
     Returns
     -------
@@ -285,7 +295,7 @@ def register_template(image: sitk.Image, modality: str) -> tuple[sitk.AffineTran
         ``head_not_found`` when the series holds too little tissue.
     """
     template, template_mask, _ = _template()
-    fixed = _block_mean(_as_float(image, modality))
+    fixed = _small(image, modality, rescale)
     fixed_mask = _head_mask(fixed, modality)
     anchor_f, anchor_t = _crown_anchor(fixed_mask), _crown_anchor(template_mask)
     moving = template
@@ -354,20 +364,38 @@ def _decompose(affine: sitk.AffineTransform) -> tuple[list[float], float]:
     return [float(1 / x) for x in scales], angle
 
 
-def face_mask(image: sitk.Image, modality: str) -> tuple[np.ndarray, DefaceReport]:
+@dataclass
+class FaceRegion:
+    """The face region on a series grid: a box of the (slices, rows, columns) array and a mask inside it."""
+
+    box: tuple[slice, slice, slice]
+    inner: np.ndarray  # bool, the box's shape
+
+    def full(self, shape: tuple[int, int, int]) -> np.ndarray:
+        """The region as a bool array of the whole grid."""
+        out = np.zeros(shape, bool)
+        out[self.box] = self.inner
+        return out
+
+
+def face_mask(image: sitk.Image, modality: str, rescale: tuple[float, float] = (1.0, 0.0)
+              ) -> tuple[FaceRegion, DefaceReport]:
     """Register the template and warp its face mask onto ``image``'s grid; check the registration.
 
     Parameters
     ----------
     image : sitk.Image
-        the series volume (3D, physical LPS geometry from the headers; CT in HU, MR in stored or scaled values).
+        the series volume (3D, physical LPS geometry from the headers; stored or scaled values).
     modality : str
         ``"CT"`` or ``"MR"``.
+    rescale : (float, float)
+        slope and intercept from the image's values to HU (CT) or scaled values.
 
     Returns
     -------
-    mask : numpy.ndarray of bool, shape (slices, rows, columns)
-        True in the face region.
+    region : FaceRegion
+        the face region (warped only inside the box around it that the 4 mm grid finds: the full grid is never
+        resampled).
     report : DefaceReport
         registration figures (metric, head Dice, scales, rotation, face position and size).
 
@@ -379,7 +407,7 @@ def face_mask(image: sitk.Image, modality: str) -> tuple[np.ndarray, DefaceRepor
     """
     t0 = time.process_time()
     try:
-        affine, metric, fixed, fixed_mask = register_template(image, modality)
+        affine, metric, fixed, fixed_mask = register_template(image, modality, rescale)
     except DefaceError:
         raise
     except RuntimeError as err:  # ITK exceptions (e.g. too few samples in the overlap)
@@ -393,12 +421,11 @@ def face_mask(image: sitk.Image, modality: str) -> tuple[np.ndarray, DefaceRepor
     a, b = (w == 1) & inside, f & inside
     report.head_dice = float(2 * (a & b).sum() / max(1, a.sum() + b.sum()))
     report.scales, report.rotation_deg = _decompose(affine)
-    mask = sitk.GetArrayFromImage(sitk.Resample(face, image, affine, sitk.sitkNearestNeighbor, 0, sitk.sitkUInt8)) > 0
-    report.face_voxels = int(mask.sum())
+    face_small = sitk.Resample(face, fixed, affine, sitk.sitkNearestNeighbor, 0, sitk.sitkUInt8)
+    region = _full_region(face, image, affine, face_small)
+    report.face_voxels = int(region.inner.sum())
     report.face_ml = float(report.face_voxels * np.prod(image.GetSpacing()) / 1000)
-    head_pts, face_small = _points(fixed_mask), sitk.Resample(face, fixed, affine, sitk.sitkNearestNeighbor, 0,
-                                                              sitk.sitkUInt8)
-    face_pts = _points(face_small)
+    head_pts, face_pts = _points(fixed_mask), _points(face_small)
     if len(face_pts):  # LPS: anterior is -y
         report.face_ahead_mm = float(head_pts[:, 1].mean() - face_pts[:, 1].mean())
     report.cpu_s = time.process_time() - t0
@@ -407,7 +434,22 @@ def face_mask(image: sitk.Image, modality: str) -> tuple[np.ndarray, DefaceRepor
     except DefaceError as err:
         err.figures = report.as_dict()
         raise
-    return mask, report
+    return region, report
+
+
+def _full_region(face: sitk.Image, image: sitk.Image, affine: sitk.Transform, face_small: sitk.Image) -> FaceRegion:
+    """The face mask warped onto ``image``'s grid inside the box (one coarse voxel wider) of its coarse warp."""
+    size = np.array(image.GetSize())[::-1]  # (slices, rows, columns)
+    idx = np.argwhere(sitk.GetArrayViewFromImage(face_small) > 0)
+    if not len(idx):
+        return FaceRegion((slice(0, 0),) * 3, np.zeros((0, 0, 0), bool))
+    f = np.array(_factors(image))[::-1]
+    lo = np.maximum(0, (idx.min(axis=0) - 1) * f)
+    hi = np.minimum(size, (idx.max(axis=0) + 2) * f)
+    origin = image.TransformIndexToPhysicalPoint([int(v) for v in lo[::-1]])
+    sub = sitk.Resample(face, [int(v) for v in (hi - lo)[::-1]], affine, sitk.sitkNearestNeighbor, origin,
+                        image.GetSpacing(), image.GetDirection(), 0, sitk.sitkUInt8)
+    return FaceRegion(tuple(slice(int(a), int(b)) for a, b in zip(lo, hi)), sitk.GetArrayFromImage(sub) > 0)
 
 
 def _check_registration(r: DefaceReport) -> None:
@@ -451,8 +493,8 @@ def front_render(image: sitk.Image, threshold: float, mm: float = 1.5) -> np.nda
     pts = corners @ m.T + np.array(image.GetOrigin())
     lo, hi = pts.min(axis=0), pts.max(axis=0)
     n = np.maximum(1, np.ceil((hi - lo) / mm).astype(int) + 1)
-    grid = sitk.Resample(sitk.Cast(image, sitk.sitkFloat32), n.tolist(), sitk.Transform(), sitk.sitkLinear,
-                         lo.tolist(), [mm] * 3, np.eye(3).ravel().tolist(), float(threshold) - 1e6)
+    grid = sitk.Resample(image, n.tolist(), sitk.Transform(), sitk.sitkLinear, lo.tolist(), [mm] * 3,
+                         np.eye(3).ravel().tolist(), float(threshold) - 1e6, sitk.sitkFloat32)
     vol = sitk.GetArrayViewFromImage(grid) > threshold  # (z: inferior->superior, y: anterior->posterior, x: R->L)
     hit = vol.any(axis=1)
     depth = np.where(hit, vol.argmax(axis=1), vol.shape[1]).astype(np.float32)

@@ -155,7 +155,27 @@ def _stack(slices: list[_Slice]) -> tuple[list[_Slice], np.ndarray, np.ndarray, 
 class _Volume:
     slices: list[_Slice]
     stored: np.ndarray  # (z, rows, cols) stored values
-    image: sitk.Image  # rescaled values (HU for CT), float32, LPS geometry
+    image: sitk.Image  # LPS geometry; the stored values when every slice has the same rescale, else rescaled float32
+    rescale: tuple[float, float]  # from image values to rescaled values (HU for CT)
+
+    @property
+    def slope(self) -> np.ndarray:
+        return np.array([s.slope or 1.0 for s in self.slices], float)[:, None, None]
+
+    @property
+    def intercept(self) -> np.ndarray:
+        return np.array([s.intercept for s in self.slices], float)[:, None, None]
+
+    def to_stored(self, value: float) -> np.ndarray:
+        """A rescaled value in each slice's stored units, shape (slices, 1, 1)."""
+        return (value - self.intercept) / self.slope
+
+    def image_of(self, stored: np.ndarray) -> sitk.Image:
+        """``stored`` as an image like :attr:`image` (same units and geometry)."""
+        same = (self.rescale != (1.0, 0.0)) or bool((self.slope == 1).all() and (self.intercept == 0).all())
+        out = sitk.GetImageFromArray(stored if same else (stored * self.slope + self.intercept).astype(np.float32))
+        out.CopyInformation(self.image)
+        return out
 
 
 def _volume(datasets: dict[str, Dataset]) -> _Volume:
@@ -173,34 +193,43 @@ def _volume(datasets: dict[str, Dataset]) -> _Volume:
     order, origin, spacing, direction = stacked
     if len(slices) - len(order) >= MIN_SLICES:  # a second stack that could show a face would be left as it was
         raise DefaceError("defacing_failed", "mixed_geometry: the series holds more than one stack of slices")
-    arrays: dict[str, np.ndarray] = {}
+    stored: np.ndarray | None = None
     try:
-        for name in {s.name for s in order}:
-            arrays[name] = datasets[name].pixel_array
-    except Exception as err:  # noqa: BLE001  a decoder failure: fail closed
+        arrays: dict[str, np.ndarray] = {}
+        for k, s in enumerate(order):
+            if s.name not in arrays:
+                arrays = {s.name: datasets[s.name].pixel_array}  # one file decoded at a time
+            arr = arrays[s.name] if s.frame is None else arrays[s.name][s.frame]
+            if stored is None:
+                stored = np.empty((len(order), *arr.shape), arr.dtype)
+            stored[k] = arr
+    except Exception as err:  # noqa: BLE001  a decoder failure or a slice of another shape: fail closed
         raise DefaceError("defacing_failed", f"undecodable: {type(err).__name__} while decoding") from None
-    stored = np.stack([arrays[s.name] if s.frame is None else arrays[s.name][s.frame] for s in order])
-    if stored.ndim != 3:
+    if stored is None or stored.ndim != 3:
         raise DefaceError("defacing_failed", "mixed_geometry: colour or multi-sample pixels")
-    slope = np.array([s.slope for s in order], dtype=np.float32)[:, None, None]
-    intercept = np.array([s.intercept for s in order], dtype=np.float32)[:, None, None]
-    image = sitk.GetImageFromArray(stored.astype(np.float32) * slope + intercept)
+    rescales = {(s.slope or 1.0, s.intercept) for s in order}
+    if len(rescales) == 1 and next(iter(rescales))[0] > 0:
+        image, rescale = sitk.GetImageFromArray(stored), next(iter(rescales))
+    else:  # per-slice rescale (rare): one float copy in rescaled units
+        slope = np.array([s.slope or 1.0 for s in order], np.float32)[:, None, None]
+        intercept = np.array([s.intercept for s in order], np.float32)[:, None, None]
+        image, rescale = sitk.GetImageFromArray(stored.astype(np.float32) * slope + intercept), (1.0, 0.0)
     image.SetOrigin(origin.tolist())
     image.SetSpacing(spacing.tolist())
     image.SetDirection(direction.ravel().tolist())
-    return _Volume(order, stored, image)
+    return _Volume(order, stored, image, (float(rescale[0]), float(rescale[1])))
 
 
 def _background(vol: _Volume, modality: str) -> np.ndarray:
-    """Per-slice stored value of air: CT -1000 HU (or the lowest value when that is higher), MR the lowest value."""
-    lowest = float(sitk.GetArrayViewFromImage(vol.image).min())
+    """Per-slice stored value of air, shape (slices, 1, 1): CT -1000 HU (or the lowest value when that is
+    higher), MR the lowest value."""
+    lowest = float((vol.stored.min(axis=(1, 2))[:, None, None] * vol.slope + vol.intercept).min())
     target = max(lowest, -1000.0) if modality == "CT" else lowest
-    info = np.iinfo(vol.stored.dtype) if vol.stored.dtype.kind in "iu" else None
-    out = []
-    for s in vol.slices:
-        value = round((target - s.intercept) / (s.slope or 1.0))
-        out.append(min(max(value, info.min), info.max) if info else value)
-    return np.array(out)
+    value = np.round(vol.to_stored(target))
+    if vol.stored.dtype.kind in "iu":
+        info = np.iinfo(vol.stored.dtype)
+        value = np.clip(value, info.min, info.max)
+    return value.astype(vol.stored.dtype)
 
 
 def add_method_code(ds: Dataset, code: tuple[str, str]) -> None:
@@ -258,7 +287,7 @@ def deface_series(payloads: dict[str, bytes], body_part: str | None, mode: str =
         return _quarantined(mode, err)
     if not is_volume(vol.image):
         return SeriesOutcome("not_a_volume", figures={"slices": len(vol.slices)})
-    if decision == "unknown" and looks_like_body(vol.image, modality):
+    if decision == "unknown" and looks_like_body(vol.image, modality, vol.rescale):
         return SeriesOutcome("not_head", figures={"why": "tissue wider than a head"})
     if mode == "off":
         return SeriesOutcome("off")
@@ -267,33 +296,34 @@ def deface_series(payloads: dict[str, bytes], body_part: str | None, mode: str =
                              "volumes are withheld")
     figures: dict = {"anatomy": decision, "slices": len(vol.slices)}
     try:
-        mask, report = face_mask(vol.image, modality)
+        region, report = face_mask(vol.image, modality, vol.rescale)
         figures.update(report.as_dict())
-        rescaled = sitk.GetArrayViewFromImage(vol.image)
-        thr = tissue_threshold(rescaled, modality)
-        before = float((rescaled[mask] > thr).mean()) if mask.any() else 0.0
-        background = _background(vol, modality)
-        stored = vol.stored.copy()
-        bg = np.broadcast_to(background[:, None, None], stored.shape).astype(stored.dtype)
-        changed = mask & (stored != bg)
-        stored[mask] = bg[mask]
-        slope = np.array([s.slope for s in vol.slices], dtype=np.float32)[:, None, None]
-        intercept = np.array([s.intercept for s in vol.slices], dtype=np.float32)[:, None, None]
-        after_values = stored.astype(np.float32) * slope + intercept
-        after = float((after_values[mask] > thr).mean()) if mask.any() else 0.0
+        sample = vol.stored[::2, ::4, ::4] * vol.slope[::2] + vol.intercept[::2]
+        thr = tissue_threshold(sample, modality)  # rescaled units
+        box = vol.stored[region.box]  # a view: the face region is changed in place
+        thr_box = vol.to_stored(thr)[region.box[0]]
+        bg_box = np.broadcast_to(_background(vol, modality)[region.box[0]], box.shape)
+        inner = region.inner
+        before = float((box > thr_box)[inner].mean()) if inner.any() else 0.0
+        faces_before = None
+        if detector:
+            faces_before = detect_faces(front_render(vol.image, _image_threshold(vol, thr)))
+        changed = int((box[inner] != bg_box[inner]).sum())
+        box[inner] = bg_box[inner]
+        after = float((box > thr_box)[inner].mean()) if inner.any() else 0.0
         figures.update(face_tissue_before=round(before, 4), face_tissue_after=round(after, 4),
-                       voxels_changed=int(changed.sum()))
+                       voxels_changed=changed)
         if after > 0:
             raise DefaceError("defacing_failed", f"face_tissue_after: {after:.4f} of the face region above the "
                               "tissue threshold")
         if detector:
-            figures["faces_before"] = detect_faces(front_render(vol.image, thr))
-            after_image = sitk.GetImageFromArray(after_values)
-            after_image.CopyInformation(vol.image)
-            figures["faces_after"] = detect_faces(front_render(after_image, thr))
+            figures["faces_before"] = faces_before
+            figures["faces_after"] = detect_faces(front_render(vol.image_of(vol.stored),
+                                                               _image_threshold(vol, thr)))
             if figures["faces_after"]:
                 raise DefaceError("defacing_failed", "face_detected_after: the frontal-face detector finds a face "
                                   "on the defaced render")
+        stored = vol.stored
         out = _write_back(datasets, vol, stored)
     except DefaceError as err:
         figures.update(err.figures)
@@ -301,6 +331,12 @@ def deface_series(payloads: dict[str, bytes], body_part: str | None, mode: str =
         return SeriesOutcome("quarantined", err.reason, err.detail, figures=figures)
     figures["cpu_s"] = round(time.process_time() - t0, 3)
     return SeriesOutcome("defaced", payloads=out, figures=figures)
+
+
+def _image_threshold(vol: _Volume, thr: float) -> float:
+    """A rescaled threshold in the units of ``vol.image``."""
+    slope, intercept = vol.rescale
+    return (thr - intercept) / slope
 
 
 def _quarantined(mode: str, err: DefaceError) -> SeriesOutcome:

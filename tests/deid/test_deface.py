@@ -69,7 +69,8 @@ def measure(series: H.HeadSeries, out: S.SeriesOutcome, modality: str) -> dict:
     """Face tissue left (of the key's face region tissue), brain voxels changed, detector hits before/after."""
     before = _volume(series.files)
     after = _volume([out.payloads[str(i)] for i in range(len(series.files))])
-    b, a = sitk.GetArrayFromImage(before.image), sitk.GetArrayFromImage(after.image)
+    b = before.stored * before.slope + before.intercept  # rescaled values (HU for CT)
+    a = after.stored * after.slope + after.intercept
     thr = D.tissue_threshold(b, modality)
     face, brain = series.labels == 1, series.labels == 2
     tissue = face & (b > thr)
@@ -78,8 +79,8 @@ def measure(series: H.HeadSeries, out: S.SeriesOutcome, modality: str) -> dict:
         "face_tissue_voxels": int(tissue.sum()),
         "brain_changed": float((a[brain] != b[brain]).mean()),
         "brain_voxels": int(brain.sum()),
-        "faces_before": D.detect_faces(D.front_render(before.image, thr)),
-        "faces_after": D.detect_faces(D.front_render(after.image, thr)),
+        "faces_before": D.detect_faces(D.front_render(before.image, S._image_threshold(before, thr))),
+        "faces_after": D.detect_faces(D.front_render(after.image, S._image_threshold(after, thr))),
     }
 
 
