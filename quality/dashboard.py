@@ -566,6 +566,21 @@ def _deid(tables, quality: QualityReport, run_info: dict) -> str:
         charts = [svg_bar_chart(items, title=g) for g, items in sorted(groups.items())]
         parts.append(_section("De-identification counts",
                               _table(["count", "value"], flat, numeric=[1]), _row(*charts)))
+    deface = {k.removeprefix("deface:"): v for k, v in audit.items() if k.startswith("deface:")}
+    if deface:  # head CT/MR defacing (113102): series per outcome, detector hits before and after
+        outcomes = [(k, v) for k, v in sorted(deface.items()) if not k.startswith(("faces_", "quarantined:"))]
+        reasons_q = [(k.removeprefix("quarantined:"), v) for k, v in sorted(deface.items())
+                     if k.startswith("quarantined:")]
+        hits = [("before defacing", deface.get("faces_before", 0)), ("after defacing", deface.get("faces_after", 0))]
+        parts.append(_section(
+            "Head CT/MR defacing (Clean Recognizable Visual Features, 113102)",
+            '<p class="muted">Series per outcome; faces found by the frontal-face detector on front renders of '
+            "the head surface before and after defacing (after must be 0: a series with a face left is "
+            "quarantined).</p>",
+            _row(svg_bar_chart(outcomes, title="Head series per outcome"),
+                 svg_bar_chart(reasons_q, title="Head series quarantined per reason",
+                               colour=STATUS_COLOURS["quarantined"]),
+                 svg_bar_chart(hits, title="Detector hits (faces)"))))
     stage = _col(tables, "ledger", "stage")
     reasons = [r for r, s, st in zip(_col(tables, "ledger", "reason"), _col(tables, "ledger", "status"), stage,
                                      strict=True) if s == "quarantined" and st == "deidentify"]

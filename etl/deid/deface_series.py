@@ -279,6 +279,9 @@ def deface_series(payloads: dict[str, bytes], body_part: str | None, mode: str =
     decision = head_decision(modality, body_part)
     if decision == "other":
         return SeriesOutcome("not_head")
+    frames = sum(int(ds.get("NumberOfFrames", 1) or 1) for ds in datasets.values())
+    if frames < MIN_SLICES:  # single images, localisers, a few slices: no face surface to render
+        return SeriesOutcome("not_a_volume", figures={"slices": frames})
     try:
         vol = _volume(datasets)
     except DefaceError as err:

@@ -35,6 +35,8 @@ DEID_AUDIT = {
     "actions": {"removed": 1234, "replaced": 321, "shifted": 77, "remapped": 456},
     "verification_failures": 3,
     "burned_in_quarantined": 2,
+    "deface:defaced": 4, "deface:not_a_volume": 2, "deface:quarantined": 1,
+    "deface:quarantined:defacing_failed": 1, "deface:faces_before": 4, "deface:faces_after": 0,
 }
 HISTORY = [
     {"run_id": "run-20250525T0200Z-demo", "ingested": 40, "quarantined": 2, "duplicate": 0, "skipped": 1,
@@ -187,6 +189,14 @@ def test_deid_audit_renders_every_count(site):
                      r'<td class="wrap">text, indication, comparison, findings, impression</td><td class="num">16</td>'
                      r'<td class="num">1</td>', html)
     assert "617-555-0123" not in html
+
+
+def test_deid_page_counts_head_series_defaced(site):
+    html = site[1]["deid.html"]
+    section = html[html.index("Head CT/MR defacing"):]
+    section = section[:section.index("</section>")]
+    for label in ("defaced", "not_a_volume", "defacing_failed", "before defacing", "after defacing"):
+        assert f">{label}<" in section, label
 
 
 def test_reports_heatmap_and_rates(site):
