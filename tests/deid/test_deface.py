@@ -259,3 +259,50 @@ def test_medreco_deid_defaces_head_series_and_quarantines_failures(volunteer, ke
     audit = json.loads((out / "deface_audit.json").read_text())
     assert sorted(r["status"] for r in audit) == ["defaced", "quarantined"]
     assert all("PatientID" not in json.dumps(r) for r in audit)
+
+
+@pytest.mark.slow
+def test_build_stages_ship_only_defaced_pixels(template_ct, key, tmp_path):
+    """Through the build's de-identification and normalisation stages: the curated DICOM and the NIfTI volume
+    object of a head CT hold no face (answer key's face region at the air value, detector finds none on the
+    volume's front render), the brain is unchanged in the DICOM, and the per-series audit says defaced."""
+    import json
+
+    import polars as pl
+    from helpers import run_pixel_stages
+
+    ct, labels = template_ct
+    head = H.head_series(ct, labels=labels, modality="CT", seed=4, **GRID)
+    source = tmp_path / "source"
+    source.mkdir()
+    for i, data in enumerate(head.files):
+        (source / f"{i:03d}.dcm").write_bytes(data)
+    ctx = run_pixel_stages(tmp_path, source, "site-h", key)
+    events = pl.from_arrow(ctx.storage.read_table(ctx.events_path("deidentify", 0)))
+    assert events["status"].to_list() == ["ingested"] * len(head.files)
+    audit = json.loads(ctx.storage.read_text(ctx.audit_path("deface", 0)))
+    assert [a["status"] for a in audit] == ["defaced"] and audit[0]["faces_after"] == 0
+    written = ctx.storage.list_files(ctx.dicom_dir(0))
+    payloads = sorted((ctx.storage.read_bytes(p) for p in written), key=lambda b: float(
+        pydicom.dcmread(io.BytesIO(b), stop_before_pixels=True).ImagePositionPatient[2]))
+    m = measure(head, S.SeriesOutcome("defaced", payloads={str(i): b for i, b in enumerate(payloads)}), "CT")
+    assert m["face_left"] <= 0.05 and m["brain_changed"] <= 0.01 and m["faces_after"] == 0, m
+    from etl.pipeline.stages import _shard_table
+    from schemas import images as images_schema
+
+    images = pl.from_arrow(_shard_table(ctx, "images", images_schema.SCHEMA, 0))
+    volumes = images.filter(pl.col("payload_format") == "nifti")
+    assert volumes.height == 1
+    nifti = sitk.ReadImage(ctx.storage.path(volumes["payload_uri"][0]), sitk.sitkFloat32)
+    key_image = sitk.GetImageFromArray(head.labels)
+    key_image.CopyInformation(head.grid)
+    on_nifti = sitk.GetArrayFromImage(sitk.Resample(key_image, nifti, sitk.Transform(), sitk.sitkNearestNeighbor, 0))
+    tissue = sitk.GetArrayFromImage(sitk.Resample(head.grid, nifti, sitk.Transform(), sitk.sitkNearestNeighbor,
+                                                  -1000.0)) > D.CT_SKIN_HU
+    values = sitk.GetArrayFromImage(nifti)
+    air = float(np.median(values[~tissue]))
+    face = (on_nifti == 1) & tissue
+    assert face.sum() > 1000
+    assert float((values[face] > air).mean()) <= 0.05
+    threshold = (air + float(np.median(values[tissue & (on_nifti == 2)]))) / 2
+    assert D.detect_faces(D.front_render(nifti, threshold)) == 0
