@@ -58,9 +58,10 @@ def main(repeats: int = 1) -> None:
     figures = {}
     for name, files in _series().items():
         floor, floor_wall = _cpu(lambda files=files: _decode(files), repeats)
-        outcomes = []
-        full, full_wall = _cpu(lambda files=files: outcomes.append(S.deface_series(files, "HEAD")), repeats)
-        bare, _ = _cpu(lambda files=files: outcomes.append(S.deface_series(files, "HEAD", detector=False)), repeats)
+        outcomes: list[S.SeriesOutcome] = []
+        full, full_wall = _cpu(lambda files=files, out=outcomes: out.append(S.deface_series(files, "HEAD")), repeats)
+        bare, _ = _cpu(lambda files=files, out=outcomes: out.append(S.deface_series(files, "HEAD", detector=False)),
+                       repeats)
         status = {o.status for o in outcomes}
         fig = outcomes[0].figures
         print(f"{name}: {len(files)} files, status {sorted(status)}, decode floor {floor:.2f} CPU s "
