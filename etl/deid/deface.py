@@ -33,13 +33,13 @@ the wheel without its FSL/nipype dependencies). Thresholds are in :data:`CHECKS`
 
 from __future__ import annotations
 
-from typing import Any
 import importlib.util
 import math
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import SimpleITK as sitk
