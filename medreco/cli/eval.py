@@ -15,8 +15,11 @@ ones counted as coded. The options combine; at least one is required. Exit statu
 success; 1 with a one-line reason on stderr when a set or its label files cannot be used.
 
 ``medreco eval deid --gold FILE.jsonl`` scores report text de-identification on a gold file in the layout of
-``../shared/data/text-deid/PROVENANCE.md`` (see :mod:`entity_extraction.deid_eval`): recall per PHI type,
-strict recall overall and non-PHI tokens lost. Exit status 0; 1 with a one-line reason when FILE cannot be used.
+``../shared/data/text-deid/PROVENANCE.md`` (see :mod:`entity_extraction.deid.evaluation`): recall per PHI type,
+strict recall overall and non-PHI tokens lost; ``--folds 5`` splits FILE by patient and prints each fold, the
+development (tuned) folds and the ``--held-out`` folds (default 3,4) apart; ``--synthetic N`` also scores N
+generated notes (:mod:`entity_extraction.deid.synthetic`, held-out templates, ``--seed``). Exit status 0; 1 with a
+one-line reason when FILE cannot be used or the folds do not fit.
 """
 
 from __future__ import annotations
@@ -149,16 +152,43 @@ def entities(
 
 
 @app.command("deid")
-def deid(gold: Path = typer.Option(..., "--gold", help="JSONL gold file: {id, text, phi: [{start, end, type}]}")) -> None:
-    """Strict recall per PHI type and non-PHI tokens lost of report text de-identification on FILE."""
-    from entity_extraction.deid_eval import GoldFormatError, evaluate_deid, load_gold, render_deid_table
+def deid(
+    gold: Path | None = typer.Option(None, "--gold", help="JSONL gold file: {id, text, phi: [{start, end, type}]}"),
+    folds: int = typer.Option(0, "--folds", help="also split the gold by patient into N folds (0: no folds)"),
+    held_out: str = typer.Option("3,4", "--held-out", help="folds never looked at while rules are written"),
+    synthetic: int = typer.Option(0, "--synthetic", help="also score N generated notes (Faker, held-out templates)"),
+    seed: int = typer.Option(1, "--seed", help="seed of the generated notes"),
+) -> None:
+    """Strict recall per PHI type and non-PHI tokens lost of report text de-identification on FILE, by fold, and on
+    generated notes."""
+    from entity_extraction.deid.evaluation import (
+        GoldFormatError,
+        evaluate_deid,
+        evaluate_folds,
+        load_gold,
+        render_deid_table,
+        render_fold_table,
+    )
 
-    try:
-        notes = load_gold(gold)
-    except (OSError, GoldFormatError) as err:
-        typer.echo(f"error: {gold}: {err}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(render_deid_table(evaluate_deid(notes)))
+    if gold is None and not synthetic:
+        typer.echo("error: give --gold FILE and/or --synthetic N", err=True)
+        raise typer.Exit(1)
+    blocks = []
+    if gold is not None:
+        try:
+            notes = load_gold(gold)
+            held = tuple(int(f) for f in held_out.split(",") if f.strip())
+            blocks.append(render_fold_table(evaluate_folds(notes, folds, held)) if folds
+                          else render_deid_table(evaluate_deid(notes)))
+        except (OSError, GoldFormatError, ValueError) as err:
+            typer.echo(f"error: {gold}: {err}", err=True)
+            raise typer.Exit(1) from None
+    if synthetic:
+        from entity_extraction.deid.synthetic import generate_notes
+
+        blocks.append(f"generated notes (seed {seed}, held-out templates):\n"
+                      + render_deid_table(evaluate_deid(generate_notes(synthetic, seed=seed))))
+    typer.echo("\n\n".join(blocks))
 
 
 @app.callback()

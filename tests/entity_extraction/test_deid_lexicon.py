@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from entity_extraction.deid_eval import (
+from entity_extraction.deid.evaluation import (
     GoldFormatError,
     GoldNote,
     evaluate_deid,
@@ -15,7 +15,7 @@ from entity_extraction.deid_eval import (
     render_deid_table,
     surviving_characters,
 )
-from entity_extraction.text_deid import deidentify_text
+from entity_extraction.deid import deidentify_text
 
 
 def deid(text, shift=None):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entity_extraction.text_deid import deidentify_text
+from entity_extraction.deid import deidentify_text
 from schemas.config import PROJECT_ROOT
 
 DATA = PROJECT_ROOT.parent / "shared" / "data"
@@ -151,7 +151,7 @@ def test_property_every_date_is_shifted_exactly(date, shift, fmt):
 
 def test_non_ascii_and_mc_names_are_redacted_whole():
     """Irish/accented names and internal capitals (found by the end-to-end PHI answer-key test)."""
-    from entity_extraction.text_deid import deidentify_text
+    from entity_extraction.deid import deidentify_text
 
     text = ("Name: Gráinne A. Walsh\nElectronically signed by Dr. Cián McCarthy on 25 June 2017.\n"
             "PATIENT: Seán Ó Briain")
@@ -257,7 +257,7 @@ def test_adversarial_text_is_scrubbed_in_linear_time(text):
     generous bound (issue 19, item 4)."""
     import time
 
-    from entity_extraction.text_deid import deidentify_text
+    from entity_extraction.deid import deidentify_text
 
     deidentify_text("warm up", known_phi=[], date_shift_days=0)
     t0 = time.monotonic()
@@ -267,7 +267,7 @@ def test_adversarial_text_is_scrubbed_in_linear_time(text):
 
 def test_signature_with_an_initial_is_redacted():
     """ "Signed: J. Smith" (issue 19, item 7): the initial and the surname go, the label and degree stay."""
-    from entity_extraction.text_deid import deidentify_text
+    from entity_extraction.deid import deidentify_text
 
     assert deidentify_text("Signed: J. Smith", known_phi=[], date_shift_days=0) == ("Signed: [NAME]", {"NAME": 1})
     assert deidentify_text("Signed: J. Smith, MD", known_phi=[], date_shift_days=0)[0] == "Signed: [NAME], MD"

@@ -15,10 +15,17 @@ into ``text``. The scoring rule is the one stated there (and in issue 18):
 
 Text is de-identified the way ``medreco reports annotate`` does it (no header values, no date offset:
 every date becomes ``[DATE]``), unless another function is passed.
+
+**Folds.** A rule written while looking at a note's misses is fitted to that note. The notes are split into
+:data:`DEFAULT_FOLDS` folds by patient (:func:`fold_of`: a hash of the id before its last ``-``, so every note of
+one patient, whose names recur, lies in one fold; deterministic, no random state). Rules are written looking at
+the misses of the development folds only (:data:`DEFAULT_HELD_OUT` are the others, never looked at); the
+held-out figure is the judge, the development ("tuned") figure beside it shows the fit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -28,12 +35,17 @@ from pathlib import Path
 
 from schemas.errors import ReasonCodedError
 
-#: replacement tokens of :func:`entity_extraction.text_deid.deidentify_text`: ``[NAME]``, ``[DATE]``, ...,
+#: replacement tokens of :func:`entity_extraction.deid.deidentify_text`: ``[NAME]``, ``[DATE]``, ...,
 #: and ``90+`` (an age over 89). Each is collapsed to :data:`_PLACEHOLDER` before the alignment.
 REPLACEMENT_TOKENS = re.compile(r"\[[A-Z][A-Z_]*\]|(?<!\d)90\+")
 _PLACEHOLDER = "\ue000"  # a private-use character: never in the input, matches nothing
 _TOKEN = re.compile(r"[^\W_]+")
 _CHUNK = re.compile(r"[^\W_]+|\s+|.", re.DOTALL)
+
+
+#: folds of ``medreco eval deid`` and the folds whose misses are never looked at while rules are written
+DEFAULT_FOLDS = 5
+DEFAULT_HELD_OUT = (3, 4)
 
 
 class GoldFormatError(ReasonCodedError, ValueError):
@@ -93,6 +105,17 @@ class DeidScore:
     def non_phi_lost_share(self) -> float:
         """Share of non-PHI tokens that lost a character (0.0 when there are none)."""
         return self.non_phi_lost / self.non_phi_tokens if self.non_phi_tokens else 0.0
+
+    def add(self, other: DeidScore) -> None:
+        """Add the counts of ``other`` (another fold) to this score."""
+        for kind, (removed, total) in other.per_type.items():
+            counts = self.per_type.setdefault(kind, [0, 0])
+            counts[0] += removed
+            counts[1] += total
+        self.non_phi_tokens += other.non_phi_tokens
+        self.non_phi_lost += other.non_phi_lost
+        self.notes += other.notes
+        self.missed.extend(other.missed)
 
     def type_recall(self, kind: str) -> float:
         """Strict recall of one PHI type.
@@ -205,7 +228,7 @@ def score_note(note: GoldNote, deidentified: str, score: DeidScore) -> None:
 
 
 def _annotate_deid(text: str) -> str:
-    from entity_extraction.text_deid import deidentify_text
+    from entity_extraction.deid.scrubber import deidentify_text
 
     return deidentify_text(text, known_phi=[], date_shift_days=None)[0]
 
@@ -218,7 +241,7 @@ def evaluate_deid(notes: Iterable[GoldNote], deidentify: Callable[[str], str] | 
     notes : iterable of GoldNote
         From :func:`load_gold`.
     deidentify : callable, optional
-        ``text -> de-identified text``; default: :func:`entity_extraction.text_deid.deidentify_text` as
+        ``text -> de-identified text``; default: :func:`entity_extraction.deid.deidentify_text` as
         ``medreco reports annotate`` runs it (no header values, ``date_shift_days=None``).
 
     Returns
@@ -244,3 +267,69 @@ def render_deid_table(score: DeidScore) -> str:
     lines.append(f"non-PHI tokens lost: {score.non_phi_lost} of {score.non_phi_tokens} "
                  f"({100 * score.non_phi_lost_share:.2f}%) in {score.notes} notes")
     return "\n".join(lines)
+
+
+def fold_of(note_id: str, folds: int = DEFAULT_FOLDS) -> int:
+    """The fold (``0 .. folds-1``) of a note: SHA-256 of its group (the id before its last ``-``, the patient of
+    ``"<patient>-<note>"``; the whole id when it has no ``-``), first 8 bytes as an integer, modulo ``folds``.
+
+    Raises
+    ------
+    ValueError
+        If ``folds`` < 2.
+    """
+    if folds < 2:
+        raise ValueError(f"need at least 2 folds, got {folds}")
+    group = note_id.rsplit("-", 1)[0] if "-" in note_id else note_id
+    return int.from_bytes(hashlib.sha256(group.encode("utf-8")).digest()[:8], "big") % folds
+
+
+@dataclass
+class FoldScores:
+    """Scores of one k-fold run: ``folds[i]`` is fold i's score; ``held_out`` the folds never looked at."""
+
+    folds: list[DeidScore]
+    held_out: tuple[int, ...]
+
+    def combined(self, held_out: bool) -> DeidScore:
+        """The held-out folds together (``held_out=True``) or the development ("tuned") folds together."""
+        total = DeidScore()
+        for i, score in enumerate(self.folds):
+            if (i in self.held_out) == held_out:
+                total.add(score)
+        return total
+
+
+def evaluate_folds(notes: Iterable[GoldNote], folds: int = DEFAULT_FOLDS,
+                   held_out: tuple[int, ...] = DEFAULT_HELD_OUT,
+                   deidentify: Callable[[str], str] | None = None) -> FoldScores:
+    """Score a de-identifier fold by fold (:func:`fold_of`); every note is de-identified once.
+
+    Raises
+    ------
+    ValueError
+        If ``folds`` < 2 or a held-out fold is outside ``0 .. folds-1``, or every fold is held out.
+    """
+    if folds < 2 or any(not 0 <= f < folds for f in held_out) or len(set(held_out)) >= folds:
+        raise ValueError(f"held-out folds {held_out} do not fit {folds} folds (some fold must be for development)")
+    fn = deidentify or _annotate_deid
+    scores = [DeidScore() for _ in range(folds)]
+    for note in notes:
+        score_note(note, fn(note.text), scores[fold_of(note.id, folds)])
+    return FoldScores(scores, tuple(sorted(set(held_out))))
+
+
+def render_fold_table(result: FoldScores) -> str:
+    """Per-fold strict recall and non-PHI tokens lost, then the development (tuned) and held-out figures and their
+    difference, then the held-out figures per PHI type. Never quotes PHI."""
+    lines = [f"{'fold':<14}  {'notes':>5}  {'spans':>5}  {'recall':>6}  {'non-PHI lost':>12}"]
+    for i, s in enumerate(result.folds):
+        name = f"{i} (held out)" if i in result.held_out else f"{i} (dev)"
+        lines.append(f"{name:<14}  {s.notes:>5}  {s.total:>5}  {s.recall:>6.3f}  {100 * s.non_phi_lost_share:>11.2f}%")
+    dev, held = result.combined(False), result.combined(True)
+    lines.append(f"{'dev (tuned)':<14}  {dev.notes:>5}  {dev.total:>5}  {dev.recall:>6.3f}  "
+                 f"{100 * dev.non_phi_lost_share:>11.2f}%")
+    lines.append(f"{'held out':<14}  {held.notes:>5}  {held.total:>5}  {held.recall:>6.3f}  "
+                 f"{100 * held.non_phi_lost_share:>11.2f}%")
+    lines.append(f"held-out minus tuned strict recall: {held.recall - dev.recall:+.3f}")
+    return "\n".join(lines) + "\n\nheld-out folds by PHI type:\n" + render_deid_table(held)
