@@ -6,9 +6,9 @@ from entity_extraction.deid.lexicon import (
     SAFE,
     Lexicon,
     PhiLexiconError,
-    lexical_hits,
     load_lexicon,
     protected_spans,
 )
+from entity_extraction.deid.name_rules import lexical_hits
 
 __all__ = ["AMBIG", "SAFE", "Lexicon", "PhiLexiconError", "lexical_hits", "load_lexicon", "protected_spans"]

@@ -5,8 +5,8 @@ Public entry point: :func:`deidentify_text` (``text, *, known_phi, date_shift_da
 
 Modules, one thing each:
 
-* :mod:`.scrubber` - :func:`deidentify_text`: runs the recognisers in a fixed order, earlier ones win;
-* :mod:`.dates` is inside the scrubber (dates are shifted in their own format);
+* :mod:`.scrubber` - :func:`deidentify_text`: runs the recognisers in a fixed order, earlier ones win; dates
+  are shifted in their own format;
 * :mod:`.recognisers` - identifiers found by libraries and checksums (street addresses with ``usaddress``,
   postcodes, IP addresses, IBAN, card numbers, e-mail, URLs, years beside dates);
 * :mod:`.lexicon` - the word classes (known-safe, ambiguous, first name, surname, city ...) and cue lists;

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from entity_extraction.deid.lexicon import AMBIG, SAFE, lexical_hits, load_lexicon, protected_spans
+from entity_extraction.deid.lexicon import AMBIG, SAFE, load_lexicon, protected_spans
+from entity_extraction.deid.name_rules import lexical_hits
 from schemas.errors import ReasonCodedError
 
 PATTERNS_FILE = Path(__file__).with_name("phi_patterns.json")
