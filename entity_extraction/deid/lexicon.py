@@ -98,6 +98,7 @@ class Lexicon:
     employment: frozenset[str] = frozenset()
     ward_cues: frozenset[str] = frozenset()
     rare_names: frozenset[str] = frozenset()
+    eponyms: re.Pattern[str] | None = None
 
     def word_class(self, low: str) -> int:
         """Class of a lower-case word: ``SAFE`` for one-letter words and words of no list but of the safe
@@ -277,6 +278,21 @@ def _alternation(phrases, spaces: bool = False) -> re.Pattern[str] | None:
     return re.compile(r"(?<!\w)(?:" + "|".join(alts) + r")(?!\w)", re.IGNORECASE)
 
 
+def _eponym_pattern(lists: dict[str, frozenset[str]]) -> re.Pattern[str] | None:
+    """A capitalised word (maybe hyphenated, maybe with 's and a Roman numeral) before an eponym head noun
+    ("Parkinson disease", "Chiari I malformation", "Swan-Ganz catheter"), or an eponym after an anatomy word and
+    "of" ("circle of Willis"); None when the lexicon has neither list."""
+    heads = "|".join(sorted(lists.get("eponym_heads", ()), key=len, reverse=True))
+    of_heads = "|".join(sorted(lists.get("eponym_of_heads", ()), key=len, reverse=True))
+    word = r"[A-Z][a-zà-ÿ]+(?:-[A-Z][a-zà-ÿ]+)?"
+    alts = []
+    if heads:
+        alts.append(rf"{word}(?:['’]s)?(?:[ \t]+[IVX]{{1,3}})?[ \t]+(?i:{heads})")
+    if of_heads:
+        alts.append(rf"(?i:{of_heads})[ \t]+of[ \t]+{word}")
+    return re.compile(r"(?<![\w-])(?:" + "|".join(alts) + r")(?![\w-])") if alts else None
+
+
 def _first_words(phrases) -> frozenset[str]:
     return frozenset(WORD.findall(p)[0].lower() for p in phrases if WORD.findall(p))
 
@@ -333,6 +349,7 @@ def load_lexicon(path: str | None = None) -> Lexicon:
         employment=lists.get("employment_verbs", frozenset()),
         ward_cues=lists.get("ward_cues", frozenset()),
         rare_names=rare_names,
+        eponyms=_eponym_pattern(lists),
     )
 
 
@@ -344,10 +361,11 @@ def _census(path: Path) -> set[str]:
 def protected_spans(text: str, lex: Lexicon | None = None) -> list[tuple[int, int]]:
     """Spans of the protected clinical phrases of the lexicon in ``text`` ("White matter", "DR KNEE").
 
-    Only words that start a protected phrase are tried (one dictionary look-up per word).
+    Only words that start a protected phrase are tried (one dictionary look-up per word); eponyms before a clinical
+    head noun ("Morison pouch", "circle of Willis") are protected too.
     """
     lex = lex or load_lexicon()
-    spans = []
+    spans = [m.span() for m in lex.eponyms.finditer(text)] if lex.eponyms is not None else []
     end = -1
     for m in WORD.finditer(text):
         if m.start() >= end and m.group().lower() in lex.protected_first:

@@ -154,6 +154,8 @@ class Scan:
                 if out or not _CUE_GAP.fullmatch(gap):
                     break
             t = toks[j]
+            if out and self.mixed and t.text.islower() and not toks[out[-1]].text.islower() and gap != "-":
+                break  # "Mr. Boone works": a lower-case word does not continue a capitalised name in mixed text
             if self.is_initial(j) or (out and t.low in self.lex.particles and j + 1 < self.n) \
                     or _nameish(t, allow_ambiguous):
                 out.append(j)
@@ -426,6 +428,19 @@ def ambiguous_first_names(s: Scan, i: int) -> None:
         s.mark(i, "NAME")
 
 
+def ambiguous_first_name_pairs(s: Scan, i: int) -> None:
+    """NAME: a first name that is also a common word, capitalised, before a capitalised name, surname, city or
+    unknown word in mixed-case text, also at the start of a sentence. Example: "Alan Torres", "Will Ferrante"."""
+    t, toks, lex = s.toks[i], s.toks, s.lex
+    if t.cls != AMBIG or not s.mixed or not _titled(t.text) or t.low not in lex.first_names or t.low in lex.clinical \
+            or i + 1 >= s.n:
+        return
+    nxt = toks[i + 1]
+    if s.gap(i, i + 1) == " " and _titled(nxt.text) and nxt.cls in _NAMEISH and len(nxt.low) >= 3 \
+            and not nxt.protected:
+        s.mark_all((i, i + 1), "NAME")
+
+
 def _suffix_word(s: Scan, prev: _Tok, strong_suffix: bool, title_suffix: bool) -> bool:
     """A word before an institution suffix that belongs to the name without a place cue."""
     lex = s.lex
@@ -574,7 +589,7 @@ def movement_places(s: Scan, i: int) -> None:
     ward = re.match(r"[ \t]?\d", s.text[nxt.end:nxt.end + 2]) is not None
     titled = s.mixed and nxt.text[:1].isupper() and not nxt.text.isupper()
     if nxt.cls == PLACE or short_caps or (long_unknown and (verb or ward or titled)) \
-            or (nxt.cls in (FIRST, LAST) and _WARD.match(s.text, nxt.end) and len(nxt.low) >= 4):
+            or (nxt.cls in (FIRST, LAST) and len(nxt.low) >= 4 and (_WARD.match(s.text, nxt.end) or titled)):
         s.mark(j, "LOCATION")
     elif verb:
         _place_run_after_verb(s, j)
@@ -626,7 +641,8 @@ Rule = Callable[[Scan, int], None]
 #: the rules for a word, in the order they run (an earlier rule's mark stands)
 WORD_RULES: tuple[Rule, ...] = (
     institution_names, titles, relations, role_in_parentheses, roles, credentials, initial_before_verb, initials,
-    first_names, surnames, cities, multi_word_city, ambiguous_first_names, institution_suffixes,
+    first_names, surnames, cities, multi_word_city, ambiguous_first_names, ambiguous_first_name_pairs,
+    institution_suffixes,
     institution_prefixes, unit_suffixes, movement_places,
 )
 #: the rules for a word of plain known-safe English that is no cue (every other rule needs a cue or a name class)

@@ -23,6 +23,12 @@ from pathlib import Path
 
 from entity_extraction.deid.lexicon import AMBIG, SAFE, load_lexicon, protected_spans
 from entity_extraction.deid.name_rules import lexical_hits
+from entity_extraction.deid.recognisers import (
+    ADDRESS_RECOGNISERS,
+    NAME_RECOGNISERS,
+    NUMBER_RECOGNISERS,
+    postcodes_beside,
+)
 from schemas.errors import ReasonCodedError
 
 PATTERNS_FILE = Path(__file__).with_name("phi_patterns.json")
@@ -458,6 +464,9 @@ def deidentify_text(
     groups: list[list[_Hit]] = []
     groups.append(_regex_hits(text, p.regex["email"], "EMAIL", tok["EMAIL"]))
     groups.append(_regex_hits(text, p.regex["url"], "URL", tok["URL"]))
+    # IP addresses, IBANs and card numbers (checksums) before dates and phones read their digits
+    groups.append([_Hit(a, b, k, tok[k]) for rec in NUMBER_RECOGNISERS for a, b, k in
+                   ((a, b, "ACCOUNT" if k in ("IBAN", "CARD") else k) for a, b, k in rec(text))])
     for v in sorted(ids, key=len, reverse=True):
         known = re.compile(rf"(?<![A-Za-z0-9]){re.escape(v)}(?![A-Za-z0-9])", re.IGNORECASE)
         groups.append(_regex_hits(text, known, "ID", tok["ID"]))
@@ -472,7 +481,8 @@ def deidentify_text(
                       + _phone_hits(text, phone_regions, tok["PHONE"]))
     # a street address with its city, state and ZIP is one hit, taken before long numbers (a ZIP+4
     # "02115-1234" would otherwise be an [ID] and leave the street and city behind)
-    groups.append(_regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"]))
+    groups.append(_regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"])
+                  + [_Hit(a, b, k, tok[k]) for rec in ADDRESS_RECOGNISERS for a, b, k in rec(text)])
     groups.append(_regex_hits(text, p.regex["long_number"], "ID", tok["ID"]))
     groups.append(_regex_hits(text, p.regex["organization"], "ORGANIZATION", tok["ORGANIZATION"]))
     groups.append(_regex_hits(text, p.regex["postcode"], "ADDRESS", tok["ADDRESS"]))
@@ -499,6 +509,7 @@ def deidentify_text(
     lex_tokens = {"NAME": tok["NAME"], "LOCATION": tok.get("LOCATION", "[LOCATION]")}
     guarded = protected_spans(text)
     name_hits += [_Hit(a, b, k, lex_tokens[k]) for a, b, k in lexical_hits(text, guarded=guarded)]
+    name_hits += [_Hit(a, b, k, tok[k]) for rec in NAME_RECOGNISERS for a, b, k in rec(text)]
     # clinical phrases of the lexicon ("DR KNEE", "White matter", "Baker cyst") are never a name
     if guarded:
         name_hits = [h for h in name_hits if not any(a < h.end and h.start < b for a, b in guarded)]
@@ -511,6 +522,12 @@ def deidentify_text(
             if h.end > h.start and not any(taken[h.start:h.end]):
                 accepted.append(h)
                 taken[h.start:h.end] = b"\x01" * (h.end - h.start)
+    # a postcode beside a place found above (", Port Alex 2519", "69074 Augsburg"): a bare number only there
+    places = [(h.start, h.end) for h in accepted if h.kind in ("ADDRESS", "LOCATION", "ORGANIZATION")]
+    for a, b, _k in postcodes_beside(text, places) if places else ():
+        if not any(taken[a:b]):
+            accepted.append(_Hit(a, b, "ADDRESS", tok["ADDRESS"]))
+            taken[a:b] = b"\x01" * (b - a)
     accepted.sort(key=lambda h: h.start)
     out: list[str] = []
     pos = 0

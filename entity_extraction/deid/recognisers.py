@@ -1,0 +1,256 @@
+"""Identifiers found by libraries, checksums and written forms (the recognisers of :mod:`.scrubber` beside the
+name rules). Each recogniser is one function ``text -> [(start, end, kind)]``; :data:`RECOGNISERS` lists them in
+the order the scrubber runs them (an earlier hit wins an overlap).
+
+Sources: IP addresses are validated by :mod:`ipaddress`; IBANs by their ISO 13616 check digits (mod 97 = 1, ISO 7064)
+and country length; card numbers by the Luhn checksum (ISO/IEC 7812-1); street addresses by the street types of
+``usaddress`` (its ``STREET_NAMES``, from USPS Publication 28) and by the German, French and Spanish street words of
+``address_patterns.json``; postcodes by the national formats there (UK, Eircode, AU, DE, FR, ES, US ZIP), taken
+only beside an address, a city, a state or a postcode label, since a bare four- or five-digit number is no
+postcode on its own.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+PATTERNS_FILE = Path(__file__).with_name("address_patterns.json")
+
+Hit = tuple[int, int, str]
+
+
+class AddressPatternsError(ValueError):
+    """``address_patterns.json`` is malformed (reason code ``invalid_address_patterns``)."""
+
+    reason = "invalid_address_patterns"
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    street_us: re.Pattern[str]
+    street_words: frozenset[str]
+    street_eu: tuple[re.Pattern[str], ...]
+    locality: re.Pattern[str]
+    postcode_labelled: re.Pattern[str]
+    company: re.Pattern[str]
+    institution_prefix: re.Pattern[str]
+    toponym_suffix: re.Pattern[str]
+    toponym_prefix: re.Pattern[str]
+    postcode_after: re.Pattern[str]
+    postcode_before: re.Pattern[str]
+    iban_lengths: dict[str, int]
+
+
+@lru_cache(maxsize=2)
+def _compiled(path: str | None = None) -> _Compiled:
+    try:
+        import usaddress
+
+        data = json.loads(Path(path or PATTERNS_FILE).read_text(encoding="utf-8"))
+        words = frozenset(w.lower() for w in usaddress.STREET_NAMES) | frozenset(data["extra_street_types"])
+        name = data["street_name_word"]
+        postcode = "|".join(f"(?:{p})" for p in data["postcodes"].values())
+        city = data["city_words"]
+        types = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+        return _Compiled(
+            street_us=re.compile(data["street_us"].replace("{NAME}", name).replace("{TYPE}", f"(?=[A-Z][a-z])(?i:{types})")),
+            street_words=words,
+            street_eu=tuple(re.compile(p.replace("{NAME}", name)) for p in data["street_eu"]),
+            locality=re.compile(data["locality"].replace("{CITY}", city).replace("{POSTCODE}", postcode)
+                                .replace("{STATE}", "|".join(data["us_states"]))),
+            postcode_labelled=re.compile(data["postcode_labelled"].replace("{POSTCODE}", postcode), re.IGNORECASE),
+            company=re.compile(data["company"].replace("{NAME}", name)),
+            institution_prefix=re.compile(data["institution_prefix"].replace("{CITY}", city)),
+            toponym_suffix=re.compile(data["toponym_suffix"]),
+            toponym_prefix=re.compile(data["toponym_prefix"]),
+            postcode_after=re.compile(rf",?[ \t]+(?P<code>{postcode})"),
+            postcode_before=re.compile(rf"(?P<code>{postcode})[ \t]+"),
+            iban_lengths={k: int(v) for k, v in data["iban_lengths"].items()},
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, re.error) as exc:
+        raise AddressPatternsError(f"address patterns file is malformed: {exc!r}") from exc
+
+
+# ---------------------------------------------------------------- network and account numbers
+_IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w]|\.\d)")
+_IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:])")
+_IBAN = re.compile(r"(?<![A-Za-z0-9])([A-Z]{2}\d{2}(?:[ ]?[A-Z0-9]){11,30})(?![A-Za-z0-9])")
+_CARD = re.compile(r"(?<![\d.,-])\d(?:[ -]?\d){12,18}(?![\d]|[.,]\d)")
+
+
+def ip_addresses(text: str) -> list[Hit]:
+    """IP: IPv4 and IPv6 addresses that :mod:`ipaddress` accepts. Example: "Workstation 10.2.33.4", "fe80::1"."""
+    hits = []
+    for rx in (_IPV4, _IPV6) if ":" in text else (_IPV4,):
+        for m in rx.finditer(text):
+            if rx is _IPV6 and m.group().count(":") < 2:
+                continue
+            try:
+                ipaddress.ip_address(m.group())
+            except ValueError:
+                continue
+            hits.append((m.start(), m.end(), "IP"))
+    return hits
+
+
+def iban_valid(candidate: str, lengths: dict[str, int] | None = None) -> bool:
+    """ISO 13616 check: the country's length (when known) and the ISO 7064 mod-97 remainder 1 of the number with
+    its first four characters moved to the end and letters as 10-35. Example: ``GB82WEST12345698765432`` is valid."""
+    iban = candidate.replace(" ", "").upper()
+    if lengths is not None and iban[:2] in lengths and len(iban) != lengths[iban[:2]]:
+        return False
+    digits = "".join(str(int(ch, 36)) for ch in iban[4:] + iban[:4])
+    return int(digits) % 97 == 1
+
+
+def ibans(text: str) -> list[Hit]:
+    """IBAN: international bank account numbers with valid check digits. Example: "IBAN GB82 WEST 1234 5698 7654
+    32"."""
+    lengths = _compiled().iban_lengths
+    hits = []
+    for m in _IBAN.finditer(text):
+        value = m.group(1).rstrip()
+        if iban_valid(value, lengths):
+            hits.append((m.start(1), m.start(1) + len(value), "IBAN"))
+    return hits
+
+
+def luhn_valid(number: str) -> bool:
+    """Luhn checksum (ISO/IEC 7812-1) of a digit string. Example: ``4111111111111111`` is valid."""
+    total = 0
+    for i, ch in enumerate(reversed(number)):
+        d = int(ch)
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def card_numbers(text: str) -> list[Hit]:
+    """CARD: payment card numbers of 13-19 digits (spaces or dashes between) that pass the Luhn check. Example:
+    "card 4111 1111 1111 1111"."""
+    hits = []
+    for m in _CARD.finditer(text):
+        digits = re.sub(r"\D", "", m.group())
+        if 13 <= len(digits) <= 19 and luhn_valid(digits):
+            hits.append((m.start(), m.end(), "CARD"))
+    return hits
+
+
+# ---------------------------------------------------------------- places and organisations
+def _with_locality(text: str, start: int, end: int, c: _Compiled) -> list[Hit]:
+    """The street hit and what follows it: a city, a state, a postcode (", Port Alex 2519", ", 69074 Augsburg")."""
+    hits = [(start, end, "ADDRESS")]
+    m = c.locality.match(text, end)
+    if m:
+        hits.append((m.start("place"), m.end("place"), "ADDRESS"))
+    return hits
+
+
+def street_addresses(text: str) -> list[Hit]:
+    """ADDRESS: a street address with its locality. English form: house number, capitalised name words and a
+    street type of ``usaddress`` (USPS Publication 28: Street, Cape, Crossroad ...), maybe a flat or suite first;
+    German, French and Spanish forms: street word and number ("Drubinstraße 47", "802, boulevard Gaudin", "Calle
+    Mayor 5"). Example: "lives at 62 Geraldine Cape, Port Alex 2519"."""
+    c = _compiled()
+    hits: list[Hit] = []
+    if any(ch.isdigit() for ch in text):
+        for m in c.street_us.finditer(text):
+            hits += _with_locality(text, m.start(), m.end(), c)
+    for rx in c.street_eu:
+        for m in rx.finditer(text):
+            hits += _with_locality(text, m.start(), m.end(), c)
+    return hits
+
+
+def labelled_postcodes(text: str) -> list[Hit]:
+    """POSTCODE after its label. Example: "ZIP 02115", "postcode SW1A 1AA", "PLZ 69074"."""
+    return [(m.start("code"), m.end("code"), "ADDRESS") for m in _compiled().postcode_labelled.finditer(text)]
+
+
+_WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
+
+
+def _outside_safe(text: str, start: int, end: int, strict: bool = False) -> list[re.Match[str]]:
+    """The words of ``text[start:end]`` outside plain known-safe English (:mod:`.lexicon`); ``strict``: outside
+    the ambiguous words (common words that are also names) too."""
+    from entity_extraction.deid.lexicon import AMBIG, SAFE, load_lexicon
+
+    lex = load_lexicon()
+    safe = (SAFE, AMBIG) if strict else (SAFE,)
+    return [w for w in _WORD.finditer(text, start, end) if lex.word_class(w.group().lower()) not in safe]
+
+
+def _named(text: str, hits: list[Hit], strict: bool = False) -> list[Hit]:
+    """Hits that hold a word outside plain known-safe English, cut to start at the first such word ("At Shaw
+    Ltd" -> "Shaw Ltd"; "Study Group" is dropped); ``strict``: a word that is no common word either (not
+    ambiguous: "Comfort" is no place)."""
+    out = []
+    for start, end, kind in hits:
+        named = _outside_safe(text, start, end, strict)
+        if named:
+            out.append((named[0].start(), end, kind))
+    return out
+
+
+def postcodes_beside(text: str, places: list[tuple[int, int]]) -> list[Hit]:
+    """POSTCODE right after a place or address found by another rule (", Port Alex 2519"), or right before it
+    ("69074 Augsburg"): any postcode form of ``address_patterns.json``, a bare number only there.
+
+    Parameters
+    ----------
+    places : list of (start, end)
+        Spans of places, addresses and organisations already found.
+    """
+    c = _compiled()
+    hits = []
+    for start, end in places:
+        m = c.postcode_after.match(text, end)
+        if m:
+            hits.append((m.start("code"), m.end("code"), "ADDRESS"))
+        m = c.postcode_before.search(text, max(0, start - 12), start)
+        if m and m.end() == start:
+            hits.append((m.start("code"), m.end("code"), "ADDRESS"))
+    return hits
+
+
+def companies(text: str) -> list[Hit]:
+    """ORGANIZATION: one to four capitalised words before a legal form (Ltd, LLC, Inc, PLC, GmbH, AG, SARL, S.L.,
+    and Sons). Example: "works at Shaw Ltd", "Fischer, Rose and Wright LLP", "Meyer GmbH & Co. KG"."""
+    return _named(text, [(m.start(), m.end(), "ORGANIZATION") for m in _compiled().company.finditer(text)])
+
+
+def institution_prefixes(text: str) -> list[Hit]:
+    """ORGANIZATION: a hospital or university word followed by a place name ("University Hospital Clarkeville",
+    "Klinikum Augsburg", "Hôpital Saint-Louis", "Hospital Universitario La Paz")."""
+    return [(m.start(), m.end(), "ORGANIZATION") for m in _compiled().institution_prefix.finditer(text)
+            if _outside_safe(text, m.end("cue"), m.end())]
+
+
+def toponyms(text: str) -> list[Hit]:
+    """LOCATION: a capitalised word with an English, German or French place-name ending (-ville, -burgh, -chester,
+    -haven, -mouth, -furt, -hausen ...) that is no common word (not "Comfort"), or a place prefix (Port, East, Lake,
+    Saint ...) before a capitalised word that is not plain English ("Port Alex", not "North American"). Example:
+    "Williehaven", "Port Alex", "South Jeremyhaven"."""
+    c = _compiled()
+    hits = _named(text, [(m.start(), m.end(), "LOCATION") for m in c.toponym_suffix.finditer(text)], strict=True)
+    for m in c.toponym_prefix.finditer(text):
+        group = "name" if m.group("name") else "name2"
+        if _outside_safe(text, m.start(group), m.end(group)):
+            hits.append((m.start(), m.end(), "LOCATION"))
+    return hits
+
+
+#: recognisers of numbers, run before the dates and phone numbers (in this order)
+NUMBER_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (ip_addresses, ibans, card_numbers)
+#: recognisers of addresses, run before the long numbers (a ZIP code is no id)
+ADDRESS_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (street_addresses, labelled_postcodes)
+#: recognisers of organisations and places, run with the name rules (the longest finding wins; protected clinical
+#: phrases are never touched)
+NAME_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (companies, institution_prefixes, toponyms)
