@@ -98,7 +98,14 @@ class Lexicon:
     employment: frozenset[str] = frozenset()
     ward_cues: frozenset[str] = frozenset()
     rare_names: frozenset[str] = frozenset()
-    eponyms: re.Pattern[str] | None = None
+    eponym_heads: frozenset[str] = frozenset()
+    #: first words of institution names and cities, place prefixes and suffix words: the only plain words a rule
+    #: starts from
+    plain_triggers: frozenset[str] = frozenset()
+    toponym_suffixes: tuple[str, ...] = ()
+    place_prefixes: frozenset[str] = frozenset()
+    place_suffix_words: frozenset[str] = frozenset()
+    eponym_of_heads: frozenset[str] = frozenset()
 
     def word_class(self, low: str) -> int:
         """Class of a lower-case word: ``SAFE`` for one-letter words and words of no list but of the safe
@@ -278,19 +285,14 @@ def _alternation(phrases, spaces: bool = False) -> re.Pattern[str] | None:
     return re.compile(r"(?<!\w)(?:" + "|".join(alts) + r")(?!\w)", re.IGNORECASE)
 
 
-def _eponym_pattern(lists: dict[str, frozenset[str]]) -> re.Pattern[str] | None:
-    """A capitalised word (maybe hyphenated, maybe with 's and a Roman numeral) before an eponym head noun
-    ("Parkinson disease", "Chiari I malformation", "Swan-Ganz catheter"), or an eponym after an anatomy word and
-    "of" ("circle of Willis"); None when the lexicon has neither list."""
-    heads = "|".join(sorted(lists.get("eponym_heads", ()), key=len, reverse=True))
-    of_heads = "|".join(sorted(lists.get("eponym_of_heads", ()), key=len, reverse=True))
+def _eponym_patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """``(before, after)``: the eponym that ends right before a head noun of ``eponym_heads`` (a capitalised word,
+    maybe hyphenated, maybe with 's and a Roman numeral: "Parkinson disease", "Chiari I malformation",
+    "Swan-Ganz catheter"), and the eponym after a word of ``eponym_of_heads`` and "of" ("circle of Willis")."""
     word = r"[A-Z][a-zà-ÿ]+(?:-[A-Z][a-zà-ÿ]+)?"
-    alts = []
-    if heads:
-        alts.append(rf"{word}(?:['’]s)?(?:[ \t]+[IVX]{{1,3}})?[ \t]+(?i:{heads})")
-    if of_heads:
-        alts.append(rf"(?i:{of_heads})[ \t]+of[ \t]+{word}")
-    return re.compile(r"(?<![\w-])(?:" + "|".join(alts) + r")(?![\w-])") if alts else None
+    before = re.compile(rf"(?<![\w-]){word}(?:['’]s)?(?:[ \t]+[IVX]{{1,3}})?[ \t]+$")
+    after = re.compile(rf"[ \t]+of[ \t]+{word}(?![\w-])")
+    return before, after
 
 
 def _first_words(phrases) -> frozenset[str]:
@@ -349,13 +351,22 @@ def load_lexicon(path: str | None = None) -> Lexicon:
         employment=lists.get("employment_verbs", frozenset()),
         ward_cues=lists.get("ward_cues", frozenset()),
         rare_names=rare_names,
-        eponyms=_eponym_pattern(lists),
+        eponym_heads=lists.get("eponym_heads", frozenset()),
+        plain_triggers=_first_words(institutions) | frozenset(wl.cities) | lists.get("place_prefixes", frozenset())
+        | lists.get("place_suffix_words", frozenset()),
+        toponym_suffixes=tuple(sorted(lists.get("toponym_suffixes", ()))),
+        place_prefixes=lists.get("place_prefixes", frozenset()),
+        place_suffix_words=lists.get("place_suffix_words", frozenset()),
+        eponym_of_heads=lists.get("eponym_of_heads", frozenset()),
     )
 
 
 def _census(path: Path) -> set[str]:
     with path.open(encoding="utf-8") as f:
         return {line.split()[0].lower() for line in f if line.strip()}
+
+
+_EPONYM_BEFORE, _EPONYM_AFTER = _eponym_patterns()
 
 
 def protected_spans(text: str, lex: Lexicon | None = None) -> list[tuple[int, int]]:
@@ -365,10 +376,19 @@ def protected_spans(text: str, lex: Lexicon | None = None) -> list[tuple[int, in
     head noun ("Morison pouch", "circle of Willis") are protected too.
     """
     lex = lex or load_lexicon()
-    spans = [m.span() for m in lex.eponyms.finditer(text)] if lex.eponyms is not None else []
+    spans = []
     end = -1
     for m in WORD.finditer(text):
-        if m.start() >= end and m.group().lower() in lex.protected_first:
+        low = m.group().lower()
+        if low in lex.eponym_heads:
+            e = _EPONYM_BEFORE.search(text, max(0, m.start() - 40), m.start())
+            if e:
+                spans.append((e.start(), m.end()))
+        if low in lex.eponym_of_heads:
+            e = _EPONYM_AFTER.match(text, m.end())
+            if e:
+                spans.append((m.start(), e.end()))
+        if m.start() >= end and low in lex.protected_first:
             hit = lex.protected.match(text, m.start())
             if hit:
                 spans.append(hit.span())

@@ -419,6 +419,33 @@ def cities(s: Scan, i: int) -> None:
         s.mark(i, "LOCATION")
 
 
+def toponyms(s: Scan, i: int) -> None:
+    """LOCATION: a capitalised word with a place-name ending (``toponym_suffixes``: -ville, -burgh, -haven, -mouth,
+    -furt, -hausen ...) that is no common word (no known-safe or ambiguous word: not "Comfort"). Example:
+    "Williehaven", "North Robertmouth", "Laurachester"."""
+    t = s.toks[i]
+    if t.cls in (SAFE, AMBIG) or len(t.low) < 6 or not _titled(t.text) or not t.low.endswith(s.lex.toponym_suffixes):
+        return
+    s.mark(i, "LOCATION")
+
+
+def place_prefixes(s: Scan, i: int) -> None:
+    """LOCATION: a place prefix or suffix word (``place_prefixes``: Port, East, Lake, Saint ...; ``place_suffix_words``:
+    Ville, City, Town ...) beside a capitalised word that is no plain English word. Example: "Port Alex", "East
+    Tony", "St. Gina", "Conall Ville"; not "North American"."""
+    t, toks, lex = s.toks[i], s.toks, s.lex
+    if not _titled(t.text) and not (t.text.isupper() and t.low in ("st", "mt")):
+        return
+    if t.low in lex.place_prefixes and i + 1 < s.n:
+        nxt = toks[i + 1]
+        if re.fullmatch(r"\.?[ \t]", s.gap(i, i + 1)) and _titled(nxt.text) and nxt.cls != SAFE and not nxt.protected:
+            s.mark_all((i, i + 1), "LOCATION")
+    elif t.low in lex.place_suffix_words and i:
+        prev = toks[i - 1]
+        if s.gap(i - 1, i) == " " and _titled(prev.text) and prev.cls != SAFE and not prev.protected:
+            s.mark_all((i - 1, i), "LOCATION")
+
+
 def ambiguous_first_names(s: Scan, i: int) -> None:
     """NAME: a first name that is also a common word, capitalised within a sentence of mixed-case text. Example:
     "reach Rob", "with Mary"."""
@@ -641,12 +668,14 @@ Rule = Callable[[Scan, int], None]
 #: the rules for a word, in the order they run (an earlier rule's mark stands)
 WORD_RULES: tuple[Rule, ...] = (
     institution_names, titles, relations, role_in_parentheses, roles, credentials, initial_before_verb, initials,
-    first_names, surnames, cities, multi_word_city, ambiguous_first_names, ambiguous_first_name_pairs,
-    institution_suffixes,
+    first_names, surnames, cities, multi_word_city, toponyms, place_prefixes, ambiguous_first_names,
+    ambiguous_first_name_pairs, institution_suffixes,
     institution_prefixes, unit_suffixes, movement_places,
 )
-#: the rules for a word of plain known-safe English that is no cue (every other rule needs a cue or a name class)
-PLAIN_WORD_RULES: tuple[Rule, ...] = (institution_names, multi_word_city)
+#: the rules for a word of plain known-safe English that is no cue (every other rule needs a cue or a name class);
+#: they run only for the first word of an institution name or a city and for place prefixes and suffix words
+#: (``Lexicon.plain_triggers``)
+PLAIN_WORD_RULES: tuple[Rule, ...] = (institution_names, multi_word_city, place_prefixes)
 #: the passes over the whole text after the word rules, in order
 TEXT_RULES: tuple[Callable[[Scan], None], ...] = (places_after_verbs_and_conjunctions, repeated_places,
                                                   repeated_names)
@@ -690,12 +719,16 @@ def lexical_hits(text: str, lex: Lexicon | None = None,
     """
     lex = lex or load_lexicon()
     s = Scan(text, lex, protected_spans(text, lex) if guarded is None else guarded)
-    cues = lex.cues
+    cues, plain_triggers = lex.cues, lex.plain_triggers
     for i, t in enumerate(s.toks):
         if t.protected:
             continue
-        plain = t.cls == SAFE and t.low not in cues and len(t.low) > 1
-        for rule in PLAIN_WORD_RULES if plain else WORD_RULES:
+        if t.cls == SAFE and t.low not in cues and len(t.low) > 1:
+            if t.low in plain_triggers:  # a plain word starts no rule but these two (most words start none)
+                for rule in PLAIN_WORD_RULES:
+                    rule(s, i)
+            continue
+        for rule in WORD_RULES:
             rule(s, i)
     for text_rule in TEXT_RULES:
         text_rule(s)

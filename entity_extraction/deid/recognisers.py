@@ -36,12 +36,11 @@ class _Compiled:
     street_us: re.Pattern[str]
     street_words: frozenset[str]
     street_eu: tuple[re.Pattern[str], ...]
+    street_eu_gate: tuple[str, ...]
     locality: re.Pattern[str]
     postcode_labelled: re.Pattern[str]
     company: re.Pattern[str]
     institution_prefix: re.Pattern[str]
-    toponym_suffix: re.Pattern[str]
-    toponym_prefix: re.Pattern[str]
     postcode_after: re.Pattern[str]
     postcode_before: re.Pattern[str]
     iban_lengths: dict[str, int]
@@ -62,13 +61,12 @@ def _compiled(path: str | None = None) -> _Compiled:
             street_us=re.compile(data["street_us"].replace("{NAME}", name).replace("{TYPE}", f"(?=[A-Z][a-z])(?i:{types})")),
             street_words=words,
             street_eu=tuple(re.compile(p.replace("{NAME}", name)) for p in data["street_eu"]),
+            street_eu_gate=tuple(w.lower() for w in data["street_eu_words"]),
             locality=re.compile(data["locality"].replace("{CITY}", city).replace("{POSTCODE}", postcode)
                                 .replace("{STATE}", "|".join(data["us_states"]))),
             postcode_labelled=re.compile(data["postcode_labelled"].replace("{POSTCODE}", postcode), re.IGNORECASE),
             company=re.compile(data["company"].replace("{NAME}", name)),
             institution_prefix=re.compile(data["institution_prefix"].replace("{CITY}", city)),
-            toponym_suffix=re.compile(data["toponym_suffix"]),
-            toponym_prefix=re.compile(data["toponym_prefix"]),
             postcode_after=re.compile(rf",?[ \t]+(?P<code>{postcode})"),
             postcode_before=re.compile(rf"(?P<code>{postcode})[ \t]+"),
             iban_lengths={k: int(v) for k, v in data["iban_lengths"].items()},
@@ -78,16 +76,23 @@ def _compiled(path: str | None = None) -> _Compiled:
 
 
 # ---------------------------------------------------------------- network and account numbers
+_HOUSE_GATE = re.compile(r"\d[ \t,]+[A-Z][a-z]|\b(?:Flat|Unit|Suite|Studio|Apt|Apartment|Ste)\b")
 _IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w]|\.\d)")
 _IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![\w:])")
 _IBAN = re.compile(r"(?<![A-Za-z0-9])([A-Z]{2}\d{2}(?:[ ]?[A-Z0-9]){11,30})(?![A-Za-z0-9])")
 _CARD = re.compile(r"(?<![\d.,-])\d(?:[ -]?\d){12,18}(?![\d]|[.,]\d)")
+# gates without look-behinds (a text without a match of the gate has no match of the pattern; much faster scans)
+_IPV4_GATE = re.compile(r"\d\.\d{1,3}\.\d{1,3}\.\d")
+_IPV6_GATE = re.compile(r"[0-9A-Fa-f]?:[0-9A-Fa-f]{0,4}:")
+_IBAN_GATE = re.compile(r"[A-Z]{2}\d\d")
+_CARD_GATE = re.compile(r"\d(?:[ -]?\d){12}")
 
 
 def ip_addresses(text: str) -> list[Hit]:
     """IP: IPv4 and IPv6 addresses that :mod:`ipaddress` accepts. Example: "Workstation 10.2.33.4", "fe80::1"."""
     hits = []
-    for rx in (_IPV4, _IPV6) if ":" in text else (_IPV4,):
+    patterns = [rx for rx, gate in ((_IPV4, _IPV4_GATE), (_IPV6, _IPV6_GATE)) if gate.search(text)]
+    for rx in patterns:
         for m in rx.finditer(text):
             if rx is _IPV6 and m.group().count(":") < 2:
                 continue
@@ -112,6 +117,8 @@ def iban_valid(candidate: str, lengths: dict[str, int] | None = None) -> bool:
 def ibans(text: str) -> list[Hit]:
     """IBAN: international bank account numbers with valid check digits. Example: "IBAN GB82 WEST 1234 5698 7654
     32"."""
+    if not _IBAN_GATE.search(text):
+        return []
     lengths = _compiled().iban_lengths
     hits = []
     for m in _IBAN.finditer(text):
@@ -136,7 +143,7 @@ def card_numbers(text: str) -> list[Hit]:
     """CARD: payment card numbers of 13-19 digits (spaces or dashes between) that pass the Luhn check. Example:
     "card 4111 1111 1111 1111"."""
     hits = []
-    for m in _CARD.finditer(text):
+    for m in _CARD.finditer(text) if _CARD_GATE.search(text) else ():
         digits = re.sub(r"\D", "", m.group())
         if 13 <= len(digits) <= 19 and luhn_valid(digits):
             hits.append((m.start(), m.end(), "CARD"))
@@ -160,40 +167,47 @@ def street_addresses(text: str) -> list[Hit]:
     Mayor 5"). Example: "lives at 62 Geraldine Cape, Port Alex 2519"."""
     c = _compiled()
     hits: list[Hit] = []
-    if any(ch.isdigit() for ch in text):
+    if _HOUSE_GATE.search(text):  # a number before a capitalised word, or a flat/suite word: else no match
         for m in c.street_us.finditer(text):
             hits += _with_locality(text, m.start(), m.end(), c)
-    for rx in c.street_eu:
-        for m in rx.finditer(text):
-            hits += _with_locality(text, m.start(), m.end(), c)
+    low = text.lower()
+    if any(w in low for w in c.street_eu_gate):  # every form names its street word
+        for rx in c.street_eu:
+            for m in rx.finditer(text):
+                hits += _with_locality(text, m.start(), m.end(), c)
     return hits
 
 
 def labelled_postcodes(text: str) -> list[Hit]:
     """POSTCODE after its label. Example: "ZIP 02115", "postcode SW1A 1AA", "PLZ 69074"."""
+    low = text.lower()
+    if not any(w in low for w in ("zip", "post", "plz", "code")):
+        return []
     return [(m.start("code"), m.end("code"), "ADDRESS") for m in _compiled().postcode_labelled.finditer(text)]
 
 
+#: a part of every legal form of ``company`` and of every cue of ``institution_prefix`` (texts without one skip them)
+_LEGAL_FORM_GATE = ("Ltd", "Limited", "LLC", "L.L.C.", "Inc", "PLC", "plc", "LLP", "Corp", "GmbH", "AG", "KG", "OHG",
+                    "SARL", "S.A", "SAS", "S.L", "S.Coop", "Group", "Holdings", "Sons", "Brothers", "Bros")
+_INSTITUTION_GATE = ("Hospital", "Klinikum", "Krankenhaus", "Hôpital", "Hopital", "Clinique", "Centre", "Clínica",
+                     "University", "Universitätsklinikum", "Policl")
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 
 
-def _outside_safe(text: str, start: int, end: int, strict: bool = False) -> list[re.Match[str]]:
-    """The words of ``text[start:end]`` outside plain known-safe English (:mod:`.lexicon`); ``strict``: outside
-    the ambiguous words (common words that are also names) too."""
-    from entity_extraction.deid.lexicon import AMBIG, SAFE, load_lexicon
+def _outside_safe(text: str, start: int, end: int) -> list[re.Match[str]]:
+    """The words of ``text[start:end]`` outside plain known-safe English (:mod:`.lexicon`)."""
+    from entity_extraction.deid.lexicon import SAFE, load_lexicon
 
     lex = load_lexicon()
-    safe = (SAFE, AMBIG) if strict else (SAFE,)
-    return [w for w in _WORD.finditer(text, start, end) if lex.word_class(w.group().lower()) not in safe]
+    return [w for w in _WORD.finditer(text, start, end) if lex.word_class(w.group().lower()) != SAFE]
 
 
-def _named(text: str, hits: list[Hit], strict: bool = False) -> list[Hit]:
+def _named(text: str, hits: list[Hit]) -> list[Hit]:
     """Hits that hold a word outside plain known-safe English, cut to start at the first such word ("At Shaw
-    Ltd" -> "Shaw Ltd"; "Study Group" is dropped); ``strict``: a word that is no common word either (not
-    ambiguous: "Comfort" is no place)."""
+    Ltd" -> "Shaw Ltd"; "Study Group" is dropped)."""
     out = []
     for start, end, kind in hits:
-        named = _outside_safe(text, start, end, strict)
+        named = _outside_safe(text, start, end)
         if named:
             out.append((named[0].start(), end, kind))
     return out
@@ -223,28 +237,18 @@ def postcodes_beside(text: str, places: list[tuple[int, int]]) -> list[Hit]:
 def companies(text: str) -> list[Hit]:
     """ORGANIZATION: one to four capitalised words before a legal form (Ltd, LLC, Inc, PLC, GmbH, AG, SARL, S.L.,
     and Sons). Example: "works at Shaw Ltd", "Fischer, Rose and Wright LLP", "Meyer GmbH & Co. KG"."""
+    if not any(w in text for w in _LEGAL_FORM_GATE):
+        return []
     return _named(text, [(m.start(), m.end(), "ORGANIZATION") for m in _compiled().company.finditer(text)])
 
 
 def institution_prefixes(text: str) -> list[Hit]:
     """ORGANIZATION: a hospital or university word followed by a place name ("University Hospital Clarkeville",
     "Klinikum Augsburg", "Hôpital Saint-Louis", "Hospital Universitario La Paz")."""
+    if not any(w in text for w in _INSTITUTION_GATE):
+        return []
     return [(m.start(), m.end(), "ORGANIZATION") for m in _compiled().institution_prefix.finditer(text)
             if _outside_safe(text, m.end("cue"), m.end())]
-
-
-def toponyms(text: str) -> list[Hit]:
-    """LOCATION: a capitalised word with an English, German or French place-name ending (-ville, -burgh, -chester,
-    -haven, -mouth, -furt, -hausen ...) that is no common word (not "Comfort"), or a place prefix (Port, East, Lake,
-    Saint ...) before a capitalised word that is not plain English ("Port Alex", not "North American"). Example:
-    "Williehaven", "Port Alex", "South Jeremyhaven"."""
-    c = _compiled()
-    hits = _named(text, [(m.start(), m.end(), "LOCATION") for m in c.toponym_suffix.finditer(text)], strict=True)
-    for m in c.toponym_prefix.finditer(text):
-        group = "name" if m.group("name") else "name2"
-        if _outside_safe(text, m.start(group), m.end(group)):
-            hits.append((m.start(), m.end(), "LOCATION"))
-    return hits
 
 
 #: recognisers of numbers, run before the dates and phone numbers (in this order)
@@ -253,4 +257,4 @@ NUMBER_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (ip_addresses, iban
 ADDRESS_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (street_addresses, labelled_postcodes)
 #: recognisers of organisations and places, run with the name rules (the longest finding wins; protected clinical
 #: phrases are never touched)
-NAME_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (companies, institution_prefixes, toponyms)
+NAME_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (companies, institution_prefixes)
