@@ -438,12 +438,18 @@ def place_prefixes(s: Scan, i: int) -> None:
         return
     if t.low in lex.place_prefixes and i + 1 < s.n:
         nxt = toks[i + 1]
-        if re.fullmatch(r"\.?[ \t]", s.gap(i, i + 1)) and _titled(nxt.text) and nxt.cls != SAFE and not nxt.protected:
+        if re.fullmatch(r"\.?[ \t]", s.gap(i, i + 1)) and _titled(nxt.text) and _place_name_word(s, nxt):
             s.mark_all((i, i + 1), "LOCATION")
     elif t.low in lex.place_suffix_words and i:
         prev = toks[i - 1]
-        if s.gap(i - 1, i) == " " and _titled(prev.text) and prev.cls != SAFE and not prev.protected:
+        if s.gap(i - 1, i) == " " and _titled(prev.text) and _place_name_word(s, prev):
             s.mark_all((i - 1, i), "LOCATION")
+
+
+def _place_name_word(s: Scan, t: _Tok) -> bool:
+    """A word that may name a place beside a place prefix: a first name, city or word of no list; an ambiguous word
+    only when it is a first name ("Port Alex", "East Tony"; not "North American", a surname too)."""
+    return not t.protected and (t.cls in (FIRST, PLACE, UNKNOWN, PROPER) or t.cls == AMBIG and t.low in s.lex.first_names)
 
 
 def ambiguous_first_names(s: Scan, i: int) -> None:

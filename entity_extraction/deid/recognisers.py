@@ -20,15 +20,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from schemas.errors import ReasonCodedError
+
 PATTERNS_FILE = Path(__file__).with_name("address_patterns.json")
 
 Hit = tuple[int, int, str]
 
 
-class AddressPatternsError(ValueError):
-    """``address_patterns.json`` is malformed (reason code ``invalid_address_patterns``)."""
+class AddressPatternsError(ReasonCodedError, ValueError):
+    """``address_patterns.json`` is malformed (reason code ``address_patterns_invalid``)."""
 
-    reason = "invalid_address_patterns"
+    default_reason = "address_patterns_invalid"
+    message_format = "{message}"
 
 
 @dataclass(frozen=True)
@@ -255,6 +258,5 @@ def institution_prefixes(text: str) -> list[Hit]:
 NUMBER_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (ip_addresses, ibans, card_numbers)
 #: recognisers of addresses, run before the long numbers (a ZIP code is no id)
 ADDRESS_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (street_addresses, labelled_postcodes)
-#: recognisers of organisations and places, run with the name rules (the longest finding wins; protected clinical
-#: phrases are never touched)
-NAME_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (companies, institution_prefixes)
+#: recognisers of organisations, run with the organisation pattern (the longest finding wins)
+ORGANIZATION_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (companies, institution_prefixes)

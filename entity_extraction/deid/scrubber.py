@@ -25,8 +25,8 @@ from entity_extraction.deid.lexicon import AMBIG, SAFE, load_lexicon, protected_
 from entity_extraction.deid.name_rules import lexical_hits
 from entity_extraction.deid.recognisers import (
     ADDRESS_RECOGNISERS,
-    NAME_RECOGNISERS,
     NUMBER_RECOGNISERS,
+    ORGANIZATION_RECOGNISERS,
     postcodes_beside,
 )
 from schemas.errors import ReasonCodedError
@@ -484,7 +484,9 @@ def deidentify_text(
     groups.append(_regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"])
                   + [_Hit(a, b, k, tok[k]) for rec in ADDRESS_RECOGNISERS for a, b, k in rec(text)])
     groups.append(_regex_hits(text, p.regex["long_number"], "ID", tok["ID"]))
-    groups.append(_regex_hits(text, p.regex["organization"], "ORGANIZATION", tok["ORGANIZATION"]))
+    # organisations by their cue word and by their legal form, longest first ("University Hospital Clarkeville")
+    groups.append(_regex_hits(text, p.regex["organization"], "ORGANIZATION", tok["ORGANIZATION"])
+                  + [_Hit(a, b, k, tok[k]) for rec in ORGANIZATION_RECOGNISERS for a, b, k in rec(text)])
     groups.append(_regex_hits(text, p.regex["postcode"], "ADDRESS", tok["ADDRESS"]))
     # every name finding competes in one group, longest span first, so "Walker, Matilda R." (known from
     # the header) wins over the shorter "Walker" found after a "PATIENT:" label
@@ -509,7 +511,6 @@ def deidentify_text(
     lex_tokens = {"NAME": tok["NAME"], "LOCATION": tok.get("LOCATION", "[LOCATION]")}
     guarded = protected_spans(text)
     name_hits += [_Hit(a, b, k, lex_tokens[k]) for a, b, k in lexical_hits(text, guarded=guarded)]
-    name_hits += [_Hit(a, b, k, tok[k]) for rec in NAME_RECOGNISERS for a, b, k in rec(text)]
     # clinical phrases of the lexicon ("DR KNEE", "White matter", "Baker cyst") are never a name
     if guarded:
         name_hits = [h for h in name_hits if not any(a < h.end and h.start < b for a, b in guarded)]

@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from entity_extraction.deid.evaluation import GoldNote
+from schemas.errors import ReasonCodedError
 
 TEMPLATES_FILE = Path(__file__).with_name("synthetic_templates.json")
 #: Faker locales, one drawn per note: English-speaking countries and three European ones whose names and
@@ -101,10 +102,11 @@ SLOTS: dict[str, tuple[str, Callable[[object, random.Random], str]]] = {
 }
 
 
-class SyntheticTemplateError(ValueError):
-    """A template file that cannot be used (reason ``invalid_synthetic_templates``): unknown slot, no sentences."""
+class SyntheticTemplateError(ReasonCodedError, ValueError):
+    """A template file that cannot be used (reason ``synthetic_templates_invalid``): unknown slot, no sentences."""
 
-    reason = "invalid_synthetic_templates"
+    default_reason = "synthetic_templates_invalid"
+    message_format = "{message}"
 
 
 @lru_cache(maxsize=2)

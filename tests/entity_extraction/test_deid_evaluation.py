@@ -69,7 +69,7 @@ def test_generated_splits_use_disjoint_templates():
 def test_cli_eval_deid_folds_and_synthetic(tmp_path):
     from typer.testing import CliRunner
 
-    from etl.cli import app
+    from medreco.cli import app
 
     gold = tmp_path / "gold.jsonl"
     lines = [json.dumps({"id": f"{p}-1", "text": "daughter sarah called on 7/22.",
