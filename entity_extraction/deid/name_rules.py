@@ -474,6 +474,41 @@ def ambiguous_first_name_pairs(s: Scan, i: int) -> None:
         s.mark_all((i, i + 1), "NAME")
 
 
+def _name_word(s: Scan, t: _Tok) -> bool:
+    """A capitalised word that may be a surname: a name or unknown word, an ambiguous word only when it is a name."""
+    return _titled(t.text) and not t.protected and (
+        t.cls in (FIRST, LAST, UNKNOWN, PROPER) or t.cls == AMBIG and t.low in s.lex.names)
+
+
+def hyphenated_names(s: Scan, i: int) -> None:
+    """NAME: two capitalised name words joined by a hyphen in mixed-case text, one of them a census name that is
+    no common word or both census names. Example: "Wood-Mellor", "Patel-Chamberlain" (a double-barrelled surname
+    or a firm)."""
+    toks = s.toks
+    if not s.mixed or i + 1 >= s.n or s.gap(i, i + 1) != "-":
+        return
+    a, b = toks[i], toks[i + 1]
+    names = s.lex.names
+    if _name_word(s, a) and _name_word(s, b) and (a.cls in (FIRST, LAST) or b.cls in (FIRST, LAST)
+                                                  or a.low in names and b.low in names):
+        s.mark_all((i, i + 1), "NAME")
+
+
+def name_lists(s: Scan, i: int) -> None:
+    """NAME: three capitalised surnames listed as "A, B and C" inside a sentence (a firm of partners or a list of
+    people), each a census name or a word of no list. Example: "Fisher, Smith and Turner", "Millar, Treanor and
+    Nulty"."""
+    toks = s.toks
+    if not s.mixed or i + 3 >= s.n or not re.fullmatch(r",[ \t]*", s.gap(i, i + 1)):
+        return
+    conj = toks[i + 2]
+    if conj.low not in ("and", "und", "et", "y") or s.gap(i + 1, i + 2) != " " or s.gap(i + 2, i + 3) != " ":
+        return
+    words = (toks[i], toks[i + 1], toks[i + 3])
+    if all(_name_word(s, w) for w in words) and not _sentence_start(s.text, toks[i].start):
+        s.mark_all((i, i + 1, i + 2, i + 3), "NAME")  # the "and" too: the name is one
+
+
 def _suffix_word(s: Scan, prev: _Tok, strong_suffix: bool, title_suffix: bool) -> bool:
     """A word before an institution suffix that belongs to the name without a place cue."""
     lex = s.lex
@@ -675,7 +710,7 @@ Rule = Callable[[Scan, int], None]
 WORD_RULES: tuple[Rule, ...] = (
     institution_names, titles, relations, role_in_parentheses, roles, credentials, initial_before_verb, initials,
     first_names, surnames, cities, multi_word_city, toponyms, place_prefixes, ambiguous_first_names,
-    ambiguous_first_name_pairs, institution_suffixes,
+    ambiguous_first_name_pairs, hyphenated_names, name_lists, institution_suffixes,
     institution_prefixes, unit_suffixes, movement_places,
 )
 #: the rules for a word of plain known-safe English that is no cue (every other rule needs a cue or a name class);

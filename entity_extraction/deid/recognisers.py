@@ -44,6 +44,8 @@ class _Compiled:
     postcode_labelled: re.Pattern[str]
     company: re.Pattern[str]
     institution_prefix: re.Pattern[str]
+    institution_suffix: re.Pattern[str]
+    phones: tuple[re.Pattern[str], ...]
     postcode_after: re.Pattern[str]
     postcode_before: re.Pattern[str]
     iban_lengths: dict[str, int]
@@ -70,6 +72,8 @@ def _compiled(path: str | None = None) -> _Compiled:
             postcode_labelled=re.compile(data["postcode_labelled"].replace("{POSTCODE}", postcode), re.IGNORECASE),
             company=re.compile(data["company"].replace("{NAME}", name)),
             institution_prefix=re.compile(data["institution_prefix"].replace("{CITY}", city)),
+            institution_suffix=re.compile(data["institution_suffix"].replace("{NAME}", name)),
+            phones=tuple(re.compile(data[k]) for k in ("phone_international", "phone_extension", "phone_cued")),
             postcode_after=re.compile(rf",?[ \t]+(?P<code>{postcode})"),
             postcode_before=re.compile(rf"(?P<code>{postcode})[ \t]+"),
             iban_lengths={k: int(v) for k, v in data["iban_lengths"].items()},
@@ -154,6 +158,24 @@ def card_numbers(text: str) -> list[Hit]:
 
 
 # ---------------------------------------------------------------- places and organisations
+_PHONE_SHAPE_GATE = re.compile(r"\d[\d ()./-]{5,}\d")
+
+
+def phone_shapes(text: str) -> list[Hit]:
+    """PHONE: a telephone number by its form (an international prefix "+33 (0)6 23 40 71 70", "0049 ...", an
+    extension "(286)855-8650x8639") or after a telephone word ("phone (01073) 717865", "call at 555 0142"), 7 to
+    15 digits, whether or not ``phonenumbers`` finds it valid for a region."""
+    if not _PHONE_SHAPE_GATE.search(text):
+        return []
+    hits = []
+    for rx in _compiled().phones:
+        group = "num" if "num" in rx.groupindex else 0
+        for m in rx.finditer(text):
+            if 7 <= sum(ch.isdigit() for ch in m.group(group)) <= 18:
+                hits.append((m.start(group), m.end(group), "PHONE"))
+    return hits
+
+
 def _with_locality(text: str, start: int, end: int, c: _Compiled) -> list[Hit]:
     """The street hit and what follows it: a city, a state, a postcode (", Port Alex 2519", ", 69074 Augsburg")."""
     hits = [(start, end, "ADDRESS")]
@@ -193,7 +215,8 @@ def labelled_postcodes(text: str) -> list[Hit]:
 _LEGAL_FORM_GATE = ("Ltd", "Limited", "LLC", "L.L.C.", "Inc", "PLC", "plc", "LLP", "Corp", "GmbH", "AG", "KG", "OHG",
                     "SARL", "S.A", "SAS", "S.L", "S.Coop", "Group", "Holdings", "Sons", "Brothers", "Bros")
 _INSTITUTION_GATE = ("Hospital", "Klinikum", "Krankenhaus", "Hôpital", "Hopital", "Clinique", "Centre", "Clínica",
-                     "University", "Universitätsklinikum", "Policl")
+                     "University", "Universitätsklinikum", "Policl", "Center", "Clinic", "Infirmary", "Home", "Hospice",
+                     "School", "College", "Academy")
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 
 
@@ -205,6 +228,9 @@ def _outside_safe(text: str, start: int, end: int) -> list[re.Match[str]]:
     return [w for w in _WORD.finditer(text, start, end) if lex.word_class(w.group().lower()) != SAFE]
 
 
+_SAINT_BEFORE = re.compile(r"(?:St\.?|Saint|Mount|Mt\.?|San|Santa)[ \t]+$")
+
+
 def _named(text: str, hits: list[Hit]) -> list[Hit]:
     """Hits that hold a word outside plain known-safe English, cut to start at the first such word ("At Shaw
     Ltd" -> "Shaw Ltd"; "Study Group" is dropped)."""
@@ -212,7 +238,8 @@ def _named(text: str, hits: list[Hit]) -> list[Hit]:
     for start, end, kind in hits:
         named = _outside_safe(text, start, end)
         if named:
-            out.append((named[0].start(), end, kind))
+            head = _SAINT_BEFORE.search(text, start, named[0].start())
+            out.append((head.start() if head else named[0].start(), end, kind))
     return out
 
 
@@ -247,15 +274,18 @@ def companies(text: str) -> list[Hit]:
 
 def institution_prefixes(text: str) -> list[Hit]:
     """ORGANIZATION: a hospital or university word followed by a place name ("University Hospital Clarkeville",
-    "Klinikum Augsburg", "Hôpital Saint-Louis", "Hospital Universitario La Paz")."""
+    "Klinikum Augsburg", "Hôpital Saint-Louis", "Hospital Universitario La Paz"), or name words before a hospital,
+    clinic or school word ("Altötting General Hospital", "St. Elías Medical Center", "Kerry High School")."""
     if not any(w in text for w in _INSTITUTION_GATE):
         return []
-    return [(m.start(), m.end(), "ORGANIZATION") for m in _compiled().institution_prefix.finditer(text)
+    c = _compiled()
+    hits = [(m.start(), m.end(), "ORGANIZATION") for m in c.institution_prefix.finditer(text)
             if _outside_safe(text, m.end("cue"), m.end())]
+    return hits + _named(text, [(m.start(), m.end(), "ORGANIZATION") for m in c.institution_suffix.finditer(text)])
 
 
 #: recognisers of numbers, run before the dates and phone numbers (in this order)
-NUMBER_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (ip_addresses, ibans, card_numbers)
+NUMBER_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (ip_addresses, ibans, card_numbers, phone_shapes)
 #: recognisers of addresses, run before the long numbers (a ZIP code is no id)
 ADDRESS_RECOGNISERS: tuple[Callable[[str], list[Hit]], ...] = (street_addresses, labelled_postcodes)
 #: recognisers of organisations, run with the organisation pattern (the longest finding wins)
