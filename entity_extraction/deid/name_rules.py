@@ -462,15 +462,16 @@ def ambiguous_first_names(s: Scan, i: int) -> None:
 
 
 def ambiguous_first_name_pairs(s: Scan, i: int) -> None:
-    """NAME: a first name that is also a common word, capitalised, before a capitalised name, surname, city or
-    unknown word in mixed-case text, also at the start of a sentence. Example: "Alan Torres", "Will Ferrante"."""
+    """NAME: a first name that is also a common word, capitalised, before a capitalised name, surname (a census
+    surname that is a common word too, if no clinical word), city or unknown word in mixed-case text, also at the
+    start of a sentence. Example: "Alan Torres", "Will Ferrante", "Irene Cooper"."""
     t, toks, lex = s.toks[i], s.toks, s.lex
     if t.cls != AMBIG or not s.mixed or not _titled(t.text) or t.low not in lex.first_names or t.low in lex.clinical \
             or i + 1 >= s.n:
         return
     nxt = toks[i + 1]
-    if s.gap(i, i + 1) == " " and _titled(nxt.text) and nxt.cls in _NAMEISH and len(nxt.low) >= 3 \
-            and not nxt.protected:
+    surname = nxt.cls in _NAMEISH or nxt.cls == AMBIG and nxt.low in lex.names and nxt.low not in lex.clinical
+    if s.gap(i, i + 1) == " " and _titled(nxt.text) and surname and len(nxt.low) >= 3 and not nxt.protected:
         s.mark_all((i, i + 1), "NAME")
 
 
@@ -478,6 +479,32 @@ def _name_word(s: Scan, t: _Tok) -> bool:
     """A capitalised word that may be a surname: a name or unknown word, an ambiguous word only when it is a name."""
     return _titled(t.text) and not t.protected and (
         t.cls in (FIRST, LAST, UNKNOWN, PROPER) or t.cls == AMBIG and t.low in s.lex.names)
+
+
+def name_verbs(s: Scan, i: int) -> None:
+    """NAME: two or three capitalised name-like words after a verb or preposition that introduces a person in
+    mixed-case text. Example: "review by Bethan Williams", "discussed with Cristian Vega", "paged Mijo Roht"."""
+    t, toks = s.toks[i], s.toks
+    if not s.mixed or (t.low not in _NAME_VERBS and t.low != "with") or i + 2 >= s.n:
+        return
+    run = s.run_after(i, limit=3)
+    if len(run) >= 2 and all(_titled(toks[j].text) for j in run) and s.strong(run):
+        s.mark_all(run, "NAME")
+
+
+def capitalised_pairs(s: Scan, i: int) -> None:
+    """NAME: two capitalised words of no dictionary side by side in mixed-case text (first name and surname of
+    other languages, anywhere in a sentence), neither clinical nor ambiguous. Example: "Guiomar Beltrán", "Eoin
+    Cloone", "Constanze Täsche"."""
+    toks = s.toks
+    if not s.mixed or i + 1 >= s.n or s.gap(i, i + 1) != " ":
+        return
+    a, b = toks[i], toks[i + 1]
+    pair = (a, b)
+    if all(w.text[:1].isupper() and w.text[1:].islower() and w.cls in (FIRST, LAST, UNKNOWN, PROPER)
+           and w.low not in s.lex.clinical
+           and not w.protected and len(w.low) >= 3 for w in pair):
+        s.mark_all((i, i + 1), "NAME")
 
 
 def hyphenated_names(s: Scan, i: int) -> None:
@@ -710,7 +737,7 @@ Rule = Callable[[Scan, int], None]
 WORD_RULES: tuple[Rule, ...] = (
     institution_names, titles, relations, role_in_parentheses, roles, credentials, initial_before_verb, initials,
     first_names, surnames, cities, multi_word_city, toponyms, place_prefixes, ambiguous_first_names,
-    ambiguous_first_name_pairs, hyphenated_names, name_lists, institution_suffixes,
+    ambiguous_first_name_pairs, name_verbs, capitalised_pairs, hyphenated_names, name_lists, institution_suffixes,
     institution_prefixes, unit_suffixes, movement_places,
 )
 #: the rules for a word of plain known-safe English that is no cue (every other rule needs a cue or a name class);
