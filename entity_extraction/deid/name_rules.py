@@ -452,6 +452,17 @@ def _place_name_word(s: Scan, t: _Tok) -> bool:
     return not t.protected and (t.cls in (FIRST, PLACE, UNKNOWN, PROPER) or t.cls == AMBIG and t.low in s.lex.first_names)
 
 
+def hyphenated_places(s: Scan, i: int) -> None:
+    """LOCATION: a French compound place name joined by hyphens around a particle. Example: "Carre-sur-Hoareau",
+    "Gros-la-Forêt", "Blanc-sur-Mer"."""
+    toks = s.toks
+    if toks[i].low not in ("sur", "la", "le", "les", "lès", "en", "de", "du", "aux") or not 0 < i < s.n - 1:
+        return
+    if s.gap(i - 1, i) == "-" and s.gap(i, i + 1) == "-" and toks[i - 1].text[:1].isupper() \
+            and toks[i + 1].text[:1].isupper() and not toks[i - 1].protected:
+        s.mark_all((i - 1, i, i + 1), "LOCATION")
+
+
 def ambiguous_first_names(s: Scan, i: int) -> None:
     """NAME: a first name that is also a common word, capitalised within a sentence of mixed-case text. Example:
     "reach Rob", "with Mary"."""
@@ -736,7 +747,7 @@ Rule = Callable[[Scan, int], None]
 #: the rules for a word, in the order they run (an earlier rule's mark stands)
 WORD_RULES: tuple[Rule, ...] = (
     institution_names, titles, relations, role_in_parentheses, roles, credentials, initial_before_verb, initials,
-    first_names, surnames, cities, multi_word_city, toponyms, place_prefixes, ambiguous_first_names,
+    first_names, surnames, cities, multi_word_city, toponyms, place_prefixes, hyphenated_places, ambiguous_first_names,
     ambiguous_first_name_pairs, name_verbs, capitalised_pairs, hyphenated_names, name_lists, institution_suffixes,
     institution_prefixes, unit_suffixes, movement_places,
 )

@@ -199,7 +199,8 @@ def street_addresses(text: str) -> list[Hit]:
     if any(w in low for w in c.street_eu_gate):  # every form names its street word
         for rx in c.street_eu:
             for m in rx.finditer(text):
-                hits += _with_locality(text, m.start(), m.end(), c)
+                if _outside_safe(text, m.start(), m.end()):  # "During 3" is no street
+                    hits += _with_locality(text, m.start(), m.end(), c)
     return hits
 
 
