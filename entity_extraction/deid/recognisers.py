@@ -199,7 +199,7 @@ def street_addresses(text: str) -> list[Hit]:
     if any(w in low for w in c.street_eu_gate):  # every form names its street word
         for rx in c.street_eu:
             for m in rx.finditer(text):
-                if _outside_safe(text, m.start(), m.end()):  # "During 3" is no street
+                if _outside_safe(text, m.start(), m.end(), strict=True):  # "During 3", "Wearing 70" are no street
                     hits += _with_locality(text, m.start(), m.end(), c)
     return hits
 
@@ -221,12 +221,14 @@ _INSTITUTION_GATE = ("Hospital", "Klinikum", "Krankenhaus", "Hôpital", "Hopital
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 
 
-def _outside_safe(text: str, start: int, end: int) -> list[re.Match[str]]:
-    """The words of ``text[start:end]`` outside plain known-safe English (:mod:`.lexicon`)."""
-    from entity_extraction.deid.lexicon import SAFE, load_lexicon
+def _outside_safe(text: str, start: int, end: int, strict: bool = False) -> list[re.Match[str]]:
+    """The words of ``text[start:end]`` outside plain known-safe English (:mod:`.lexicon`); ``strict``: outside the
+    ambiguous words too (common words that are also names: "Wearing")."""
+    from entity_extraction.deid.lexicon import AMBIG, SAFE, load_lexicon
 
     lex = load_lexicon()
-    return [w for w in _WORD.finditer(text, start, end) if lex.word_class(w.group().lower()) != SAFE]
+    safe = (SAFE, AMBIG) if strict else (SAFE,)
+    return [w for w in _WORD.finditer(text, start, end) if lex.word_class(w.group().lower()) not in safe]
 
 
 _SAINT_BEFORE = re.compile(r"(?:St\.?|Saint|Mount|Mt\.?|San|Santa)[ \t]+$")
