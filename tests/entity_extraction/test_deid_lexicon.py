@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from entity_extraction.deid import deidentify_text
 from entity_extraction.deid.evaluation import (
     GoldFormatError,
     GoldNote,
@@ -15,7 +16,6 @@ from entity_extraction.deid.evaluation import (
     render_deid_table,
     surviving_characters,
 )
-from entity_extraction.deid import deidentify_text
 
 
 def deid(text, shift=None):
