@@ -124,3 +124,77 @@ def fold_of(doc_id: str, k: int) -> int:
 def kfold(docs: list[GoldDoc], k: int) -> list[tuple[list[GoldDoc], list[GoldDoc]]]:
     """``k`` (development, held-out) pairs: every document is held out exactly once."""
     return [([d for d in docs if fold_of(d.id, k) != i], [d for d in docs if fold_of(d.id, k) == i]) for i in range(k)]
+
+
+def held_out_names(locale: str, k: int, fold: int) -> tuple[list[str], list[str]]:
+    """First and last names of Faker's ``locale`` lists that fall in ``fold`` of ``k`` (by :func:`fold_of`)."""
+    from entity_extraction.languages.gazetteer import person_names
+
+    first, last = person_names(locale)
+    return (sorted(n for n in first if fold_of(n, k) == fold), sorted(n for n in last if fold_of(n, k) == fold))
+
+
+def synthetic_deid(lang: str, k: int = 5, per_fold: int = 40, seed: int = 34) -> Score:
+    """PHI recall on synthetic reports (:mod:`entity_extraction.languages.synth`), k-fold over person names: fold
+    ``i``'s reports use only fold ``i``'s names, which are removed from the gazetteer while they are scored."""
+    from entity_extraction.languages.local_deid import deidentify_local
+    from entity_extraction.languages.synth import _LOCALES, generate
+
+    score = Score()
+    for i in range(k):
+        first, last = held_out_names(_LOCALES[lang], k, i)
+        exclude = frozenset(first) | frozenset(last)
+        for d in generate(lang, per_fold, seed=seed * 100 + i, names=(first, last)):
+            doc = GoldDoc(d["id"], d["text"], tuple((p["start"], p["end"], p["type"]) for p in d["phi"]))
+            score_doc(doc, deidentify_local(d["text"], lang, known_phi=[], date_shift_days=None,
+                                            exclude_names=exclude)[0], score)
+    return score
+
+
+def entity_figures(lang: str, docs: list[dict], extractor=None, family: str = "2D-CXR") -> dict:
+    """Entity recall and assertion accuracy on labelled sentences.
+
+    A gold entity ``{"start", "end", "entity_id", "assertion"}`` is found when a mention of the same concept
+    overlaps its span; assertion accuracy is over the found ones. Returns ``{"entities", "found", "recall",
+    "assertion_correct", "assertion_accuracy"}``.
+    """
+    from entity_extraction.extract import EntityExtractor
+
+    extractor = extractor or EntityExtractor(language=lang)
+    total = found = correct = 0
+    for d in docs:
+        mentions = extractor.extract(d["text"], family)
+        for g in d["entities"]:
+            total += 1
+            hit = [m for m in mentions if m["entity_id"] == g["entity_id"] and m["span_start"] < g["end"]
+                   and g["start"] < m["span_end"]]
+            if hit:
+                found += 1
+                correct += hit[0]["assertion"] == g["assertion"]
+    return {"entities": total, "found": found, "recall": round(found / total, 4) if total else 1.0,
+            "assertion_correct": correct, "assertion_accuracy": round(correct / found, 4) if found else 1.0}
+
+
+def main() -> None:
+    """Print every per-language figure (``python -m entity_extraction.languages.evaluate [MEDDOCAN folder]``)."""
+    import sys
+
+    from entity_extraction.languages.local_deid import deidentify_local
+    from entity_extraction.languages.synth import generate
+
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[3] / "shared/data/text-deid-es"
+    out = {}
+    for split in ("train", "dev"):
+        path = folder / f"meddocan_{split}.jsonl"
+        if path.is_file():
+            s = score_deid(load_gold_with_ignore(path),
+                           lambda t: deidentify_local(t, "es", known_phi=[], date_shift_days=None)[0])
+            out[f"meddocan_{split}"] = s.to_dict()
+    for lang in ("de", "fr", "es"):
+        out[f"synthetic_deid_{lang}"] = synthetic_deid(lang).to_dict()
+        out[f"synthetic_entities_{lang}"] = entity_figures(lang, generate(lang, 200, seed=3434))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -43,6 +43,9 @@ CAPWORD = rf"[{_UPPER}][^\W\d_]*(?:[-'’][^\W\d_]+)*"
 _INITIAL = rf"[{_UPPER}]\."
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 _URL = re.compile(r"\b(?:https?://|www\.)[^\s<>\"]+", re.IGNORECASE)
+#: a telephone number written with an international prefix or a bracketed area code, valid or not ("+49(0) 0090
+#: 31779", "(03278) 116381"): ``phonenumbers`` finds the valid ones in any writing
+_PHONE = re.compile(r"(?<![\w+])(?:\+\d{1,3}[ \t.-]?(?:\(0\)[ \t.-]?)?|\(0\d{1,5}\)[ \t.-]?)\d(?:[ \t./-]?\d){5,12}(?!\d)")
 _LONG_NUMBER = re.compile(r"(?<![\w.,])\d(?:[ -]?\d){6,}(?![\w]|[.,]\d)")
 _WORD = re.compile(r"[^\W\d_]+(?:[-'’][^\W\d_]+)*")
 
@@ -103,15 +106,17 @@ def _guard_words(language: str, data: dict) -> set[str]:
 
     words: set[str] = {str(w).lower() for w in data.get("common_words", ())}
     onto = load_ontology()
-    for concept in onto.concepts.values():
-        for syn in concept.synonyms.get(language, ()):
-            words.update(_WORD.findall(syn.lower()))
+    for concept in onto.concepts.values():  # one-word synonyms only: "campos pulmonares" does not make "Campos" safe
+        words.update(syn for syn in concept.synonyms.get(language, ()) if " " not in syn)
     rules_dir = Path(__file__).resolve().parents[1]
-    for stem in ("section_rules", "context_rules"):
-        path = rules_dir / f"{stem}_{language}.json"
-        if path.is_file():
-            blob = json.loads(path.read_text(encoding="utf-8"))
-            words.update(w.lower() for w in _WORD.findall(json.dumps(blob, ensure_ascii=False)) if len(w) > 2)
+    path = rules_dir / f"section_rules_{language}.json"
+    if path.is_file():
+        for headers in json.loads(path.read_text(encoding="utf-8"))["headers"].values():
+            words.update(w for h in headers for w in _WORD.findall(h) if len(w) > 2)
+    path = rules_dir / f"context_rules_{language}.json"
+    if path.is_file():
+        for rule in json.loads(path.read_text(encoding="utf-8"))["rules"]:
+            words.update(w for w in _WORD.findall(rule["literal"].lower()) if len(w) > 2)
     fw = yaml.safe_load((Path(__file__).with_name("function_words.yaml")).read_text(encoding="utf-8"))
     words.update(str(w).lower() for w in fw.get(language, ()))
     for forms in data["months"]:
@@ -184,8 +189,10 @@ def load_pack(language: str, exclude_names: frozenset[str] = frozenset()) -> Pac
             "name_run": re.compile(rf"(?<![\w'’-]){name_run}"),
         }
         for kind, labels in data["field_labels"].items():
+            # an id label may stand without a colon before its number ("NHC 368503", "Pat.-Nr. 12345")
+            digit_value = r"|[ \t]*(?:n[º°o]\.?)?[ \t]*(?=\d)" if kind == "ID" else ""
             regex[f"field_{kind}"] = re.compile(
-                rf"(?<![\w])(?i:{_alt(labels)})(?:[ \t]*:|[ \t]*(?:n[º°o]\.?)?[ \t]*(?=\d))[ \t]*(?P<value>[^\n]*)")
+                rf"(?<![\w])(?i:{_alt(labels)})(?:[ \t]*:{digit_value})[ \t]*(?P<value>[^\n]*)")
         lists = {key: tuple(re.compile(fill(p)) for p in data[key]) for key in ("organization", "street", "postcode")}
     except (KeyError, TypeError, ValueError, re.error, yaml.YAMLError) as exc:
         raise LanguagePackError("invalid_language_pack", f"{path.name}: {exc!r}") from exc
@@ -427,15 +434,32 @@ def _trimmed(text: str, pack: Pack, hits: list[_Hit]) -> list[_Hit]:
         end = h.end
         for w in words[1:]:
             low = w.group().lower()
+            if re.fullmatch(pack.particle_re, w.group(), re.IGNORECASE):
+                continue
             street_head = h.kind == "ORGANIZATION" and low in pack.street_keywords
             if street_head or (low in pack.guard and low not in pack.keywords and w.group()[:1].isupper()):
                 end = w.start()
                 break
         seg = text[h.start:end]
         seg = re.sub(r"(?:[ \t,.;-]+(?:" + pack.particle_re + r"))*[ \t,.;-]*$", "", seg) if end != h.end else seg
-        if seg.strip():
+        proper = [w.group() for w in _WORD.finditer(seg) if w.group()[:1].isupper()
+                  and w.group().lower() not in pack.keywords and w.group().lower() not in pack.guard]
+        if seg.strip() and (proper or any(ch.isdigit() for ch in seg)):  # "Klinik für Radiologie" alone is no PHI
             out.append(_Hit(h.start, h.start + len(seg), h.kind, h.replacement))
     return out
+
+
+def _learned_place_hits(text: str, pack: Pack, hits: list[_Hit]) -> list[_Hit]:
+    """The proper names inside care-site hits ("Klinikum Witzenhausen") wherever else they stand ("Witzenhausen"):
+    a place named once is removed everywhere (fail closed), as a learned person name is."""
+    words = {w.group() for h in hits for w in _WORD.finditer(text, h.start, h.end)
+             if w.group()[:1].isupper() and len(w.group()) >= 4 and w.group().lower() not in pack.keywords
+             and w.group().lower() not in pack.guard}
+    if not words:
+        return []
+    alt = _alt(re.escape(w) for w in words)
+    return [_Hit(m.start(), m.end(), "LOCATION", TOKENS["LOCATION"])
+            for m in re.finditer(rf"(?<![\w])(?:{alt})(?:[ \t-]+(?:{alt}))*(?![\w])", text)]
 
 
 def _regex_hits(text: str, patterns, kind: str) -> list[_Hit]:
@@ -482,20 +506,21 @@ def deidentify_local(text: str, language: str, *, known_phi: list[str], date_shi
     pack = load_pack(language, exclude_names)
     ids = [v.strip() for v in known_phi if v and v.strip() and any(ch.isdigit() for ch in v)]
     names = [v for v in known_phi if v and v.strip() and not any(ch.isdigit() for ch in v)]
+    orgs = _trimmed(text, pack, _regex_hits(text, pack.lists["organization"], "ORGANIZATION"))
     groups: list[list[_Hit]] = [
         _regex_hits(text, _EMAIL, "EMAIL"),
         _regex_hits(text, _URL, "URL"),
         [_Hit(m.start(), m.end(), "ID", TOKENS["ID"]) for v in sorted(ids, key=len, reverse=True)
          for m in re.finditer(rf"(?<![\w]){re.escape(v)}(?![\w])", text, re.IGNORECASE)],
-        _trimmed(text, pack, _regex_hits(text, pack.lists["organization"], "ORGANIZATION")),
+        orgs,
         _date_hits(text, pack, date_shift_days),
         _regex_hits(text, pack.regex["age_over_89"], "AGE"),
         _field_hits(text, pack),
-        _phone_hits(text, pack.region),
+        _phone_hits(text, pack.region) + _regex_hits(text, _PHONE, "PHONE"),
         _trimmed(text, pack, _regex_hits(text, pack.lists["street"], "ADDRESS")),
         _regex_hits(text, pack.lists["postcode"], "ADDRESS"),
         _regex_hits(text, _LONG_NUMBER, "ID"),
-        _name_hits(text, pack, names) + _place_hits(text, pack),
+        _name_hits(text, pack, names) + _place_hits(text, pack) + _learned_place_hits(text, pack, orgs),
     ]
     accepted: list[_Hit] = []
     taken = bytearray(len(text))
