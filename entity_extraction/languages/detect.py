@@ -24,7 +24,6 @@ Latin-script language cannot de-identify a Chinese name, so the caller withholds
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -44,7 +43,7 @@ FOREIGN_SCRIPT_SHARE = 0.2
 #: undetermined language (BCP 47 ``und``)
 UNDETERMINED = "und"
 _WORD = re.compile(r"[^\W\d_]+")
-_NON_LATIN_RUN = re.compile(r"[^\W\d_a-zA-Z\u00C0-\u024F\u1E00-\u1EFF\u00B5\u00AA\u00BA]{2,}")
+_NON_LATIN_RUN = re.compile(r"[^\W\d_a-zA-Z\u00AA\u00B5\u00BA\u00C0-\u024F\u1E00-\u1EFF]{2,}")
 
 
 @dataclass(frozen=True)
@@ -120,15 +119,14 @@ def function_word_votes(text: str) -> dict[str, int]:
     return votes
 
 
+_LETTER = re.compile(r"[^\W\d_]")
+_FOREIGN_LETTER = re.compile(r"[^\W\d_a-zA-Z\u00AA\u00B5\u00BA\u00C0-\u024F\u1E00-\u1EFF]")
+
+
 def _script_counts(text: str) -> tuple[int, int]:
-    """(letters, letters outside the Latin script)."""
-    letters = foreign = 0
-    for ch in text:
-        if ch.isalpha():
-            letters += 1
-            if ord(ch) > 0x24F and not (0x1E00 <= ord(ch) <= 0x1EFF) and "LATIN" not in unicodedata.name(ch, ""):
-                foreign += 1
-    return letters, foreign
+    """(letters, letters outside the Latin script: Latin-1, Latin Extended-A/B and Additional)."""
+    letters = len(_LETTER.findall(text))
+    return letters, (len(_FOREIGN_LETTER.findall(text)) if not text.isascii() else 0)
 
 
 def _lingua(text: str) -> tuple[str, float]:

@@ -17,6 +17,8 @@ success; 1 with a one-line reason on stderr when a set or its label files cannot
 ``medreco eval deid --gold FILE.jsonl`` scores report text de-identification on a gold file in the layout of
 ``../shared/data/text-deid/PROVENANCE.md`` (see :mod:`entity_extraction.deid_eval`): recall per PHI type,
 strict recall overall and non-PHI tokens lost. Exit status 0; 1 with a one-line reason when FILE cannot be used.
+``--language de|fr|es`` scores that language pack (:mod:`entity_extraction.languages`) and honours the gold's
+``ignore`` spans (``../shared/data/text-deid-es/PROVENANCE.md``).
 """
 
 from __future__ import annotations
@@ -149,16 +151,42 @@ def entities(
 
 
 @app.command("deid")
-def deid(gold: Path = typer.Option(..., "--gold", help="JSONL gold file: {id, text, phi: [{start, end, type}]}")) -> None:
+def deid(gold: Path = typer.Option(..., "--gold", help="JSONL gold file: {id, text, phi: [{start, end, type}]}"),
+         language: str = typer.Option("en", "--language",
+                                      help="language of the gold's texts: en, or a language pack (de, fr, es)")) -> None:
     """Strict recall per PHI type and non-PHI tokens lost of report text de-identification on FILE."""
     from entity_extraction.deid_eval import GoldFormatError, evaluate_deid, load_gold, render_deid_table
 
+    if language != "en":
+        _deid_language(gold, language)
+        return
     try:
         notes = load_gold(gold)
     except (OSError, GoldFormatError) as err:
         typer.echo(f"error: {gold}: {err}", err=True)
         raise typer.Exit(1) from None
     typer.echo(render_deid_table(evaluate_deid(notes)))
+
+
+def _deid_language(gold: Path, language: str) -> None:
+    """``eval deid --language xx`` for a language pack: ``ignore`` spans of the gold (not identifiers under HIPAA
+    Safe Harbor) count neither as PHI nor as non-PHI tokens (:mod:`entity_extraction.languages.evaluate`)."""
+    from entity_extraction.deid_eval import DeidScore, render_deid_table
+    from entity_extraction.languages.evaluate import load_gold_with_ignore, score_deid
+    from entity_extraction.languages.local_deid import available_languages, deidentify_local
+
+    if language not in available_languages():
+        typer.echo(f"error: --language {language!r}: no language pack (en, {', '.join(available_languages())})",
+                   err=True)
+        raise typer.Exit(1)
+    try:
+        docs = load_gold_with_ignore(gold)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        typer.echo(f"error: {gold}: {err}", err=True)
+        raise typer.Exit(1) from None
+    score = score_deid(docs, lambda t: deidentify_local(t, language, known_phi=[], date_shift_days=None)[0])
+    typer.echo(render_deid_table(DeidScore(per_type=score.per_type, non_phi_tokens=score.non_phi_tokens,
+                                           non_phi_lost=score.non_phi_lost, notes=score.docs)))
 
 
 @app.callback()
