@@ -12,6 +12,7 @@ record that names the detected language and confidence, never the text.
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 from entity_extraction.languages.detect import LanguageDecision, detect_language
 from entity_extraction.languages.local_deid import available_languages, deidentify_local
@@ -59,8 +60,28 @@ def route_language(text: str, prior: str | None) -> LanguageDecision:
     return decision
 
 
+def prepare_language(text: str, prior: str | None) -> LanguageDecision:
+    """:func:`route_language`, then load the language's pack (gazetteers: seconds, once per process).
+
+    The build calls this before a report's de-identification time limit starts (one-time loading is no
+    per-report cost and must not be cut by the per-report alarm).
+
+    Raises
+    ------
+    UnsupportedLanguageError
+        As :func:`route_language`.
+    """
+    decision = route_language(text, prior)
+    if decision.language != "en":
+        from entity_extraction.languages.local_deid import load_pack
+
+        load_pack(decision.language)
+    return decision
+
+
 def deidentify_report(text: str, *, prior: str | None, known_phi: list[str], date_shift_days: int | None,
-                      day_first: bool = False) -> tuple[LanguageDecision, str, dict[str, int]]:
+                      day_first: bool = False, decision: LanguageDecision | None = None,
+                      ) -> tuple[LanguageDecision, str, dict[str, int]]:
     """Identify the report's language and de-identify it with that language's rules.
 
     Parameters
@@ -73,6 +94,8 @@ def deidentify_report(text: str, *, prior: str | None, known_phi: list[str], dat
         As for :func:`entity_extraction.text_deid.deidentify_text`.
     day_first : bool
         How English numeric dates are read (other languages always read day first).
+    decision : LanguageDecision, optional
+        The language already decided for this text (:func:`prepare_language`); default: decided here.
 
     Returns
     -------
@@ -84,7 +107,7 @@ def deidentify_report(text: str, *, prior: str | None, known_phi: list[str], dat
     UnsupportedLanguageError
         ``unsupported_language`` (see :func:`route_language`).
     """
-    decision = route_language(text, prior)
+    decision = decision or route_language(text, prior)
     if decision.language == "en":
         from entity_extraction.text_deid import deidentify_text
 
@@ -98,8 +121,9 @@ def section_rules_path(language: str) -> str | None:
     """``section_rules_<language>.json`` on the language search path, None for English (the default rules)."""
     if language == "en":
         return None
-    from entity_extraction.extract import RULES_DIR
     from schemas.ontology import find_language_file, language_search_path
 
-    path = find_language_file("section_rules", language, language_search_path(packaged=RULES_DIR))
+    # the extractor's packaged rules folder (entity_extraction.extract.RULES_DIR; not imported: spaCy and torch
+    # would load inside the caller's per-report time limit)
+    path = find_language_file("section_rules", language, language_search_path(packaged=Path(__file__).parents[1]))
     return str(path) if path else None

@@ -112,7 +112,7 @@ def report_record_row(rec: dict, inst, report_id: str, key, index, header_phi_of
     Exception
         anything else that fails (the caller withholds the report).
     """
-    from entity_extraction.languages.route import deidentify_report, section_rules_path
+    from entity_extraction.languages.route import deidentify_report, prepare_language, section_rules_path
     from entity_extraction.sections import split_sections
     from etl.sources.report_linking import link_report, parse_report_datetime, surviving_source_dates
 
@@ -123,11 +123,13 @@ def report_record_row(rec: dict, inst, report_id: str, key, index, header_phi_of
     uri = index.study_source.get(link.study_key) if link.study_key else None
     known_phi += header_phi_of(uri) if uri else []
     shift = key.date_shift_days(patient_key) if patient_key else None
+    # the report's language decides its rules (a language without a pack raises UnsupportedLanguageError); identified
+    # and its pack loaded before the time limit starts: loading happens once per process
+    decided = prepare_language(rec["text"], rec.get("language") or inst.language)
     with time_limit(REPORT_TIME_LIMIT_S, "report_timeout", "report's de-identification"):
-        # the report's language decides its rules; a language without a pack raises UnsupportedLanguageError
-        language, text, counts = deidentify_report(rec["text"], prior=rec.get("language") or inst.language,
-                                                   known_phi=known_phi, date_shift_days=shift,
-                                                   day_first=inst.reads_day_first)
+        language, text, counts = deidentify_report(rec["text"], prior=decided.language, known_phi=known_phi,
+                                                   date_shift_days=shift, day_first=inst.reads_day_first,
+                                                   decision=decided)
         if surviving_source_dates(rec["text"], text):
             return None
         sections = split_sections(text, section_rules_path(language.language))
