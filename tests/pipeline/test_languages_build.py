@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import pydicom
 import pytest
 from conftest import config_for
 from test_incremental import build
@@ -39,7 +40,13 @@ def test_build_with_reports_in_four_languages(template):
     root = fresh_root(template, "langs")
     reports = root / "sources" / INST / "reports" / "reports.jsonl"
     lines = reports.read_text(encoding="utf-8").splitlines()
-    first = json.loads(lines[0])
+    # a delivered record whose study is among the institution's DICOM chest studies: the added reports link to it
+    chest = set()
+    for path in (root / "sources" / INST / "dicom").rglob("*.dcm"):
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        if ds.get("Modality") in ("CR", "DX") or "CHEST" in str(ds.get("BodyPartExamined", "")).upper():
+            chest.add(str(ds.StudyInstanceUID))
+    first = next(r for r in map(json.loads, lines) if r.get("study_instance_uid") in chest)
     for rid, text in TEXTS.items():
         lines.append(json.dumps({**first, "report_id": rid, "text": text}, ensure_ascii=False))
     reports.write_text("\n".join(lines) + "\n", encoding="utf-8")
