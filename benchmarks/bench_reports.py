@@ -6,8 +6,8 @@ Texts: the 2,696 rows of ``../shared/data/openi/indiana_reports.csv`` (Demner-Fu
 
 Three pipelines on the same texts, in the same process, one after the other:
 
-* ours (end to end, as the build runs it per report): :func:`entity_extraction.text_deid.deidentify_text`
-  (pattern rules plus a date shift), :func:`entity_extraction.sections.split_sections`, and
+* ours (end to end, as the build runs it per report): language identification and English text
+  de-identification (:func:`entity_extraction.languages.route.deidentify_report`: pattern rules plus a date shift), :func:`entity_extraction.sections.split_sections`, and
   :meth:`entity_extraction.extract.EntityExtractor.extract_many` on the de-identified text, 2D-CXR family
   (every rule of the family's ontology concepts loaded);
 * the floor: ``spacy.blank("en")`` tokenisation alone;
@@ -17,7 +17,8 @@ Three pipelines on the same texts, in the same process, one after the other:
 Per core: every figure is reports per CPU second of this single-threaded process (``time.process_time``),
 with BLAS/OpenMP thread pools pinned to one thread. Each pipeline is warmed up on 20 reports first.
 Ends with ``BENCH reports reports_per_s=... floor_reports_per_s=... peer_reports_per_s=...
-ratio_vs_peer=... ratio_vs_floor=...`` (ratios: ours / baseline). ``--profile`` also prints the top
+ratio_vs_peer=... ratio_vs_floor=... ratio_vs_floor_without_language_id=... language_id_reports_per_s=...`` (ratios:
+ours / baseline; the pipeline is also timed without language identification in the same run). ``--profile`` also prints the top
 cProfile entries of our pipeline (cumulative time).
 """
 
@@ -49,13 +50,19 @@ def openi_texts(path: Path = OPENI) -> list[str]:
             for row in rows]
 
 
-def ours(texts: list[str], extractor) -> tuple[int, dict[str, float]]:
-    """Run our pipeline; returns (mentions, CPU seconds per stage)."""
+def ours(texts: list[str], extractor, language_id: bool = True) -> tuple[int, dict[str, float]]:
+    """Run our pipeline; returns (mentions, CPU seconds per stage). ``language_id``: each report's language is
+    identified first (:func:`entity_extraction.languages.route.deidentify_report`, as the build runs it; the Open-i
+    reports are all English), else :func:`entity_extraction.text_deid.deidentify_text` is called directly."""
+    from entity_extraction.languages.route import deidentify_report
     from entity_extraction.sections import split_sections
     from entity_extraction.text_deid import deidentify_text
 
     t0 = time.process_time()
-    deid = [deidentify_text(t, known_phi=[], date_shift_days=DATE_SHIFT_DAYS)[0] for t in texts]
+    if language_id:
+        deid = [deidentify_report(t, prior="en", known_phi=[], date_shift_days=DATE_SHIFT_DAYS)[1] for t in texts]
+    else:
+        deid = [deidentify_text(t, known_phi=[], date_shift_days=DATE_SHIFT_DAYS)[0] for t in texts]
     t1 = time.process_time()
     sections = [split_sections(t) for t in deid]
     t2 = time.process_time()
@@ -105,9 +112,20 @@ def main(argv: list[str]) -> int:
     texts = openi_texts()
     n = len(texts)
     extractor = EntityExtractor()
+    from entity_extraction.languages.detect import detect_language
+
+    for text in texts:  # lingua loads a language's models on first use (seconds, once per process): warm all
+        detect_language(text, "en")
     ours(texts[:WARMUP], extractor)
-    n_mentions, stages = ours(texts, extractor)
+    # with and without language identification, alternated, best of two each (the second pass over the same texts
+    # finds warm caches: alternating gives both modes the same conditions)
+    runs: dict[bool, list] = {True: [], False: []}
+    for language_id in (True, False, True, False):
+        runs[language_id].append(ours(texts, extractor, language_id=language_id))
+    n_mentions, stages = min(runs[True], key=lambda r: sum(r[1].values()))
     t_ours = sum(stages.values())
+    t_en = min(sum(r[1].values()) for r in runs[False])
+    t_lang = timed(lambda: [detect_language(t, "en") for t in texts])
 
     floor = spacy.blank("en")
     list(floor.pipe(texts[:WARMUP]))
@@ -136,8 +154,11 @@ def main(argv: list[str]) -> int:
           + f" (ours {t_ours:.2f}), floor {t_floor:.2f}, peer {t_peer:.2f}")
     print("per-stage reports/s: " + ", ".join(f"{k} {n / v:.0f}" for k, v in stages.items() if v > 0)
           + f"; mentions: ours {n_mentions}, peer {peer_mentions[0]}")
+    print(f"language identification alone: {n / t_lang:.0f} reports/s; without it (English rules called directly) "
+          f"{n / t_en:.1f} reports/s, ratio to the floor {n / t_en / floor_rate:.3f}")
     print(f"BENCH reports reports_per_s={rate:.1f} floor_reports_per_s={floor_rate:.1f} "
-          f"peer_reports_per_s={peer_rate:.1f} ratio_vs_peer={rate / peer_rate:.2f} ratio_vs_floor={rate / floor_rate:.3f}")
+          f"peer_reports_per_s={peer_rate:.1f} ratio_vs_peer={rate / peer_rate:.2f} ratio_vs_floor={rate / floor_rate:.3f} "
+          f"ratio_vs_floor_without_language_id={n / t_en / floor_rate:.3f} language_id_reports_per_s={n / t_lang:.0f}")
     return 0
 
 

@@ -29,8 +29,9 @@ from schemas.ontology import FAMILIES, modality_family
 #: keys of one output entity, in output order (docs/command-line.md, ``medreco reports annotate``).
 ENTITY_FIELDS = ("text", "entity_id", "category", "section", "assertion", "temporality", "change", "laterality",
                  "severity", "anatomy_id")
-#: keys of one output line, in output order.
-OUTPUT_FIELDS = ("id", "deidentified_text", "sections", "entities", "family", "deidentification")
+#: keys of one output line, in output order (``language``: the report's identified language,
+#: :mod:`entity_extraction.languages.annotate`; a withheld report's line adds ``withheld``).
+OUTPUT_FIELDS = ("id", "deidentified_text", "sections", "entities", "family", "deidentification", "language")
 DEFAULT_FAMILY = "2D-CXR"
 #: ``deidentification.header_values`` of every output line: no DICOM header is linked to a JSONL line.
 NO_HEADER_NOTE = ("none available: pattern rules only (no known names or ids); dates redacted, not shifted "
@@ -115,7 +116,7 @@ def annotate_record(record: dict, extractor: EntityExtractor, default_family: st
     Returns
     -------
     dict
-        Keys :data:`OUTPUT_FIELDS`: ``id`` (as given), ``deidentified_text`` (str), ``sections`` (``indication``,
+        Keys :data:`OUTPUT_FIELDS` but ``language``: ``id`` (as given), ``deidentified_text`` (str), ``sections`` (``indication``,
         ``technique``, ``comparison``, ``findings``, ``impression``: de-identified bodies, ``""`` when absent),
         ``entities`` (list of dicts with keys :data:`ENTITY_FIELDS`, in text order; spans refer to
         ``deidentified_text``; empty when the family is ``None``), ``family`` (str or ``None``: no family

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import spacy
 from loguru import logger
-from spacy.attrs import IDX, IS_SPACE
+from spacy.attrs import IDX, IS_SPACE, ORTH
 from spacy.language import Language
 from spacy.pipeline import Sentencizer
 from spacy.tokens import Doc, Span
@@ -361,6 +361,12 @@ class EntityExtractor:
             nlp = spacy.blank(language)
         except ImportError:  # no spaCy language class: multi-language tokenizer
             nlp = spacy.blank("xx")
+        # abbreviations with dots ("V.a.", "Z.n.", "izq.") stay one token, so their dot ends no sentence
+        abbreviations = find_language_file("tokenizer_exceptions", language, dirs)
+        if abbreviations is not None:
+            for form in json.loads(abbreviations.read_text(encoding="utf-8"))["abbreviations"]:
+                for variant in {form, form.lower(), form.capitalize(), form.upper()}:
+                    nlp.tokenizer.add_special_case(variant, [{ORTH: variant}])
         prefixes = [r"\d{1,2}\.(?=[A-Za-z])", *nlp.Defaults.prefixes]
         nlp.tokenizer.prefix_search = compile_prefix_regex(prefixes).search
         # ".." and "..." end a sentence too ("... or pleural effusion.. Right basilar granuloma"): spaCy keeps them

@@ -358,7 +358,7 @@ def reports(ctx: BuildContext) -> dict:
     link survives de-identification. Writes the ``reports`` partition of every shard (empty ones too).
     A report file that cannot be parsed is quarantined whole (reason ``malformed_report_record``); one record
     that cannot be processed is withheld with a reason code (``report_too_long``, ``report_timeout``,
-    ``report_processing_error``, ``verification_failed``, or the parser's) and listed under
+    ``report_processing_error``, ``verification_failed``, ``unsupported_language``, or the parser's) and listed under
     ``quarantine/<run>/reports/``. No report can fail the task.
     """
     from etl.sources.report_linking import StudyIndex, header_phi

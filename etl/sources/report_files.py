@@ -2,7 +2,9 @@
 its ledger event and its withheld records. Used by the build's reports stage and by ``medreco validate-source``.
 
 Restricted input (the file and its records hold PHI); everything returned is PHI-free except the ``reports`` rows'
-de-identified text, which has passed :func:`entity_extraction.text_deid.deidentify_text` and the surviving-date check.
+de-identified text, which has passed the de-identifier of its language (:func:`entity_extraction.languages.route.
+deidentify_report`: English rules or a language pack; no pack: withheld ``unsupported_language``) and the
+surviving-date check.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def read_report_file(data: bytes, source_uri: str, sha256: str, inst, key, index
         and its withheld records ``{"source_uri", "record", "reason", "detail"}`` (``record``: the source's
         report id, None for a record that could not be parsed).
     """
+    from entity_extraction.languages.route import UnsupportedLanguageError
     from etl.sources.reports import ReportSourceError, iter_report_source, unreadable_file_detail
 
     event = {"source_uri": source_uri, "sha256": sha256, "stage": "reports"}
@@ -64,6 +67,9 @@ def read_report_file(data: bytes, source_uri: str, sha256: str, inst, key, index
             row = report_record_row(rec, inst, report_id, key, index, header_phi_of, shard_count)
         except RecordLimitError as err:
             withheld.append({**held, "reason": err.reason, "detail": str(err)})
+            continue
+        except UnsupportedLanguageError as err:  # fail closed: no language pack de-identifies this report
+            withheld.append({**held, "reason": err.reason, "detail": err.detail})
             continue
         except Exception as err:  # noqa: BLE001  the exception's text may quote report text: type only
             withheld.append({**held, "reason": "report_processing_error",
@@ -101,11 +107,13 @@ def report_record_row(rec: dict, inst, report_id: str, key, index, header_phi_of
     etl.limits.RecordLimitError
         ``report_too_long`` for a text over :data:`etl.limits.MAX_REPORT_CHARS` (not processed at all),
         ``report_timeout`` when de-identifying it takes longer than :data:`etl.limits.REPORT_TIME_LIMIT_S`.
+    entity_extraction.languages.route.UnsupportedLanguageError
+        ``unsupported_language``: the report's detected language has no language pack.
     Exception
         anything else that fails (the caller withholds the report).
     """
+    from entity_extraction.languages.route import deidentify_report, prepare_language, section_rules_path
     from entity_extraction.sections import split_sections
-    from entity_extraction.text_deid import deidentify_text
     from etl.sources.report_linking import link_report, parse_report_datetime, surviving_source_dates
 
     check_length(rec["text"], MAX_REPORT_CHARS, "report_too_long", "report text")
@@ -115,16 +123,20 @@ def report_record_row(rec: dict, inst, report_id: str, key, index, header_phi_of
     uri = index.study_source.get(link.study_key) if link.study_key else None
     known_phi += header_phi_of(uri) if uri else []
     shift = key.date_shift_days(patient_key) if patient_key else None
+    # the report's language decides its rules (a language without a pack raises UnsupportedLanguageError); identified
+    # and its pack loaded before the time limit starts: loading happens once per process
+    decided = prepare_language(rec["text"], rec.get("language") or inst.language)
     with time_limit(REPORT_TIME_LIMIT_S, "report_timeout", "report's de-identification"):
-        text, counts = deidentify_text(rec["text"], known_phi=known_phi, date_shift_days=shift,
-                                       day_first=inst.reads_day_first)
+        language, text, counts = deidentify_report(rec["text"], prior=decided.language, known_phi=known_phi,
+                                                   date_shift_days=shift, day_first=inst.reads_day_first,
+                                                   decision=decided)
         if surviving_source_dates(rec["text"], text):
             return None
-        sections = split_sections(text)
+        sections = split_sections(text, section_rules_path(language.language))
     rdate = parse_report_datetime(rec.get("report_datetime"))
     return {
         "report_id": report_id, "study_key": link.study_key,
-        "patient_key": patient_key, "institution": inst.id, "language": rec.get("language") or inst.language,
+        "patient_key": patient_key, "institution": inst.id, "language": language.language,
         "link_status": link.link_status,
         **{k: sections.get(k) or None for k in ("indication", "comparison", "findings", "impression")},
         "text": text, "redactions": int(sum(counts.values())),

@@ -20,6 +20,8 @@ strict recall overall and non-PHI tokens lost; ``--folds 5`` splits FILE by pati
 development (tuned) folds and the ``--held-out`` folds (default 3,4) apart; ``--synthetic N`` also scores N
 generated notes (:mod:`entity_extraction.deid.synthetic`, held-out templates, ``--seed``). Exit status 0; 1 with a
 one-line reason when FILE cannot be used or the folds do not fit.
+``--language de|fr|es`` scores that language pack (:mod:`entity_extraction.languages`) and honours the gold's
+``ignore`` spans (``../shared/data/text-deid-es/PROVENANCE.md``).
 """
 
 from __future__ import annotations
@@ -158,6 +160,8 @@ def deid(
     held_out: str = typer.Option("3,4", "--held-out", help="folds never looked at while rules are written"),
     synthetic: int = typer.Option(0, "--synthetic", help="also score N generated notes (Faker, held-out templates)"),
     seed: int = typer.Option(1, "--seed", help="seed of the generated notes"),
+    language: str = typer.Option("en", "--language",
+                                 help="language of the gold's texts: en, or a language pack (de, fr, es)"),
 ) -> None:
     """Strict recall per PHI type and non-PHI tokens lost of report text de-identification on FILE, by fold, and on
     generated notes."""
@@ -173,6 +177,12 @@ def deid(
     if gold is None and not synthetic:
         typer.echo("error: give --gold FILE and/or --synthetic N", err=True)
         raise typer.Exit(1)
+    if language != "en":
+        if gold is None:
+            typer.echo("error: --language needs --gold FILE", err=True)
+            raise typer.Exit(1)
+        _deid_language(gold, language)
+        return
     blocks = []
     if gold is not None:
         try:
@@ -189,6 +199,27 @@ def deid(
         blocks.append(f"generated notes (seed {seed}, held-out templates):\n"
                       + render_deid_table(evaluate_deid(generate_notes(synthetic, seed=seed))))
     typer.echo("\n\n".join(blocks))
+
+
+def _deid_language(gold: Path, language: str) -> None:
+    """``eval deid --language xx`` for a language pack: ``ignore`` spans of the gold (not identifiers under HIPAA
+    Safe Harbor) count neither as PHI nor as non-PHI tokens (:mod:`entity_extraction.languages.evaluate`)."""
+    from entity_extraction.deid.evaluation import DeidScore, render_deid_table
+    from entity_extraction.languages.evaluate import load_gold_with_ignore, score_deid
+    from entity_extraction.languages.local_deid import available_languages, deidentify_local
+
+    if language not in available_languages():
+        typer.echo(f"error: --language {language!r}: no language pack (en, {', '.join(available_languages())})",
+                   err=True)
+        raise typer.Exit(1)
+    try:
+        docs = load_gold_with_ignore(gold)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        typer.echo(f"error: {gold}: {err}", err=True)
+        raise typer.Exit(1) from None
+    score = score_deid(docs, lambda t: deidentify_local(t, language, known_phi=[], date_shift_days=None)[0])
+    typer.echo(render_deid_table(DeidScore(per_type=score.per_type, non_phi_tokens=score.non_phi_tokens,
+                                           non_phi_lost=score.non_phi_lost, notes=score.docs)))
 
 
 @app.callback()

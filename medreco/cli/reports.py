@@ -58,15 +58,20 @@ def annotate(
                                help=f"family of lines without 'family'/'modality'/'body_part' ({', '.join(FAMILIES)})"),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="list bad lines in <OUT>.errors.jsonl instead of failing"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar, no summary line"),
+    language: str = typer.Option("en", "--language",
+                                 help="the site's report language (ISO 639-1): a default for texts too short or mixed "
+                                      "to tell, not a fact; each report's language is identified"),
 ) -> None:
     """De-identify, section and extract ontology entities from every report of a JSONL file.
 
     Text de-identification uses the pattern rules only (no DICOM header is linked to a line): every date
     becomes [DATE]. A line may name its "family" (2D-CXR, 3D-CT, 3D-Brain-MRI, 2D-Ultrasound) or its
-    "modality" and "body_part"; otherwise --family applies.
+    "modality" and "body_part"; otherwise --family applies. Each report's language is identified; English,
+    German, French and Spanish reports are processed with their language's rules, a report in any other language
+    is withheld: its line has no text, only "withheld" {"reason": "unsupported_language", "detail"}.
     """
-    from entity_extraction.annotate import AnnotateInputError, annotate_record, parse_line
-    from entity_extraction.extract import EntityExtractor
+    from entity_extraction.annotate import AnnotateInputError, parse_line
+    from entity_extraction.languages.annotate import ExtractorPool, annotate_any
 
     if family not in FAMILIES:
         _fail(f"--family: unknown family {family!r} (one of {', '.join(FAMILIES)})", 2)
@@ -78,7 +83,8 @@ def annotate(
         _fail("OUT must not be IN")
     with in_path.open("rb") as fh:
         total = sum(1 for _ in fh)
-    extractor = EntityExtractor()
+    extractors = ExtractorPool()
+    withheld: dict[str, int] = {}
     tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
     bad: list[dict] = []
     seen: dict[object, int] = {}
@@ -98,13 +104,15 @@ def annotate(
                         continue
                     if record["id"] in seen:
                         raise AnnotateInputError(f"duplicate 'id' (first on line {seen[record['id']]})")
-                    result = annotate_record(record, extractor, family)
+                    result = annotate_any(record, extractors, family, language)
                 except AnnotateInputError as err:
                     if not skip_bad:
                         _fail(f"{in_path} line {lineno}: {err.reason}")
                     bad.append({"line": lineno, "reason": err.reason})
                     continue
                 seen[record["id"]] = lineno
+                if "withheld" in result:
+                    withheld[result["withheld"]["reason"]] = withheld.get(result["withheld"]["reason"], 0) + 1
                 dst.write(json.dumps(result, ensure_ascii=False) + "\n")
                 written += 1
         if skip_bad:
@@ -116,4 +124,7 @@ def annotate(
         tmp.unlink(missing_ok=True)
     if not quiet:
         skipped = f", {len(bad)} bad line(s) listed in {errors_path(out_path)}" if skip_bad else ""
-        typer.echo(f"annotated {written} report(s) -> {out_path}{skipped}")
+        held = sum(withheld.values())
+        held_note = (f", {held} withheld (" + ", ".join(f"{k}={v}" for k, v in sorted(withheld.items())) + ")"
+                     if held else "")
+        typer.echo(f"annotated {written - held} report(s) -> {out_path}{held_note}{skipped}")
