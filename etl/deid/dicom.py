@@ -107,6 +107,9 @@ INSTITUTION_TAGS = frozenset({0x00080080, 0x00080081, 0x00081040})
 #: SoftwareVersions get no exemption at all.
 MANUFACTURER_TAG = 0x00080070
 _SPECIFIC_CHARSET = 0x00080005
+#: decoder outcomes that quarantine with their own reason (etl.pixels.contained): sizes refused before decoding,
+#: a decoder whose worker process died or ran over its time
+CONTAINED_DECODE_REASONS = frozenset({"image_too_large", "declared_size_mismatch", "decoder_crashed"})
 
 
 class DeidentificationError(ReasonCodedError):
@@ -612,8 +615,15 @@ def clean_pixels(ds: Dataset, rule: PixelCleaningRule) -> int:
     Returns the number of pixels blanked per frame. Raises DeidentificationError ``pixel_cleaning_failed``
     when the pixel data cannot be decoded.
     """
+    from etl.pixels.contained import pixel_array
+    from etl.pixels.decode import NormalisationError
+
     try:
-        arr = ds.pixel_array.copy()
+        arr = pixel_array(ds).copy()  # bounded; compressed syntaxes decoded in the decoder worker
+    except NormalisationError as err:
+        if err.reason in CONTAINED_DECODE_REASONS:
+            raise DeidentificationError(err.reason, str(err)) from None
+        raise DeidentificationError("pixel_cleaning_failed", f"cannot decode pixels to clean them: {err.reason}") from None
     except Exception as err:  # noqa: BLE001  any decoder failure: the text cannot be removed
         raise DeidentificationError("pixel_cleaning_failed", f"cannot decode pixels to clean them: {type(err).__name__}") from None
     frames = int(ds.get("NumberOfFrames", 1) or 1)
@@ -894,25 +904,41 @@ def _burned_in_text(ds: Dataset, policy: Policy, institution: str, rules: list[P
         regions += [{"frame": "all", "box": list(r), "reason": "rule"} for r in rule.regions]
     if not ocr:
         return regions
+    from etl.pixels.decode import NormalisationError
+
     text_policy = load_text_policy()
     try:
-        if series_text is None or risk:  # at header risk: always read in full
-            done = clean_text(ds, text_policy, header_phi(ds, text_policy))
-        else:
-            from etl.deid.series_text import audit_key, clean_slice
+        try:
+            if series_text is None or risk:  # at header risk: always read in full
+                done = clean_text(ds, text_policy, header_phi(ds, text_policy))
+            else:
+                from etl.deid.series_text import audit_key, clean_slice
 
-            found, why = clean_slice(ds, text_policy, header_phi(ds, text_policy), series_text)
-            audit[audit_key(why)] += 1
-            if found is None:  # pre-checked: no row of glyphs OCR reads as a word, in a series whose sample is clean
-                return regions
-            done = found
+                found, why = clean_slice(ds, text_policy, header_phi(ds, text_policy), series_text)
+                audit[audit_key(why)] += 1
+                if found is None:  # pre-checked: no row of glyphs OCR reads as a word, in a clean-sampled series
+                    return regions
+                done = found
+        except NormalisationError as fault:  # the decoder's own reason: bounds, crashes (etl.pixels.contained)
+            if fault.reason in CONTAINED_DECODE_REASONS:
+                raise DeidentificationError(fault.reason, str(fault)) from None
+            if fault.reason == "decode_error":  # the check before decoding may know the fault better
+                from etl.pixels.decode import check_decodable
+
+                try:
+                    check_decodable(ds)
+                except NormalisationError as known:
+                    raise DeidentificationError(known.reason, str(known)) from None
+                raise DeidentificationError(fault.reason, str(fault)) from None
+            raise BurnedInTextError("pixel_cleaning_failed", f"cannot decode pixels to read burned-in text: "
+                                    f"{fault.reason}") from None
     except BurnedInTextError as err:
         if err.reason == "pixel_cleaning_failed":
             if risk:  # cannot be read, and the header says text is likely: as before, quarantined
                 raise DeidentificationError("burned_in_annotation_risk", f"{risk}; {err}") from None
             # fail closed: pixels nobody could check for text are not written out; the reason is the one
             # normalisation would give when its decoder check knows the fault, else burned_in_text_unreadable
-            from etl.pixels.decode import NormalisationError, check_decodable
+            from etl.pixels.decode import check_decodable
 
             try:
                 check_decodable(ds)

@@ -28,6 +28,7 @@ from pydicom.errors import InvalidDicomError
 
 from etl import zones
 from etl.keys import PseudonymKey, patient_key_for
+from etl.sources.dicom_bounds import SourceBoundsError, bounded_source
 from etl.sources.dicom_integrity import last_element_cut
 from etl.sources.source_access import UNREADABLE_REASON, check_source, list_source, source_storage
 from etl.storage import Storage, StorageError
@@ -93,9 +94,14 @@ def classify_dicom(data: bytes, uids: dict | None = None) -> tuple[str | None, s
 
     ``reason`` is None when the file is a DICOM instance with a PatientID; else a reason code:
     ``not_dicom`` (no DICOM structure at all), ``unreadable_dicom`` (a parse error),
-    ``truncated_file`` (the header is cut inside an element), ``missing_patient_id``. When ``uids`` is given it receives StudyInstanceUID, SeriesInstanceUID and
+    ``truncated_file`` (the header is cut inside an element), ``missing_patient_id``, ``inflated_too_large``,
+    ``inflate_error``, ``too_many_sequence_items`` (:func:`etl.sources.dicom_bounds.bounded_source`). When ``uids`` is given it receives StudyInstanceUID, SeriesInstanceUID and
     SOPInstanceUID (raw values: callers pseudonymise them at once).
     """
+    try:
+        data = bounded_source(data)  # a deflated dataset inflated with a cap, sequence items counted
+    except SourceBoundsError as err:
+        return None, err.reason, str(err)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
