@@ -22,6 +22,7 @@ or ``decoder_crashed`` (the worker died or ran over its time limit, the signal n
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import select
@@ -247,6 +248,7 @@ class DecoderWorker:
 
 
 _worker = DecoderWorker()
+atexit.register(_worker.stop)
 
 
 def decode_frames(ds: Dataset, ts: UID, index: int | None = None, view_only: bool = False) -> tuple[np.ndarray, Any]:
