@@ -48,7 +48,8 @@ def main() -> None:
         paths = len(made) + len(ATTACKS)
         t0 = time.monotonic()
         run = subprocess.run([sys.executable, "-m", "medreco.cli", "deid", str(src), str(out)], cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+                             env={"MEDRECO_PSEUDONYM_KEY": os.urandom(24).hex(), **os.environ, "PYTHONPATH": str(ROOT)},
+                             capture_output=True, text=True)
         wall = time.monotonic() - t0
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
         crashed = run.returncode != 0 or "Traceback" in run.stderr

@@ -121,6 +121,10 @@ INSTITUTION_TAGS = frozenset({0x00080080, 0x00080081, 0x00081040})
 #: SoftwareVersions get no exemption at all.
 MANUFACTURER_TAG = 0x00080070
 _SPECIFIC_CHARSET = 0x00080005
+#: device identification kept verbatim, never cleaned (pixel-cleaning rules and the series table use them): an
+#: identifying value in them is found by the verifier and quarantines the file (Manufacturer,
+#: ManufacturerModelName, SoftwareVersions)
+DEVICE_TAGS = frozenset({MANUFACTURER_TAG, 0x00081090, 0x00181020})
 #: SOP classes of Encapsulated Documents (PS3.4 B.5: PDF, CDA, STL, OBJ, MTL): quarantined ``encapsulated_document``
 ENCAPSULATED_DOCUMENT_PREFIX = "1.2.840.10008.5.1.4.1.1.104."
 #: decoder outcomes that quarantine with their own reason (etl.pixels.contained): sizes refused before decoding,
@@ -322,7 +326,7 @@ class _Walker:
     def _unlisted(self, vr: str, tag: int = 0) -> str:
         if vr in BINARY_VRS and int(tag) not in KEPT_BINARY_TAGS:
             return "X"  # opaque bytes the verifier cannot read as text: anything could be written in them
-        if vr in FREE_TEXT_VRS and self.p.cleans_text:
+        if vr in FREE_TEXT_VRS and self.p.cleans_text and int(tag) not in DEVICE_TAGS:
             return "CLEAN"  # kept free text (CodeMeaning at any depth, ...): cleaned as descriptors are
         if vr == "PN":
             return self.p.unlisted_pn_action
@@ -679,13 +683,15 @@ def _output_header(payload: bytes, ds: Dataset) -> bytes:
     return payload
 
 
-def _text_bytes(ds: Dataset, free: list[bytes] | None = None, own: set[bytes] = frozenset()) -> bytes:
+def _text_bytes(ds: Dataset, free: list[bytes] | None = None, own: set[bytes] = frozenset(),
+                binary: list[bytes] | None = None) -> bytes:
     """Raw bytes of every value where a person name could be written, joined by NUL: character string VRs, UI,
-    the values of sequences at any depth, kept numeric values up to 4 KiB and every kept binary value but pixel and
-    sample arrays (LUTs, palettes, the ICC profile, allow-listed private values).
+    the values of sequences at any depth, kept numeric values up to 4 KiB.
 
     ``free`` receives the bytes of each character-string value (for the normalised ID search of
-    :func:`verify_output`), except those in ``own`` (the pseudonyms the walk wrote).
+    :func:`verify_output`), except those in ``own`` (the pseudonyms the walk wrote); ``binary`` every kept binary
+    value but pixel and sample arrays (LUTs, palettes, the ICC profile, allow-listed private values), searched for
+    the longer name parts only.
 
     Raises
     ------
@@ -694,18 +700,19 @@ def _text_bytes(ds: Dataset, free: list[bytes] | None = None, own: set[bytes] = 
         after a length fault such a value carries other elements' tags, lengths and values, unvetted.
     """
     parts: list[bytes] = []
-    _collect_text_bytes(ds, parts, free if free is not None else [], own)
+    _collect_text_bytes(ds, parts, free if free is not None else [], own, binary if binary is not None else [])
     return b"\x00".join(parts)
 
 
-def _collect_text_bytes(ds: Dataset, parts: list[bytes], free: list[bytes], own: set[bytes]) -> None:
+def _collect_text_bytes(ds: Dataset, parts: list[bytes], free: list[bytes], own: set[bytes],
+                        binary: list[bytes]) -> None:
     for tag, elem in ds.items():  # raw elements are read as bytes, not converted
         if tag == 0x00120064:  # DeidentificationMethodCodeSequence: our own constant codes
             continue
         vr = elem.VR or dictionary_VR_or_none(tag)
         if vr == "SQ":
             for item in ds[tag].value or []:
-                _collect_text_bytes(item, parts, free, own)
+                _collect_text_bytes(item, parts, free, own, binary)
         elif vr in TEXT_VRS or vr in ASCII_VRS:
             v = elem.value
             if isinstance(v, (bytes, bytearray)):
@@ -731,7 +738,7 @@ def _collect_text_bytes(ds: Dataset, parts: list[bytes], free: list[bytes], own:
         elif vr in BINARY_VRS and int(tag) not in _SAMPLE_ARRAY_TAGS:
             v = elem.value  # a kept binary value (LUT, palette, ICC profile, allow-listed private): searched whole
             if isinstance(v, (bytes, bytearray)):
-                parts.append(bytes(v))
+                binary.append(bytes(v))
 
 
 def _vendor_names(manufacturer: bytes) -> set[bytes]:
@@ -748,10 +755,13 @@ def _normalised(data: bytes) -> bytes:
 
 _NOT_ALNUM = re.compile(rb"[^0-9a-z\x00]+")
 _DIGIT_RUN = re.compile(rb"\d{5,}")
+#: shortest name part looked for inside kept binary values (3-letter parts occur there by chance)
+BINARY_NAME_MIN = 4
 
 
 def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str],
-                  manufacturer: bytes = b"", text: bytes | None = None, free: bytes = b"") -> list[str]:
+                  manufacturer: bytes = b"", text: bytes | None = None, free: bytes = b"",
+                  binary: bytes = b"") -> list[str]:
     """Identifying values of the input found in the output header bytes (their kinds only).
 
     Name parts match as whole words, case-insensitively, in the text values (``text``; default: the whole
@@ -759,7 +769,9 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
     set and in UTF-8. IDs (kind ``value``) are also looked for in the kept character-string values (``free``,
     NUL-separated) ignoring case, spaces and separators (:func:`_normalised`), and on their significant parts:
     a run of 5 or more digits of a kept value that is part of a run of 5 or more digits of the ID (an MRN's
-    digits without its letters, 5 of its 8 digits, ...). Every kept value is searched, the device values (Manufacturer, ManufacturerModelName,
+    digits without its letters, 5 of its 8 digits, ...). Name parts of :data:`BINARY_NAME_MIN` or more letters are
+    also looked for, as whole words, in the kept binary values (``binary``: LUTs, palettes, ICC profile); shorter
+    ones occur there by chance ("lee" in a profile). Every kept value is searched, the device values (Manufacturer, ManufacturerModelName,
     SoftwareVersions) included; only an institution value that is the vendor's name (``manufacturer``, the
     kept Manufacturer value, or its leading words) is not looked for inside the Manufacturer value.
 
@@ -775,6 +787,7 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
     vendor = _vendor_names(manufacturer) if manufacturer.strip(b" \x00") else set()
     without_vendor = header.replace(manufacturer, b"") if vendor else header
     lowered = names_in.lower()
+    binary_lowered = binary.lower()
     for kind, value in phi:
         hay = header
         if kind == "institution" and vendor and value.strip().lower().encode("utf-8", "ignore") in vendor:
@@ -786,9 +799,11 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
             except (UnicodeEncodeError, LookupError):
                 continue
         for b in forms:
-            if kind == "name":  # person-name parts: whole words, in text values only
-                if b.lower() in lowered and re.search(rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])",
-                                                      names_in, re.IGNORECASE):
+            if kind == "name":  # person-name parts: whole words, in text values (longer ones in binary values too)
+                word = rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])"
+                if ((b.lower() in lowered and re.search(word, names_in, re.IGNORECASE))
+                        or (len(b) >= BINARY_NAME_MIN and b.lower() in binary_lowered
+                            and re.search(word, binary, re.IGNORECASE))):
                     found.append(kind)
                     break
             elif kind == "uid":
@@ -919,8 +934,10 @@ def deidentify_dataset(
                     else str(ds[MANUFACTURER_TAG].value).encode("utf-8", "ignore"))
     own = {walker.patient_key.encode(), f"INSTITUTION-{walker.institution_key}".encode()}
     free: list[bytes] = []
-    text = _text_bytes(ds, free, own) + b"\x00" + _text_bytes(ds.file_meta, free, own)
-    hits = verify_output(_output_header(payload, ds), walker.phi, encodings, manufacturer, text, b"\x00".join(free))
+    binary: list[bytes] = []
+    text = _text_bytes(ds, free, own, binary) + b"\x00" + _text_bytes(ds.file_meta, free, own, binary)
+    hits = verify_output(_output_header(payload, ds), walker.phi, encodings, manufacturer, text, b"\x00".join(free),
+                         b"\x00".join(binary))
     if hits:
         raise DeidentificationError(
             "verification_failed", f"{len(hits)} identifying value(s) of the input remain in the output "

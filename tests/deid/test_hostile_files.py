@@ -159,7 +159,7 @@ def test_name_in_a_kept_binary_value_is_found(policy):
 
 def test_control_bytes_in_a_kept_text_value_are_malformed_structure(policy):
     ds = h.with_ids(h.read(h.NATIVE_CT))
-    ds.add(DataElement(0x00181020, "LO", b"V1 \x08\x00\x18\x00UI\x10\x001.2.3.4.5.6.7.8"))  # SoftwareVersions
+    ds.add(DataElement(0x00181020, "LO", b"V1 \x08\x00\x18\x00UI\x10\x001.2.3.4.5.6.7.8"))  # SoftwareVersions, kept
     with pytest.raises(DeidentificationError) as err:
         deidentify_dataset(ds, KEY, "hostile", policy)
     assert err.value.reason == "malformed_structure"
