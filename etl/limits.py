@@ -99,3 +99,16 @@ def check_length(text: str, limit: int, reason: str, what: str) -> str:
     if len(text) > limit:
         raise RecordLimitError(reason, f"the {what} has {len(text)} characters, more than the limit of {limit}")
     return text
+
+
+#: bytes a Deflated Explicit VR Little Endian dataset may inflate to (a 1 MB file can inflate to gigabytes)
+MAX_INFLATED_BYTES = 256 * 1024 * 1024
+#: sequence items (item tags, at any depth, encapsulated pixel fragments included) one DICOM file may hold;
+#: real enhanced multi-frame objects hold tens of thousands, a million empty items costs a minute to parse
+MAX_SEQUENCE_ITEMS = 200_000
+#: bytes one decoder call may produce (Rows x Columns x SamplesPerPixel x bytes per sample x frames decoded)
+MAX_DECODED_BYTES = 1024 * 1024 * 1024
+#: seconds one compressed image's decoding may take in the decoder worker before it is stopped
+DECODE_TIME_LIMIT_S = 30.0
+#: address space (bytes) the decoder worker may use beyond what it holds after start-up (RLIMIT_AS)
+DECODER_MEMORY_BYTES = 3 * 1024 * 1024 * 1024

@@ -20,6 +20,7 @@ import hashlib
 import io
 import os
 import posixpath
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,6 +310,29 @@ def _restrict_dir(path: str) -> None:
         pass
 
 
+_ESCAPED_BYTE = re.compile(r"\\x([89a-f][0-9a-f])")
+
+
+def escape_name(name: str) -> str:
+    """A local path as records hold it: bytes of the name that are not valid UTF-8 (read by Python as lone
+    surrogates, PEP 383 ``surrogateescape``) written as ``\\xNN`` (Python's ``backslashreplace``), so the name
+    can be written to Parquet and JSON; valid names are returned unchanged. :func:`unescaped_local_path` undoes it."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def unescaped_local_path(uri: str) -> str | None:
+    """The local path an escaped name (:func:`escape_name`) stands for, when ``uri`` is local, holds ``\\xNN``
+    escapes (NN of 80 to ff), names no file itself and the unescaped path does; else None."""
+    if "://" in uri or not _ESCAPED_BYTE.search(uri) or os.path.lexists(uri):
+        return None
+    real = _ESCAPED_BYTE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), uri)
+    return real if os.path.lexists(real) else None
+
+
 def read_uri(uri: str, *, endpoint_url: str | None = None, region: str = "us-east-1") -> bytes:
     """Read a whole file given by a full local path or ``s3://`` URI.
 
@@ -317,6 +341,13 @@ def read_uri(uri: str, *, endpoint_url: str | None = None, region: str = "us-eas
     StorageError
         if the file cannot be read.
     """
+    local = unescaped_local_path(uri)
+    if local is not None:  # a recorded name that is not valid UTF-8 (see escape_name): read by its real bytes
+        try:
+            with open(local, "rb") as fh:
+                return fh.read()
+        except OSError as err:
+            raise StorageError(f"cannot read {uri}: {type(err).__name__}") from None
     fs, path = open_filesystem(uri, endpoint_url=endpoint_url, region=region)
     try:
         with fs.open_input_stream(path, compression=None) as f:

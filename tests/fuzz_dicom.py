@@ -18,7 +18,15 @@ Mutation kinds (:data:`MUTATIONS`):
 - ``device_identity``: the planted name and ID in ManufacturerModelName (item 2b);
 - ``binary_vr_identity``: the planted name and ID in an unlisted public element written as OB (item 2c);
 - ``garbage_tail``: random bytes appended;
-- ``duplicate_chunk``: a random header chunk repeated in place.
+- ``duplicate_chunk``: a random header chunk repeated in place;
+- ``deflated_identity`` (issue 41): the planted ID lower-cased and dashed in a kept code value, the file written
+  Deflated Explicit VR Little Endian;
+- ``deflated_flip``: a Deflated file with 1-4 bytes of its compressed stream changed;
+- ``codestream_flip``: a compressed seed (RLE, JPEG, JPEG-LS, JPEG 2000) with 1-8 bytes of its pixel data changed;
+- ``codestream_size``: a compressed seed whose codestream declares another image size (JPEG SOF, JPEG 2000 SIZ,
+  RLE segment count).
+
+The last two take their seeds from :func:`compressed_seed_files` (the shared data's compressed files).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence
 from pydicom.tag import Tag
-from pydicom.uid import ImplicitVRLittleEndian
+from pydicom.uid import DeflatedExplicitVRLittleEndian, ImplicitVRLittleEndian
 
 PLANTED_NAME = "Fuzzplant^Zorblax"
 PLANTED_ID = "FZ90817263"
@@ -43,7 +51,9 @@ PLANTED_UID = "1.2.826.0.1.3680043.9.19.90817263"
 PLANTED_BYTES = (b"Fuzzplant", b"Zorblax", b"90817263")
 MUTATIONS = ("byte_flip", "truncate", "length_field", "zero_sequence_length", "bad_instance_number",
              "traversal_modality", "long_text", "device_identity", "binary_vr_identity", "garbage_tail",
-             "duplicate_chunk")
+             "duplicate_chunk", "deflated_identity", "deflated_flip", "codestream_flip", "codestream_size")
+#: kinds that mutate a compressed seed's pixel data
+COMPRESSED_KINDS = ("codestream_flip", "codestream_size")
 MAX_SEED_BYTES = 600_000
 
 
@@ -69,6 +79,30 @@ def seed_files(shared_data: Path | None, n: int = 40, seed: int = 19) -> list[Pa
             readable.append(p)
     rng = random.Random(seed)
     return sorted(rng.sample(readable, min(n, len(readable))), key=str)
+
+
+def compressed_seed_files(shared_data: Path | None) -> list[Path]:
+    """The shared data's files with encapsulated (compressed) pixel data of at most :data:`MAX_SEED_BYTES`, sorted;
+    pydicom's bundled compressed files when the shared data is absent."""
+    from pydicom.data import get_testdata_files
+
+    pool = [Path(p) for p in get_testdata_files("*.dcm")]
+    if shared_data is not None and (shared_data / "dicom").is_dir():
+        pool = [p for p in (shared_data / "dicom").rglob("*.dcm") if p.is_file()]
+    out = []
+    for p in sorted(set(pool), key=str):
+        if p.stat().st_size > MAX_SEED_BYTES:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ds = pydicom.dcmread(p, stop_before_pixels=True)
+        except Exception:  # noqa: BLE001  not a seed
+            continue
+        ts = ds.file_meta.get("TransferSyntaxUID") if getattr(ds, "file_meta", None) is not None else None
+        if ts is not None and ts.is_transfer_syntax and ts.is_compressed and "SOPInstanceUID" in ds:
+            out.append(p)
+    return out
 
 
 def _planted(data: bytes) -> Dataset:
@@ -107,6 +141,23 @@ def mutate(data: bytes, kind: str, rng: random.Random) -> bytes:
     Exception
         whatever pydicom raises for a seed it cannot re-write (callers fall back to ``byte_flip``).
     """
+    if kind in ("deflated_identity", "deflated_flip"):
+        ds = _planted(data)
+        item = Dataset()
+        item.CodeValue, item.CodingSchemeDesignator = PLANTED_ID.lower()[:2] + "-" + PLANTED_ID[2:], "99FZ"
+        item.CodeMeaning = "Chest"
+        ds.AnatomicRegionSequence = Sequence([item])
+        if ds.file_meta.get("TransferSyntaxUID", ImplicitVRLittleEndian).is_compressed:
+            del ds.PixelData  # only native pixel data can be written deflated here
+        ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
+        out = bytearray(_save(ds))
+        if kind == "deflated_flip":
+            body = out.find(b"\x02\x00\x10\x00", 132) + 60  # past the File Meta transfer syntax
+            for _ in range(rng.randint(1, 4)):
+                out[rng.randrange(min(body, len(out) - 1), len(out))] = rng.randrange(256)
+        return bytes(out)
+    if kind in COMPRESSED_KINDS:
+        return _mutate_codestream(data, kind, rng)
     base = _save(_planted(data)) if kind not in ("zero_sequence_length",) else b""
     end = _header_end(base) if base else 0
     if kind == "byte_flip":
@@ -156,6 +207,33 @@ def mutate(data: bytes, kind: str, rng: random.Random) -> bytes:
     return _save(ds)
 
 
+def _mutate_codestream(data: bytes, kind: str, rng: random.Random) -> bytes:
+    """Change a compressed seed's pixel data: flip bytes inside it, or make a codestream declare another size."""
+    ds = _planted(data)
+    value = ds.PixelData
+    out = bytearray(_save(ds))
+    start = out.find(value[:64])
+    if start < 0:
+        raise ValueError("pixel data not found in the written file")
+    if kind == "codestream_flip":
+        for _ in range(rng.randint(1, 8)):
+            out[start + rng.randrange(16, len(value))] ^= 1 << rng.randrange(8)
+        return bytes(out)
+    ts = str(ds.file_meta.TransferSyntaxUID)
+    big = rng.choice([1, 65500, int(ds.Rows) * 64])
+    for marker, fmt, at in ((b"\xff\xc0", ">HH", 5), (b"\xff\xc1", ">HH", 5), (b"\xff\xc3", ">HH", 5),
+                            (b"\xff\xf7", ">HH", 5), (b"\xff\x4f\xff\x51", ">II", 8)):
+        i = out.find(marker, start)
+        if 0 <= i < start + len(value):
+            struct.pack_into(fmt, out, i + at, big, big)
+            return bytes(out)
+    if ts == "1.2.840.10008.1.2.5":  # RLE: the first frame's segment count
+        i = start + 8 + struct.unpack_from("<I", out, start + 4)[0] + 8
+        struct.pack_into("<I", out, i, rng.choice([0, 15, 16, 0xFFFFFFFF]))
+        return bytes(out)
+    raise ValueError("no codestream header to change")
+
+
 def fuzz_corpus(out_dir: Path, n_files: int, shared_data: Path | None, seed: int = 19) -> list[tuple[Path, str]]:
     """Write ``n_files`` mutated files under ``out_dir`` (``NNNN-<kind>.dcm``); returns ``(path, kind)`` pairs.
 
@@ -163,12 +241,15 @@ def fuzz_corpus(out_dir: Path, n_files: int, shared_data: Path | None, seed: int
     gets ``byte_flip`` of its raw bytes instead.
     """
     seeds = seed_files(shared_data, seed=seed)
+    compressed = compressed_seed_files(shared_data)
+    assert seeds and compressed, "no seed files: the fuzz corpus would be empty"
     out_dir.mkdir(parents=True, exist_ok=True)
     made = []
     for i in range(n_files):
         rng = random.Random(seed * 1_000_003 + i)
-        src = seeds[i % len(seeds)]
         kind = MUTATIONS[i % len(MUTATIONS)]
+        pool = compressed if kind in COMPRESSED_KINDS else seeds
+        src = pool[(i // len(MUTATIONS)) % len(pool)] if kind in COMPRESSED_KINDS else seeds[i % len(seeds)]
         raw = src.read_bytes()
         try:
             data = mutate(raw, kind, rng)

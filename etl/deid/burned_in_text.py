@@ -1056,8 +1056,12 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     frames = int(_first(ds.get("NumberOfFrames", 1) or 1)) if str(ds.get("NumberOfFrames", "1")).strip() else 1
     if rows * cols * max(frames, 1) > policy.max_pixels:
         raise BurnedInTextError("pixel_cleaning_failed", "the image is too large to be read for burned-in text")
+    from etl.pixels.decode import NormalisationError
+
     try:
         arr = _decode(ds)
+    except NormalisationError:
+        raise  # the decoder's own reason (sizes, crashes): the caller quarantines with it
     except Exception as err:  # noqa: BLE001  any decoder failure: the text cannot be checked
         raise BurnedInTextError("pixel_cleaning_failed",
                                 f"cannot decode pixels to read burned-in text: {type(err).__name__}") from None
@@ -1250,8 +1254,10 @@ def _decode(ds) -> np.ndarray:
     """``ds.pixel_array``; a dataset without File Meta Information (no preamble, no group 0002) is decoded with
     the transfer syntax it was read with, as normalisation does (:func:`etl.pixels.decode.transfer_syntax`)."""
     meta = getattr(ds, "file_meta", None)
+    from etl.pixels.contained import pixel_array  # bounded, compressed syntaxes in the decoder worker
+
     if meta is not None and meta.get("TransferSyntaxUID"):
-        return ds.pixel_array
+        return pixel_array(ds)
     from pydicom.dataset import FileMetaDataset
 
     from etl.pixels.decode import transfer_syntax
@@ -1262,7 +1268,7 @@ def _decode(ds) -> np.ndarray:
         ds.file_meta = FileMetaDataset()
     ds.file_meta.TransferSyntaxUID = ts
     try:
-        return ds.pixel_array
+        return pixel_array(ds)
     finally:  # the header is left as it was read: de-identification writes the file meta
         del ds.file_meta.TransferSyntaxUID
         if not had:

@@ -45,7 +45,13 @@ from pydicom.filewriter import write_sequence
 from pydicom.multival import MultiValue
 from pydicom.sequence import Sequence
 from pydicom.tag import Tag
-from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID, ExplicitVRLittleEndian, UID_dictionary
+from pydicom.uid import (
+    PYDICOM_IMPLEMENTATION_UID,
+    UID,
+    DeflatedExplicitVRLittleEndian,
+    ExplicitVRLittleEndian,
+    UID_dictionary,
+)
 
 from etl.deid.policy import CODE_CLEAN_PIXEL, PHOTOGRAPHIC_SOP_CLASSES, Policy, build_policy
 from etl.keys import PseudonymKey, patient_key_for
@@ -91,6 +97,14 @@ _STRUCTURAL_GROUP = 0xFFFE
 #: numeric values longer than this (bytes) are not searched for name parts (chance matches in long arrays)
 _NUMERIC_SEARCH_MAX = 4096
 TEXT_VRS = frozenset({"AE", "CS", "LO", "LT", "PN", "SH", "ST", "UC", "UT", "UR"})
+#: free-text VRs: an attribute with one that the profile does not list is cleaned (Clean Descriptors) when kept
+FREE_TEXT_VRS = frozenset({"LO", "LT", "ST", "UT", "UC"})
+#: bytes a text value may not hold (PS3.5 6.1.2.3, 6.2: control characters other than TAB, LF, FF, CR and the
+#: ESC of ISO 2022 code extensions); a value holding them has swallowed other elements' bytes after a length fault
+_CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f\x7f]")
+#: binary values kept whole whose bytes are pixel or sample arrays (not searched for names: short words occur by
+#: chance in them); every other binary value kept (LUTs, palettes, ICC profile, allow-listed private) is searched
+_SAMPLE_ARRAY_TAGS = frozenset({0x7FE00008, 0x7FE00009, 0x7FE00010, 0x54001010, 0x56000020, 0x00286030})
 _DA_RE = re.compile(r"^\d{4}(\d{2}(\d{2})?)?$")
 _DT_RE = re.compile(r"^(\d{4})(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\d{2})?(\.\d{1,6})?([+-]\d{4})?$")
 _TM_RE = re.compile(r"^\d{2}(\d{2}(\d{2}(\.\d{1,6})?)?)?$|^\d{2}(:\d{2}(:\d{2}(\.\d{1,6})?)?)?$")
@@ -107,6 +121,15 @@ INSTITUTION_TAGS = frozenset({0x00080080, 0x00080081, 0x00081040})
 #: SoftwareVersions get no exemption at all.
 MANUFACTURER_TAG = 0x00080070
 _SPECIFIC_CHARSET = 0x00080005
+#: device identification kept verbatim, never cleaned (pixel-cleaning rules and the series table use them): an
+#: identifying value in them is found by the verifier and quarantines the file (Manufacturer,
+#: ManufacturerModelName, SoftwareVersions)
+DEVICE_TAGS = frozenset({MANUFACTURER_TAG, 0x00081090, 0x00181020})
+#: SOP classes of Encapsulated Documents (PS3.4 B.5: PDF, CDA, STL, OBJ, MTL): quarantined ``encapsulated_document``
+ENCAPSULATED_DOCUMENT_PREFIX = "1.2.840.10008.5.1.4.1.1.104."
+#: decoder outcomes that quarantine with their own reason (etl.pixels.contained): sizes refused before decoding,
+#: a decoder whose worker process died or ran over its time
+CONTAINED_DECODE_REASONS = frozenset({"image_too_large", "declared_size_mismatch", "decoder_crashed"})
 
 
 class DeidentificationError(ReasonCodedError):
@@ -303,6 +326,8 @@ class _Walker:
     def _unlisted(self, vr: str, tag: int = 0) -> str:
         if vr in BINARY_VRS and int(tag) not in KEPT_BINARY_TAGS:
             return "X"  # opaque bytes the verifier cannot read as text: anything could be written in them
+        if vr in FREE_TEXT_VRS and self.p.cleans_text and int(tag) not in DEVICE_TAGS:
+            return "CLEAN"  # kept free text (CodeMeaning at any depth, ...): cleaned as descriptors are
         if vr == "PN":
             return self.p.unlisted_pn_action
         if vr == "UI":
@@ -348,7 +373,7 @@ class _Walker:
             creator = ds.get(creator_tag)
             vr = elem.VR
             if (creator is not None and vr not in ("SQ", "UN", None)
-                    and (str(creator.value).strip().upper(), tag.element & 0xFF) in self.p.safe_private):
+                    and (str(creator.value).strip().upper(), tag.group, tag.element & 0xFF, vr) in self.p.safe_private):
                 self.audit["kept"] += 1
                 return
         if self.p.safe_private and 0x0010 <= tag.element <= 0x00FF:
@@ -612,8 +637,15 @@ def clean_pixels(ds: Dataset, rule: PixelCleaningRule) -> int:
     Returns the number of pixels blanked per frame. Raises DeidentificationError ``pixel_cleaning_failed``
     when the pixel data cannot be decoded.
     """
+    from etl.pixels.contained import pixel_array
+    from etl.pixels.decode import NormalisationError
+
     try:
-        arr = ds.pixel_array.copy()
+        arr = pixel_array(ds).copy()  # bounded; compressed syntaxes decoded in the decoder worker
+    except NormalisationError as err:
+        if err.reason in CONTAINED_DECODE_REASONS:
+            raise DeidentificationError(err.reason, str(err)) from None
+        raise DeidentificationError("pixel_cleaning_failed", f"cannot decode pixels to clean them: {err.reason}") from None
     except Exception as err:  # noqa: BLE001  any decoder failure: the text cannot be removed
         raise DeidentificationError("pixel_cleaning_failed", f"cannot decode pixels to clean them: {type(err).__name__}") from None
     frames = int(ds.get("NumberOfFrames", 1) or 1)
@@ -651,33 +683,62 @@ def _output_header(payload: bytes, ds: Dataset) -> bytes:
     return payload
 
 
-def _text_bytes(ds: Dataset) -> bytes:
-    """Raw bytes of every text-like value (character string VRs, UI, and the values of sequences), joined
-    by NUL: where a person name could be written. Binary values (OB/OW/...) are left out: short name parts
-    occur in them by chance."""
+def _text_bytes(ds: Dataset, free: list[bytes] | None = None, own: set[bytes] = frozenset(),
+                binary: list[bytes] | None = None) -> bytes:
+    """Raw bytes of every value where a person name could be written, joined by NUL: character string VRs, UI,
+    the values of sequences at any depth, kept numeric values up to 4 KiB.
+
+    ``free`` receives the bytes of each character-string value (for the normalised ID search of
+    :func:`verify_output`), except those in ``own`` (the pseudonyms the walk wrote); ``binary`` every kept binary
+    value but pixel and sample arrays (LUTs, palettes, the ICC profile, allow-listed private values), searched for
+    the longer name parts only.
+
+    Raises
+    ------
+    DeidentificationError
+        ``malformed_structure`` when a kept character-string value holds control bytes (see ``_CONTROL_BYTES``):
+        after a length fault such a value carries other elements' tags, lengths and values, unvetted.
+    """
     parts: list[bytes] = []
-    _collect_text_bytes(ds, parts)
+    _collect_text_bytes(ds, parts, free if free is not None else [], own, binary if binary is not None else [])
     return b"\x00".join(parts)
 
 
-def _collect_text_bytes(ds: Dataset, parts: list[bytes]) -> None:
+def _collect_text_bytes(ds: Dataset, parts: list[bytes], free: list[bytes], own: set[bytes],
+                        binary: list[bytes]) -> None:
     for tag, elem in ds.items():  # raw elements are read as bytes, not converted
         if tag == 0x00120064:  # DeidentificationMethodCodeSequence: our own constant codes
             continue
         vr = elem.VR or dictionary_VR_or_none(tag)
         if vr == "SQ":
             for item in ds[tag].value or []:
-                _collect_text_bytes(item, parts)
+                _collect_text_bytes(item, parts, free, own, binary)
         elif vr in TEXT_VRS or vr in ASCII_VRS:
             v = elem.value
             if isinstance(v, (bytes, bytearray)):
-                parts.append(bytes(v))
-            elif v is not None:
-                parts.append(str(v).encode("utf-8", "ignore"))
-        elif (vr in NUMERIC_VRS or vr in BINARY_VRS) and int(tag) not in KEPT_BINARY_TAGS:
-            v = elem.value  # a kept numeric or binary value: its bytes could spell a name
+                b = bytes(v)
+            elif v is None:
+                continue
+            elif isinstance(v, (list, tuple, MultiValue)):
+                b = "\\".join(str(x) for x in v).encode("utf-8", "ignore")
+            else:
+                b = str(v).encode("utf-8", "ignore")
+            parts.append(b)
+            if vr in TEXT_VRS:
+                if _CONTROL_BYTES.search(b.rstrip(b"\x00")):
+                    raise DeidentificationError(
+                        "malformed_structure", f"a kept {vr} value holds control bytes (another element's bytes "
+                        "swallowed after a length fault)")
+                if b not in own:
+                    free.append(b)
+        elif vr in NUMERIC_VRS and int(tag) not in KEPT_BINARY_TAGS:
+            v = elem.value  # a kept numeric value: its bytes could spell a name
             if isinstance(v, (bytes, bytearray)) and len(v) <= _NUMERIC_SEARCH_MAX:
                 parts.append(bytes(v))
+        elif vr in BINARY_VRS and int(tag) not in _SAMPLE_ARRAY_TAGS:
+            v = elem.value  # a kept binary value (LUT, palette, ICC profile, allow-listed private): searched whole
+            if isinstance(v, (bytes, bytearray)):
+                binary.append(bytes(v))
 
 
 def _vendor_names(manufacturer: bytes) -> set[bytes]:
@@ -686,13 +747,31 @@ def _vendor_names(manufacturer: bytes) -> set[bytes]:
     return {b" ".join(words[:n]) for n in range(1, len(words) + 1) if words[0]} | {manufacturer.strip(b" \x00").lower()}
 
 
+def _normalised(data: bytes) -> bytes:
+    """Lower-case letters and digits of ``data``, NUL-separated values kept apart: case, spaces and separators
+    ignored ("MR-7731 2458" and "mr77312458" read alike)."""
+    return _NOT_ALNUM.sub(b"", data.lower())
+
+
+_NOT_ALNUM = re.compile(rb"[^0-9a-z\x00]+")
+_DIGIT_RUN = re.compile(rb"\d{5,}")
+#: shortest name part looked for inside kept binary values (3-letter parts occur there by chance)
+BINARY_NAME_MIN = 4
+
+
 def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str],
-                  manufacturer: bytes = b"", text: bytes | None = None) -> list[str]:
+                  manufacturer: bytes = b"", text: bytes | None = None, free: bytes = b"",
+                  binary: bytes = b"") -> list[str]:
     """Identifying values of the input found in the output header bytes (their kinds only).
 
     Name parts match as whole words, case-insensitively, in the text values (``text``; default: the whole
     header); IDs, UIDs and other values as byte strings anywhere in the header, in the file's character
-    set and in UTF-8. Every kept value is searched, the device values (Manufacturer, ManufacturerModelName,
+    set and in UTF-8. IDs (kind ``value``) are also looked for in the kept character-string values (``free``,
+    NUL-separated) ignoring case, spaces and separators (:func:`_normalised`), and on their significant parts:
+    a run of 5 or more digits of a kept value that is part of a run of 5 or more digits of the ID (an MRN's
+    digits without its letters, 5 of its 8 digits, ...). Name parts of :data:`BINARY_NAME_MIN` or more letters are
+    also looked for, as whole words, in the kept binary values (``binary``: LUTs, palettes, ICC profile); shorter
+    ones occur there by chance ("lee" in a profile). Every kept value is searched, the device values (Manufacturer, ManufacturerModelName,
     SoftwareVersions) included; only an institution value that is the vendor's name (``manufacturer``, the
     kept Manufacturer value, or its leading words) is not looked for inside the Manufacturer value.
 
@@ -702,10 +781,13 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
         the kinds (``name``, ``uid``, ``value``, ``institution``) of the values found, one per value.
     """
     found = []
+    free_norm = _normalised(free) if free else b""
+    free_runs = set(_DIGIT_RUN.findall(free_norm))
     names_in = text if text is not None else header
     vendor = _vendor_names(manufacturer) if manufacturer.strip(b" \x00") else set()
     without_vendor = header.replace(manufacturer, b"") if vendor else header
     lowered = names_in.lower()
+    binary_lowered = binary.lower()
     for kind, value in phi:
         hay = header
         if kind == "institution" and vendor and value.strip().lower().encode("utf-8", "ignore") in vendor:
@@ -717,9 +799,11 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
             except (UnicodeEncodeError, LookupError):
                 continue
         for b in forms:
-            if kind == "name":  # person-name parts: whole words, in text values only
-                if b.lower() in lowered and re.search(rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])",
-                                                      names_in, re.IGNORECASE):
+            if kind == "name":  # person-name parts: whole words, in text values (longer ones in binary values too)
+                word = rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])"
+                if ((b.lower() in lowered and re.search(word, names_in, re.IGNORECASE))
+                        or (len(b) >= BINARY_NAME_MIN and b.lower() in binary_lowered
+                            and re.search(word, binary, re.IGNORECASE))):
                     found.append(kind)
                     break
             elif kind == "uid":
@@ -729,6 +813,12 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
             elif b in hay and re.search(rb"(?<![A-Za-z0-9])" + re.escape(b) + rb"(?![A-Za-z0-9])", hay):
                 found.append(kind)  # whole tokens: "12345" is not found inside "112345.5"
                 break
+        else:
+            if kind == "value" and free_norm:
+                norm = _normalised(value.encode("utf-8", "ignore"))
+                id_runs = _DIGIT_RUN.findall(norm)
+                if (len(norm) >= 4 and norm in free_norm) or any(r in i for r in free_runs for i in id_runs):
+                    found.append(kind)
     return found
 
 
@@ -769,14 +859,19 @@ def deidentify_dataset(
     Raises
     ------
     DeidentificationError
-        reason codes: ``missing_patient_id``, ``missing_uid``, ``recognizable_visual_features`` (a VL or Video
-        Photographic image, or RecognizableVisualFeatures YES, from an institution not allowed them), ``truncated_file``, ``burned_in_annotation_risk``,
+        reason codes: ``encapsulated_document`` (an Encapsulated PDF, CDA or 3D model), ``missing_patient_id``,
+        ``missing_uid``, ``recognizable_visual_features`` (a VL or Video Photographic image, or
+        RecognizableVisualFeatures YES, from an institution not allowed them), ``truncated_file``,
+        ``burned_in_annotation_risk``,
         ``pixel_cleaning_failed``, ``unparseable_date``, ``verification_failed``, ``malformed_structure`` (a
         sequence item or delimiter at dataset level), ``value_too_long`` (a text value to clean longer than
         :data:`etl.limits.MAX_DICOM_TEXT_CHARS`), ``deidentification_error`` (anything unexpected while walking or
         writing the file).
     """
     policy = policy or build_policy()
+    if _ascii(ds, 0x00080016).startswith(ENCAPSULATED_DOCUMENT_PREFIX):
+        raise DeidentificationError("encapsulated_document", "an Encapsulated Document (PDF, CDA, 3D model): its "
+                                    "content is not DICOM attributes and cannot be de-identified or verified")
     cut = last_element_cut(ds)
     if cut is not None:  # a file cut before its pixel data reads as a complete, pixel-less object
         raise DeidentificationError("truncated_file", f"the file ends inside element {cut}: it is cut short")
@@ -822,6 +917,8 @@ def deidentify_dataset(
         walker.walk(ds)
         meta = getattr(ds, "file_meta", None)
         ts = meta.get("TransferSyntaxUID") if meta is not None else None
+        if ts == DeflatedExplicitVRLittleEndian:  # written inflated: what ships is what the verifier reads
+            ts = ExplicitVRLittleEndian
         if not set(encodings) <= {"latin_1", "iso8859"}:  # every byte string decodes as ISO 8859-1
             _drop_undecodable_text(ds, encodings, walker.audit)
         _finish(ds, policy, ts, walker, pixels_cleaned=bool(audit["pixel_regions_cleaned"] or text_regions))
@@ -835,8 +932,12 @@ def deidentify_dataset(
     maker = ds.get_item(MANUFACTURER_TAG) if MANUFACTURER_TAG in ds else None
     manufacturer = (b"" if maker is None else bytes(maker.value or b"") if isinstance(maker.value, (bytes, bytearray))
                     else str(ds[MANUFACTURER_TAG].value).encode("utf-8", "ignore"))
-    hits = verify_output(_output_header(payload, ds), walker.phi, encodings, manufacturer,
-                         _text_bytes(ds) + b"\x00" + _text_bytes(ds.file_meta))
+    own = {walker.patient_key.encode(), f"INSTITUTION-{walker.institution_key}".encode()}
+    free: list[bytes] = []
+    binary: list[bytes] = []
+    text = _text_bytes(ds, free, own, binary) + b"\x00" + _text_bytes(ds.file_meta, free, own, binary)
+    hits = verify_output(_output_header(payload, ds), walker.phi, encodings, manufacturer, text, b"\x00".join(free),
+                         b"\x00".join(binary))
     if hits:
         raise DeidentificationError(
             "verification_failed", f"{len(hits)} identifying value(s) of the input remain in the output "
@@ -894,25 +995,41 @@ def _burned_in_text(ds: Dataset, policy: Policy, institution: str, rules: list[P
         regions += [{"frame": "all", "box": list(r), "reason": "rule"} for r in rule.regions]
     if not ocr:
         return regions
+    from etl.pixels.decode import NormalisationError
+
     text_policy = load_text_policy()
     try:
-        if series_text is None or risk:  # at header risk: always read in full
-            done = clean_text(ds, text_policy, header_phi(ds, text_policy))
-        else:
-            from etl.deid.series_text import audit_key, clean_slice
+        try:
+            if series_text is None or risk:  # at header risk: always read in full
+                done = clean_text(ds, text_policy, header_phi(ds, text_policy))
+            else:
+                from etl.deid.series_text import audit_key, clean_slice
 
-            found, why = clean_slice(ds, text_policy, header_phi(ds, text_policy), series_text)
-            audit[audit_key(why)] += 1
-            if found is None:  # pre-checked: no row of glyphs OCR reads as a word, in a series whose sample is clean
-                return regions
-            done = found
+                found, why = clean_slice(ds, text_policy, header_phi(ds, text_policy), series_text)
+                audit[audit_key(why)] += 1
+                if found is None:  # pre-checked: no row of glyphs OCR reads as a word, in a clean-sampled series
+                    return regions
+                done = found
+        except NormalisationError as fault:  # the decoder's own reason: bounds, crashes (etl.pixels.contained)
+            if fault.reason in CONTAINED_DECODE_REASONS:
+                raise DeidentificationError(fault.reason, str(fault)) from None
+            if fault.reason == "decode_error":  # the check before decoding may know the fault better
+                from etl.pixels.decode import check_decodable
+
+                try:
+                    check_decodable(ds)
+                except NormalisationError as known:
+                    raise DeidentificationError(known.reason, str(known)) from None
+                raise DeidentificationError(fault.reason, str(fault)) from None
+            raise BurnedInTextError("pixel_cleaning_failed", f"cannot decode pixels to read burned-in text: "
+                                    f"{fault.reason}") from None
     except BurnedInTextError as err:
         if err.reason == "pixel_cleaning_failed":
             if risk:  # cannot be read, and the header says text is likely: as before, quarantined
                 raise DeidentificationError("burned_in_annotation_risk", f"{risk}; {err}") from None
             # fail closed: pixels nobody could check for text are not written out; the reason is the one
             # normalisation would give when its decoder check knows the fault, else burned_in_text_unreadable
-            from etl.pixels.decode import NormalisationError, check_decodable
+            from etl.pixels.decode import check_decodable
 
             try:
                 check_decodable(ds)

@@ -5,7 +5,9 @@ cleaned), applies :func:`etl.deid.dicom.deidentify_dataset` under a time limit a
 Every failure becomes a :class:`DeidOutcome` with a reason code and a PHI-free detail, never an exception:
 reason-coded de-identification failures keep their code, a file that cannot be parsed or written is
 ``unreadable_dicom`` (the exception's type only), one over :data:`etl.limits.FILE_TIME_LIMIT_S` is
-``deidentification_timeout``, a value the row cannot hold is ``invalid_value``.
+``deidentification_timeout``, a value the row cannot hold is ``invalid_value``; a file past a bound before parsing
+is ``inflated_too_large``, ``inflate_error`` or ``too_many_sequence_items`` (:mod:`etl.sources.dicom_bounds`); a
+native library's panic (a ``BaseException`` that is not an interrupt) is ``decoder_crashed``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from etl.deid.dicom import DeidentificationError, DeidResult, deidentify_dataset
 from etl.deid.policy import Policy
 from etl.keys import PseudonymKey
 from etl.limits import FILE_TIME_LIMIT_S, RecordLimitError, time_limit
+from etl.sources.dicom_bounds import SourceBoundsError, bounded_source
 from schemas.config import Institution, PixelCleaningRule
 from schemas.ontology import infer_body_part, modality_family
 
@@ -145,6 +148,7 @@ def deidentify_file(data: bytes, key: PseudonymKey, inst: Institution, policy: P
         with time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout", "file's de-identification"):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                data = bounded_source(data)  # deflated inflated with a cap, sequence items counted
                 ds = pydicom.dcmread(io.BytesIO(data), force=True)
                 body_part = infer_body_part(  # from the source descriptors, before they are cleaned
                     str(ds.get("BodyPartExamined", "") or ""),
@@ -154,9 +158,13 @@ def deidentify_file(data: bytes, key: PseudonymKey, inst: Institution, policy: P
                                             default_issuer=inst.patient_id_issuer, series_text=series_text)
             payload = result.to_bytes()
         row = instance_row(result, inst, body_part, f"{dicom_dir}/{result.sop_key}.dcm", shard)
-    except (DeidentificationError, RecordLimitError) as err:
+    except (DeidentificationError, RecordLimitError, SourceBoundsError) as err:
         return DeidOutcome(reason=err.reason, detail=str(err))
     except Exception as err:  # noqa: BLE001  a file pydicom cannot fully parse or write: fail closed
         # the exception's text may quote a header value: only its type is recorded, nothing is logged
         return DeidOutcome(reason="unreadable_dicom", detail=f"{type(err).__name__} while de-identifying")
+    except BaseException as err:  # a native library's panic (pyo3 PanicException) derives from BaseException
+        if isinstance(err, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
+        return DeidOutcome(reason="decoder_crashed", detail=f"{type(err).__name__} in a native library")
     return DeidOutcome(result=result, payload=payload, instance=row)

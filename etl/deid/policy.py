@@ -72,7 +72,8 @@ class Policy:
     unlisted_pn_action: str
     burned_in_modalities: frozenset[str]
     burned_in_sop_prefixes: tuple[str, ...]
-    safe_private: frozenset[tuple[str, int]] = field(default_factory=frozenset)  # (creator, element byte)
+    #: (creator upper-case, group, element byte, VR): an element is kept only when all four match
+    safe_private: frozenset[tuple[str, int, int, str]] = field(default_factory=frozenset)
     method_codes: tuple[tuple[str, str], ...] = ()
     method_text: str = ""
     modified_dates: bool = True
@@ -173,13 +174,18 @@ def _option_action(row: dict, cfg: DeidConfig, profile: dict) -> str | None:
 SAFE_PRIVATE_FILE = DEID_DIR / "safe_private_tcia.csv"
 
 
-def _load_safe_private(path: str | None) -> frozenset[tuple[str, int]]:
+def _load_safe_private(path: str | None) -> frozenset[tuple[str, int, int, str]]:
+    """The Retain Safe Private allow-list: (creator upper-case, group, element byte, VR) per row of the CSV
+    (columns private_creator, group, element, vr; hexadecimal group and element)."""
     path = path or str(SAFE_PRIVATE_FILE)
     out = set()
     with open(path, newline="", encoding="utf-8") as f:
         for r in csv.DictReader(f):
             try:
-                out.add((r["private_creator"].strip().upper(), int(r["element"], 16) & 0xFF))
+                vr = r["vr"].strip().upper()
+                if len(vr) != 2:
+                    raise ValueError("the VR is not two letters")
+                out.add((r["private_creator"].strip().upper(), int(r["group"], 16), int(r["element"], 16) & 0xFF, vr))
             except (KeyError, ValueError) as err:
                 raise PolicyError(f"safe private allow-list {path}: bad row {r}: {err}") from None
     return frozenset(out)

@@ -58,6 +58,9 @@ REASONS = frozenset(
         "duplicate_slice_position",
         "irregular_slice_geometry",
         "unsupported_mosaic",
+        "image_too_large",
+        "declared_size_mismatch",
+        "decoder_crashed",
     }
 )
 
@@ -436,7 +439,9 @@ def decode_image(
     ------
     NormalisationError
         See :func:`check_decodable`; ``decode_error`` when the codec fails, the frame index is out
-        of range or the photometric interpretation is not supported.
+        of range or the photometric interpretation is not supported; ``image_too_large``,
+        ``declared_size_mismatch``, ``decoder_crashed`` (:func:`etl.pixels.contained.decode_frames`: sizes
+        checked before decoding, compressed syntaxes decoded in a worker process).
     """
     ts = checked if checked is not None else check_decodable(ds)[1]
     frames = n_frames(ds)
@@ -453,8 +458,12 @@ def decode_image(
         and element_value(ds, "BitsStored") == bits
         and str(element_value(ds, "PhotometricInterpretation") or "").startswith("MONOCHROME")
     )
-    try:
-        arr, meta = get_decoder(ts).as_array(ds, index=frame, view_only=view_only)
+    from etl.pixels.contained import decode_frames
+
+    try:  # sizes checked first; compressed syntaxes decoded in the contained worker process
+        arr, meta = decode_frames(ds, ts, frame, view_only)
+    except NormalisationError:
+        raise
     except Exception as exc:  # noqa: BLE001 - codec plugins raise many exception types
         raise NormalisationError("decode_error", f"cannot decode {ts.name}: {_safe(exc)}") from None
 

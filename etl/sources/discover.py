@@ -28,9 +28,10 @@ from pydicom.errors import InvalidDicomError
 
 from etl import zones
 from etl.keys import PseudonymKey, patient_key_for
+from etl.sources.dicom_bounds import SourceBoundsError, bounded_source
 from etl.sources.dicom_integrity import last_element_cut
 from etl.sources.source_access import UNREADABLE_REASON, check_source, list_source, source_storage
-from etl.storage import Storage, StorageError
+from etl.storage import Storage, StorageError, escape_name
 from schemas.config import Institution, PipelineConfig
 
 #: extensions that are never pipeline input in a delivery folder (documentation, manifests, previews)
@@ -93,9 +94,14 @@ def classify_dicom(data: bytes, uids: dict | None = None) -> tuple[str | None, s
 
     ``reason`` is None when the file is a DICOM instance with a PatientID; else a reason code:
     ``not_dicom`` (no DICOM structure at all), ``unreadable_dicom`` (a parse error),
-    ``truncated_file`` (the header is cut inside an element), ``missing_patient_id``. When ``uids`` is given it receives StudyInstanceUID, SeriesInstanceUID and
+    ``truncated_file`` (the header is cut inside an element), ``missing_patient_id``, ``inflated_too_large``,
+    ``inflate_error``, ``too_many_sequence_items`` (:func:`etl.sources.dicom_bounds.bounded_source`). When ``uids`` is given it receives StudyInstanceUID, SeriesInstanceUID and
     SOPInstanceUID (raw values: callers pseudonymise them at once).
     """
+    try:
+        data = bounded_source(data)  # a deflated dataset inflated with a cap, sequence items counted
+    except SourceBoundsError as err:
+        return None, err.reason, str(err)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -129,7 +135,8 @@ def discover_institution(
     cannot be read at all (a dangling link, a named pipe, a folder that cannot be listed, a read error:
     :func:`etl.sources.source_access.list_source`) is quarantined with reason ``unreadable_file``; its
     ``sha256`` is then that of ``"unreadable:" + source_uri`` (no content to hash: a per-path placeholder,
-    so it never reads as a duplicate of another file) and ``bytes`` is 0.
+    so it never reads as a duplicate of another file) and ``bytes`` is 0. A name that is not valid UTF-8 is
+    recorded escaped (:func:`etl.storage.escape_name`) and its file processed on its content.
 
     Raises
     ------
@@ -142,7 +149,7 @@ def discover_institution(
     rows = []
     for entry in list_source(src):
         rel = entry.rel
-        uri = src.full_uri(rel)
+        uri = escape_name(src.full_uri(rel))  # a name that is not valid UTF-8 is recorded escaped
         problem = entry.problem
         data = b""
         if problem is None:
@@ -150,6 +157,12 @@ def discover_institution(
                 data = src.read_bytes(rel)
             except StorageError:
                 problem = "the file cannot be read"
+            except UnicodeEncodeError:  # such a name on local disk: read by its bytes, processed on its content
+                try:
+                    with open(src.path(rel), "rb") as fh:
+                        data = fh.read()
+                except OSError:
+                    problem = "the file cannot be read"
         row = {
             "source_uri": uri,
             "institution": inst.id,

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import warnings
 from pathlib import Path
 
@@ -24,7 +25,9 @@ from etl.deid.series_text import SeriesTextGate
 from etl.keys import PseudonymKey
 from etl.limits import FILE_TIME_LIMIT_S, RecordLimitError, time_limit
 from etl.pipeline.ledger import balance
+from etl.sources.dicom_bounds import SourceBoundsError, bounded_source
 from etl.sources.discover import NON_INPUT_EXTENSIONS, classify_dicom
+from etl.storage import escape_name
 from schemas import ledger as ledger_schema
 from schemas.base import table_from_rows
 from schemas.config import DeidConfig
@@ -58,6 +61,27 @@ def _series_uid(path: Path) -> str | None:
         return None
 
 
+def _entries(src: Path) -> list[tuple[Path, str | None]]:
+    """Every path under ``src`` that is not a folder, sorted, with why it cannot be read as a file (None when
+    it can): named pipes, sockets, devices and links to nothing are listed too, never opened."""
+    out = []
+    for path in sorted(src.rglob("*"), key=lambda p: os.fsencode(p)):
+        try:
+            if path.is_dir():
+                continue
+            if path.is_file():
+                out.append((path, None))
+            elif path.is_symlink():
+                out.append((path, "a symbolic link to nothing"))
+            else:
+                mode = path.lstat().st_mode
+                kind = "named pipe" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) else "device"
+                out.append((path, f"not a regular file (a {kind})"))
+        except OSError as err:
+            out.append((path, f"cannot be inspected ({type(err).__name__})"))
+    return out
+
+
 def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str = "local",
                       deid_cfg: DeidConfig | None = None) -> dict:
     """De-identify every file under ``src`` into ``out``; returns the ledger balance dict. Burned-in text is
@@ -80,22 +104,30 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
     seen: dict[str, str] = {}
     pending: dict[str, tuple[dict, Path]] = {}  # source_uri -> (ledger row, path) of the files to de-identify
     heads: list[dict] = []  # ingested files with their series and anatomy, for defacing
-    for path in sorted(p for p in Path(src).rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        sha = hashlib.sha256(data).hexdigest()
-        row = {"run_id": "deid-cli", "source_uri": str(path), "sha256": sha, "bytes": len(data),
+    for path, problem in _entries(src):
+        uri = escape_name(str(path))  # a name that is not valid UTF-8 is recorded escaped
+        data = b""
+        if problem is None:
+            try:
+                data = path.read_bytes()
+            except OSError as err:
+                problem = f"the file cannot be read ({type(err).__name__})"
+        sha = hashlib.sha256(data if problem is None else f"unreadable:{uri}".encode()).hexdigest()
+        row = {"run_id": "deid-cli", "source_uri": uri, "sha256": sha, "bytes": len(data),
                "institution": institution, "kind": "dicom", "stage": "deidentify", "status": "ingested"}
-        if path.name.lower().endswith(NON_INPUT_EXTENSIONS):
+        if problem is not None:
+            row.update(kind="other", status="quarantined", reason="unreadable_file", detail=problem, stage="discover")
+        elif path.name.lower().endswith(NON_INPUT_EXTENSIONS):
             row.update(kind="other", status="skipped", reason="not_an_input", stage="discover")
         elif sha in seen:
             row.update(status="duplicate", reason="same_content", duplicate_of=seen[sha], stage="discover")
         else:
-            seen[sha] = str(path)
+            seen[sha] = uri
             _, reason, detail = classify_dicom(data)
             if reason:
                 row.update(status="quarantined", reason=reason, detail=detail, stage="discover")
             else:
-                pending[str(path)] = (row, path)
+                pending[uri] = (row, path)
         rows.append(row)
     # burned-in text per series (etl.deid.series_text): each series' sample first
     gate = SeriesTextGate((uri, _series_uid(path)) for uri, (_, path) in pending.items())
@@ -106,7 +138,8 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
             with warnings.catch_warnings(), time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout",
                                                        "file's de-identification"):
                 warnings.simplefilter("ignore")
-                ds = pydicom.dcmread(io.BytesIO(path.read_bytes()), force=True)
+                data = bounded_source(path.read_bytes())  # deflated inflated with a cap, items counted
+                ds = pydicom.dcmread(io.BytesIO(data), force=True)
                 body_part = infer_body_part(  # from the source descriptors, before they are cleaned
                     str(ds.get("BodyPartExamined", "") or ""),
                     [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")])
@@ -118,14 +151,18 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
                         "duplicate_sop_instance_uid",
                         "another file of this folder has the same SOPInstanceUID and different content")
                 (out / "files" / f"{result.sop_key}.dcm").write_bytes(result.to_bytes())
-                written[result.sop_key] = str(path)
+                written[result.sop_key] = str(uri)
                 heads.append({"sop_key": result.sop_key, "series_key": result.series_key,
                               "modality": str(result.dataset.get("Modality", "") or ""), "body_part": body_part,
                               "dicom_path": str(out / "files" / f"{result.sop_key}.dcm"), "row": row})
-        except (DeidentificationError, RecordLimitError) as err:
+        except (DeidentificationError, RecordLimitError, SourceBoundsError) as err:
             row.update(status="quarantined", reason=err.reason, detail=str(err))
         except Exception as err:  # noqa: BLE001  fail closed on anything pydicom cannot handle
             row.update(status="quarantined", reason="unreadable_dicom", detail=type(err).__name__)
+        except BaseException as err:  # a native library's panic (pyo3 PanicException): not an interrupt
+            if isinstance(err, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise
+            row.update(status="quarantined", reason="decoder_crashed", detail=f"{type(err).__name__} in a native library")
     # defacing (config deid.deface): head CT/MR series, one at a time, in the files just written
     done = deface_written(heads, lambda p: Path(p).read_bytes(), lambda p, b: Path(p).write_bytes(b), cfg.deface)
     for head in heads:

@@ -184,3 +184,25 @@ def test_s3_sources_missing_empty_and_present(monkeypatch):
             check_sources(cfg, root)
     finally:
         server.stop()
+
+
+def test_a_name_that_is_not_utf8_is_escaped_and_processed_on_its_content(tmp_path, key):
+    """Issue 41: bytes \\xff\\xfe in a file name crashed discovery (UnicodeEncodeError)."""
+    from pathlib import Path
+
+    from etl.storage import read_uri
+
+    ct = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "dicom" / "transfer-syntaxes"
+    ct = ct / "1.2.840.10008.1.2.1.dcm"
+    if not ct.is_file():
+        pytest.skip("needs ../shared/data/dicom")
+    src = tmp_path / "root" / "sources" / "site"
+    src.mkdir(parents=True)
+    data = ct.read_bytes()
+    (src / os.fsdecode(b"ct-\xff\xfe.dcm")).write_bytes(data)
+    cfg, _ = config(tmp_path, "sources/site")
+    plan = discover_institution(cfg, cfg.institutions[0], Storage.from_config(cfg), key).to_pylist()
+    assert [r["source_uri"].rsplit("/", 1)[1] for r in plan] == ["ct-\\xff\\xfe.dcm"]
+    assert plan[0]["kind"] == "dicom" and plan[0]["bytes"] == len(data) and plan[0]["reason"] != "unreadable_file"
+    assert read_uri(plan[0]["source_uri"]) == data  # the stages read it back by its escaped name
+    json.dumps(plan[0])

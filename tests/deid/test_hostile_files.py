@@ -1,0 +1,229 @@
+"""Hostile and corrupt files planted in real files of the shared data (issue 41): each attack is rebuilt, and the
+file is quarantined with its own reason or ships without the identifying value, never a crash."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import hostile_dicom as h
+import pydicom
+import pytest
+from pydicom.dataelem import DataElement
+from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence
+
+from etl.deid.dicom import DeidentificationError, deidentify_dataset, verify_output
+from etl.deid.instance import deidentify_file
+from etl.deid.policy import build_policy
+from etl.keys import PseudonymKey
+from etl.pixels.contained import DecoderWorker
+from etl.pixels.decode import NormalisationError
+from etl.sources.dicom_bounds import bounded_source
+from schemas.config import DeidConfig, Institution
+
+pytestmark = pytest.mark.skipif(not h.NATIVE_CT.is_file(), reason="needs ../shared/data/dicom")
+ROOT = Path(__file__).resolve().parents[2]
+KEY = PseudonymKey(b"hostile-files-test-key-0123456789abcdef")
+INST = Institution(id="hostile", country="US", language="en", timezone="UTC", source_uri="/nowhere")
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return build_policy()
+
+
+def run(data: bytes, policy):
+    return deidentify_file(data, KEY, INST, policy, "dicom", 0)
+
+
+def shipped_forms(payload: bytes) -> bytes:
+    """The output's bytes lower-cased with every non-alphanumeric byte removed (IDs in any case or spacing)."""
+    return bytes(b for b in payload.lower() if chr(b).isalnum())
+
+
+def test_deflated_source_ships_inflated_without_the_ids(policy):
+    out = run(h.deflated_phi_in_model(), policy)
+    if out.ingested:  # the model name is cleaned like a descriptor: the IDs are gone from every decoded byte
+        assert h.MRN.lower().encode() not in shipped_forms(out.payload)
+        assert h.ACCESSION.lower().encode() not in shipped_forms(out.payload)
+        assert str(pydicom.dcmread(io.BytesIO(out.payload)).file_meta.TransferSyntaxUID) == "1.2.840.10008.1.2.1"
+    else:
+        assert out.reason == "verification_failed"
+
+
+def test_deflated_id_variant_in_a_kept_code_is_found(policy):
+    ds = h.with_ids(h.read(h.NATIVE_CT))
+    item = Dataset()
+    item.CodeValue, item.CodingSchemeDesignator, item.CodeMeaning = "mr-7731 2458", "99X", "Chest"
+    ds.AnatomicRegionSequence = Sequence([item])
+    out = run(h.deflated(ds), policy)
+    assert (out.reason, out.payload) == ("verification_failed", None)
+
+
+@pytest.mark.parametrize("found", ["mr-7731 2458", "Mr77312458", "73124", "id 31245 8"])
+def test_verifier_matches_ids_ignoring_case_separators_and_on_digit_parts(found):
+    free = b"CHEST\x00" + found.encode()
+    hits = verify_output(free, {("value", h.MRN)}, ["iso8859"], b"", free, free)
+    assert hits == ["value"]
+
+
+def test_verifier_does_not_match_other_numbers():
+    free = b"CHEST 12840\x00V1.2.3\x00SERIES 7"
+    assert verify_output(free, {("value", h.MRN)}, ["iso8859"], b"", free, free) == []
+
+
+def test_rle_panic_is_a_decode_error_and_the_next_file_goes_on(policy):
+    bad = run(h.rle_panic(), policy)
+    assert bad.reason == "decode_error" and "PanicException" in bad.detail
+    good = run(h.RLE.read_bytes(), policy)
+    assert good.reason != "decode_error" and good.reason != "decoder_crashed"
+
+
+@pytest.mark.parametrize("attack", ["jpeg_size_bomb", "j2k_size_bomb"])
+def test_codestream_size_bombs_are_refused_before_decoding(policy, attack):
+    start = time.perf_counter()
+    out = run(getattr(h, attack)(), policy)
+    assert out.reason == "declared_size_mismatch"
+    assert time.perf_counter() - start < 5  # refused from the header, nothing decoded
+
+
+def test_item_bomb_is_refused_with_its_own_reason(policy):
+    out = run(h.item_bomb(1_000_000), policy)
+    assert out.reason == "too_many_sequence_items"
+
+
+@pytest.mark.slow
+def test_deflate_bomb_is_refused_under_1_gb_rss():
+    code = ("import resource, sys; sys.path.insert(0, 'tests'); import hostile_dicom as h;"
+            "from etl.sources.dicom_bounds import bounded_source, SourceBoundsError\n"
+            "data = h.deflate_bomb(1024 ** 3)\n"
+            "try:\n bounded_source(data); print('accepted')\n"
+            "except SourceBoundsError as e:\n print(e.reason)\n"
+            "print(len(data), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    reason, sizes = res.stdout.split("\n")[:2]
+    size, rss = map(int, sizes.split())
+    assert reason == "inflated_too_large"
+    assert size < 2 * 1024 ** 2 and rss < 1024 ** 3  # a ~1 MB file that inflates to 1 GiB: refused under 1 GB
+
+
+def test_deflated_source_is_relabelled_explicit_little_endian():
+    data = bounded_source(h.DEFLATED.read_bytes())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a, b = pydicom.dcmread(h.DEFLATED), pydicom.dcmread(io.BytesIO(data))
+    assert str(b.file_meta.TransferSyntaxUID) == "1.2.840.10008.1.2.1" and a == b
+
+
+def test_worker_crash_and_timeout_are_decoder_crashed_and_the_worker_is_replaced():
+    class Abort:
+        def __reduce__(self):
+            return os.abort, ()
+
+    ds = h.read(h.JPEG)
+    worker = DecoderWorker()
+    try:
+        arr, _ = worker.decode(ds, ds.file_meta.TransferSyntaxUID, 0)
+        assert arr.shape[:2] == (ds.Rows, ds.Columns)
+        bomb = Dataset()
+        bomb.add(DataElement(0x00280010, "US", Abort()))  # unpickled in the worker: it aborts
+        with pytest.raises(NormalisationError) as err:
+            worker.decode(bomb, ds.file_meta.TransferSyntaxUID, 0)
+        assert err.value.reason == "decoder_crashed" and "SIGABRT" in str(err.value)
+        again, _ = worker.decode(ds, ds.file_meta.TransferSyntaxUID, 0)  # a fresh worker
+        assert (again == arr).all()
+        worker.seconds = 1e-4
+        with pytest.raises(NormalisationError) as err:
+            worker.decode(ds, ds.file_meta.TransferSyntaxUID, None)
+        assert err.value.reason == "decoder_crashed" and "longer than" in str(err.value)
+    finally:
+        worker.stop()
+
+
+def test_name_in_a_kept_binary_value_is_found(policy):
+    ds = h.with_ids(h.read(h.NATIVE_CT))
+    ds.PatientName = "Quillfeather^Rosalind"
+    ds.ICCProfile = b"\x00\x00\x02\x0cdesc\x00\x00" + b"QUILLFEATHER" + b"\x00" * 20
+    with pytest.raises(DeidentificationError) as err:
+        deidentify_dataset(ds, KEY, "hostile", policy)
+    assert err.value.reason == "verification_failed"
+
+
+def test_control_bytes_in_a_kept_text_value_are_malformed_structure(policy):
+    ds = h.with_ids(h.read(h.NATIVE_CT))
+    ds.add(DataElement(0x00181020, "LO", b"V1 \x08\x00\x18\x00UI\x10\x001.2.3.4.5.6.7.8"))  # SoftwareVersions, kept
+    with pytest.raises(DeidentificationError) as err:
+        deidentify_dataset(ds, KEY, "hostile", policy)
+    assert err.value.reason == "malformed_structure"
+
+
+def test_code_meaning_ten_levels_deep_is_cleaned(policy):
+    ds = h.with_ids(h.read(h.NATIVE_CT))
+    inner = Dataset()
+    inner.CodeValue, inner.CodingSchemeDesignator = "T-D3000", "SRT"
+    inner.CodeMeaning = "Chest, call Dr Harold Vintersby on 617-555-0143"
+    for _ in range(10):
+        outer = Dataset()
+        outer.ConceptNameCodeSequence = Sequence([inner])
+        inner = outer
+    ds.ContentSequence = inner.ConceptNameCodeSequence
+    payload = deidentify_dataset(ds, KEY, "hostile", policy).payload
+    assert b"617-555-0143" not in payload and b"5550143" not in shipped_forms(payload)
+    assert b"Vintersby" not in payload
+
+
+def test_safe_private_allow_list_matches_group_and_vr():
+    policy = build_policy(DeidConfig(retain_safe_private=True))
+    ds = h.with_ids(h.read(h.NATIVE_CT))
+    ds.add(DataElement(0x00190010, "LO", "Agfa ADC NX"))
+    ds.add(DataElement(0x001910F6, "DS", "1.5"))  # listed: Plate Sensitivity, DS
+    ds.add(DataElement(0x001910F7, "UT", "written as UT"))  # listed as DS
+    ds.add(DataElement(0x00210010, "LO", "Agfa ADC NX"))
+    ds.add(DataElement(0x002110F6, "DS", "2.5"))  # another group
+    out = deidentify_dataset(ds, KEY, "hostile", policy).dataset
+    assert 0x001910F6 in out and 0x001910F7 not in out and 0x002110F6 not in out
+
+
+def test_encapsulated_pdf_has_its_own_reason(policy):
+    path = h.DICOM / "sr-seg-other" / "orthanc_encapsulated_pdf.dcm"
+    ds = h.read(path)
+    ds.PatientID = h.MRN
+    assert run(h.to_bytes(ds), policy).reason == "encapsulated_document"
+
+
+def test_deid_folder_gives_every_path_one_row(tmp_path):
+    import pyarrow.parquet as pq
+
+    from medreco.cli.deid_folder import deidentify_folder
+
+    src = tmp_path / "src"
+    src.mkdir()
+    ct = h.with_ids(h.read(h.NATIVE_CT))
+    ct.SOPInstanceUID = "2.25.41410000000000000000000000001"  # not that of the deflated copy
+    (src / os.fsdecode(b"\xff\xfe.dcm")).write_bytes(h.to_bytes(ct))
+    (src / "rle-panic.dcm").write_bytes(h.rle_panic())
+    (src / "deflated.dcm").write_bytes(h.deflated_phi_in_model())
+    (src / "items.dcm").write_bytes(h.item_bomb(300_000))
+    os.mkfifo(src / "pipe.dcm")
+    (src / "dangling.dcm").symlink_to(src / "nothing")
+    balance = deidentify_folder(src, tmp_path / "out", KEY, "hostile")
+    rows = {r["source_uri"].rsplit("/", 1)[1]: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()}
+    assert balance["balanced"] and balance["files_seen"] == 6 == len(rows)
+    assert rows["\\xff\\xfe.dcm"]["status"] == "ingested"
+    assert rows["rle-panic.dcm"]["reason"] == "decode_error"
+    assert rows["items.dcm"]["reason"] == "too_many_sequence_items"
+    assert rows["pipe.dcm"]["reason"] == rows["dangling.dcm"]["reason"] == "unreadable_file"
+    files = list((tmp_path / "out" / "files").iterdir())
+    assert files and len(files) == sum(r["status"] == "ingested" for r in rows.values())
+    for f in files:
+        assert h.MRN.lower().encode() not in shipped_forms(f.read_bytes())
+    assert not list((tmp_path / "out").glob(".staging-*"))
+    json.dumps(list(rows))  # every recorded name is valid UTF-8
