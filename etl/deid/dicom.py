@@ -30,6 +30,7 @@ import datetime as dt
 import io
 import re
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -683,7 +684,7 @@ def _output_header(payload: bytes, ds: Dataset) -> bytes:
     return payload
 
 
-def _text_bytes(ds: Dataset, free: list[bytes] | None = None, own: set[bytes] = frozenset(),
+def _text_bytes(ds: Dataset, free: list[bytes] | None = None, own: AbstractSet[bytes] = frozenset(),
                 binary: list[bytes] | None = None) -> bytes:
     """Raw bytes of every value where a person name could be written, joined by NUL: character string VRs, UI,
     the values of sequences at any depth, kept numeric values up to 4 KiB.
@@ -704,7 +705,7 @@ def _text_bytes(ds: Dataset, free: list[bytes] | None = None, own: set[bytes] = 
     return b"\x00".join(parts)
 
 
-def _collect_text_bytes(ds: Dataset, parts: list[bytes], free: list[bytes], own: set[bytes],
+def _collect_text_bytes(ds: Dataset, parts: list[bytes], free: list[bytes], own: AbstractSet[bytes],
                         binary: list[bytes]) -> None:
     for tag, elem in ds.items():  # raw elements are read as bytes, not converted
         if tag == 0x00120064:  # DeidentificationMethodCodeSequence: our own constant codes

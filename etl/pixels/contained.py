@@ -41,7 +41,7 @@ from pydicom.encaps import generate_fragmented_frames
 from pydicom.uid import UID
 
 from etl.limits import DECODE_TIME_LIMIT_S, DECODER_MEMORY_BYTES, MAX_DECODED_BYTES, RecordLimitError
-from etl.pixels.decode import NormalisationError
+from etl.pixels.errors import NormalisationError
 
 _WORKER = Path(__file__).with_name("decode_worker.py")
 _PIXEL_TAGS = (0x7FE00010, 0x7FE00008, 0x7FE00009)
@@ -194,6 +194,7 @@ class DecoderWorker:
             proc.wait()
 
     def _read(self, proc: subprocess.Popen, n: int, deadline: float) -> bytes:
+        assert proc.stdout is not None  # started with stdout=PIPE
         fd = proc.stdout.fileno()
         buf = bytearray()
         while len(buf) < n:
@@ -219,6 +220,7 @@ class DecoderWorker:
         request = pickle.dumps((str(ts), elements, index, view_only), protocol=5)
         with self.lock:
             proc = self._start()
+            assert proc.stdin is not None  # started with stdin=PIPE
             try:
                 proc.stdin.write(struct.pack("<Q", len(request)) + request)
                 proc.stdin.flush()
@@ -268,7 +270,7 @@ def decode_frames(ds: Dataset, ts: UID, index: int | None = None, view_only: boo
     if ts.is_compressed:
         return _worker.decode(ds, ts, index, view_only)
     try:
-        return get_decoder(ts).as_array(ds, index=index, view_only=view_only)
+        return get_decoder(ts).as_array(ds, index=index, view_only=view_only)  # type: ignore[arg-type]
     except (KeyboardInterrupt, SystemExit):
         raise
     except (NormalisationError, RecordLimitError):

@@ -42,27 +42,7 @@ from pydicom.uid import (
     ImplicitVRLittleEndian,
 )
 
-from schemas.errors import ReasonCodedError
-
-#: every reason code :class:`NormalisationError` may carry
-REASONS = frozenset(
-    {
-        "unsupported_transfer_syntax",
-        "pixel_data_length_mismatch",
-        "truncated_file",
-        "no_pixel_data",
-        "decode_error",
-        "inconsistent_series",
-        "volume_too_large",
-        "unsupported_modality",
-        "duplicate_slice_position",
-        "irregular_slice_geometry",
-        "unsupported_mosaic",
-        "image_too_large",
-        "declared_size_mismatch",
-        "decoder_crashed",
-    }
-)
+from etl.pixels.errors import NormalisationError
 
 #: the three elements that may hold an image's pixels (PS3.3 C.7.6.3, C.7.6.24)
 PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
@@ -71,27 +51,6 @@ _YBR_TO_RGB = {"YBR_FULL", "YBR_FULL_422"}
 #: integers up to this magnitude are exact in float32 (24-bit significand)
 _FLOAT32_EXACT = 2**24
 _PATH_RE = re.compile(r"(?:[A-Za-z]:\\|/)[^\s'\"]*")
-
-
-class NormalisationError(ReasonCodedError):
-    """A DICOM object whose pixels cannot be normalised.
-
-    Parameters
-    ----------
-    reason : str
-        Machine-readable reason code, one of :data:`REASONS` (``unsupported_transfer_syntax``,
-        ``pixel_data_length_mismatch``, ``truncated_file``, ``no_pixel_data``, ``decode_error``,
-        ``inconsistent_series``, ``volume_too_large``, ``unsupported_modality``,
-        ``duplicate_slice_position``, ``irregular_slice_geometry``, ``unsupported_mosaic``).
-    message : str
-        Human-readable detail. It never contains values read from the file's attributes or
-        file paths, so it may go to the ledger and to logs.
-    """
-
-    def __init__(self, reason: str, message: str) -> None:
-        if reason not in REASONS:
-            raise ValueError(f"unknown normalisation reason code {reason!r}")
-        super().__init__(reason, message)
 
 
 @dataclass

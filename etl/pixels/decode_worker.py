@@ -18,6 +18,7 @@ import pickle
 import resource
 import struct
 import sys
+from typing import Any
 
 
 def _vm_bytes() -> int:
@@ -76,7 +77,7 @@ def main() -> None:
             uid = UID(ts)
             ds.set_original_encoding(uid.is_implicit_VR, uid.is_little_endian)
             arr, meta = get_decoder(uid).as_array(ds, index=index, view_only=view_only)
-            answer = ("ok", arr, meta)
+            answer: tuple[str, Any, Any] = ("ok", arr, meta)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as err:  # noqa: BLE001  a Rust panic (pyo3 PanicException) derives from BaseException

@@ -64,7 +64,7 @@ def _series_uid(path: Path) -> str | None:
 def _entries(src: Path) -> list[tuple[Path, str | None]]:
     """Every path under ``src`` that is not a folder, sorted, with why it cannot be read as a file (None when
     it can): named pipes, sockets, devices and links to nothing are listed too, never opened."""
-    out = []
+    out: list[tuple[Path, str | None]] = []
     for path in sorted(src.rglob("*"), key=lambda p: os.fsencode(p)):
         try:
             if path.is_dir():
@@ -132,8 +132,9 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
     # burned-in text per series (etl.deid.series_text): each series' sample first
     gate = SeriesTextGate((uri, _series_uid(path)) for uri, (_, path) in pending.items())
     written: dict[str, str] = {}
-    for uri in gate.order():
-        row, path = pending[str(uri)]
+    for member in gate.order():
+        uri = str(member)
+        row, path = pending[uri]
         try:
             with warnings.catch_warnings(), time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout",
                                                        "file's de-identification"):
