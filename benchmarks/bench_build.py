@@ -48,9 +48,20 @@ sys.path.insert(0, str(ROOT))
 
 #: the build DAG's tasks in an order that respects its dependencies; the second item names a mapped task's argument
 TASKS: tuple[tuple[str, str | None], ...] = (
-    ("build_lock", None), ("institutions", None), ("discover", "institution"), ("plan", None),
-    ("deidentify", "batch"), ("normalise", "batch"), ("reports", None), ("entities", "batch"), ("assemble", "batch"),
-    ("retrieval", None), ("ledger", None), ("quality", None), ("snapshot", None), ("release_lock", None),
+    ("build_lock", None),
+    ("institutions", None),
+    ("discover", "institution"),
+    ("plan", None),
+    ("deidentify", "batch"),
+    ("normalise", "batch"),
+    ("reports", None),
+    ("entities", "batch"),
+    ("assemble", "batch"),
+    ("retrieval", None),
+    ("ledger", None),
+    ("quality", None),
+    ("snapshot", None),
+    ("release_lock", None),
 )
 SEED = 11
 NEW_PATIENT_SEED = 911
@@ -61,6 +72,7 @@ VOLUME_MAX_VOXELS = 100_000_000
 
 
 # ---- the child: one DAG task in this process --------------------------------------------------------------
+
 
 def _task(name: str, cfg: str, run_id: str, arg: object) -> object:
     """Run one task of the build DAG as its DAG callable does (dags/medreco_build.py), returning its result."""
@@ -84,14 +96,24 @@ def _task(name: str, cfg: str, run_id: str, arg: object) -> object:
     if name == "institutions":
         ctx.check_key()
         return [i.id for i in ctx.cfg.institutions]
-    per_shard = {"deidentify": stages.deidentify_shard, "normalise": stages.normalise_shard,
-                 "entities": stages.entities_shard, "assemble": stages.assemble_shard}
+    per_shard = {
+        "deidentify": stages.deidentify_shard,
+        "normalise": stages.normalise_shard,
+        "entities": stages.entities_shard,
+        "assemble": stages.assemble_shard,
+    }
     if name in per_shard:
         return [per_shard[name](ctx, s) for s in arg]
     if name == "discover":
         return stages.discover(ctx, arg)
-    whole = {"plan": stages.plan, "reports": stages.reports, "retrieval": stages.retrieval,
-             "ledger": stages.finalise, "quality": quality_stage, "snapshot": stages.publish_stage}
+    whole = {
+        "plan": stages.plan,
+        "reports": stages.reports,
+        "retrieval": stages.retrieval,
+        "ledger": stages.finalise,
+        "quality": quality_stage,
+        "snapshot": stages.publish_stage,
+    }
     return whole[name](ctx)
 
 
@@ -116,11 +138,13 @@ def _child(argv: list[str]) -> None:
     name, cfg, run_id, arg, out = argv
     t = time.perf_counter()
     result = _task(name, cfg, run_id, json.loads(arg))
-    Path(out).write_text(json.dumps({"result": result, "stage_s": time.perf_counter() - t,
-                                     "peak_rss": _own_peak_rss()}, default=str))
+    Path(out).write_text(
+        json.dumps({"result": result, "stage_s": time.perf_counter() - t, "peak_rss": _own_peak_rss()}, default=str)
+    )
 
 
 # ---- the parent: run the DAG task by task, each in its own process ----------------------------------------
+
 
 @dataclass
 class TaskFigure:
@@ -144,8 +168,13 @@ class BuildFigures:
     def stage(self, name: str) -> dict:
         """Figures of one stage: its task instances summed (seconds) and their largest peak RSS."""
         ts = [t for t in self.tasks if t.name == name]
-        return {"n": len(ts), "wall_s": sum(t.wall_s for t in ts), "cpu_s": sum(t.cpu_s for t in ts),
-                "stage_s": sum(t.stage_s for t in ts), "peak_rss": max(t.peak_rss for t in ts)}
+        return {
+            "n": len(ts),
+            "wall_s": sum(t.wall_s for t in ts),
+            "cpu_s": sum(t.cpu_s for t in ts),
+            "stage_s": sum(t.stage_s for t in ts),
+            "peak_rss": max(t.peak_rss for t in ts),
+        }
 
 
 def run_task(name: str, cfg: str, run_id: str, arg: object = None, env: dict | None = None) -> TaskFigure:
@@ -160,8 +189,12 @@ def run_task(name: str, cfg: str, run_id: str, arg: object = None, env: dict | N
         out, err = Path(tmp) / "result.json", Path(tmp) / "stderr"
         t = time.perf_counter()
         with open(err, "wb") as ferr:
-            proc = subprocess.Popen([sys.executable, __file__, "--task", name, cfg, run_id, json.dumps(arg), str(out)],
-                                    stdout=subprocess.DEVNULL, stderr=ferr, env=env)
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "--task", name, cfg, run_id, json.dumps(arg), str(out)],
+                stdout=subprocess.DEVNULL,
+                stderr=ferr,
+                env=env,
+            )
             _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t
@@ -169,8 +202,9 @@ def run_task(name: str, cfg: str, run_id: str, arg: object = None, env: dict | N
             tail = err.read_text(errors="replace").strip().splitlines()[-8:]
             raise RuntimeError(f"task {name}[{arg}] failed ({proc.returncode}): " + " | ".join(tail))
         data = json.loads(out.read_text())
-    return TaskFigure(name, arg, wall, usage.ru_utime + usage.ru_stime, data["peak_rss"], data["stage_s"],
-                      data["result"])
+    return TaskFigure(
+        name, arg, wall, usage.ru_utime + usage.ru_stime, data["peak_rss"], data["stage_s"], data["result"]
+    )
 
 
 def check_dag_order() -> None:
@@ -182,12 +216,21 @@ def check_dag_order() -> None:
         naming the task that differs.
     """
     with tempfile.TemporaryDirectory() as home:
-        env = {**os.environ, "AIRFLOW_HOME": home, "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        code = ("import json; from dags.medreco_build import build_dag as d; "
-                "print(json.dumps({t.task_id: sorted(t.upstream_task_ids) for t in d.tasks}))")
-        upstream = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                             check=True).stdout.strip().splitlines()[-1])
+        env = {
+            **os.environ,
+            "AIRFLOW_HOME": home,
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        code = (
+            "import json; from dags.medreco_build import build_dag as d; "
+            "print(json.dumps({t.task_id: sorted(t.upstream_task_ids) for t in d.tasks}))"
+        )
+        upstream = json.loads(
+            subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
     order = [n for n, _ in TASKS]
     assert set(order) == set(upstream), f"TASKS {sorted(order)} != DAG tasks {sorted(upstream)}"
     for i, name in enumerate(order):
@@ -216,6 +259,7 @@ def measure_build(cfg: str, run_id: str, env: dict) -> BuildFigures:
 
 
 # ---- archives ---------------------------------------------------------------------------------------------
+
 
 def _generator_hash() -> str:
     h = hashlib.sha256()
@@ -253,8 +297,11 @@ def new_patient() -> tuple[str, list[tuple[Path, str]], list[dict]]:
             reports.setdefault(rec["patient_id"], []).append(rec)
     import pydicom
 
-    with_ct = [m for m in sorted(files)
-               if any(pydicom.dcmread(src / f, stop_before_pixels=True).Modality == "CT" for f in files[m])]
+    with_ct = [
+        m
+        for m in sorted(files)
+        if any(pydicom.dcmread(src / f, stop_before_pixels=True).Modality == "CT" for f in files[m])
+    ]
     mrn = (with_ct or sorted(files))[0]
     inst = files[mrn][0].split("/")[1]
     recs = [{**r, "report_id": f"NEW-{r['report_id']}"} for r in reports.get(mrn, [])]
@@ -273,7 +320,8 @@ def write_config(corpus: Path, root: Path, shards: int) -> Path:
     # (78.6 M voxels; the default volume_max_voxels, 64 M, quarantines it as volume_too_large)
     data["normalisation"] = {"volume_max_voxels": VOLUME_MAX_VOXELS}
     data["deid"]["pixel_cleaning"].append(  # the ultrasound device's full frames: its header text band
-        {"manufacturer": "MEDRECO DEMO IMAGING", "rows": 480, "columns": 640, "regions": [[0, 0, 640, 40]]})
+        {"manufacturer": "MEDRECO DEMO IMAGING", "rows": 480, "columns": 640, "regions": [[0, 0, 640, 40]]}
+    )
     root.mkdir(parents=True, exist_ok=True)
     for inst in sorted((corpus / "sources").iterdir()):  # the pipeline never writes under sources/: link it
         (root / "sources").mkdir(exist_ok=True)
@@ -292,7 +340,8 @@ def deliver(root: Path, inst: str, files: list[tuple[Path, str]], records: list[
         os.link(path, target)
         n += path.stat().st_size
     (root / "sources" / inst / "reports" / "new-delivery.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in records))
+        "".join(json.dumps(r) + "\n" for r in records)
+    )
     return n
 
 
@@ -321,12 +370,18 @@ def measure_size(patients: int, shards: int, workdir: Path, env: dict, log) -> d
     from etl.storage import Storage
 
     images = sum(1 for _ in (root / "curated" / "dicom").rglob("*") if _.is_file())  # before the new patient
-    curated = {z: sum(p.stat().st_size for p in (root / "curated" / z).rglob("*") if p.is_file())
-               for z in ("dicom", "volumes", "images")}
-    curated["other"] = sum(p.stat().st_size for p in (root / "curated").rglob("*") if p.is_file()) - sum(curated.values())
+    curated = {
+        z: sum(p.stat().st_size for p in (root / "curated" / z).rglob("*") if p.is_file())
+        for z in ("dicom", "volumes", "images")
+    }
+    curated["other"] = sum(p.stat().st_size for p in (root / "curated").rglob("*") if p.is_file()) - sum(
+        curated.values()
+    )
     st = Storage.open(str(root))
-    tbl = {t: st.read_table(f"curated/{t}", schema=None, columns=[c]).num_rows
-           for t, c in (("images", "image_key"), ("series", "series_key"), ("studies", "study_key"))}
+    tbl = {
+        t: st.read_table(f"curated/{t}", schema=None, columns=[c]).num_rows
+        for t, c in (("images", "image_key"), ("series", "series_key"), ("studies", "study_key"))
+    }
     inst, files, recs = new_patient()
     delivered = deliver(root, inst, files, recs)
     time.sleep(2.1)  # the partition hash cache trusts files older than itself by 2 s (racy-git rule)
@@ -337,16 +392,33 @@ def measure_size(patients: int, shards: int, workdir: Path, env: dict, log) -> d
     versions = (full.tasks[-2].result or {}).get("version"), (inc.tasks[-2].result or {}).get("version")
     import polars as pl
 
-    led = pl.from_arrow(st.read_table(f"ledger/run_id=bench__p{patients}__full/ledger.parquet", schema=None,
-                                      columns=["status", "reason"]))
-    statuses = {f"{r['status']}:{r['reason']}" if r["reason"] else r["status"]: r["len"]
-                for r in led.group_by(["status", "reason"]).len().sort("status", "reason").iter_rows(named=True)}
-    return {"patients": patients, "full": full, "inc": inc, "images": tbl["images"], "ledger": statuses, "curated_bytes": curated,
-            "series": tbl["series"], "studies": tbl["studies"], "dicom_files": images,
-            "source_bytes": sum(p.stat().st_size for p in (corpus / "sources").rglob("*") if p.is_file()),
-            "new_patient": {"files": len(files), "reports": len(recs), "bytes": delivered},
-            "publish_s": snap["wall_s"], "publish_stage_s": snap["stage_s"], "publish_written": written,
-            "publish_linked": linked, "versions": versions}
+    led = pl.from_arrow(
+        st.read_table(
+            f"ledger/run_id=bench__p{patients}__full/ledger.parquet", schema=None, columns=["status", "reason"]
+        )
+    )
+    statuses = {
+        f"{r['status']}:{r['reason']}" if r["reason"] else r["status"]: r["len"]
+        for r in led.group_by(["status", "reason"]).len().sort("status", "reason").iter_rows(named=True)
+    }
+    return {
+        "patients": patients,
+        "full": full,
+        "inc": inc,
+        "images": tbl["images"],
+        "ledger": statuses,
+        "curated_bytes": curated,
+        "series": tbl["series"],
+        "studies": tbl["studies"],
+        "dicom_files": images,
+        "source_bytes": sum(p.stat().st_size for p in (corpus / "sources").rglob("*") if p.is_file()),
+        "new_patient": {"files": len(files), "reports": len(recs), "bytes": delivered},
+        "publish_s": snap["wall_s"],
+        "publish_stage_s": snap["stage_s"],
+        "publish_written": written,
+        "publish_linked": linked,
+        "versions": versions,
+    }
 
 
 def _gib(n: float) -> str:
@@ -358,24 +430,34 @@ def report(sizes: list[dict], floor: TaskFigure, load: tuple, log) -> None:
     stages = [n for n, _ in TASKS]
     for m in sizes:
         full = m["full"]
-        log(f"\n{m['patients']} patients: {m['studies']} studies, {m['series']} series, {m['images']} images rows "
+        log(
+            f"\n{m['patients']} patients: {m['studies']} studies, {m['series']} series, {m['images']} images rows "
             f"({m['dicom_files']} DICOM files, {m['source_bytes'] / 2**30:.2f} GiB delivered); ledger {m['ledger']}; curated MiB "
-            + ", ".join(f"{z} {b / 2**20:.0f}" for z, b in m["curated_bytes"].items()))
-        log(f"  {'stage':13s} {'tasks':>5s} {'wall_s':>8s} {'cpu_s':>8s} {'cpu_s/file':>10s} {'cpu_s/series':>12s} "
-            f"{'peak_GiB':>8s} {'above_floor_GiB':>15s}")
+            + ", ".join(f"{z} {b / 2**20:.0f}" for z, b in m["curated_bytes"].items())
+        )
+        log(
+            f"  {'stage':13s} {'tasks':>5s} {'wall_s':>8s} {'cpu_s':>8s} {'cpu_s/file':>10s} {'cpu_s/series':>12s} "
+            f"{'peak_GiB':>8s} {'above_floor_GiB':>15s}"
+        )
         for name in stages:
             s = full.stage(name)
-            log(f"  {name:13s} {s['n']:5d} {s['wall_s']:8.1f} {s['cpu_s']:8.1f} {s['cpu_s'] / m['dicom_files']:10.4f} "
+            log(
+                f"  {name:13s} {s['n']:5d} {s['wall_s']:8.1f} {s['cpu_s']:8.1f} {s['cpu_s'] / m['dicom_files']:10.4f} "
                 f"{s['cpu_s'] / max(1, m['series']):12.3f} {_gib(s['peak_rss']):>8s} "
-                f"{_gib(s['peak_rss'] - floor.peak_rss):>15s}")
+                f"{_gib(s['peak_rss'] - floor.peak_rss):>15s}"
+            )
         inc = m["inc"]
-        log(f"  one new patient ({m['new_patient']['files']} files, {m['new_patient']['bytes'] / 2**20:.0f} MiB, "
+        log(
+            f"  one new patient ({m['new_patient']['files']} files, {m['new_patient']['bytes'] / 2**20:.0f} MiB, "
             f"{m['new_patient']['reports']} reports), release {m['versions'][0]} -> {m['versions'][1]}: whole run "
             f"{sum(t.wall_s for t in inc.tasks):.0f} s; snapshot task {m['publish_s']:.2f} s "
             f"({m['publish_stage_s']:.2f} s in the stage), wrote {m['publish_written'] / 2**10:.0f} KiB, "
-            f"hard-linked {m['publish_linked'] / 2**20:.1f} MiB, peak {_gib(inc.stage('snapshot')['peak_rss'])} GiB")
-        log("  incremental run per stage (wall_s / peak_GiB): " + ", ".join(
-            f"{n} {inc.stage(n)['wall_s']:.1f}/{_gib(inc.stage(n)['peak_rss'])}" for n in stages))
+            f"hard-linked {m['publish_linked'] / 2**20:.1f} MiB, peak {_gib(inc.stage('snapshot')['peak_rss'])} GiB"
+        )
+        log(
+            "  incremental run per stage (wall_s / peak_GiB): "
+            + ", ".join(f"{n} {inc.stage(n)['wall_s']:.1f}/{_gib(inc.stage(n)['peak_rss'])}" for n in stages)
+        )
     base, big = sizes[0], sizes[-1]
     import math
 
@@ -387,23 +469,33 @@ def report(sizes: list[dict], floor: TaskFigure, load: tuple, log) -> None:
     worst = sorted(ratios.items(), key=lambda kv: -kv[1])
     inc_rss = (big["inc"].stage("snapshot")["peak_rss"] / base["inc"].stage("snapshot")["peak_rss"]) ** (1 / doublings)
     pub = [m["publish_s"] for m in sizes]
-    log(f"\nfloor (interpreter + stage modules) peak {_gib(floor.peak_rss)} GiB; load average before/after "
-        f"{load[0]:.2f}/{load[1]:.2f} on {os.cpu_count()} cores")
-    print("BENCH build patients=" + ",".join(str(m["patients"]) for m in sizes)
-          + " images=" + ",".join(str(m["images"]) for m in sizes)
-          + f" rss_ratio_per_doubling_max={worst[0][1]:.3f}({worst[0][0]})"
-          + " " + " ".join(f"rss_ratio_{n}={r:.3f}" for n, r in worst)
-          + " normalise_cpu_s_per_file=" + ",".join(
-              f"{m['full'].stage('normalise')['cpu_s'] / m['dicom_files']:.4f}" for m in sizes)
-          + " build_cpu_s_per_image_row=" + ",".join(
-              f"{sum(t.cpu_s for t in m['full'].tasks) / m['images']:.2f}" for m in sizes)
-          + " build_cpu_s_per_file=" + ",".join(
-              f"{sum(t.cpu_s for t in m['full'].tasks) / m['dicom_files']:.4f}" for m in sizes)
-          + " build_wall_s=" + ",".join(f"{sum(t.wall_s for t in m['full'].tasks):.0f}" for m in sizes)
-          + " publish_one_patient_s=" + ",".join(f"{p:.2f}" for p in pub)
-          + f" publish_ratio={pub[-1] / pub[0]:.2f} publish_rss_ratio={inc_rss:.3f}"
-          + " publish_written_kib=" + ",".join(f"{m['publish_written'] / 1024:.0f}" for m in sizes)
-          + f" load_avg={load[0]:.2f},{load[1]:.2f}")
+    log(
+        f"\nfloor (interpreter + stage modules) peak {_gib(floor.peak_rss)} GiB; load average before/after "
+        f"{load[0]:.2f}/{load[1]:.2f} on {os.cpu_count()} cores"
+    )
+    print(
+        "BENCH build patients="
+        + ",".join(str(m["patients"]) for m in sizes)
+        + " images="
+        + ",".join(str(m["images"]) for m in sizes)
+        + f" rss_ratio_per_doubling_max={worst[0][1]:.3f}({worst[0][0]})"
+        + " "
+        + " ".join(f"rss_ratio_{n}={r:.3f}" for n, r in worst)
+        + " normalise_cpu_s_per_file="
+        + ",".join(f"{m['full'].stage('normalise')['cpu_s'] / m['dicom_files']:.4f}" for m in sizes)
+        + " build_cpu_s_per_image_row="
+        + ",".join(f"{sum(t.cpu_s for t in m['full'].tasks) / m['images']:.2f}" for m in sizes)
+        + " build_cpu_s_per_file="
+        + ",".join(f"{sum(t.cpu_s for t in m['full'].tasks) / m['dicom_files']:.4f}" for m in sizes)
+        + " build_wall_s="
+        + ",".join(f"{sum(t.wall_s for t in m['full'].tasks):.0f}" for m in sizes)
+        + " publish_one_patient_s="
+        + ",".join(f"{p:.2f}" for p in pub)
+        + f" publish_ratio={pub[-1] / pub[0]:.2f} publish_rss_ratio={inc_rss:.3f}"
+        + " publish_written_kib="
+        + ",".join(f"{m['publish_written'] / 1024:.0f}" for m in sizes)
+        + f" load_avg={load[0]:.2f},{load[1]:.2f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -416,8 +508,11 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     log = lambda s: print(s, flush=True)  # noqa: E731
     check_dag_order()
-    env = {**os.environ, "MEDRECO_PSEUDONYM_KEY": os.environ.get("MEDRECO_PSEUDONYM_KEY", BENCH_KEY),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "MEDRECO_PSEUDONYM_KEY": os.environ.get("MEDRECO_PSEUDONYM_KEY", BENCH_KEY),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     t = time.perf_counter()
     for n in sizes:
         archive(n)

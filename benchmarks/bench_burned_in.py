@@ -56,7 +56,9 @@ def clean_text(ds, policy):
 
         class _Quarantined:
             regions: list = []
+
         return _Quarantined()
+
 
 FILES = {"cr": "RG1_UNCR.dcm", "us": "US1_UNCR.dcm", "ct": "693_UNCR.dcm"}
 
@@ -106,8 +108,9 @@ def _deid_series(datas: list[bytes], ocr: bool, gate: bool) -> tuple[float, Coun
     total = time.process_time()
     for i in g.order() if gate else range(len(datas)):
         c = time.process_time()
-        result = deidentify_dataset(pydicom.dcmread(io.BytesIO(datas[i])), key, "bench", policy,
-                                    series_text=g.slot(i) if gate else None)
+        result = deidentify_dataset(
+            pydicom.dcmread(io.BytesIO(datas[i])), key, "bench", policy, series_text=g.slot(i) if gate else None
+        )
         result.to_bytes()
         why = next((k for k in result.audit if k.startswith("text_series_")), "text_full" if ocr else "text_off")
         outcomes[why] += 1
@@ -134,15 +137,23 @@ def series_case(repeats: int) -> dict[str, float]:
             on, best_outcomes, best_cpu = t, outcomes, cpu
     full, _, _ = _deid_series(datas[:FULL_SLICES], True, False)
     per = {k.removeprefix("text_series_"): v / max(best_outcomes[k], 1) for k, v in best_cpu.items()}
-    print(f"series: {SERIES_SLICES} real 512 x 512 CT slices without text, sample {load_series_policy().sample_slices}:"
-          f" OCR off {off * 1000:.1f} ms CPU per slice, on {on * 1000:.1f} ms (ratio {on / off:.2f}; target 1.3);"
-          f" outcomes {dict(best_outcomes)}; CPU per slice by outcome "
-          + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in sorted(per.items()))
-          + f"; every slice read in full: {full * 1000:.0f} ms per slice ({full / off:.0f} x off)")
-    return {"series_off_s": off, "series_on_s": on, "series_ratio": on / off, "series_full_s": full,
-            "series_sample_s": per.get("sample", 0.0), "series_skipped_s": per.get("skipped", 0.0),
-            "series_read": sum(v for k, v in best_outcomes.items() if k not in ("text_series_skipped", "blanked")),
-            "series_blanked": best_outcomes.get("blanked", 0)}
+    print(
+        f"series: {SERIES_SLICES} real 512 x 512 CT slices without text, sample {load_series_policy().sample_slices}:"
+        f" OCR off {off * 1000:.1f} ms CPU per slice, on {on * 1000:.1f} ms (ratio {on / off:.2f}; target 1.3);"
+        f" outcomes {dict(best_outcomes)}; CPU per slice by outcome "
+        + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in sorted(per.items()))
+        + f"; every slice read in full: {full * 1000:.0f} ms per slice ({full / off:.0f} x off)"
+    )
+    return {
+        "series_off_s": off,
+        "series_on_s": on,
+        "series_ratio": on / off,
+        "series_full_s": full,
+        "series_sample_s": per.get("sample", 0.0),
+        "series_skipped_s": per.get("skipped", 0.0),
+        "series_read": sum(v for k, v in best_outcomes.items() if k not in ("text_series_skipped", "blanked")),
+        "series_blanked": best_outcomes.get("blanked", 0),
+    }
 
 
 def main(repeats: int = 3) -> None:
@@ -166,15 +177,19 @@ def main(repeats: int = 3) -> None:
 
         text = _time(run_labelled, repeats)
         ds = pydicom.dcmread(io.BytesIO(data))
-        print(f"{name}: {fname} {ds.Rows}x{ds.Columns} decode {floor[1]:.3f} s CPU ({floor[0]:.3f} wall), OCR pass "
-              f"{plain[1]:.3f} s CPU ({plain[0]:.3f} wall) without text, {text[1]:.3f} s CPU ({text[0]:.3f} wall) "
-              f"with a label ({len(regions)} region(s) blanked)")
+        print(
+            f"{name}: {fname} {ds.Rows}x{ds.Columns} decode {floor[1]:.3f} s CPU ({floor[0]:.3f} wall), OCR pass "
+            f"{plain[1]:.3f} s CPU ({plain[0]:.3f} wall) without text, {text[1]:.3f} s CPU ({text[0]:.3f} wall) "
+            f"with a label ({len(regions)} region(s) blanked)"
+        )
         figures[name] = (floor[1], plain[1], text[1])
     parts = []
     for name, (floor, plain, text) in figures.items():
-        parts.append(f"{name}_s_per_image={plain:.3f} {name}_images_per_s_per_core={1 / plain:.2f} "
-                     f"{name}_labelled_s={text:.3f} {name}_decode_floor_s={floor:.4f} "
-                     f"{name}_ratio_to_decode={plain / max(floor, 1e-4):.1f}")
+        parts.append(
+            f"{name}_s_per_image={plain:.3f} {name}_images_per_s_per_core={1 / plain:.2f} "
+            f"{name}_labelled_s={text:.3f} {name}_decode_floor_s={floor:.4f} "
+            f"{name}_ratio_to_decode={plain / max(floor, 1e-4):.1f}"
+        )
     series = series_case(max(2, repeats - 1))
     parts.append(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in series.items()))
     print("BENCH burned_in " + " ".join(parts) + f" load={os.getloadavg()[0]:.2f} cpu_seconds=process_time")

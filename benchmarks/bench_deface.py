@@ -32,8 +32,10 @@ def _series() -> dict[str, dict[str, bytes]]:
     mr = H.head_series(volunteer, plane="sagittal", size=(256, 256, 176), spacing=(1.0, 1.0, 1.0))
     head, _ = H.template_head()
     ct = H.head_series(H.ct_like(head), modality="CT", size=(512, 512, 300), spacing=(0.5, 0.5, 0.7))
-    return {"mr_176x256x256": {str(i): b for i, b in enumerate(mr.files)},
-            "ct_300x512x512": {str(i): b for i, b in enumerate(ct.files)}}
+    return {
+        "mr_176x256x256": {str(i): b for i, b in enumerate(mr.files)},
+        "ct_300x512x512": {str(i): b for i, b in enumerate(ct.files)},
+    }
 
 
 def _decode(files: dict[str, bytes]) -> None:
@@ -60,19 +62,25 @@ def main(repeats: int = 1) -> None:
         floor, floor_wall = _cpu(lambda files=files: _decode(files), repeats)
         outcomes: list[S.SeriesOutcome] = []
         full, full_wall = _cpu(lambda files=files, out=outcomes: out.append(S.deface_series(files, "HEAD")), repeats)
-        bare, _ = _cpu(lambda files=files, out=outcomes: out.append(S.deface_series(files, "HEAD", detector=False)),
-                       repeats)
+        bare, _ = _cpu(
+            lambda files=files, out=outcomes: out.append(S.deface_series(files, "HEAD", detector=False)), repeats
+        )
         status = {o.status for o in outcomes}
         fig = outcomes[0].figures
-        print(f"{name}: {len(files)} files, status {sorted(status)}, decode floor {floor:.2f} CPU s "
-              f"({floor_wall:.2f} s wall), deface {full:.2f} CPU s ({full_wall:.2f} s wall), without the detector "
-              f"{bare:.2f} CPU s; ratio {full / floor:.1f}x the floor; metric {fig.get('metric')}, head Dice "
-              f"{fig.get('head_dice')}, faces {fig.get('faces_before')} -> {fig.get('faces_after')}", flush=True)
+        print(
+            f"{name}: {len(files)} files, status {sorted(status)}, decode floor {floor:.2f} CPU s "
+            f"({floor_wall:.2f} s wall), deface {full:.2f} CPU s ({full_wall:.2f} s wall), without the detector "
+            f"{bare:.2f} CPU s; ratio {full / floor:.1f}x the floor; metric {fig.get('metric')}, head Dice "
+            f"{fig.get('head_dice')}, faces {fig.get('faces_before')} -> {fig.get('faces_after')}",
+            flush=True,
+        )
         figures[name] = (full, bare, floor)
     mr, ct = figures["mr_176x256x256"], figures["ct_300x512x512"]
-    print(f"BENCH deface mr_cpu_s={mr[0]:.2f} mr_no_detector_cpu_s={mr[1]:.2f} mr_decode_floor_s={mr[2]:.2f} "
-          f"mr_ratio={mr[0] / mr[2]:.1f} ct_cpu_s={ct[0]:.2f} ct_no_detector_cpu_s={ct[1]:.2f} "
-          f"ct_decode_floor_s={ct[2]:.2f} ct_ratio={ct[0] / ct[2]:.1f} threads=1")
+    print(
+        f"BENCH deface mr_cpu_s={mr[0]:.2f} mr_no_detector_cpu_s={mr[1]:.2f} mr_decode_floor_s={mr[2]:.2f} "
+        f"mr_ratio={mr[0] / mr[2]:.1f} ct_cpu_s={ct[0]:.2f} ct_no_detector_cpu_s={ct[1]:.2f} "
+        f"ct_decode_floor_s={ct[2]:.2f} ct_ratio={ct[0] / ct[2]:.1f} threads=1"
+    )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,12 @@ def corpus() -> list[bytes]:
         data = f.read_bytes()
         try:
             ds = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
-            if ds.file_meta.get("TransferSyntaxUID", "") not in NATIVE or ds.get("Modality") not in ("CT", "MR", "CR", "DX"):
+            if ds.file_meta.get("TransferSyntaxUID", "") not in NATIVE or ds.get("Modality") not in (
+                "CT",
+                "MR",
+                "CR",
+                "DX",
+            ):
                 continue
             deidentify_dataset(pydicom.dcmread(io.BytesIO(data)), key, "bench")
         except Exception:  # noqa: BLE001  unreadable or quarantined files are not part of the speed test

@@ -56,8 +56,11 @@ def main(repeats: int = 5) -> None:
     cfg = NormalisationConfig()
     xr = [p.read_bytes() for p in sorted((DICOM / "chest-cr-dx").rglob("*.dcm"))]
     xr = [b for b, ds in zip(xr, _read(xr)) if ds.get("Modality") in ("CR", "DX") and image_kind(ds) == "2d"]
-    ct_blobs = [p.read_bytes() for d in ("chest-ct", "longitudinal-chest-ct-covid19-ny-sbu")
-                for p in sorted((DICOM / d).rglob("*.dcm"))]
+    ct_blobs = [
+        p.read_bytes()
+        for d in ("chest-ct", "longitudinal-chest-ct-covid19-ny-sbu")
+        for p in sorted((DICOM / d).rglob("*.dcm"))
+    ]
     series: dict[str, list[bytes]] = {}
     for b, ds in zip(ct_blobs, _read(ct_blobs)):
         if image_kind(ds) == "3d_slice" and ds.get("Modality") == "CT":
@@ -118,10 +121,13 @@ def main(repeats: int = 5) -> None:
             t = time.perf_counter()
             f()
             return time.perf_counter() - t
+
         return run
 
-    t_sep, t_sitk = paired(timed(lambda: resample(volume, geometry, cfg.ct_spacing_mm, -1000.0)),
-                           timed(lambda: resample_sitk(volume, geometry, cfg.ct_spacing_mm, -1000.0)))
+    t_sep, t_sitk = paired(
+        timed(lambda: resample(volume, geometry, cfg.ct_spacing_mm, -1000.0)),
+        timed(lambda: resample_sitk(volume, geometry, cfg.ct_spacing_mm, -1000.0)),
+    )
     tracemalloc.start()
     run_2d()
     run_ct()
@@ -151,8 +157,11 @@ def _long_series(ct_blobs: list[bytes], n: int = 120, step_mm: float = 1.25) -> 
     from pydicom.uid import generate_uid
 
     base = next(
-        ds for ds in _read(ct_blobs)
-        if ds.get("Modality") == "CT" and image_kind(ds) == "3d_slice" and ds.Rows == ds.Columns == 512
+        ds
+        for ds in _read(ct_blobs)
+        if ds.get("Modality") == "CT"
+        and image_kind(ds) == "3d_slice"
+        and ds.Rows == ds.Columns == 512
         and not ds.file_meta.TransferSyntaxUID.is_compressed
     )
     x, y, z = (float(v) for v in base.ImagePositionPatient)

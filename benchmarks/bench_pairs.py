@@ -51,8 +51,16 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SIZES = (40_000, 80_000, 160_000)
-INSTITUTIONS = ("us-bos-general", "us-nyc-east", "gb-lon-royal", "gb-man-north", "de-ber-charite",
-                "de-muc-sud", "au-mel-central", "au-syd-west")
+INSTITUTIONS = (
+    "us-bos-general",
+    "us-nyc-east",
+    "gb-lon-royal",
+    "gb-man-north",
+    "de-ber-charite",
+    "de-muc-sud",
+    "au-mel-central",
+    "au-syd-west",
+)
 FAMILIES = ("2D-CXR", "3D-CT", "3D-Brain-MRI", "2D-Ultrasound")
 FAMILY_P = (0.55, 0.20, 0.10, 0.15)
 MODALITY = {"2D-CXR": "DX", "3D-CT": "CT", "3D-Brain-MRI": "MR", "2D-Ultrasound": "US"}
@@ -120,15 +128,17 @@ def generate(n_patients: int, seed: int = 20310304) -> dict[str, pl.DataFrame]:
     inst = np.where(rng.random(n) < 0.8, home[pidx], second[pidx])
     family = np.array(FAMILIES)[fam_idx[pidx]]
     study_keys = _hex_keys(rng, n, "s")
-    studies = pl.DataFrame({
-        "study_key": study_keys,
-        "patient_key": np.array(patients)[pidx],
-        "institution": np.array(INSTITUTIONS)[inst],
-        "family": family,
-        "modality": np.vectorize(MODALITY.get)(family),
-        "study_datetime": [T0 + timedelta(days=float(d)) for d in days],
-        "shard": shard[pidx],
-    }).with_columns(pl.col("study_datetime").cast(pl.Datetime("us")), pl.col("shard").cast(pl.Int32))
+    studies = pl.DataFrame(
+        {
+            "study_key": study_keys,
+            "patient_key": np.array(patients)[pidx],
+            "institution": np.array(INSTITUTIONS)[inst],
+            "family": family,
+            "modality": np.vectorize(MODALITY.get)(family),
+            "study_datetime": [T0 + timedelta(days=float(d)) for d in days],
+            "shard": shard[pidx],
+        }
+    ).with_columns(pl.col("study_datetime").cast(pl.Datetime("us")), pl.col("shard").cast(pl.Int32))
 
     # images: CXR views; 3D/US a fixed number of images per study
     cxr = family == "2D-CXR"
@@ -149,8 +159,10 @@ def generate(n_patients: int, seed: int = 20310304) -> dict[str, pl.DataFrame]:
         img_study.append(np.repeat(idx, k))
         img_view.append(np.full(len(idx) * k, None, dtype=object))
     si = np.concatenate(img_study)
-    images = pl.DataFrame({"study_key": np.array(study_keys)[si], "view": np.concatenate(img_view).tolist()},
-                          schema={"study_key": pl.Utf8, "view": pl.Utf8})
+    images = pl.DataFrame(
+        {"study_key": np.array(study_keys)[si], "view": np.concatenate(img_view).tolist()},
+        schema={"study_key": pl.Utf8, "view": pl.Utf8},
+    )
 
     # study labels: every family concept of each reported study
     reported = np.nonzero(rng.random(n) < 0.85)[0]
@@ -158,8 +170,10 @@ def generate(n_patients: int, seed: int = 20310304) -> dict[str, pl.DataFrame]:
     for fi, fam in enumerate(FAMILIES):
         concepts = onto.family_concepts(fam)
         ids = np.array([c.id for c in concepts])
-        anat = np.array([c.anatomy_id if c.anatomy_id else (c.id if c.category == "anatomy" else None)
-                         for c in concepts], dtype=object)
+        anat = np.array(
+            [c.anatomy_id if c.anatomy_id else (c.id if c.category == "anatomy" else None) for c in concepts],
+            dtype=object,
+        )
         rs = reported[fam_idx[pidx[reported]] == fi]
         m = len(rs) * len(ids)
         st_idx = np.repeat(rs, len(ids))
@@ -172,32 +186,69 @@ def generate(n_patients: int, seed: int = 20310304) -> dict[str, pl.DataFrame]:
             edge += p
         change = np.full(m, "none", dtype=object)
         stated = (state == "present") & (within[st_idx] > 0) & (rng.random(m) < 0.3)
-        change[stated] = rng.choice(["new", "increased", "decreased", "unchanged", "improved", "worsened"],
-                                    size=int(stated.sum()))
-        lab_parts.append(pl.DataFrame({
-            "study_key": np.array(study_keys)[st_idx], "patient_key": np.array(patients)[pidx[st_idx]],
-            "family": np.full(m, fam), "entity_id": ids[ent], "state": state.tolist(), "change": change.tolist(),
-            "shard": shard[pidx[st_idx]],
-        }, schema={"study_key": pl.Utf8, "patient_key": pl.Utf8, "family": pl.Utf8, "entity_id": pl.Utf8,
-                   "state": pl.Utf8, "change": pl.Utf8, "shard": pl.Int32}))
+        change[stated] = rng.choice(
+            ["new", "increased", "decreased", "unchanged", "improved", "worsened"], size=int(stated.sum())
+        )
+        lab_parts.append(
+            pl.DataFrame(
+                {
+                    "study_key": np.array(study_keys)[st_idx],
+                    "patient_key": np.array(patients)[pidx[st_idx]],
+                    "family": np.full(m, fam),
+                    "entity_id": ids[ent],
+                    "state": state.tolist(),
+                    "change": change.tolist(),
+                    "shard": shard[pidx[st_idx]],
+                },
+                schema={
+                    "study_key": pl.Utf8,
+                    "patient_key": pl.Utf8,
+                    "family": pl.Utf8,
+                    "entity_id": pl.Utf8,
+                    "state": pl.Utf8,
+                    "change": pl.Utf8,
+                    "shard": pl.Int32,
+                },
+            )
+        )
         mentioned = np.nonzero(state != "not_mentioned")[0]
         k = len(mentioned)
         lat = np.where(rng.random(k) < 0.3, rng.choice(["left", "right", "bilateral"], size=k), None)
-        sev = np.where(rng.random(k) < 0.25, rng.choice(["mild", "moderate", "severe", "small", "large"], size=k),
-                       None)
+        sev = np.where(rng.random(k) < 0.25, rng.choice(["mild", "moderate", "severe", "small", "large"], size=k), None)
         names = np.array([c.preferred_name.lower() for c in concepts], dtype=object)[ent[mentioned]]
         word = np.where(rng.random(k) < 0.2, rng.choice(TYPE_WORDS, size=k), "")
-        text = [" ".join(w for w in (s, t, nm) if w) for s, t, nm in zip(
-            np.where(sev == None, "", sev), word, names, strict=True)]  # noqa: E711
-        men_parts.append(pl.DataFrame({
-            "study_key": np.array(study_keys)[st_idx[mentioned]], "entity_id": ids[ent[mentioned]],
-            "assertion": state[mentioned].tolist(), "temporality": np.full(k, "current"),
-            "section": np.where(rng.random(k) < 0.6, "impression", "findings"),
-            "laterality": lat.tolist(), "severity": sev.tolist(), "anatomy_id": anat[ent[mentioned]].tolist(),
-            "span_start": rng.integers(0, 2000, size=k).astype(np.int32), "text": text,
-        }, schema={"study_key": pl.Utf8, "entity_id": pl.Utf8, "assertion": pl.Utf8, "temporality": pl.Utf8,
-                   "section": pl.Utf8, "laterality": pl.Utf8, "severity": pl.Utf8, "anatomy_id": pl.Utf8,
-                   "span_start": pl.Int32, "text": pl.Utf8}))
+        text = [
+            " ".join(w for w in (s, t, nm) if w)
+            for s, t, nm in zip(np.where(sev == None, "", sev), word, names, strict=True)  # noqa: E711 (elementwise)
+        ]
+        men_parts.append(
+            pl.DataFrame(
+                {
+                    "study_key": np.array(study_keys)[st_idx[mentioned]],
+                    "entity_id": ids[ent[mentioned]],
+                    "assertion": state[mentioned].tolist(),
+                    "temporality": np.full(k, "current"),
+                    "section": np.where(rng.random(k) < 0.6, "impression", "findings"),
+                    "laterality": lat.tolist(),
+                    "severity": sev.tolist(),
+                    "anatomy_id": anat[ent[mentioned]].tolist(),
+                    "span_start": rng.integers(0, 2000, size=k).astype(np.int32),
+                    "text": text,
+                },
+                schema={
+                    "study_key": pl.Utf8,
+                    "entity_id": pl.Utf8,
+                    "assertion": pl.Utf8,
+                    "temporality": pl.Utf8,
+                    "section": pl.Utf8,
+                    "laterality": pl.Utf8,
+                    "severity": pl.Utf8,
+                    "anatomy_id": pl.Utf8,
+                    "span_start": pl.Int32,
+                    "text": pl.Utf8,
+                },
+            )
+        )
     labels = pl.concat(lab_parts)
     mentions = pl.concat(men_parts)
     mentions = mentions.with_columns(mention_id=pl.int_range(pl.len()).cast(pl.Utf8).str.zfill(12))
@@ -234,39 +285,76 @@ def _run_size(n_patients: int, tmp: Path) -> dict:
         start = rss.peak()
         t, c = time.perf_counter(), time.process_time()
         result = fn()
-        steps[name] = {"s": time.perf_counter() - t, "cpu_s": time.process_time() - c, "peak_gib": rss.peak() / 2**30,
-                       "start_gib": start / 2**30}
+        steps[name] = {
+            "s": time.perf_counter() - t,
+            "cpu_s": time.process_time() - c,
+            "peak_gib": rss.peak() / 2**30,
+            "start_gib": start / 2**30,
+        }
         return result
 
     split_cfg = SplitConfig(train=0.8, val=0.1, test=0.1, external_test_institutions=["au-syd-west"])
-    splits = step("splits", lambda: assign_splits(
-        studies.select("patient_key", "institution", "shard").unique(), split_cfg))
+    splits = step(
+        "splits", lambda: assign_splits(studies.select("patient_key", "institution", "shard").unique(), split_cfg)
+    )
     pairs = step("pairs", lambda: build_pairs(studies, labels, images, PairingConfig()))
     templates, onto = load_templates(), load_ontology()
     splits_df = pl.from_arrow(splits)
-    vqa = step("vqa", lambda: build_vqa(pl.from_arrow(pairs), labels, studies, splits_df, VQAConfig(), templates,
-                                        onto, entity_mentions=mentions, images=images))
+    vqa = step(
+        "vqa",
+        lambda: build_vqa(
+            pl.from_arrow(pairs),
+            labels,
+            studies,
+            splits_df,
+            VQAConfig(),
+            templates,
+            onto,
+            entity_mentions=mentions,
+            images=images,
+        ),
+    )
     # as the build does, each stage's output goes to Parquet and is released; the split check reads it back
     vqa_rows = vqa.num_rows
     pq.write_table(vqa, tmp / "vqa-0.parquet")
     del vqa
     similarity = load_similarity()
     # as etl/pipeline/stages.py's retrieval stage: the targets as a polars frame, read by the two-case VQA items
-    targets = step("retrieval", lambda: pl.from_arrow(build_retrieval_targets(labels, mentions, splits_df,
-                                                                              RetrievalConfig(), similarity)))
-    case_vqa = step("case_vqa", lambda: build_case_comparison_vqa(
-        targets, labels, mentions, VQAConfig(), templates, onto, similarity["severity"]["ordinal"]))
+    targets = step(
+        "retrieval",
+        lambda: pl.from_arrow(build_retrieval_targets(labels, mentions, splits_df, RetrievalConfig(), similarity)),
+    )
+    case_vqa = step(
+        "case_vqa",
+        lambda: build_case_comparison_vqa(
+            targets, labels, mentions, VQAConfig(), templates, onto, similarity["severity"]["ordinal"]
+        ),
+    )
     case_rows = case_vqa.num_rows
     pq.write_table(case_vqa, tmp / "vqa-1.parquet")
     del case_vqa
-    step("split_check", lambda: check_split_integrity(splits_df, studies=studies, pairs=pairs,
-                                                      retrieval_targets=targets, vqa=ds.dataset(tmp, format="parquet")))
+    step(
+        "split_check",
+        lambda: check_split_integrity(
+            splits_df, studies=studies, pairs=pairs, retrieval_targets=targets, vqa=ds.dataset(tmp, format="parquet")
+        ),
+    )
     rss.stop()
-    out.update(patients=n_patients, studies=studies.height, images=images.height, study_labels=labels.height,
-               mentions=mentions.height, pairs=pairs.num_rows, vqa=vqa_rows, case_vqa=case_rows,
-               retrieval=targets.height,
-               generate_s=gen_s, steps=steps, total_s=sum(s["s"] for s in steps.values()),
-               peak_gib=max(s["peak_gib"] for s in steps.values()))
+    out.update(
+        patients=n_patients,
+        studies=studies.height,
+        images=images.height,
+        study_labels=labels.height,
+        mentions=mentions.height,
+        pairs=pairs.num_rows,
+        vqa=vqa_rows,
+        case_vqa=case_rows,
+        retrieval=targets.height,
+        generate_s=gen_s,
+        steps=steps,
+        total_s=sum(s["s"] for s in steps.values()),
+        peak_gib=max(s["peak_gib"] for s in steps.values()),
+    )
     return out
 
 
@@ -285,22 +373,29 @@ def main() -> int:
             return 1
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         results[n] = r
-        print(f"patients={n} studies={r['studies']} images={r['images']} study_labels={r['study_labels']} "
-              f"mentions={r['mentions']} -> pairs={r['pairs']} vqa={r['vqa']} case_vqa={r['case_vqa']} "
-              f"retrieval={r['retrieval']} "
-              f"(generate {r['generate_s']:.1f} s)")
+        print(
+            f"patients={n} studies={r['studies']} images={r['images']} study_labels={r['study_labels']} "
+            f"mentions={r['mentions']} -> pairs={r['pairs']} vqa={r['vqa']} case_vqa={r['case_vqa']} "
+            f"retrieval={r['retrieval']} "
+            f"(generate {r['generate_s']:.1f} s)"
+        )
         for name, s in r["steps"].items():
-            print(f"  {name:<12} {s['s']:7.2f} s wall {s['cpu_s']:7.2f} s CPU  RSS {s['start_gib']:.2f} GiB at start, "
-                  f"peak {s['peak_gib']:.2f} GiB")
+            print(
+                f"  {name:<12} {s['s']:7.2f} s wall {s['cpu_s']:7.2f} s CPU  RSS {s['start_gib']:.2f} GiB at start, "
+                f"peak {s['peak_gib']:.2f} GiB"
+            )
         print(f"  {'total':<12} {r['total_s']:7.2f} s  peak RSS {r['peak_gib']:.2f} GiB")
     big, mid = results[SIZES[-1]], results[SIZES[-2]]
     growth = big["total_s"] / mid["total_s"]
     per_step = " ".join(f"{k}_s={v['s']:.2f}" for k, v in big["steps"].items())
     step_growth = " ".join(
-        f"{k}_growth={big['steps'][k]['s'] / max(mid['steps'][k]['s'], 1e-9):.2f}" for k in big["steps"])
-    print(f"BENCH pairs patients={big['patients']} images={big['images']} studies={big['studies']} "
-          f"total_s={big['total_s']:.1f} peak_gib={big['peak_gib']:.2f} growth_80k_to_160k={growth:.2f} "
-          f"{per_step} {step_growth} target_s=120 target_gib=6")
+        f"{k}_growth={big['steps'][k]['s'] / max(mid['steps'][k]['s'], 1e-9):.2f}" for k in big["steps"]
+    )
+    print(
+        f"BENCH pairs patients={big['patients']} images={big['images']} studies={big['studies']} "
+        f"total_s={big['total_s']:.1f} peak_gib={big['peak_gib']:.2f} growth_80k_to_160k={growth:.2f} "
+        f"{per_step} {step_growth} target_s=120 target_gib=6"
+    )
     return 0
 
 

@@ -49,6 +49,7 @@ def _peak_rss() -> int:
 
 # ---- the synthetic root ---------------------------------------------------------------------------------
 
+
 def _tables(lo: int, hi: int, shard: int):
     """Every curated table's rows for images ``lo..hi`` (one shard), as pyarrow tables of the schemas."""
     import datetime as dt
@@ -73,76 +74,208 @@ def _tables(lo: int, hi: int, shard: int):
     k = lambda p, r: [f"{p}{i:09d}" for i in r]  # noqa: E731
     base = dt.datetime(2015, 1, 1, 8, 0)
     when = [base + dt.timedelta(days=(i % 3000), minutes=i % 600) for i in stu]
-    out = {"images": table("images", n_i, {
-        "image_key": k("i", img), "series_key": [f"se{i // 10:09d}" for i in img],
-        "study_key": [f"st{i // 20:09d}" for i in img], "patient_key": [f"p{i // 40:09d}" for i in img],
-        "institution": const(INSTITUTION, n_i), "modality": const("CT", n_i), "view": const("AXIAL", n_i),
-        "kind": const("3d", n_i), "rows": const(512, n_i), "cols": const(512, n_i), "n_slices": const(200, n_i),
-        "spacing_mm": const([0.75, 0.75, 1.5], n_i), "payload_format": const("nifti", n_i),
-        "payload_sha256": [f"{i:064x}" for i in img], "payload_uri": [f"curated/volumes/{i:064x}.nii.gz" for i in img],
-        "payload_bytes": const(30_000_000, n_i), "shape": const([200, 512, 512], n_i), "dtype": const("int16", n_i),
-        "origin_mm": const([0.0, 0.0, 0.0], n_i), "direction": const([1.0, 0, 0, 0, 1, 0, 0, 0, 1], n_i),
-        "recipe": const('{"resample": "linear"}', n_i), "transfer_syntax": const("1.2.840.10008.1.2.1", n_i),
-        "shard": const(shard, n_i)})}
-    out["series"] = table("series", n_se, {
-        "series_key": k("se", ser), "study_key": [f"st{i // 2:09d}" for i in ser],
-        "patient_key": [f"p{i // 4:09d}" for i in ser], "institution": const(INSTITUTION, n_se),
-        "modality": const("CT", n_se), "orientation": const("AXIAL", n_se), "spacing_mm": const([0.75, 0.75, 1.5], n_se),
-        "n_instances": const(200, n_se), "manufacturer": const("BENCH", n_se), "shard": const(shard, n_se)})
-    out["studies"] = table("studies", n_st, {
-        "study_key": k("st", stu), "patient_key": [f"p{i // 2:09d}" for i in stu], "institution": const(INSTITUTION, n_st),
-        "country": const("US", n_st), "modality": const("CT", n_st), "body_part": const("CHEST", n_st),
-        "family": const("3D-CT", n_st), "study_datetime": when, "study_date_shifted": [w.date() for w in when],
-        "n_series": const(2, n_st), "n_images": const(20, n_st), "report_id": k("r", stu), "shard": const(shard, n_st)})
+    out = {
+        "images": table(
+            "images",
+            n_i,
+            {
+                "image_key": k("i", img),
+                "series_key": [f"se{i // 10:09d}" for i in img],
+                "study_key": [f"st{i // 20:09d}" for i in img],
+                "patient_key": [f"p{i // 40:09d}" for i in img],
+                "institution": const(INSTITUTION, n_i),
+                "modality": const("CT", n_i),
+                "view": const("AXIAL", n_i),
+                "kind": const("3d", n_i),
+                "rows": const(512, n_i),
+                "cols": const(512, n_i),
+                "n_slices": const(200, n_i),
+                "spacing_mm": const([0.75, 0.75, 1.5], n_i),
+                "payload_format": const("nifti", n_i),
+                "payload_sha256": [f"{i:064x}" for i in img],
+                "payload_uri": [f"curated/volumes/{i:064x}.nii.gz" for i in img],
+                "payload_bytes": const(30_000_000, n_i),
+                "shape": const([200, 512, 512], n_i),
+                "dtype": const("int16", n_i),
+                "origin_mm": const([0.0, 0.0, 0.0], n_i),
+                "direction": const([1.0, 0, 0, 0, 1, 0, 0, 0, 1], n_i),
+                "recipe": const('{"resample": "linear"}', n_i),
+                "transfer_syntax": const("1.2.840.10008.1.2.1", n_i),
+                "shard": const(shard, n_i),
+            },
+        )
+    }
+    out["series"] = table(
+        "series",
+        n_se,
+        {
+            "series_key": k("se", ser),
+            "study_key": [f"st{i // 2:09d}" for i in ser],
+            "patient_key": [f"p{i // 4:09d}" for i in ser],
+            "institution": const(INSTITUTION, n_se),
+            "modality": const("CT", n_se),
+            "orientation": const("AXIAL", n_se),
+            "spacing_mm": const([0.75, 0.75, 1.5], n_se),
+            "n_instances": const(200, n_se),
+            "manufacturer": const("BENCH", n_se),
+            "shard": const(shard, n_se),
+        },
+    )
+    out["studies"] = table(
+        "studies",
+        n_st,
+        {
+            "study_key": k("st", stu),
+            "patient_key": [f"p{i // 2:09d}" for i in stu],
+            "institution": const(INSTITUTION, n_st),
+            "country": const("US", n_st),
+            "modality": const("CT", n_st),
+            "body_part": const("CHEST", n_st),
+            "family": const("3D-CT", n_st),
+            "study_datetime": when,
+            "study_date_shifted": [w.date() for w in when],
+            "n_series": const(2, n_st),
+            "n_images": const(20, n_st),
+            "report_id": k("r", stu),
+            "shard": const(shard, n_st),
+        },
+    )
     text = "Findings: small nodule in the right upper lobe. Impression: stable."
-    out["reports"] = table("reports", n_st, {
-        "report_id": k("r", stu), "study_key": k("st", stu), "patient_key": [f"p{i // 2:09d}" for i in stu],
-        "institution": const(INSTITUTION, n_st), "language": const("en", n_st), "link_status": const("linked", n_st),
-        "findings": const("small nodule in the right upper lobe", n_st), "impression": const("stable", n_st),
-        "text": const(text, n_st), "redactions": const(0, n_st), "redaction_counts": const("{}", n_st),
-        "report_date_shifted": [w.date() for w in when], "shard": const(shard, n_st)})
+    out["reports"] = table(
+        "reports",
+        n_st,
+        {
+            "report_id": k("r", stu),
+            "study_key": k("st", stu),
+            "patient_key": [f"p{i // 2:09d}" for i in stu],
+            "institution": const(INSTITUTION, n_st),
+            "language": const("en", n_st),
+            "link_status": const("linked", n_st),
+            "findings": const("small nodule in the right upper lobe", n_st),
+            "impression": const("stable", n_st),
+            "text": const(text, n_st),
+            "redactions": const(0, n_st),
+            "redaction_counts": const("{}", n_st),
+            "report_date_shifted": [w.date() for w in when],
+            "shard": const(shard, n_st),
+        },
+    )
     men = range(2 * stu.start, 2 * stu.stop)
-    out["entity_mentions"] = table("entity_mentions", len(men), {
-        "mention_id": k("m", men), "report_id": [f"r{i // 2:09d}" for i in men],
-        "study_key": [f"st{i // 2:09d}" for i in men], "patient_key": [f"p{i // 4:09d}" for i in men],
-        "entity_id": const(_CONCEPT, len(men)), "category": const("finding", len(men)),
-        "span_start": const(10, len(men)), "span_end": const(16, len(men)), "text": const("nodule", len(men)),
-        "assertion": const(_ASSERTION, len(men)), "temporality": const(_TEMPORALITY, len(men)),
-        "change": const(_CHANGE, len(men)), "shard": const(shard, len(men))})
-    out["study_labels"] = table("study_labels", n_st, {
-        "study_key": k("st", stu), "patient_key": [f"p{i // 2:09d}" for i in stu], "family": const("3D-CT", n_st),
-        "entity_id": const(_CONCEPT, n_st), "state": const(_STATE, n_st), "change": const(_CHANGE, n_st),
-        "shard": const(shard, n_st)})
+    out["entity_mentions"] = table(
+        "entity_mentions",
+        len(men),
+        {
+            "mention_id": k("m", men),
+            "report_id": [f"r{i // 2:09d}" for i in men],
+            "study_key": [f"st{i // 2:09d}" for i in men],
+            "patient_key": [f"p{i // 4:09d}" for i in men],
+            "entity_id": const(_CONCEPT, len(men)),
+            "category": const("finding", len(men)),
+            "span_start": const(10, len(men)),
+            "span_end": const(16, len(men)),
+            "text": const("nodule", len(men)),
+            "assertion": const(_ASSERTION, len(men)),
+            "temporality": const(_TEMPORALITY, len(men)),
+            "change": const(_CHANGE, len(men)),
+            "shard": const(shard, len(men)),
+        },
+    )
+    out["study_labels"] = table(
+        "study_labels",
+        n_st,
+        {
+            "study_key": k("st", stu),
+            "patient_key": [f"p{i // 2:09d}" for i in stu],
+            "family": const("3D-CT", n_st),
+            "entity_id": const(_CONCEPT, n_st),
+            "state": const(_STATE, n_st),
+            "change": const(_CHANGE, n_st),
+            "shard": const(shard, n_st),
+        },
+    )
     prs = range(stu.start // 2, stu.stop // 2)  # pair j: studies 2j (prior) and 2j+1 (current) of patient j
-    out["pairs"] = table("pairs", len(prs), {
-        "pair_id": k("pr", prs), "patient_key": k("p", prs), "prior_study_key": [f"st{2 * j:09d}" for j in prs],
-        "current_study_key": [f"st{2 * j + 1:09d}" for j in prs], "family": const("3D-CT", len(prs)),
-        "modality": const("CT", len(prs)), "view": const("AXIAL", len(prs)),
-        "gap_days": [round(((when[2 * j + 1 - stu.start] - when[2 * j - stu.start]).total_seconds()) / 86400)
-                     for j in prs],
-        "change_labels": const([{"entity_id": _CONCEPT, "change": "unchanged", "source": "stated"}], len(prs)),
-        "n_conflicts": const(0, len(prs)), "shard": const(shard, len(prs))})
+    out["pairs"] = table(
+        "pairs",
+        len(prs),
+        {
+            "pair_id": k("pr", prs),
+            "patient_key": k("p", prs),
+            "prior_study_key": [f"st{2 * j:09d}" for j in prs],
+            "current_study_key": [f"st{2 * j + 1:09d}" for j in prs],
+            "family": const("3D-CT", len(prs)),
+            "modality": const("CT", len(prs)),
+            "view": const("AXIAL", len(prs)),
+            "gap_days": [
+                round(((when[2 * j + 1 - stu.start] - when[2 * j - stu.start]).total_seconds()) / 86400) for j in prs
+            ],
+            "change_labels": const([{"entity_id": _CONCEPT, "change": "unchanged", "source": "stated"}], len(prs)),
+            "n_conflicts": const(0, len(prs)),
+            "shard": const(shard, len(prs)),
+        },
+    )
     letters = [chr(ord("A") + j % 4) for j in prs]
     opts = ["yes", "no", "unsure", "not stated"]
-    out["vqa"] = table("vqa", len(prs), {
-        "item_id": k("q", prs), "pair_id": k("pr", prs), "study_key": [f"st{2 * j + 1:09d}" for j in prs],
-        "patient_key": k("p", prs), "question_type": const("change", len(prs)),
-        "answer_format": const("multiple_choice", len(prs)), "question": const("Is the nodule unchanged?", len(prs)),
-        "options": const(opts, len(prs)), "answer": letters, "answer_text": [opts[j % 4] for j in prs],
-        "entity_ids": const([_CONCEPT], len(prs)), "split": const("train", len(prs)), "shard": const(shard, len(prs))})
-    out["splits"] = table("splits", n_p, {"patient_key": k("p", pat), "institution": const(INSTITUTION, n_p),
-                                          "split": const("train", n_p), "shard": const(shard, n_p)})
-    out["retrieval_targets"] = table("retrieval_targets", n_st, {
-        "query_study_key": k("st", stu), "entity_id": const(_CONCEPT, n_st),
-        "candidate_study_key": [f"st{i ^ 1:09d}" for i in stu], "rank": const(1, n_st), "relevance": const(0.5, n_st),
-        "family": const("3D-CT", n_st), "state": const(_STATE, n_st), "query_patient_key": [f"p{i // 2:09d}" for i in stu],
-        "candidate_patient_key": [f"p{(i ^ 1) // 2:09d}" for i in stu], "split": const("train", n_st),
-        "shard": const(shard, n_st)})
-    out["ledger"] = table("ledger", n_i, {
-        "run_id": const(RUN_ID, n_i), "source_uri": [f"sources/{INSTITUTION}/f{i:09d}.dcm" for i in img],
-        "sha256": [f"{i:064x}" for i in img], "bytes": const(525_000, n_i), "institution": const(INSTITUTION, n_i),
-        "kind": const("dicom", n_i), "shard": const(shard, n_i), "status": const("ingested", n_i),
-        "stage": const("normalise", n_i)})
+    out["vqa"] = table(
+        "vqa",
+        len(prs),
+        {
+            "item_id": k("q", prs),
+            "pair_id": k("pr", prs),
+            "study_key": [f"st{2 * j + 1:09d}" for j in prs],
+            "patient_key": k("p", prs),
+            "question_type": const("change", len(prs)),
+            "answer_format": const("multiple_choice", len(prs)),
+            "question": const("Is the nodule unchanged?", len(prs)),
+            "options": const(opts, len(prs)),
+            "answer": letters,
+            "answer_text": [opts[j % 4] for j in prs],
+            "entity_ids": const([_CONCEPT], len(prs)),
+            "split": const("train", len(prs)),
+            "shard": const(shard, len(prs)),
+        },
+    )
+    out["splits"] = table(
+        "splits",
+        n_p,
+        {
+            "patient_key": k("p", pat),
+            "institution": const(INSTITUTION, n_p),
+            "split": const("train", n_p),
+            "shard": const(shard, n_p),
+        },
+    )
+    out["retrieval_targets"] = table(
+        "retrieval_targets",
+        n_st,
+        {
+            "query_study_key": k("st", stu),
+            "entity_id": const(_CONCEPT, n_st),
+            "candidate_study_key": [f"st{i ^ 1:09d}" for i in stu],
+            "rank": const(1, n_st),
+            "relevance": const(0.5, n_st),
+            "family": const("3D-CT", n_st),
+            "state": const(_STATE, n_st),
+            "query_patient_key": [f"p{i // 2:09d}" for i in stu],
+            "candidate_patient_key": [f"p{(i ^ 1) // 2:09d}" for i in stu],
+            "split": const("train", n_st),
+            "shard": const(shard, n_st),
+        },
+    )
+    out["ledger"] = table(
+        "ledger",
+        n_i,
+        {
+            "run_id": const(RUN_ID, n_i),
+            "source_uri": [f"sources/{INSTITUTION}/f{i:09d}.dcm" for i in img],
+            "sha256": [f"{i:064x}" for i in img],
+            "bytes": const(525_000, n_i),
+            "institution": const(INSTITUTION, n_i),
+            "kind": const("dicom", n_i),
+            "shard": const(shard, n_i),
+            "status": const("ingested", n_i),
+            "stage": const("normalise", n_i),
+        },
+    )
     return out
 
 
@@ -184,18 +317,22 @@ def build_root(rows: int, rows_per_shard: int, root: Path) -> Path:
                 st.write_table(zones.curated_modality_partition(name, INSTITUTION, "CT", s), t)
             else:
                 st.write_table(zones.curated_partition(name, s), t)
-        st.write_text(zones.incremental_state("normalise", s), json.dumps(
-            {"result": {"payload_integrity": {"rows": hi - lo, "verified": hi - lo, "mismatches": []}}}))
+        st.write_text(
+            zones.incremental_state("normalise", s),
+            json.dumps({"result": {"payload_integrity": {"rows": hi - lo, "verified": hi - lo, "mismatches": []}}}),
+        )
     ledger = pa.concat_tables(ledgers)
     st.write_table(zones.ledger_file(RUN_ID), ledger)
     run_dir = zones.run_dir(RUN_ID)
     st.write_table(f"{run_dir}/plan.parquet", ledger.select(["sha256"]))
-    st.write_text(f"{run_dir}/ledger_balance.json", json.dumps({"ingested": rows, "quarantined": 0, "duplicate": 0,
-                                                                 "skipped": 0}))
+    st.write_text(
+        f"{run_dir}/ledger_balance.json", json.dumps({"ingested": rows, "quarantined": 0, "duplicate": 0, "skipped": 0})
+    )
     return cfg
 
 
 # ---- the child: the quality task in this process --------------------------------------------------------
+
 
 def _child(cfg: str, out: str) -> None:
     from etl.pipeline.context import BuildContext
@@ -221,8 +358,9 @@ def run_quality(cfg: str, env: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "out.json", Path(tmp) / "err"
         with open(err, "wb") as ferr:
-            proc = subprocess.Popen([sys.executable, __file__, "--child", cfg, str(out)], stdout=subprocess.DEVNULL,
-                                    stderr=ferr, env=env)
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "--child", cfg, str(out)], stdout=subprocess.DEVNULL, stderr=ferr, env=env
+            )
             _, status, usage = os.wait4(proc.pid, 0)
         if os.waitstatus_to_exitcode(status) != 0:
             tail = err.read_text(errors="replace").strip().splitlines()[-8:]
@@ -243,8 +381,11 @@ def main(argv: list[str] | None = None) -> None:
         _child(*a.child)
         return
     sizes = [int(x) for x in a.sizes.split(",")]
-    env = {**os.environ, "MEDRECO_PSEUDONYM_KEY": os.environ.get("MEDRECO_PSEUDONYM_KEY", BENCH_KEY),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "MEDRECO_PSEUDONYM_KEY": os.environ.get("MEDRECO_PSEUDONYM_KEY", BENCH_KEY),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="bench-quality-"))
     load = os.getloadavg()
     try:
@@ -256,19 +397,31 @@ def main(argv: list[str] | None = None) -> None:
             gen_s = time.perf_counter() - t
             f = run_quality(str(cfg), env)
             figs.append(f)
-            print(f"rows={n} shards={max(1, n // a.rows_per_shard)} generate_s={gen_s:.1f} quality_s={f['s']:.1f} "
-                  f"cpu_s={f['cpu_s']:.1f} peak_rss_mib={f['peak_rss'] / 2**20:.0f} checks={f['result']['checks']} "
-                  f"warnings={f['result']['warnings']}", flush=True)
+            print(
+                f"rows={n} shards={max(1, n // a.rows_per_shard)} generate_s={gen_s:.1f} quality_s={f['s']:.1f} "
+                f"cpu_s={f['cpu_s']:.1f} peak_rss_mib={f['peak_rss'] / 2**20:.0f} checks={f['result']['checks']} "
+                f"warnings={f['result']['warnings']}",
+                flush=True,
+            )
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     mib = [f["peak_rss"] / 2**20 for f in figs]
     ratios = [mib[i + 1] / mib[i] for i in range(len(mib) - 1)]
-    print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; floor_rss={floor['peak_rss'] / 2**20:.0f} MiB")
-    print("BENCH quality rows=" + ",".join(map(str, sizes)) + " rss_mib=" + ",".join(f"{m:.0f}" for m in mib)
-          + f" rss_ratio={max(ratios, default=1.0):.3f} s=" + ",".join(f"{f['s']:.1f}" for f in figs)
-          + " s_per_row=" + ",".join(f"{f['s'] / n:.2e}" for f, n in zip(figs, sizes, strict=True))
-          + f" floor_rss_mib={floor['peak_rss'] / 2**20:.0f}")
+    print(
+        f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; floor_rss={floor['peak_rss'] / 2**20:.0f} MiB"
+    )
+    print(
+        "BENCH quality rows="
+        + ",".join(map(str, sizes))
+        + " rss_mib="
+        + ",".join(f"{m:.0f}" for m in mib)
+        + f" rss_ratio={max(ratios, default=1.0):.3f} s="
+        + ",".join(f"{f['s']:.1f}" for f in figs)
+        + " s_per_row="
+        + ",".join(f"{f['s'] / n:.2e}" for f, n in zip(figs, sizes, strict=True))
+        + f" floor_rss_mib={floor['peak_rss'] / 2**20:.0f}"
+    )
 
 
 if __name__ == "__main__":

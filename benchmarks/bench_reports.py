@@ -46,8 +46,10 @@ def openi_texts(path: Path = OPENI) -> list[str]:
 
     with path.open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    return ["\n".join(f"{header}: {row[col].strip()}" for col, header in OPENI_SECTIONS if (row.get(col) or "").strip())
-            for row in rows]
+    return [
+        "\n".join(f"{header}: {row[col].strip()}" for col, header in OPENI_SECTIONS if (row.get(col) or "").strip())
+        for row in rows
+    ]
 
 
 def ours(texts: list[str], extractor, language_id: bool = True) -> tuple[int, dict[str, float]]:
@@ -149,16 +151,25 @@ def main(argv: list[str]) -> int:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(35)
 
     rate, floor_rate, peer_rate = n / t_ours, n / t_floor, n / t_peer
-    print(f"{n} Open-i reports, {FAMILY}, {n_rules} target phrases; CPU seconds: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
-          + f" (ours {t_ours:.2f}), floor {t_floor:.2f}, peer {t_peer:.2f}")
-    print("per-stage reports/s: " + ", ".join(f"{k} {n / v:.0f}" for k, v in stages.items() if v > 0)
-          + f"; mentions: ours {n_mentions}, peer {peer_mentions[0]}")
-    print(f"language identification alone: {n / t_lang:.0f} reports/s; without it (English rules called directly) "
-          f"{n / t_en:.1f} reports/s, ratio to the floor {n / t_en / floor_rate:.3f}")
-    print(f"BENCH reports reports_per_s={rate:.1f} floor_reports_per_s={floor_rate:.1f} "
-          f"peer_reports_per_s={peer_rate:.1f} ratio_vs_peer={rate / peer_rate:.2f} ratio_vs_floor={rate / floor_rate:.3f} "
-          f"ratio_vs_floor_without_language_id={n / t_en / floor_rate:.3f} language_id_reports_per_s={n / t_lang:.0f}")
+    print(
+        f"{n} Open-i reports, {FAMILY}, {n_rules} target phrases; CPU seconds: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
+        + f" (ours {t_ours:.2f}), floor {t_floor:.2f}, peer {t_peer:.2f}"
+    )
+    print(
+        "per-stage reports/s: "
+        + ", ".join(f"{k} {n / v:.0f}" for k, v in stages.items() if v > 0)
+        + f"; mentions: ours {n_mentions}, peer {peer_mentions[0]}"
+    )
+    print(
+        f"language identification alone: {n / t_lang:.0f} reports/s; without it (English rules called directly) "
+        f"{n / t_en:.1f} reports/s, ratio to the floor {n / t_en / floor_rate:.3f}"
+    )
+    print(
+        f"BENCH reports reports_per_s={rate:.1f} floor_reports_per_s={floor_rate:.1f} "
+        f"peer_reports_per_s={peer_rate:.1f} ratio_vs_peer={rate / peer_rate:.2f} ratio_vs_floor={rate / floor_rate:.3f} "
+        f"ratio_vs_floor_without_language_id={n / t_en / floor_rate:.3f} language_id_reports_per_s={n / t_lang:.0f}"
+    )
     return 0
 
 

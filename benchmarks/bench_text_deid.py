@@ -79,8 +79,10 @@ def run(fn: Callable[[str], str], notes) -> tuple[object, float]:
 def table(name: str, results: dict[str, tuple[object, float]]) -> str:
     """Per PHI type recall of each tool, then overall recall, non-PHI lost and reports/s."""
     tools = list(results)
-    kinds = sorted({k for s, _ in results.values() for k in s.per_type},
-                   key=lambda k: -max(s.per_type.get(k, [0, 0])[1] for s, _ in results.values()))
+    kinds = sorted(
+        {k for s, _ in results.values() for k in s.per_type},
+        key=lambda k: -max(s.per_type.get(k, [0, 0])[1] for s, _ in results.values()),
+    )
     lines = [f"{name}", f"{'PHI type':<18} {'spans':>6} " + " ".join(f"{t:>10}" for t in tools)]
     for kind in kinds:
         total = next(s.per_type[kind][1] for s, _ in results.values() if kind in s.per_type)
@@ -88,8 +90,10 @@ def table(name: str, results: dict[str, tuple[object, float]]) -> str:
         lines.append(f"{kind:<18} {total:>6} {cells}")
     first = results[tools[0]][0]
     lines.append(f"{'all (strict)':<18} {first.total:>6} " + " ".join(f"{results[t][0].recall:>10.3f}" for t in tools))
-    lines.append(f"{'non-PHI lost %':<18} {first.non_phi_tokens:>6} "
-                 + " ".join(f"{100 * results[t][0].non_phi_lost_share:>10.2f}" for t in tools))
+    lines.append(
+        f"{'non-PHI lost %':<18} {first.non_phi_tokens:>6} "
+        + " ".join(f"{100 * results[t][0].non_phi_lost_share:>10.2f}" for t in tools)
+    )
     lines.append(f"{'reports/s (CPU)':<18} {first.notes:>6} " + " ".join(f"{results[t][1]:>10.0f}" for t in tools))
     return "\n".join(lines)
 
@@ -110,24 +114,31 @@ def main(argv: list[str] | None = None) -> int:
     dev = [n for n in gold if fold_of(n.id) not in DEFAULT_HELD_OUT]
     generated = generate_notes(args.generated, seed=args.seed)
     tools = {"ours": ours(), "scrubadub": scrubadub_anchor()}
-    sets = {"PhysioNet half, held-out folds 3-4": held, "PhysioNet half, development folds 0-2": dev,
-            f"generated notes (held-out templates, seed {args.seed})": generated}
+    sets = {
+        "PhysioNet half, held-out folds 3-4": held,
+        "PhysioNet half, development folds 0-2": dev,
+        f"generated notes (held-out templates, seed {args.seed})": generated,
+    }
     figures = {}
     for set_name, notes in sets.items():
         results = {tool: run(fn, notes) for tool, fn in tools.items()}
         figures[set_name] = results
         print(table(f"{set_name}: {len(notes)} notes", results), end="\n\n")
-    h, g = figures["PhysioNet half, held-out folds 3-4"], figures[f"generated notes (held-out templates, seed {args.seed})"]
+    h, g = (
+        figures["PhysioNet half, held-out folds 3-4"],
+        figures[f"generated notes (held-out templates, seed {args.seed})"],
+    )
     rate = sum(len(n) for n in sets.values()) / sum(len(n) / figures[k]["ours"][1] for k, n in sets.items())
-    anchor_rate = sum(len(n) for n in sets.values()) / sum(len(n) / figures[k]["scrubadub"][1]
-                                                           for k, n in sets.items())
-    print(f"BENCH text_deid recall_heldout={h['ours'][0].recall:.3f} anchor_recall_heldout={h['scrubadub'][0].recall:.3f} "
-          f"recall_generated={g['ours'][0].recall:.3f} anchor_recall_generated={g['scrubadub'][0].recall:.3f} "
-          f"lost_heldout={100 * h['ours'][0].non_phi_lost_share:.2f}% "
-          f"anchor_lost_heldout={100 * h['scrubadub'][0].non_phi_lost_share:.2f}% "
-          f"lost_generated={100 * g['ours'][0].non_phi_lost_share:.2f}% "
-          f"anchor_lost_generated={100 * g['scrubadub'][0].non_phi_lost_share:.2f}% "
-          f"reports_per_s={rate:.0f} anchor_reports_per_s={anchor_rate:.0f} ratio_speed_vs_anchor={rate / anchor_rate:.2f}")
+    anchor_rate = sum(len(n) for n in sets.values()) / sum(len(n) / figures[k]["scrubadub"][1] for k, n in sets.items())
+    print(
+        f"BENCH text_deid recall_heldout={h['ours'][0].recall:.3f} anchor_recall_heldout={h['scrubadub'][0].recall:.3f} "
+        f"recall_generated={g['ours'][0].recall:.3f} anchor_recall_generated={g['scrubadub'][0].recall:.3f} "
+        f"lost_heldout={100 * h['ours'][0].non_phi_lost_share:.2f}% "
+        f"anchor_lost_heldout={100 * h['scrubadub'][0].non_phi_lost_share:.2f}% "
+        f"lost_generated={100 * g['ours'][0].non_phi_lost_share:.2f}% "
+        f"anchor_lost_generated={100 * g['scrubadub'][0].non_phi_lost_share:.2f}% "
+        f"reports_per_s={rate:.0f} anchor_reports_per_s={anchor_rate:.0f} ratio_speed_vs_anchor={rate / anchor_rate:.2f}"
+    )
     return 0
 
 

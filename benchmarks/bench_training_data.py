@@ -46,13 +46,19 @@ def measure(root: str, mode: str) -> dict:
         loader = torch.utils.data.DataLoader(data, batch_size=16, collate_fn=task.collate)
         n = sum(b["entity"].shape[0] for b in loader)
         payload = None
-    return {"mode": mode, "items": n, "payload_bytes": payload, "s": round(time.perf_counter() - t0, 2),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return {
+        "mode": mode,
+        "items": n,
+        "payload_bytes": payload,
+        "s": round(time.perf_counter() - t0, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
 
 
 def _run(root: str, mode: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--measure", root, mode], capture_output=True, text=True,
-                         cwd=ROOT, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--measure", root, mode], capture_output=True, text=True, cwd=ROOT, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -86,9 +92,11 @@ def main() -> int:
     s1, s2 = res["n"]["stream"]["peak_rss_mb"], res["2n"]["stream"]["peak_rss_mb"]
     t1, t2 = res["n"]["table"]["peak_rss_mb"], res["2n"]["table"]["peak_rss_mb"]
     pay1, pay2 = res["n"]["table"]["payload_bytes"] / 2**20, res["2n"]["table"]["payload_bytes"] / 2**20
-    print(f"BENCH training_data patients={n},{2 * n} payload_mb={pay1:.0f},{pay2:.0f} "
-          f"stream_rss_mb={s1},{s2} stream_growth_mb={s2 - s1:.1f} table_rss_mb={t1},{t2} "
-          f"table_growth_mb={t2 - t1:.1f} growth_ratio_vs_table={(s2 - s1) / max(t2 - t1, 1e-9):.3f}")
+    print(
+        f"BENCH training_data patients={n},{2 * n} payload_mb={pay1:.0f},{pay2:.0f} "
+        f"stream_rss_mb={s1},{s2} stream_growth_mb={s2 - s1:.1f} table_rss_mb={t1},{t2} "
+        f"table_growth_mb={t2 - t1:.1f} growth_ratio_vs_table={(s2 - s1) / max(t2 - t1, 1e-9):.3f}"
+    )
     return 0
 
 

@@ -29,13 +29,21 @@ def tables(n: int) -> dict[str, pa.Table]:
             img["modality"].append("CR")
             img["view"].append("PA" if j == 0 else "LATERAL")
     starts = range(0, n - 1, 2)
-    pairs = {"pair_id": [f"p{s}" for s in starts], "patient_key": [f"pt{s}" for s in starts],
-             "prior_study_key": [f"s{s}" for s in starts], "current_study_key": [f"s{s + 1}" for s in starts],
-             "modality": ["CR"] * len(starts), "view": ["PA"] * len(starts)}
+    pairs = {
+        "pair_id": [f"p{s}" for s in starts],
+        "patient_key": [f"pt{s}" for s in starts],
+        "prior_study_key": [f"s{s}" for s in starts],
+        "current_study_key": [f"s{s + 1}" for s in starts],
+        "modality": ["CR"] * len(starts),
+        "view": ["PA"] * len(starts),
+    }
     n_q = 10 * len(starts)
-    vqa = {"item_id": [f"q{i}" for i in range(n_q)], "pair_id": [pairs["pair_id"][i // 10] for i in range(n_q)],
-           "study_key": [None] * n_q,
-           "study_keys": [[pairs["prior_study_key"][i // 10], pairs["current_study_key"][i // 10]] for i in range(n_q)]}
+    vqa = {
+        "item_id": [f"q{i}" for i in range(n_q)],
+        "pair_id": [pairs["pair_id"][i // 10] for i in range(n_q)],
+        "study_key": [None] * n_q,
+        "study_keys": [[pairs["prior_study_key"][i // 10], pairs["current_study_key"][i // 10]] for i in range(n_q)],
+    }
     return {"images": pa.table(img), "pairs": pa.table(pairs), "vqa": pa.table(vqa)}
 
 
@@ -59,8 +67,10 @@ def main() -> int:
     vec = [timed(build_views, small), timed(build_views, large)]
     items = small["vqa"].num_rows
     print(f"# {n} studies, {small['images'].num_rows} images, {small['pairs'].num_rows} pairs, {items} VQA items")
-    print(f"BENCH views studies={n},{2 * n} vectorised_s={vec[0]:.2f},{vec[1]:.2f} per_row_s={base:.2f} "
-          f"speedup={base / vec[0]:.1f} growth_2n={vec[1] / vec[0]:.2f} vqa_items_per_s={items / vec[0]:.0f}")
+    print(
+        f"BENCH views studies={n},{2 * n} vectorised_s={vec[0]:.2f},{vec[1]:.2f} per_row_s={base:.2f} "
+        f"speedup={base / vec[0]:.1f} growth_2n={vec[1] / vec[0]:.2f} vqa_items_per_s={items / vec[0]:.0f}"
+    )
     return 0
 
 

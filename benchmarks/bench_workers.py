@@ -102,9 +102,17 @@ def _config(archive_dir: Path, root: Path, shard_count: int, max_map_length: int
     data["shard_count"], data["max_map_length"] = shard_count, max_map_length
     data["splits"]["external_test_institutions"] = []
     data["institutions"] = [
-        {"id": d.name, "country": "US", "language": "en", "timezone": "America/New_York",
-         "source_uri": str(d.resolve()), "report_format": "none"}
-        for d in sorted((Path(archive_dir) / "sources").iterdir()) if d.is_dir()]
+        {
+            "id": d.name,
+            "country": "US",
+            "language": "en",
+            "timezone": "America/New_York",
+            "source_uri": str(d.resolve()),
+            "report_format": "none",
+        }
+        for d in sorted((Path(archive_dir) / "sources").iterdir())
+        if d.is_dir()
+    ]
     path = root.parent / f"{root.name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -134,19 +142,27 @@ def stage_timeline(run_id: str, stages: tuple[str, ...] = PIXEL_STAGES) -> dict[
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        rows = session.query(TaskInstance.task_id, TaskInstance.queued_dttm, TaskInstance.start_date,
-                             TaskInstance.end_date).filter(TaskInstance.dag_id == "medreco_build",
-                                                           TaskInstance.run_id == run_id,
-                                                           TaskInstance.task_id.in_(stages)).all()
+        rows = (
+            session.query(
+                TaskInstance.task_id, TaskInstance.queued_dttm, TaskInstance.start_date, TaskInstance.end_date
+            )
+            .filter(
+                TaskInstance.dag_id == "medreco_build", TaskInstance.run_id == run_id, TaskInstance.task_id.in_(stages)
+            )
+            .all()
+        )
     out: dict[str, dict] = {}
     last_end = None
     for stage in stages:
         mine = [(q, a.timestamp(), b.timestamp()) for t, q, a, b in rows if t == stage and a and b]
         starts, ends = [a for _, a, _ in mine], [b for _, _, b in mine]
         waits = [a - q.timestamp() for q, a, _ in mine if q is not None]  # dag.test() queues nothing
-        out[stage] = {"tasks": len(mine), "mean_task_s": round(sum(e - a for _, a, e in mine) / len(mine), 2),
-                      "wait_s": round(sum(waits) / len(waits), 2) if waits else 0.0,
-                      "spread_s": round(max(ends) - min(ends), 2)}
+        out[stage] = {
+            "tasks": len(mine),
+            "mean_task_s": round(sum(e - a for _, a, e in mine) / len(mine), 2),
+            "wait_s": round(sum(waits) / len(waits), 2) if waits else 0.0,
+            "spread_s": round(max(ends) - min(ends), 2),
+        }
         if last_end is not None:
             out[stage]["gap_s"] = round(min(starts) - last_end, 2)
         last_end = max(ends)
@@ -167,8 +183,14 @@ def _db_run_id(summary_run_id: str) -> str:
     raise LookupError(f"no DAG run {summary_run_id}")
 
 
-def speedup(archive_dir: str | Path, workers: int = 2, shard_count: int = 8, max_map_length: int | None = None,
-            work_dir: str | Path | None = None, make_config: Callable[[Path], Path] | None = None) -> dict:
+def speedup(
+    archive_dir: str | Path,
+    workers: int = 2,
+    shard_count: int = 8,
+    max_map_length: int | None = None,
+    work_dir: str | Path | None = None,
+    make_config: Callable[[Path], Path] | None = None,
+) -> dict:
     """Build ``archive_dir`` serially and with ``workers`` LocalExecutor workers; compare the pixel stages.
 
     Parameters
@@ -224,8 +246,11 @@ def speedup(archive_dir: str | Path, workers: int = 2, shard_count: int = 8, max
         for label, n in (("serial", 1), ("workers", workers)):
             root = base / f"root_{label}"
             root.mkdir(parents=True)
-            cfg = (make_config(root) if make_config is not None
-                   else _config(Path(archive_dir), root, shard_count, max_map_length))
+            cfg = (
+                make_config(root)
+                if make_config is not None
+                else _config(Path(archive_dir), root, shard_count, max_map_length)
+            )
             t0 = time.perf_counter()
             summary = run_build(cfg, workers=n)
             out[f"build_s_{label}"] = round(time.perf_counter() - t0, 2)
@@ -246,10 +271,24 @@ def main() -> int:
     workers = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     with tempfile.TemporaryDirectory(prefix="bench_workers_archive_") as tmp:
         archive = write_archive(Path(tmp), patients)
-        r = speedup(archive, workers, max_map_length=int(os.environ.get("BENCH_MAX_MAP_LENGTH", 0)) or None,
-                    work_dir=os.environ.get("BENCH_WORK_DIR") or None)
-    keys = ("speedup_pixel_stages", "process_ceiling", "workers", "pixel_s_serial", "pixel_s_workers", "build_s_serial",
-            "build_s_workers", "files", "load_1m_before", "load_1m_after")
+        r = speedup(
+            archive,
+            workers,
+            max_map_length=int(os.environ.get("BENCH_MAX_MAP_LENGTH", 0)) or None,
+            work_dir=os.environ.get("BENCH_WORK_DIR") or None,
+        )
+    keys = (
+        "speedup_pixel_stages",
+        "process_ceiling",
+        "workers",
+        "pixel_s_serial",
+        "pixel_s_workers",
+        "build_s_serial",
+        "build_s_workers",
+        "files",
+        "load_1m_before",
+        "load_1m_after",
+    )
     for label in ("serial", "workers"):
         for stage, t in r[f"timeline_{label}"].items():
             print(f"  {label:7s} {stage:10s} " + " ".join(f"{k}={v}" for k, v in t.items()))

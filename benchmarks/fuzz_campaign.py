@@ -47,9 +47,13 @@ def main() -> None:
             (src / f"attack-{name}.dcm").write_bytes(getattr(h, name)())
         paths = len(made) + len(ATTACKS)
         t0 = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "medreco.cli", "deid", str(src), str(out)], cwd=ROOT,
-                             env={"MEDRECO_PSEUDONYM_KEY": os.urandom(24).hex(), **os.environ, "PYTHONPATH": str(ROOT)},
-                             capture_output=True, text=True)
+        run = subprocess.run(
+            [sys.executable, "-m", "medreco.cli", "deid", str(src), str(out)],
+            cwd=ROOT,
+            env={"MEDRECO_PSEUDONYM_KEY": os.urandom(24).hex(), **os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+        )
         wall = time.monotonic() - t0
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
         crashed = run.returncode != 0 or "Traceback" in run.stderr
@@ -63,18 +67,25 @@ def main() -> None:
             fold = folded(data)
             shipped += any(w in data or w.lower() in fold for w in wanted)
         reasons = Counter(f"{r['status']}:{r['reason']}" for r in rows)
-        attacks = {r["source_uri"].rsplit("/", 1)[1]: f"{r['status']}:{r['reason']}" for r in rows
-                   if "/attack-" in r["source_uri"]}
-    print(f"{paths} paths ({n} mutants of seed {seed}, {len(ATTACKS)} attacks); exit {run.returncode}; "
-          f"{wall:.0f} s; peak RSS {rss / 2**20:.0f} MiB")
+        attacks = {
+            r["source_uri"].rsplit("/", 1)[1]: f"{r['status']}:{r['reason']}"
+            for r in rows
+            if "/attack-" in r["source_uri"]
+        }
+    print(
+        f"{paths} paths ({n} mutants of seed {seed}, {len(ATTACKS)} attacks); exit {run.returncode}; "
+        f"{wall:.0f} s; peak RSS {rss / 2**20:.0f} MiB"
+    )
     print("ledger:", json.dumps(balance, sort_keys=True))
     print("outcomes:", json.dumps(dict(reasons.most_common()), sort_keys=False))
     print("attacks:", json.dumps(attacks, sort_keys=True))
     if crashed:
         print(run.stderr[-3000:])
-    print(f"BENCH fuzz_campaign paths={paths} rows={len(rows)} crashed={int(crashed)} "
-          f"balanced={int(bool(balance.get('balanced')))} shipped_identifying={shipped} outputs={len(files)} "
-          f"wall_s={wall:.0f} peak_rss_mib={rss / 2**20:.0f}")
+    print(
+        f"BENCH fuzz_campaign paths={paths} rows={len(rows)} crashed={int(crashed)} "
+        f"balanced={int(bool(balance.get('balanced')))} shipped_identifying={shipped} outputs={len(files)} "
+        f"wall_s={wall:.0f} peak_rss_mib={rss / 2**20:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -26,9 +26,12 @@ DEFAULT_ARGS = {"retries": 2, "retry_delay": pendulum.duration(seconds=30)}
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
-    params={"config": Param(default_config_path(), type="string", description="pipeline YAML config"),
-            "build_lock_token": Param("", type="string",
-                                      description="set by `medreco run`: the token of the build lock it holds")},
+    params={
+        "config": Param(default_config_path(), type="string", description="pipeline YAML config"),
+        "build_lock_token": Param(
+            "", type="string", description="set by `medreco run`: the token of the build lock it holds"
+        ),
+    },
     tags=["medreco"],
     doc_md=__doc__,
 )
@@ -40,8 +43,13 @@ def medreco_build():
 
         ctx = task_context()
         token = (get_current_context().get("params") or {}).get("build_lock_token") or None
-        return acquire_for_run(ctx.storage, ctx.run_id, adopt_token=token, endpoint_url=ctx.cfg.storage.s3_endpoint_url,
-                               region=ctx.cfg.storage.s3_region)
+        return acquire_for_run(
+            ctx.storage,
+            ctx.run_id,
+            adopt_token=token,
+            endpoint_url=ctx.cfg.storage.s3_endpoint_url,
+            region=ctx.cfg.storage.s3_region,
+        )
 
     @task(trigger_rule=TriggerRule.ALL_DONE, retries=3)
     def release_lock() -> bool:
@@ -49,8 +57,9 @@ def medreco_build():
         from etl.pipeline.lock import release_for_run
 
         ctx = task_context()
-        return release_for_run(ctx.storage, ctx.run_id, endpoint_url=ctx.cfg.storage.s3_endpoint_url,
-                               region=ctx.cfg.storage.s3_region)
+        return release_for_run(
+            ctx.storage, ctx.run_id, endpoint_url=ctx.cfg.storage.s3_endpoint_url, region=ctx.cfg.storage.s3_region
+        )
 
     @task
     def institutions() -> list[str]:
@@ -140,7 +149,9 @@ def medreco_build():
 
         stamp_release(ctx.storage, result["version"], result["content_hash"])  # the dashboard names the release
         get_current_context()["outlet_events"][SNAPSHOT_ASSET].extra = {
-            "version": result["version"], "content_hash": result["content_hash"], "uri": result["uri"],
+            "version": result["version"],
+            "content_hash": result["content_hash"],
+            "uri": result["uri"],
         }
         return result
 

@@ -31,8 +31,10 @@ def _config() -> str:
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    params={"config": Param(default_config_path(), type="string"),
-            "snapshot": Param(None, type=["null", "string"], description="version when run by hand (default: latest)")},
+    params={
+        "config": Param(default_config_path(), type="string"),
+        "snapshot": Param(None, type=["null", "string"], description="version when run by hand (default: latest)"),
+    },
     tags=["medreco", "training"],
     doc_md=__doc__,
 )

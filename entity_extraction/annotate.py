@@ -27,15 +27,26 @@ from schemas.errors import ReasonCodedError
 from schemas.ontology import FAMILIES, modality_family
 
 #: keys of one output entity, in output order (docs/command-line.md, ``medreco reports annotate``).
-ENTITY_FIELDS = ("text", "entity_id", "category", "section", "assertion", "temporality", "change", "laterality",
-                 "severity", "anatomy_id")
+ENTITY_FIELDS = (
+    "text",
+    "entity_id",
+    "category",
+    "section",
+    "assertion",
+    "temporality",
+    "change",
+    "laterality",
+    "severity",
+    "anatomy_id",
+)
 #: keys of one output line, in output order (``language``: the report's identified language,
 #: :mod:`entity_extraction.languages.annotate`; a withheld report's line adds ``withheld``).
 OUTPUT_FIELDS = ("id", "deidentified_text", "sections", "entities", "family", "deidentification", "language")
 DEFAULT_FAMILY = "2D-CXR"
 #: ``deidentification.header_values`` of every output line: no DICOM header is linked to a JSONL line.
-NO_HEADER_NOTE = ("none available: pattern rules only (no known names or ids); dates redacted, not shifted "
-                  "(no patient date offset)")
+NO_HEADER_NOTE = (
+    "none available: pattern rules only (no known names or ids); dates redacted, not shifted (no patient date offset)"
+)
 
 
 class AnnotateInputError(ReasonCodedError, ValueError):

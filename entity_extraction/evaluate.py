@@ -39,8 +39,12 @@ REPORTS_FILE = "indiana_reports.csv"
 NEGBIO_FILE = "negbio_openi_gold14_labels.csv"
 REPORT_COLUMNS = ("uid", "MeSH", "findings", "impression")
 #: report columns turned into sections, in report order, with the header written before each.
-SECTION_COLUMNS = (("indication", "INDICATION"), ("comparison", "COMPARISON"), ("findings", "FINDINGS"),
-                   ("impression", "IMPRESSION"))
+SECTION_COLUMNS = (
+    ("indication", "INDICATION"),
+    ("comparison", "COMPARISON"),
+    ("findings", "FINDINGS"),
+    ("impression", "IMPRESSION"),
+)
 LABEL_SETS = ("mesh", "negbio")
 
 
@@ -216,8 +220,7 @@ class OpeniReport:
     @property
     def text(self) -> str:
         """The report with section headers, e.g. ``"FINDINGS: ...\\nIMPRESSION: ..."`` (empty sections omitted)."""
-        return "\n".join(f"{header}: {self.sections[col]}" for col, header in SECTION_COLUMNS
-                         if self.sections.get(col))
+        return "\n".join(f"{header}: {self.sections[col]}" for col, header in SECTION_COLUMNS if self.sections.get(col))
 
 
 def load_openi_dir(directory: str | Path) -> list[OpeniReport]:
@@ -331,16 +334,23 @@ def _figures(scores: list[EntityScore]) -> tuple[tuple[float, float, float], tup
     supported = [s for s in scores if s.support]
     if supported:
         n = len(supported)
-        macro = (sum(s.precision for s in supported) / n, sum(s.recall for s in supported) / n,
-                 sum(s.f1 for s in supported) / n)
+        macro = (
+            sum(s.precision for s in supported) / n,
+            sum(s.recall for s in supported) / n,
+            sum(s.f1 for s in supported) / n,
+        )
     else:
         macro = (0.0, 0.0, 0.0)
     return (p, r, f), macro
 
 
-def gold_sets(reports: list[OpeniReport], label_set: str, ontology: Ontology | None = None,
-              mesh_map: MeshMap | None = None, label_map: LabelMap | None = None
-              ) -> tuple[dict[str, set[str]], set[str], Counter, list[str]]:
+def gold_sets(
+    reports: list[OpeniReport],
+    label_set: str,
+    ontology: Ontology | None = None,
+    mesh_map: MeshMap | None = None,
+    label_map: LabelMap | None = None,
+) -> tuple[dict[str, set[str]], set[str], Counter, list[str]]:
     """Gold concept sets per report for one label set.
 
     Parameters
@@ -402,13 +412,20 @@ def gold_sets(reports: list[OpeniReport], label_set: str, ontology: Ontology | N
         empty = sorted(lab for lab in lmap.mapped if lab not in positive)
         kept = {i for lab, ids in lmap.mapped.items() if lab in positive for i in ids}
         universe &= kept
-        notes = [f"labels without a positive report here (not annotated, not scored): {', '.join(empty)}"] if empty else []
+        notes = (
+            [f"labels without a positive report here (not annotated, not scored): {', '.join(empty)}"] if empty else []
+        )
         return gold, universe, unknown, notes
     raise EvaluationDataError("unknown_label_set", f"label set {label_set!r} not in {LABEL_SETS}")
 
 
-def predicted_sets(reports: list[OpeniReport], family: str = "2D-CXR", extractor=None,
-                   ontology: Ontology | None = None, states: tuple[str, ...] = ("present",)) -> dict[str, set[str]]:
+def predicted_sets(
+    reports: list[OpeniReport],
+    family: str = "2D-CXR",
+    extractor=None,
+    ontology: Ontology | None = None,
+    states: tuple[str, ...] = ("present",),
+) -> dict[str, set[str]]:
     """Concepts extraction marks present per report (``study_labels`` state ``present``).
 
     Parameters
@@ -436,9 +453,17 @@ def predicted_sets(reports: list[OpeniReport], family: str = "2D-CXR", extractor
     return out
 
 
-def score(gold: dict[str, set[str]], predicted: dict[str, set[str]], universe: set[str], family: str,
-          label_set: str, ontology: Ontology | None = None, n_reports: int | None = None,
-          unknown: Counter | None = None, notes: list[str] | None = None) -> EvalResult:
+def score(
+    gold: dict[str, set[str]],
+    predicted: dict[str, set[str]],
+    universe: set[str],
+    family: str,
+    label_set: str,
+    ontology: Ontology | None = None,
+    n_reports: int | None = None,
+    unknown: Counter | None = None,
+    notes: list[str] | None = None,
+) -> EvalResult:
     """Per-entity and pooled figures from gold and predicted sets.
 
     Parameters
@@ -484,13 +509,28 @@ def score(gold: dict[str, set[str]], predicted: dict[str, set[str]], universe: s
                 errors.append((uid, i, "FN"))
     micro, macro = _figures(list(per.values()))
     n = len(gold) if n_reports is None else n_reports
-    return EvalResult(label_set=label_set, family=family, n_reports=n, n_excluded=n - len(gold), per_entity=per,
-                      micro=micro, macro=macro, errors=errors, out_of_family=dict(oof.most_common()),
-                      unknown_terms=dict(unknown or {}), notes=list(notes or ()))
+    return EvalResult(
+        label_set=label_set,
+        family=family,
+        n_reports=n,
+        n_excluded=n - len(gold),
+        per_entity=per,
+        micro=micro,
+        macro=macro,
+        errors=errors,
+        out_of_family=dict(oof.most_common()),
+        unknown_terms=dict(unknown or {}),
+        notes=list(notes or ()),
+    )
 
 
-def evaluate(directory: str | Path, label_sets: tuple[str, ...] = LABEL_SETS, family: str | None = None,
-             extractor=None, ontology: Ontology | None = None) -> dict[str, EvalResult]:
+def evaluate(
+    directory: str | Path,
+    label_sets: tuple[str, ...] = LABEL_SETS,
+    family: str | None = None,
+    extractor=None,
+    ontology: Ontology | None = None,
+) -> dict[str, EvalResult]:
     """Score extraction on an Open-i-layout directory.
 
     Parameters
@@ -522,16 +562,23 @@ def evaluate(directory: str | Path, label_sets: tuple[str, ...] = LABEL_SETS, fa
     golds = {ls: gold_sets(reports, ls, onto) for ls in label_sets}
     fam = family or load_mesh_map(ontology=onto).family
     predicted = predicted_sets(reports, fam, extractor, onto)
-    results = {ls: score(g, predicted, universe, fam, ls, onto, len(reports), unknown, notes)
-               for ls, (g, universe, unknown, notes) in golds.items()}
+    results = {
+        ls: score(g, predicted, universe, fam, ls, onto, len(reports), unknown, notes)
+        for ls, (g, universe, unknown, notes) in golds.items()
+    }
     if "negbio" in results:
         results["negbio"].notes.append(negbio_ceiling_note(reports, golds["negbio"], fam, onto))
     return results
 
 
-def evaluate_by_fold(directory: str | Path, label_sets: tuple[str, ...], plan, extractor=None,
-                     ontology: Ontology | None = None,
-                     states: tuple[str, ...] = ("present",)) -> dict[str, dict[str, EvalResult]]:
+def evaluate_by_fold(
+    directory: str | Path,
+    label_sets: tuple[str, ...],
+    plan,
+    extractor=None,
+    ontology: Ontology | None = None,
+    states: tuple[str, ...] = ("present",),
+) -> dict[str, dict[str, EvalResult]]:
     """:func:`evaluate` on all reports and on each part of a fold plan (k-fold discipline, :mod:`entity_extraction.folds`).
 
     Parameters
@@ -580,8 +627,10 @@ def negbio_ceiling_note(reports: list[OpeniReport], negbio_gold: tuple, family: 
     mesh_gold = gold_sets(reports, "mesh", ontology)[0]
     bound = score(gold, mesh_gold, universe, family, "negbio", ontology)
     (p, r, f), (_, _, af) = bound.micro, bound.macro
-    return (f"ceiling (NLM MeSH gold scored as the prediction; NegBio labels are narrower MeSH heads than the concepts): "
-            f"micro precision {p:.3f}, recall {r:.3f}, F1 {f:.3f}; macro F1 {af:.3f}")
+    return (
+        f"ceiling (NLM MeSH gold scored as the prediction; NegBio labels are narrower MeSH heads than the concepts): "
+        f"micro precision {p:.3f}, recall {r:.3f}, F1 {f:.3f}; macro F1 {af:.3f}"
+    )
 
 
 _TITLES = {"mesh": "Open-i MeSH (NLM)", "negbio": "NegBio ChestX-ray14 gold"}
@@ -598,19 +647,25 @@ def render_table(result: EvalResult, ontology: Ontology | None = None) -> str:
         ``micro P=... R=... F1=... | macro P=... R=... F1=...`` (three decimals).
     """
     onto = ontology or load_ontology()
-    lines = [f"{_TITLES.get(result.label_set, result.label_set)}: {result.n_reports - result.n_excluded} reports "
-             f"scored ({result.n_excluded} without labels left out), family {result.family}, present findings",
-             f"{'entity':<7} {'name':<38} {'TP':>5} {'FP':>5} {'FN':>5} {'P':>6} {'R':>6} {'F1':>6}"]
+    lines = [
+        f"{_TITLES.get(result.label_set, result.label_set)}: {result.n_reports - result.n_excluded} reports "
+        f"scored ({result.n_excluded} without labels left out), family {result.family}, present findings",
+        f"{'entity':<7} {'name':<38} {'TP':>5} {'FP':>5} {'FN':>5} {'P':>6} {'R':>6} {'F1':>6}",
+    ]
     for s in sorted(result.per_entity.values(), key=lambda s: (-s.support, -s.fp, s.entity_id)):
-        lines.append(f"{s.entity_id:<7} {s.name[:38]:<38} {s.tp:>5} {s.fp:>5} {s.fn:>5} "
-                     f"{s.precision:>6.3f} {s.recall:>6.3f} {s.f1:>6.3f}")
+        lines.append(
+            f"{s.entity_id:<7} {s.name[:38]:<38} {s.tp:>5} {s.fp:>5} {s.fn:>5} "
+            f"{s.precision:>6.3f} {s.recall:>6.3f} {s.f1:>6.3f}"
+        )
     if result.out_of_family:
         parts = ", ".join(f"{i} {onto.concepts[i].preferred_name} {n}" for i, n in result.out_of_family.items())
         lines.append(f"not scored, gold outside {result.family}: {parts}")
     lines.extend(result.notes)
     if result.unknown_terms:
-        lines.append("MeSH heads not in the map (no concept assumed): "
-                     + ", ".join(f"{k} {v}" for k, v in result.unknown_terms.items()))
+        lines.append(
+            "MeSH heads not in the map (no concept assumed): "
+            + ", ".join(f"{k} {v}" for k, v in result.unknown_terms.items())
+        )
     (mp, mr, mf), (ap, ar, af) = result.micro, result.macro
     lines.append(f"micro P={mp:.3f} R={mr:.3f} F1={mf:.3f} | macro P={ap:.3f} R={ar:.3f} F1={af:.3f}")
     return "\n".join(lines)

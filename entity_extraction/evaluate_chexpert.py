@@ -23,8 +23,15 @@ from entity_extraction.evaluate_outside import BinaryScore
 from schemas.ontology import Ontology, load_ontology
 
 CHEXPERT_MAP_FILE = Path(__file__).with_name("chexpert14_map.yaml")
-_CLASSES = {"1.0": "positive", "1": "positive", "0.0": "negative", "0": "negative", "-1.0": "uncertain",
-            "-1": "uncertain", "": "blank"}
+_CLASSES = {
+    "1.0": "positive",
+    "1": "positive",
+    "0.0": "negative",
+    "0": "negative",
+    "-1.0": "uncertain",
+    "-1": "uncertain",
+    "": "blank",
+}
 _FROM_STATE = {"present": "positive", "uncertain": "uncertain", "absent": "negative", "not_mentioned": "blank"}
 _RANK = {"positive": 3, "uncertain": 2, "negative": 1, "blank": 0}
 FIGURES = ("mention", "negation", "uncertain", "positive")
@@ -79,8 +86,9 @@ class ChexpertResult:
     wrong: list[tuple[int, str, str, str]] = field(default_factory=list)
 
 
-def evaluate_chexpert(reports: list[LabelledReport], extractor=None, ontology: Ontology | None = None,
-                      label_map: LabelMap | None = None) -> ChexpertResult:
+def evaluate_chexpert(
+    reports: list[LabelledReport], extractor=None, ontology: Ontology | None = None, label_map: LabelMap | None = None
+) -> ChexpertResult:
     """Score study labels against CheXpert observation labels (module docstring)."""
     from entity_extraction.extract import EntityExtractor, study_labels
 

@@ -117,10 +117,16 @@ def load_negex_kit(path: str | Path) -> list[NegexItem]:
         neg = row[cols["negation"]].strip().lower()
         if neg not in ("affirmed", "negated"):
             raise EvaluationDataError("missing_columns", f"{path.name}: negation value {neg!r} not affirmed/negated")
-        out.append(NegexItem(report=row[0].strip(), target=row[cols["target"]].strip(),
-                             sentence=row[cols["sentence"]].strip(), negated=neg == "negated",
-                             temporality=_optional(row, cols.get("temporality")),
-                             experiencer=_optional(row, cols.get("experiencer"))))
+        out.append(
+            NegexItem(
+                report=row[0].strip(),
+                target=row[cols["target"]].strip(),
+                sentence=row[cols["sentence"]].strip(),
+                negated=neg == "negated",
+                temporality=_optional(row, cols.get("temporality")),
+                experiencer=_optional(row, cols.get("experiencer")),
+            )
+        )
     return out
 
 
@@ -175,8 +181,9 @@ _TEMPORALITY = {"recent": "current", "historical": "historical", "hypothetical":
 
 
 def _concept_phrase_regex(ontology: Ontology, language: str = "en") -> re.Pattern[str]:
-    phrases = {_norm(s) for c in ontology.concepts.values() if c.category != "anatomy"
-               for s in c.synonyms.get(language, ())}
+    phrases = {
+        _norm(s) for c in ontology.concepts.values() if c.category != "anatomy" for s in c.synonyms.get(language, ())
+    }
     alternation = "|".join(re.escape(p) for p in sorted(phrases, key=len, reverse=True) if len(p) > 2)
     return re.compile(rf"(?<![\w-])(?:{alternation})s?(?![\w-])", re.IGNORECASE)
 
@@ -216,8 +223,10 @@ def render_negex(result: NegexResult, name: str = "NegEx kit") -> str:
         p, r, f = s.prf
         lines.append(f"negation {label}: n={s.n} TP={s.tp} FP={s.fp} FN={s.fn} P={p:.3f} R={r:.3f} F1={f:.3f}")
     if result.temporality_total:
-        lines.append(f"temporality accuracy: {result.temporality_right / result.temporality_total:.3f} "
-                     f"({result.temporality_right} of {result.temporality_total})")
+        lines.append(
+            f"temporality accuracy: {result.temporality_right / result.temporality_total:.3f} "
+            f"({result.temporality_right} of {result.temporality_total})"
+        )
     return "\n".join(lines)
 
 
@@ -285,7 +294,9 @@ def load_ct_extractions(directory: str | Path) -> list[CtReport]:
                 rec = json.loads(line)
                 raw.append((str(rec["id"]), rec["report_text"], rec.get("findings") or []))
     else:
-        files = sorted((root / CT_MARKDOWN).glob("*.md")) if (root / CT_MARKDOWN).is_dir() else sorted(root.glob("*.md"))
+        files = (
+            sorted((root / CT_MARKDOWN).glob("*.md")) if (root / CT_MARKDOWN).is_dir() else sorted(root.glob("*.md"))
+        )
         for f in files:
             report, findings = parse_ct_markdown(f.read_text(encoding="utf-8"))
             if report:
@@ -355,8 +366,9 @@ class CtResult:
     wrong: list[tuple[str, str, bool, str]] = field(default_factory=list)
 
 
-def evaluate_ct(reports: list[CtReport], extractor=None, ontology: Ontology | None = None,
-                ct_map: LabelMap | None = None) -> CtResult:
+def evaluate_ct(
+    reports: list[CtReport], extractor=None, ontology: Ontology | None = None, ct_map: LabelMap | None = None
+) -> CtResult:
     """Score extraction on CT extraction reports (see the module docstring)."""
     from entity_extraction.extract import EntityExtractor, study_labels
 
@@ -416,13 +428,15 @@ def render_ct(result: CtResult, ontology: Ontology | None = None) -> str:
     def frac(a: int, b: int) -> str:
         return f"{a / b:.3f}" if b else "n/a"
 
-    lines = [f"CT extractions: {result.n_reports} reports, family {result.family}, gold findings with a stated presence",
-             f"gold present/absent findings naming a {result.family} concept found: {result.found} of {result.items} "
-             f"({frac(result.found, result.items)})",
-             f"mention assertion accuracy (found findings): {frac(result.mention_right, result.found)} "
-             f"({result.mention_right} of {result.found})",
-             f"study-level assertion accuracy (report-concept pairs found): {frac(result.pairs_right, result.pairs_found)} "
-             f"({result.pairs_right} of {result.pairs_found}; {result.pairs} pairs)"]
+    lines = [
+        f"CT extractions: {result.n_reports} reports, family {result.family}, gold findings with a stated presence",
+        f"gold present/absent findings naming a {result.family} concept found: {result.found} of {result.items} "
+        f"({frac(result.found, result.items)})",
+        f"mention assertion accuracy (found findings): {frac(result.mention_right, result.found)} "
+        f"({result.mention_right} of {result.found})",
+        f"study-level assertion accuracy (report-concept pairs found): {frac(result.pairs_right, result.pairs_found)} "
+        f"({result.pairs_right} of {result.pairs_found}; {result.pairs} pairs)",
+    ]
     if result.out_of_family:
         parts = ", ".join(f"{i} {onto.concepts[i].preferred_name} {n}" for i, n in result.out_of_family.most_common())
         lines.append(f"not scored, concept outside {result.family}: {parts}")

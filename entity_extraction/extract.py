@@ -175,13 +175,17 @@ def _set_ents(doc: Doc, spans: list[Span]) -> None:
     taken = bytearray(len(doc))
     kept = list(doc.ents)
     for ent in kept:
-        taken[ent.start:ent.end] = b"\x01" * (ent.end - ent.start)
+        taken[ent.start : ent.end] = b"\x01" * (ent.end - ent.start)
     for span in spans:
-        if any(taken[span.start:span.end]):
-            warnings.warn(f'The result ""{span}"" conflicts with a pre-existing entity in doc.ents. This result has '
-                          "been skipped.", RuntimeWarning, stacklevel=2)
+        if any(taken[span.start : span.end]):
+            warnings.warn(
+                f'The result ""{span}"" conflicts with a pre-existing entity in doc.ents. This result has '
+                "been skipped.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             continue
-        taken[span.start:span.end] = b"\x01" * (span.end - span.start)
+        taken[span.start : span.end] = b"\x01" * (span.end - span.start)
         kept.append(span)
     doc.ents = kept
 
@@ -231,8 +235,10 @@ def _same_term(term: str) -> set[str]:
 def _phrase_regex(phrases: Iterable[str], variants_of=_plural_variants) -> re.Pattern[str]:
     """Case-insensitive whole-word alternation of the phrases and their ``variants_of`` (plural/singular)."""
     variants = {v for p in phrases for v in variants_of(" ".join(p.lower().split()))}
-    return re.compile(r"(?<![\w-])(?:" + "|".join(re.escape(v) for v in sorted(variants, key=len, reverse=True))
-                      + r")(?![\w-])", re.IGNORECASE)
+    return re.compile(
+        r"(?<![\w-])(?:" + "|".join(re.escape(v) for v in sorted(variants, key=len, reverse=True)) + r")(?![\w-])",
+        re.IGNORECASE,
+    )
 
 
 @dataclass(frozen=True)
@@ -270,9 +276,12 @@ def _load_lexical_variants(path: Path | None) -> _LexicalVariants:
         spelling = {}
         for a, b in data.get("spelling", ()):
             spelling[a.lower()], spelling[b.lower()] = b.lower(), a.lower()
-        return _LexicalVariants(frozenset(data.get("families", ())), spelling,
-                                tuple((a.lower(), b.lower()) for a, b in data.get("hyphenation", ())),
-                                {cid: tuple(e["variants"]) for cid, e in data.get("concepts", {}).items()})
+        return _LexicalVariants(
+            frozenset(data.get("families", ())),
+            spelling,
+            tuple((a.lower(), b.lower()) for a, b in data.get("hyphenation", ())),
+            {cid: tuple(e["variants"]) for cid, e in data.get("concepts", {}).items()},
+        )
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise ExtractorConfigError("invalid_lexical_variants", f"{path.name}: {exc}") from exc
 
@@ -282,14 +291,20 @@ def _load_descriptor_rules(path: Path | None, variants_of=_plural_variants) -> _
         return _DescriptorRules(0, frozenset(), (), {})
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        compose = tuple((r["concept"], tuple(r["anatomy"]), tuple(r["descriptors"]), bool(r.get("normal", False)))
-                        for r in data.get("compose", ()))
+        compose = tuple(
+            (r["concept"], tuple(r["anatomy"]), tuple(r["descriptors"]), bool(r.get("normal", False)))
+            for r in data.get("compose", ())
+        )
         refine: dict[str, list] = {}
         for r in data.get("refine", ()):
             for src in r["from"]:
                 refine.setdefault(src, []).append((r["concept"], _phrase_regex(r["descriptors"], variants_of)))
-        return _DescriptorRules(int(data["max_distance"]), frozenset(t.lower() for t in data.get("clause_breaks", ())),
-                                compose, {k: tuple(v) for k, v in refine.items()})
+        return _DescriptorRules(
+            int(data["max_distance"]),
+            frozenset(t.lower() for t in data.get("clause_breaks", ())),
+            compose,
+            {k: tuple(v) for k, v in refine.items()},
+        )
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise ExtractorConfigError("invalid_descriptor_rules", f"{path.name}: {exc}") from exc
 
@@ -338,18 +353,24 @@ class EntityExtractor:
         file). Descriptor rules naming concepts the ontology lacks are ignored.
     """
 
-    def __init__(self, ontology: Ontology | None = None, language: str = "en",
-                 context_rules_path: str | Path | None = None,
-                 descriptor_rules_path: str | Path | None = None, section_rules_path: str | Path | None = None,
-                 search_path: str | Path | list | tuple | None = None) -> None:
+    def __init__(
+        self,
+        ontology: Ontology | None = None,
+        language: str = "en",
+        context_rules_path: str | Path | None = None,
+        descriptor_rules_path: str | Path | None = None,
+        section_rules_path: str | Path | None = None,
+        search_path: str | Path | list | tuple | None = None,
+    ) -> None:
         dirs = language_search_path(search_path, packaged=RULES_DIR)
         try:
             context_rules_path = context_rules_path or find_language_file("context_rules", language, dirs)
         except OntologyError as exc:
             raise ExtractorConfigError("unsupported_language", str(exc)) from None
         if context_rules_path is None:
-            raise ExtractorConfigError("unsupported_language", f"no context_rules_{language}.json in "
-                                       + ", ".join(map(str, dirs)))
+            raise ExtractorConfigError(
+                "unsupported_language", f"no context_rules_{language}.json in " + ", ".join(map(str, dirs))
+            )
         self.ontology = ontology or load_ontology(search_path=search_path)
         self.language = language
         if not any(c.synonyms.get(language) for c in self.ontology.concepts.values()):
@@ -376,15 +397,21 @@ class EntityExtractor:
         self._nlp = nlp
         self._variants = _plural_variants if language == "en" else _same_term
         descriptor_rules_path = descriptor_rules_path or find_language_file("descriptor_rules", language, dirs)
-        self._descriptors = _load_descriptor_rules(Path(descriptor_rules_path) if descriptor_rules_path else None,
-                                                   self._variants)
+        self._descriptors = _load_descriptor_rules(
+            Path(descriptor_rules_path) if descriptor_rules_path else None, self._variants
+        )
         # rules naming concepts this ontology lacks (a custom vocabulary) are left out
-        refine = {src: tuple(o for o in opts if o[0] in self.ontology.concepts)
-                  for src, opts in self._descriptors.refine.items() if src in self.ontology.concepts}
+        refine = {
+            src: tuple(o for o in opts if o[0] in self.ontology.concepts)
+            for src, opts in self._descriptors.refine.items()
+            if src in self.ontology.concepts
+        }
         self._descriptors = _DescriptorRules(
-            self._descriptors.max_distance, self._descriptors.clause_breaks,
+            self._descriptors.max_distance,
+            self._descriptors.clause_breaks,
             tuple(r for r in self._descriptors.compose if r[0] in self.ontology.concepts),
-            {k: v for k, v in refine.items() if v})
+            {k: v for k, v in refine.items() if v},
+        )
         self._lexical = _load_lexical_variants(find_language_file("lexical_variants", language, dirs))
         self._families = {f: self._build_family(nlp, f) for f in FAMILIES if f in self.ontology.families}
         self._abbreviations = AbbreviationDetector(nlp)
@@ -392,7 +419,8 @@ class EntityExtractor:
         anatomy = [c for c in self.ontology.concepts.values() if c.category == "anatomy"]
         self._anatomy_re = {
             c.id: re.compile(
-                r"\b(?:" + "|".join(re.escape(s) for s in sorted(c.synonyms.get(language, ()), key=len, reverse=True))
+                r"\b(?:"
+                + "|".join(re.escape(s) for s in sorted(c.synonyms.get(language, ()), key=len, reverse=True))
                 + r")\b",
                 re.IGNORECASE,
             )
@@ -424,8 +452,9 @@ class EntityExtractor:
             for term, ids in sorted(surface.items())
         ] + [TargetRule(literal=term, category=_DESCRIPTOR, metadata={"descriptor": term}) for term in sorted(compose)]
         matcher.add(rules)
-        return _FamilyIndex(matcher, {t: tuple(i) for t, i in surface.items()},
-                            {t: tuple(v) for t, v in compose.items()})
+        return _FamilyIndex(
+            matcher, {t: tuple(i) for t, i in surface.items()}, {t: tuple(v) for t, v in compose.items()}
+        )
 
     @staticmethod
     def _build_context(nlp: Language, path: Path) -> ConText:
@@ -457,8 +486,14 @@ class EntityExtractor:
                 variants.append(literals[1:])
         except (OSError, KeyError, TypeError, ValueError) as exc:
             raise ExtractorConfigError("invalid_context_rules", f"{path.name}: {exc}") from exc
-        context = SentenceScopedConText(nlp, name="medreco_context", rules=None, span_attrs=None,
-                                        prune_on_modifier_overlap=True, prune_on_target_overlap=False)
+        context = SentenceScopedConText(
+            nlp,
+            name="medreco_context",
+            rules=None,
+            span_attrs=None,
+            prune_on_modifier_overlap=True,
+            prune_on_target_overlap=False,
+        )
         context.add(rules)
         # The variants join their rule's PhraseMatcher key (the rule id medspaCy gave it), so one data rule stays one
         # ConText rule and the ids of all other rules, hence the order of equal-span matches, do not move.
@@ -498,8 +533,9 @@ class EntityExtractor:
             end += 1
         return doc[start:end]
 
-    def _compose_id(self, ent: Span, sent: Span, options: tuple[tuple[str, re.Pattern[str], bool], ...]
-                    ) -> tuple[str, bool] | None:
+    def _compose_id(
+        self, ent: Span, sent: Span, options: tuple[tuple[str, re.Pattern[str], bool], ...]
+    ) -> tuple[str, bool] | None:
         """Concept of a descriptor mention (the rule whose anatomy phrase is nearest in the clause window, the
         longer phrase at equal distance) and whether the rule is a normal statement."""
         window = self._clause_window(ent, sent)
@@ -542,23 +578,22 @@ class EntityExtractor:
             return targets
         taken = bytearray(len(doc))
         for t in targets:
-            taken[t.start:t.end] = b"\x01" * (t.end - t.start)
+            taken[t.start : t.end] = b"\x01" * (t.end - t.start)
         added: list[Span] = []
         for short in found:
             long = short._.long_form
-            inside = [t for t in targets
-                      if long.start <= t.start and t.end <= long.end and t.label_ != _DESCRIPTOR]
+            inside = [t for t in targets if long.start <= t.start and t.end <= long.end and t.label_ != _DESCRIPTOR]
             if not inside:
                 continue
             source = max(inside, key=lambda t: (t.end - t.start, t.start))
             # the definition itself: only an opening parenthesis (and the head of the parenthesised long
             # form) between the two forms
-            between = [t.text for t in doc[min(short.end, long.end):max(short.start, long.start)]]
-            if ("(" in between and ")" not in between) or any(taken[short.start:short.end]):
+            between = [t.text for t in doc[min(short.end, long.end) : max(short.start, long.start)]]
+            if ("(" in between and ")" not in between) or any(taken[short.start : short.end]):
                 continue
             span = Span(doc, short.start, short.end, label=source.label_)
             span._.target_rule = source._.target_rule
-            taken[short.start:short.end] = b"\x01" * (short.end - short.start)
+            taken[short.start : short.end] = b"\x01" * (short.end - short.start)
             added.append(span)
         return sorted(targets + added, key=lambda t: t.start) if added else targets
 
@@ -599,9 +634,15 @@ class EntityExtractor:
             temporality = "current"
         return by_cat, assertion, temporality
 
-    def _mention(self, ent: Span, sents: _Sentences, spans: list[tuple[str, int, int]],
-                 bodies: list[tuple[str, int, int]], index: _FamilyIndex,
-                 past: list[tuple[int, int]] | None = None) -> dict | None:
+    def _mention(
+        self,
+        ent: Span,
+        sents: _Sentences,
+        spans: list[tuple[str, int, int]],
+        bodies: list[tuple[str, int, int]],
+        index: _FamilyIndex,
+        past: list[tuple[int, int]] | None = None,
+    ) -> dict | None:
         """One mention dict (None for a descriptor without anatomy); ``spans``/``bodies``: section spans
         with/without their headers; ``past``: bodies under historical headers (PAST MEDICAL HISTORY)."""
         sent = sents.of(ent)
@@ -661,7 +702,7 @@ class EntityExtractor:
         for _, body_start, _ in spans:
             if start < body_start <= ent.start_char:
                 start = body_start
-        return text[start:sent.end_char].strip()
+        return text[start : sent.end_char].strip()
 
     def _run(self, doc: Doc, family: str) -> list[dict]:
         index = self._family(family)

@@ -72,8 +72,9 @@ def load_fold_plans(path: str | Path | None = None) -> dict[str, FoldPlan]:
         for name, spec in data["sets"].items():
             k, tuned = int(spec["k"]), frozenset(int(f) for f in spec["tuned"])
             if k < 2 or not tuned or not tuned < frozenset(range(k)):
-                raise FoldsError(f"{path.name}: set {name}: tuned folds {sorted(tuned)} must be a proper subset of "
-                                 f"0..{k - 1}")
+                raise FoldsError(
+                    f"{path.name}: set {name}: tuned folds {sorted(tuned)} must be a proper subset of 0..{k - 1}"
+                )
             plans[name] = FoldPlan(name, k, tuned)
     except FoldsError:
         raise
@@ -82,8 +83,7 @@ def load_fold_plans(path: str | Path | None = None) -> dict[str, FoldPlan]:
     return plans
 
 
-def render_fold_line(plan: FoldPlan, figure: str, values: Mapping[str, float | None],
-                     sizes: Mapping[str, int]) -> str:
+def render_fold_line(plan: FoldPlan, figure: str, values: Mapping[str, float | None], sizes: Mapping[str, int]) -> str:
     """``k-fold <set>: <figure>: tuned (folds a,b; n=..) x | held-out (folds c,d; n=..) y | gap y-x``.
 
     ``values``/``sizes``: by part (``tuned``, ``held-out``; other keys ignored); a value None (the figure is
@@ -97,5 +97,7 @@ def render_fold_line(plan: FoldPlan, figure: str, values: Mapping[str, float | N
         return "n/a" if v is None else f"{v:.3f}"
 
     gap = "n/a" if a is None or b is None else f"{b - a:+.3f}"
-    return (f"k-fold {plan.set_name}: {figure}: tuned (folds {','.join(map(str, tuned))}; n={sizes['tuned']}) "
-            f"{fmt(a)} | held-out (folds {','.join(map(str, held))}; n={sizes['held-out']}) {fmt(b)} | gap {gap}")
+    return (
+        f"k-fold {plan.set_name}: {figure}: tuned (folds {','.join(map(str, tuned))}; n={sizes['tuned']}) "
+        f"{fmt(a)} | held-out (folds {','.join(map(str, held))}; n={sizes['held-out']}) {fmt(b)} | gap {gap}"
+    )

@@ -76,8 +76,7 @@ def _load_rules(path: str | None = None) -> _Rules:
         re.IGNORECASE | re.MULTILINE,
     )
     upper_alternation = "|".join(
-        r"\s+".join(re.escape(w.upper()) for w in h.split())
-        for h in sorted(header_to_section, key=len, reverse=True)
+        r"\s+".join(re.escape(w.upper()) for w in h.split()) for h in sorted(header_to_section, key=len, reverse=True)
     )
     mid_line = re.compile(rf"(?<=[.;!?])[ \t]+(?P<header>{upper_alternation})[ \t]*:")
     historical = frozenset(" ".join(h.lower().split()) for h in data.get("historical_headers", ()))
@@ -92,12 +91,17 @@ def _headers(text: str, rules: _Rules) -> list[tuple[int, int, str, bool]]:
     found: dict[int, tuple[int, int, str, bool]] = {}
     for m in rules.line_start.finditer(text):
         header = " ".join(m.group("header").lower().split())
-        found[m.start("header")] = (m.start("header"), m.end(), rules.header_to_section[header],
-                                    header in rules.historical)
+        found[m.start("header")] = (
+            m.start("header"),
+            m.end(),
+            rules.header_to_section[header],
+            header in rules.historical,
+        )
     for m in rules.mid_line.finditer(text):
         header = " ".join(m.group("header").lower().split())
-        found.setdefault(m.start("header"), (m.start("header"), m.end(), rules.header_to_section[header],
-                                             header in rules.historical))
+        found.setdefault(
+            m.start("header"), (m.start("header"), m.end(), rules.header_to_section[header], header in rules.historical)
+        )
     return [found[k] for k in sorted(found)]
 
 

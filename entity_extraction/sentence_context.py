@@ -73,13 +73,16 @@ class SentenceScopedConText(ConText):
         for group in by_sent.values():  # ConTextGraph.update_scopes, within each sentence
             for i in range(len(group) - 1):
                 first = group[i]
-                for second in group[i + 1:]:
+                for second in group[i + 1 :]:
                     first.limit_scope(second)
                     second.limit_scope(first)
-        for target in ents if matches else ():  # ConTextGraph.apply_modifiers (no pruning on modifier overlap: see __call__)
+        for target in (
+            ents if matches else ()
+        ):  # ConTextGraph.apply_modifiers (no pruning on modifier overlap: see __call__)
             s0, s1 = sent_of[target.start], sent_of[target.end - 1]
-            candidates = by_sent.get(s0, []) if s0 == s1 else [
-                m for m in modifiers if sent_of[m.modifier_span[0]] in (s0, s1)]
+            candidates = (
+                by_sent.get(s0, []) if s0 == s1 else [m for m in modifiers if sent_of[m.modifier_span[0]] in (s0, s1)]
+            )
             for modifier in candidates:
                 if modifier.modifies(target):
                     modifier.modify(target)

@@ -60,8 +60,12 @@ class FieldRule:
 
     def as_rule(self) -> dict:
         """The rule in the ``context_rules_<lang>.json`` layout."""
-        rule: dict = {"literal": self.literal, "category": self.category, "direction": self.direction,
-                      "source": self.source}
+        rule: dict = {
+            "literal": self.literal,
+            "category": self.category,
+            "direction": self.direction,
+            "source": self.source,
+        }
         if self.max_scope is not None:
             rule["max_scope"] = self.max_scope
         return rule
@@ -73,8 +77,12 @@ def _norm(literal: str) -> str:
 
 def _data_lines(path: Path) -> list[list[str]]:
     with path.open(encoding="utf-8", newline="") as f:
-        return [row for row in csv.reader((ln for ln in f if ln.strip() and not ln.startswith("#")),
-                                          delimiter="\t", quoting=csv.QUOTE_NONE)]
+        return [
+            row
+            for row in csv.reader(
+                (ln for ln in f if ln.strip() and not ln.startswith("#")), delimiter="\t", quoting=csv.QUOTE_NONE
+            )
+        ]
 
 
 def expand_pattern(pattern: list[dict]) -> list[str]:
@@ -176,10 +184,16 @@ def load_field_lexicons(manifest_path: str | Path) -> tuple[list[FieldRule], dic
     manifest_path = Path(manifest_path)
     try:
         manifest = yaml.safe_load(manifest_path.read_text(encoding="utf-8"))
-        excluded = {_norm(e["literal"]): {"reason": e["reason"], "example": e.get("example")}
-                    for e in manifest.get("exclude", ())}
-        rules = [r for source in manifest["sources"] for r in _read_source(manifest_path.parent, source, manifest)
-                 if r.literal not in excluded]
+        excluded = {
+            _norm(e["literal"]): {"reason": e["reason"], "example": e.get("example")}
+            for e in manifest.get("exclude", ())
+        }
+        rules = [
+            r
+            for source in manifest["sources"]
+            for r in _read_source(manifest_path.parent, source, manifest)
+            if r.literal not in excluded
+        ]
     except LexiconError:
         raise
     except (OSError, KeyError, IndexError, TypeError, ValueError, yaml.YAMLError) as exc:

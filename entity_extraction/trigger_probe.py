@@ -28,9 +28,20 @@ from pathlib import Path
 
 NEGEX_FILE = Path(__file__).with_name("lexicons") / "negex_triggers_en.tsv"
 #: targets of the frames, each an English synonym of a 2D-CXR finding or condition (schemas/ontology), rotated
-PROBE_TARGETS = ("pleural effusion", "pneumothorax", "pneumonia", "atelectasis", "cardiomegaly", "consolidation",
-                 "pericardial effusion", "pulmonary nodule", "rib fracture", "hiatal hernia", "bronchiectasis",
-                 "pulmonary hypertension")
+PROBE_TARGETS = (
+    "pleural effusion",
+    "pneumothorax",
+    "pneumonia",
+    "atelectasis",
+    "cardiomegaly",
+    "consolidation",
+    "pericardial effusion",
+    "pulmonary nodule",
+    "rib fracture",
+    "hiatal hernia",
+    "bronchiectasis",
+    "pulmonary hypertension",
+)
 TAGS = ("PREN", "POST", "PREP", "POSP", "PSEU", "CONJ")
 
 
@@ -134,4 +145,6 @@ def score_probe(frames: list[ProbeFrame], extractor) -> ProbeResult:
 def render_probe(result: ProbeResult, name: str = "NegEx trigger probe") -> str:
     """One line: accuracy overall and right/total per tag."""
     per = ", ".join(f"{t} {result.right.get(t, 0)}/{result.total[t]}" for t in TAGS if t in result.total)
-    return f"{name}: accuracy {result.accuracy:.3f} ({sum(result.right.values())} of {sum(result.total.values())}): {per}"
+    return (
+        f"{name}: accuracy {result.accuracy:.3f} ({sum(result.right.values())} of {sum(result.total.values())}): {per}"
+    )

@@ -148,6 +148,7 @@ def demo_key(path: Path) -> str:
 
 # ---- patient identifiers ---------------------------------------------------------------------------------
 
+
 def normalise_patient_id(value: str) -> str:
     """PatientID (or issuer) as compared across deliveries: trailing ``^`` and padding removed, inner
     whitespace collapsed, upper case. ``" ab 12^ "`` and ``"AB 12"`` are one patient."""

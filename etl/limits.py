@@ -81,8 +81,7 @@ def time_limit(seconds: float, reason: str, what: str = "record") -> Iterator[No
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old_handler if old_handler is not None else signal.SIG_DFL)
             if previous[0]:  # give the outer timer back what is left of it
-                signal.setitimer(signal.ITIMER_REAL, max(previous[0] - (time.monotonic() - start), 0.001),
-                                 previous[1])
+                signal.setitimer(signal.ITIMER_REAL, max(previous[0] - (time.monotonic() - start), 0.001), previous[1])
     if time.monotonic() - start > seconds:
         raise RecordLimitError(reason, f"the {what} took longer than {seconds:g} s")
 

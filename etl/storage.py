@@ -111,8 +111,12 @@ class Storage(Root):
     def from_config(cls, cfg: PipelineConfig) -> Storage:
         """Open a pipeline config's storage root (``storage.root``, its S3 endpoint and region; a relative
         local root is resolved from the config file's folder). The one place a root is opened from a config."""
-        return cls.open(cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region,
-                        base_dir=cfg.base_dir)
+        return cls.open(
+            cfg.storage.root,
+            endpoint_url=cfg.storage.s3_endpoint_url,
+            region=cfg.storage.s3_region,
+            base_dir=cfg.base_dir,
+        )
 
     def path(self, rel: str) -> str:
         """Absolute path on the filesystem for a root-relative path.
@@ -140,7 +144,7 @@ class Storage(Root):
     def _make_parent(self, target: str) -> None:
         """Create a local file's folders; those inside a restricted zone owner-only (0700)."""
         parent = posixpath.dirname(target)
-        rel = parent[len(self.root):].strip("/")
+        rel = parent[len(self.root) :].strip("/")
         zone = rel.split("/", 1)[0]
         if zone not in RESTRICTED:
             self.fs.create_dir(parent, recursive=True)
@@ -249,8 +253,9 @@ class Storage(Root):
         ``row_group_size`` (rows) keeps row groups small for tables of large binary values.
         """
         buf = io.BytesIO()
-        pq.write_table(table, buf, compression="zstd", write_statistics=True, store_schema=True,
-                       row_group_size=row_group_size)
+        pq.write_table(
+            table, buf, compression="zstd", write_statistics=True, store_schema=True, row_group_size=row_group_size
+        )
         self.write_bytes(rel, buf.getvalue())
 
     def read_table(self, rel: str, schema: pa.Schema | None = None, columns: list[str] | None = None) -> pa.Table:
@@ -296,8 +301,11 @@ def _checked_rel(rel: str) -> str:
     """
     parts = [p for p in str(rel).split("/") if p]
     if any(p in (".", "..") or "\x00" in p for p in parts):
-        raise UnsafePathError("unsafe_path", "a storage path with a '..', '.' or NUL component was refused "
-                              "(paths are relative to the storage root and stay under it)")
+        raise UnsafePathError(
+            "unsafe_path",
+            "a storage path with a '..', '.' or NUL component was refused "
+            "(paths are relative to the storage root and stay under it)",
+        )
     return "/".join(parts)
 
 
@@ -375,10 +383,14 @@ def s3_client(storage: Storage) -> Any:
     import boto3
 
     opts = delta_storage_options(storage) or {}
-    return boto3.client("s3", region_name=opts.get("aws_region"), endpoint_url=opts.get("aws_endpoint_url"),
-                        aws_access_key_id=opts.get("aws_access_key_id"),
-                        aws_secret_access_key=opts.get("aws_secret_access_key"),
-                        aws_session_token=opts.get("aws_session_token"))
+    return boto3.client(
+        "s3",
+        region_name=opts.get("aws_region"),
+        endpoint_url=opts.get("aws_endpoint_url"),
+        aws_access_key_id=opts.get("aws_access_key_id"),
+        aws_secret_access_key=opts.get("aws_secret_access_key"),
+        aws_session_token=opts.get("aws_session_token"),
+    )
 
 
 #: S3 error codes of a conditional put refused because the key exists: 412 PreconditionFailed (AWS, MinIO,

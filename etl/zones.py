@@ -65,8 +65,11 @@ def component(value: str, what: str) -> str:
         ``unsafe_path_component`` when ``value`` does not match :data:`SAFE_COMPONENT`.
     """
     if not isinstance(value, str) or not SAFE_COMPONENT.fullmatch(value):
-        raise UnsafePathError("unsafe_path_component", f"the {what} is not a safe path component "
-                              "(letters, digits, '.', '_', '+', '-'; starting with a letter or digit)")
+        raise UnsafePathError(
+            "unsafe_path_component",
+            f"the {what} is not a safe path component "
+            "(letters, digits, '.', '_', '+', '-'; starting with a letter or digit)",
+        )
     return value
 
 
@@ -112,6 +115,7 @@ def check_in_zone(rel: str, zone: str) -> str:
     if parts[0] != zone or any(p in ("", ".", "..") or "\x00" in p for p in parts):
         raise UnsafePathError("unsafe_path", f"a path outside the {zone}/ zone was refused")
     return rel
+
 
 # ---- ledger/ (restricted) ----------------------------------------------------------------------------------
 
@@ -187,6 +191,7 @@ def quarantine_dir(run_id: str) -> str:
 
 # ---- curated/ ------------------------------------------------------------------------------------------------
 
+
 def curated_table(table: str) -> str:
     """Folder of a curated table (all its partitions): ``curated/<table>``."""
     return f"{CURATED}/{component(table, 'table name')}"
@@ -208,8 +213,10 @@ def curated_modality_partition(table: str, institution: str, modality: str, shar
     Both values are encoded by :func:`partition_value` (the modality comes from a file header: a value such as
     ``/../../sources/x`` becomes ``_h<hex>``), so the path never leaves ``curated/<table>/``.
     """
-    return (f"{CURATED}/{component(table, 'table name')}/institution={partition_value(institution)}"
-            f"/modality={partition_value(modality)}/shard={int(shard):05d}.parquet")
+    return (
+        f"{CURATED}/{component(table, 'table name')}/institution={partition_value(institution)}"
+        f"/modality={partition_value(modality)}/shard={int(shard):05d}.parquet"
+    )
 
 
 def curated_dicom(shard: int) -> str:
@@ -259,5 +266,7 @@ def training_record(version: str) -> str:
 
 def training_job_record(version: str, job: str, name: str) -> str:
     """Result record of one training job: ``reports/training/<version>/<job>-<name>.json``."""
-    return (f"{TRAINING_DIR}/{component(version, 'snapshot version')}/{component(job, 'training job')}-"
-            f"{component(name, 'training job name')}.json")
+    return (
+        f"{TRAINING_DIR}/{component(version, 'snapshot version')}/{component(job, 'training job')}-"
+        f"{component(name, 'training job name')}.json"
+    )

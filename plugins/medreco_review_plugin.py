@@ -25,8 +25,9 @@ def _storage():
     from schemas.config import default_config_path, load_config
 
     cfg = load_config(default_config_path())
-    return Storage.open(cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region,
-                        base_dir=cfg.base_dir)
+    return Storage.open(
+        cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region, base_dir=cfg.base_dir
+    )
 
 
 def _base_url_host() -> str:
@@ -50,5 +51,12 @@ class MedrecoReviewPlugin(AirflowPlugin):
 
     name = "medreco_review"
     fastapi_apps = [{"app": _app(), "url_prefix": URL_PREFIX, "name": "MedReCo-DB curator dashboard"}]
-    external_views = [{"name": "MedReCo quarantine review", "href": URL_PREFIX.lstrip("/") + "/review",
-                       "destination": "nav", "category": "browse", "url_route": "medreco-review"}]
+    external_views = [
+        {
+            "name": "MedReCo quarantine review",
+            "href": URL_PREFIX.lstrip("/") + "/review",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "medreco-review",
+        }
+    ]

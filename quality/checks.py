@@ -39,6 +39,8 @@ from schemas.ledger import STATUSES
 from schemas.tables import PAYLOAD_COLUMNS, SCHEMAS
 
 RULES_FILE = Path(__file__).with_name("rules.yaml")
+
+
 @dataclass
 class QualityReport:
     """All check results of one run, in check order."""
@@ -86,8 +88,11 @@ class QualityReport:
     def from_json(cls, text: str) -> QualityReport:
         """Inverse of :meth:`to_json`."""
         doc = json.loads(text)
-        return cls(results=[CheckResult(**r) for r in doc["results"]], rules_version=doc.get("rules_version"),
-                   row_flags=dict(doc.get("row_flags") or {}))
+        return cls(
+            results=[CheckResult(**r) for r in doc["results"]],
+            rules_version=doc.get("rules_version"),
+            row_flags=dict(doc.get("row_flags") or {}),
+        )
 
 
 # ----------------------------------------------------------------------------------------------- rules
@@ -196,8 +201,14 @@ def check_foreign_key(rule: dict, tables: dict[str, pa.Table]) -> CheckResult:
         nulls += part.num_rows - (pc.sum(valid).as_py() or 0)
     target = f"{rule['ref_table']}.{rule['ref_column']}"
     obs = {"rows": table.num_rows, "orphans": orphans, "null_skipped": nulls, "references": target}
-    return _result(rule["table"], rule.get("check", f"foreign_key:{rule['column']}"), rule["severity"],
-                   orphans == 0, obs, f"{orphans} of {table.num_rows} rows have {rule['column']} not in {target}")
+    return _result(
+        rule["table"],
+        rule.get("check", f"foreign_key:{rule['column']}"),
+        rule["severity"],
+        orphans == 0,
+        obs,
+        f"{orphans} of {table.num_rows} rows have {rule['column']} not in {target}",
+    )
 
 
 def check_payload_sha256(images: pa.Table, sample_rows: int) -> CheckResult:
@@ -206,13 +217,20 @@ def check_payload_sha256(images: pa.Table, sample_rows: int) -> CheckResult:
     idx = np.unique(np.linspace(0, n - 1, num=min(n, sample_rows)).astype(np.int64)) if n else np.array([], int)
     sample = images.select(["payload", "payload_sha256"]).take(pa.array(idx, type=pa.int64()))
     mismatches = 0
-    for payload, digest in zip(sample.column("payload").to_pylist(), sample.column("payload_sha256").to_pylist(),
-                               strict=True):
+    for payload, digest in zip(
+        sample.column("payload").to_pylist(), sample.column("payload_sha256").to_pylist(), strict=True
+    ):
         if hashlib.sha256(payload or b"").hexdigest() != (digest or "").lower():
             mismatches += 1
     obs = {"rows": n, "rows_sampled": int(len(idx)), "mismatches": mismatches}
-    return _result("images", "payload_sha256", "critical", mismatches == 0, obs,
-                   f"{mismatches} of {len(idx)} sampled payloads do not hash to payload_sha256")
+    return _result(
+        "images",
+        "payload_sha256",
+        "critical",
+        mismatches == 0,
+        obs,
+        f"{mismatches} of {len(idx)} sampled payloads do not hash to payload_sha256",
+    )
 
 
 def check_recorded_payload_integrity(images: pa.Table, records: Mapping[int, Mapping | None]) -> CheckResult:
@@ -228,8 +246,11 @@ def check_recorded_payload_integrity(images: pa.Table, records: Mapping[int, Map
     records : mapping of int to mapping or None
         shard -> ``{"rows", "verified", "mismatches"}`` as recorded (:func:`etl.pixels.integrity.recorded_integrity`).
     """
-    counts = {int(v["values"]): int(v["counts"]) for v in pc.value_counts(images.column("shard")).to_pylist()} \
-        if images.num_rows else {}
+    counts = (
+        {int(v["values"]): int(v["counts"]) for v in pc.value_counts(images.column("shard")).to_pylist()}
+        if images.num_rows
+        else {}
+    )
     unrecorded = mismatched = uncovered = verified = 0
     for shard, n in sorted(counts.items()):
         rec = records.get(shard)
@@ -240,11 +261,23 @@ def check_recorded_payload_integrity(images: pa.Table, records: Mapping[int, Map
         mismatched += len(rec.get("mismatches") or [])
         uncovered += max(0, n - int(rec.get("verified", 0)))
     ok = unrecorded == 0 and mismatched == 0 and uncovered == 0
-    obs = {"rows": images.num_rows, "shards": len(counts), "verified_at_write": verified,
-           "rows_without_record": unrecorded, "mismatches": mismatched, "rows_not_verified": uncovered}
-    return _result("images", "payload_sha256", "critical", ok, obs,
-                   f"{mismatched} payloads did not hash to payload_sha256 where written; {unrecorded} rows in shards "
-                   f"without a recorded check; {uncovered} rows not covered by their shard's check")
+    obs = {
+        "rows": images.num_rows,
+        "shards": len(counts),
+        "verified_at_write": verified,
+        "rows_without_record": unrecorded,
+        "mismatches": mismatched,
+        "rows_not_verified": uncovered,
+    }
+    return _result(
+        "images",
+        "payload_sha256",
+        "critical",
+        ok,
+        obs,
+        f"{mismatched} payloads did not hash to payload_sha256 where written; {unrecorded} rows in shards "
+        f"without a recorded check; {uncovered} rows not covered by their shard's check",
+    )
 
 
 def check_pairs(pairs: pa.Table, studies: pa.Table, tolerance_days: float) -> list[CheckResult]:
@@ -261,19 +294,36 @@ def check_pairs(pairs: pa.Table, studies: pa.Table, tolerance_days: float) -> li
     unresolved = pc.sum(pc.or_(pc.is_null(prior), pc.is_null(current))).as_py() or 0
     not_before = pc.sum(pc.fill_null(pc.greater_equal(prior, current), False)).as_py() or 0
     obs = {"rows": n, "prior_not_before_current": not_before, "unresolved_datetimes": unresolved}
-    out = [_result("pairs", "pair_order", "critical", not_before == 0 and unresolved == 0, obs,
-                   f"{not_before} of {n} pairs have the prior study on/after the current one; "
-                   f"{unresolved} cannot be ordered (study or datetime missing)")]
+    out = [
+        _result(
+            "pairs",
+            "pair_order",
+            "critical",
+            not_before == 0 and unresolved == 0,
+            obs,
+            f"{not_before} of {n} pairs have the prior study on/after the current one; "
+            f"{unresolved} cannot be ordered (study or datetime missing)",
+        )
+    ]
     us = np.array(pc.cast(current, pa.int64()).to_numpy(zero_copy_only=False), dtype=float) - np.array(
-        pc.cast(prior, pa.int64()).to_numpy(zero_copy_only=False), dtype=float)
+        pc.cast(prior, pa.int64()).to_numpy(zero_copy_only=False), dtype=float
+    )
     gap = np.asarray(pairs.column("gap_days").to_numpy(), dtype=float)
     days = us / 86_400e6
     known = ~np.isnan(days)
     inconsistent = int(np.sum(np.abs(gap[known] - days[known]) > tolerance_days))
     obs = {"rows": n, "checked": int(known.sum()), "inconsistent": inconsistent, "tolerance_days": tolerance_days}
-    out.append(_result("pairs", "gap_days_consistent", "warning", inconsistent == 0, obs,
-                       f"{inconsistent} pairs have gap_days differing from the study datetimes by more than "
-                       f"{tolerance_days} day(s)"))
+    out.append(
+        _result(
+            "pairs",
+            "gap_days_consistent",
+            "warning",
+            inconsistent == 0,
+            obs,
+            f"{inconsistent} pairs have gap_days differing from the study datetimes by more than "
+            f"{tolerance_days} day(s)",
+        )
+    )
     return out
 
 
@@ -297,8 +347,7 @@ def check_vqa(vqa: pa.Table, min_items: int, max_deviation_points: float) -> lis
     options = vqa.column("options").to_pylist()
     answers = vqa.column("answer").to_pylist()
     texts = vqa.column("answer_text").to_pylist()
-    formats = (vqa.column("answer_format").to_pylist() if "answer_format" in vqa.column_names
-               else [None] * vqa.num_rows)
+    formats = vqa.column("answer_format").to_pylist() if "answer_format" in vqa.column_names else [None] * vqa.num_rows
     bad_letter = mismatch = open_malformed = n = 0
     counts: Counter[str] = Counter()
     expected: defaultdict[str, float] = defaultdict(float)
@@ -317,22 +366,44 @@ def check_vqa(vqa: pa.Table, min_items: int, max_deviation_points: float) -> lis
         counts[letter] += 1
         if opts[i] != text:
             mismatch += 1
-    out = [_result("vqa", "vqa_answer_in_options", "critical", bad_letter == 0 and mismatch == 0 and open_malformed == 0,
-                   {"rows": vqa.num_rows, "multiple_choice": n, "letter_not_an_option": bad_letter,
-                    "option_text_mismatch": mismatch, "open_ended_malformed": open_malformed},
-                   f"{bad_letter} answers do not index an option, {mismatch} option texts differ from answer_text, "
-                   f"{open_malformed} open-ended items have options, a letter or no answer text")]
+    out = [
+        _result(
+            "vqa",
+            "vqa_answer_in_options",
+            "critical",
+            bad_letter == 0 and mismatch == 0 and open_malformed == 0,
+            {
+                "rows": vqa.num_rows,
+                "multiple_choice": n,
+                "letter_not_an_option": bad_letter,
+                "option_text_mismatch": mismatch,
+                "open_ended_malformed": open_malformed,
+            },
+            f"{bad_letter} answers do not index an option, {mismatch} option texts differ from answer_text, "
+            f"{open_malformed} open-ended items have options, a letter or no answer text",
+        )
+    ]
     letters = sorted(expected)
     shares = {k: round(100.0 * counts[k] / n, 2) for k in letters} if n else {}
     uniform = {k: round(100.0 * expected[k] / n, 2) for k in letters} if n else {}
     dev = max((abs(shares[k] - uniform[k]) for k in letters), default=0.0)
     evaluated = n >= min_items
-    obs = {"items": n, "evaluated": evaluated, "share_percent": shares, "expected_percent": uniform,
-           "max_deviation_points": round(dev, 2), "threshold_points": max_deviation_points}
-    msg = (f"largest answer-letter deviation from uniform is {dev:.1f} points (limit {max_deviation_points})"
-           if evaluated else f"only {n} items (< {min_items}): balance not evaluated")
-    out.append(_result("vqa", "vqa_answer_balance", "warning", (not evaluated) or dev <= max_deviation_points,
-                       obs, msg))
+    obs = {
+        "items": n,
+        "evaluated": evaluated,
+        "share_percent": shares,
+        "expected_percent": uniform,
+        "max_deviation_points": round(dev, 2),
+        "threshold_points": max_deviation_points,
+    }
+    msg = (
+        f"largest answer-letter deviation from uniform is {dev:.1f} points (limit {max_deviation_points})"
+        if evaluated
+        else f"only {n} items (< {min_items}): balance not evaluated"
+    )
+    out.append(
+        _result("vqa", "vqa_answer_balance", "warning", (not evaluated) or dev <= max_deviation_points, obs, msg)
+    )
     return out
 
 
@@ -345,15 +416,29 @@ def check_splits(tables: dict[str, pa.Table]) -> list[CheckResult]:
             if p is not None:
                 assigned[p].add(s)
     multi = sum(1 for v in assigned.values() if len(v) > 1)
-    out = [_result("splits", "patient_single_split", "critical", multi == 0,
-                   {"patients": len(assigned), "patients_in_multiple_splits": multi},
-                   f"{multi} patients appear in more than one split (splits table and vqa items)")]
+    out = [
+        _result(
+            "splits",
+            "patient_single_split",
+            "critical",
+            multi == 0,
+            {"patients": len(assigned), "patients_in_multiple_splits": multi},
+            f"{multi} patients appear in more than one split (splits table and vqa items)",
+        )
+    ]
     study_patients = pc.unique(tables["studies"].column("patient_key")).drop_null()
     split_patients = tables["splits"].column("patient_key").combine_chunks()
     missing = pc.sum(pc.invert(pc.is_in(study_patients, value_set=split_patients))).as_py() or 0
-    out.append(_result("splits", "study_patients_have_split", "critical", missing == 0,
-                       {"study_patients": len(study_patients), "patients_without_split": missing},
-                       f"{missing} of {len(study_patients)} study patients have no split"))
+    out.append(
+        _result(
+            "splits",
+            "study_patients_have_split",
+            "critical",
+            missing == 0,
+            {"study_patients": len(study_patients), "patients_without_split": missing},
+            f"{missing} of {len(study_patients)} study patients have no split",
+        )
+    )
     return out
 
 
@@ -365,20 +450,31 @@ def check_institution_coverage(tables: Mapping[str, Any]) -> list[CheckResult]:
     ``study_labels.study_key``.
     """
     studies = tables["studies"].select(["study_key", "institution"])  # pyarrow.Table and PartitionedTable alike
-    institution_of = dict(zip(studies.column("study_key").to_pylist(), studies.column("institution").to_pylist(),
-                              strict=True))
+    institution_of = dict(
+        zip(studies.column("study_key").to_pylist(), studies.column("institution").to_pylist(), strict=True)
+    )
     with_images = sorted({i for i in institution_of.values() if i is not None})
     with_reports = set(tables["reports"].column("institution").to_pylist())
     labelled = {institution_of.get(k) for k in tables["study_labels"].column("study_key").to_pylist()}
     no_reports = [i for i in with_images if i not in with_reports]
     no_labels = [i for i in with_images if i not in labelled]
     return [
-        _result("reports", "reports_per_institution", "warning", not no_reports,
-                {"institutions_with_studies": len(with_images), "without_reports": no_reports},
-                "institutions with image studies and no report: " + (", ".join(no_reports) or "none")),
-        _result("study_labels", "labels_per_institution", "warning", not no_labels,
-                {"institutions_with_studies": len(with_images), "without_labels": no_labels},
-                "institutions with image studies and no entity label: " + (", ".join(no_labels) or "none")),
+        _result(
+            "reports",
+            "reports_per_institution",
+            "warning",
+            not no_reports,
+            {"institutions_with_studies": len(with_images), "without_reports": no_reports},
+            "institutions with image studies and no report: " + (", ".join(no_reports) or "none"),
+        ),
+        _result(
+            "study_labels",
+            "labels_per_institution",
+            "warning",
+            not no_labels,
+            {"institutions_with_studies": len(with_images), "without_labels": no_labels},
+            "institutions with image studies and no entity label: " + (", ".join(no_labels) or "none"),
+        ),
     ]
 
 
@@ -403,25 +499,46 @@ def check_ledger(ledger: pa.Table, expected_files: Mapping[str, int] | None) -> 
         r["status_sum"] = sum(r[s] for s in STATUSES)
         if r["status_sum"] != r["rows"] or r.get("expected_files", r["rows"]) != r["rows"]:
             unbalanced.append(run)
-    out = [_result("ledger", "ledger_balance", "critical", not unbalanced,
-                   {"runs": runs, "unbalanced_runs": unbalanced},
-                   f"{len(unbalanced)} of {len(runs)} runs do not balance (rows vs per-status counts"
-                   f"{' vs discovered files' if expected_files else ''})")]
+    out = [
+        _result(
+            "ledger",
+            "ledger_balance",
+            "critical",
+            not unbalanced,
+            {"runs": runs, "unbalanced_runs": unbalanced},
+            f"{len(unbalanced)} of {len(runs)} runs do not balance (rows vs per-status counts"
+            f"{' vs discovered files' if expected_files else ''})",
+        )
+    ]
     status = ledger.column("status")
     reason = ledger.column("reason")
     quarantined = pc.fill_null(pc.equal(status, "quarantined"), False)
     no_reason = pc.or_(pc.is_null(reason), pc.equal(pc.utf8_trim_whitespace(pc.fill_null(reason, "")), ""))
     n_q = pc.sum(quarantined).as_py() or 0
     n_bad = pc.sum(pc.and_(quarantined, no_reason)).as_py() or 0
-    out.append(_result("ledger", "ledger_quarantine_reason", "critical", n_bad == 0,
-                       {"quarantined": n_q, "without_reason": n_bad},
-                       f"{n_bad} of {n_q} quarantined rows have no reason code"))
+    out.append(
+        _result(
+            "ledger",
+            "ledger_quarantine_reason",
+            "critical",
+            n_bad == 0,
+            {"quarantined": n_q, "without_reason": n_bad},
+            f"{n_bad} of {n_q} quarantined rows have no reason code",
+        )
+    )
     dup = pc.fill_null(pc.equal(status, "duplicate"), False)
     n_d = pc.sum(dup).as_py() or 0
     n_orphan = pc.sum(pc.and_(dup, pc.is_null(ledger.column("duplicate_of")))).as_py() or 0
-    out.append(_result("ledger", "ledger_duplicate_of", "warning", n_orphan == 0,
-                       {"duplicates": n_d, "without_duplicate_of": n_orphan},
-                       f"{n_orphan} of {n_d} duplicate rows do not name the first copy"))
+    out.append(
+        _result(
+            "ledger",
+            "ledger_duplicate_of",
+            "warning",
+            n_orphan == 0,
+            {"duplicates": n_d, "without_duplicate_of": n_orphan},
+            f"{n_orphan} of {n_d} duplicate rows do not name the first copy",
+        )
+    )
     return out
 
 
@@ -429,15 +546,17 @@ def check_redaction_counts(reports: pa.Table) -> list[CheckResult]:
     """``redaction_counts`` is a JSON object of non-negative integers (critical) summing to ``redactions``
     (warning)."""
     invalid = negative = inconsistent = 0
-    for total, raw in zip(reports.column("redactions").to_pylist(), reports.column("redaction_counts").to_pylist(),
-                          strict=True):
+    for total, raw in zip(
+        reports.column("redactions").to_pylist(), reports.column("redaction_counts").to_pylist(), strict=True
+    ):
         try:
             counts = json.loads(raw)
         except (TypeError, ValueError):
             invalid += 1
             continue
-        if not isinstance(counts, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                   for v in counts.values()):
+        if not isinstance(counts, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in counts.values()
+        ):
             invalid += 1
             continue
         if any(v < 0 for v in counts.values()):
@@ -446,12 +565,22 @@ def check_redaction_counts(reports: pa.Table) -> list[CheckResult]:
             inconsistent += 1
     n = reports.num_rows
     return [
-        _result("reports", "redaction_counts_valid", "critical", invalid == 0 and negative == 0,
-                {"rows": n, "invalid_json": invalid, "negative_counts": negative},
-                f"{invalid} rows have unparseable redaction_counts, {negative} have negative counts"),
-        _result("reports", "redaction_counts_sum", "warning", inconsistent == 0,
-                {"rows": n, "sum_differs_from_redactions": inconsistent},
-                f"{inconsistent} rows have redaction_counts not summing to redactions"),
+        _result(
+            "reports",
+            "redaction_counts_valid",
+            "critical",
+            invalid == 0 and negative == 0,
+            {"rows": n, "invalid_json": invalid, "negative_counts": negative},
+            f"{invalid} rows have unparseable redaction_counts, {negative} have negative counts",
+        ),
+        _result(
+            "reports",
+            "redaction_counts_sum",
+            "warning",
+            inconsistent == 0,
+            {"rows": n, "sum_differs_from_redactions": inconsistent},
+            f"{inconsistent} rows have redaction_counts not summing to redactions",
+        ),
     ]
 
 
@@ -470,18 +599,34 @@ def check_review(ledger: pa.Table, review: list[dict] | None, run_id: str | None
     ingested_rejected = 0
     rejected = {p for p, d in prefixes.items() if d == "reject"}
     if rejected:  # only then are the ledger's digests looked at
-        rows = rows.filter(pc.is_in(pc.utf8_slice_codeunits(pc.utf8_lower(rows.column("sha256")), 0, 12),
-                                    value_set=pa.array(sorted(rejected), type=pa.string())))
+        rows = rows.filter(
+            pc.is_in(
+                pc.utf8_slice_codeunits(pc.utf8_lower(rows.column("sha256")), 0, 12),
+                value_set=pa.array(sorted(rejected), type=pa.string()),
+            )
+        )
     else:
         rows = rows.slice(0, 0)
     for sha, status in zip(rows.column("sha256").to_pylist(), rows.column("status").to_pylist(), strict=True):
         if status == "ingested" and prefixes.get((sha or "").lower()[:12]) == "reject":
             ingested_rejected += 1
     decided = Counter(prefixes.values())
-    obs = {"decisions": len(review), "release": decided.get("release", 0), "reject": decided.get("reject", 0),
-           "rejected_files_ingested": ingested_rejected}
-    return [_result("ledger", "curator_rejected_not_ingested", "critical", ingested_rejected == 0, obs,
-                    f"{ingested_rejected} files a curator rejected were ingested in this run")]
+    obs = {
+        "decisions": len(review),
+        "release": decided.get("release", 0),
+        "reject": decided.get("reject", 0),
+        "rejected_files_ingested": ingested_rejected,
+    }
+    return [
+        _result(
+            "ledger",
+            "curator_rejected_not_ingested",
+            "critical",
+            ingested_rejected == 0,
+            obs,
+            f"{ingested_rejected} files a curator rejected were ingested in this run",
+        )
+    ]
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -558,11 +703,21 @@ def run_checks(
     rules = validate_rules(rules) if isinstance(rules, dict) else load_rules(rules)
     suites = suites if isinstance(suites, dict) else load_suite_config(suites)
     t = _prepare_tables(tables)
-    results = run_suites(t, ontology, today=today, config=suites, project_dir=gx_project_dir,
-                         data_docs_dir=data_docs_dir, run_name=run_id, keep_runs=keep_runs, only=only)
+    results = run_suites(
+        t,
+        ontology,
+        today=today,
+        config=suites,
+        project_dir=gx_project_dir,
+        data_docs_dir=data_docs_dir,
+        run_name=run_id,
+        keep_runs=keep_runs,
+        only=only,
+    )
     max_rate = float((suites.get("row_level") or {}).get("max_failed_rate", DEFAULT_MAX_FAILED_RATE))
-    results, flags = apply_row_tolerance(results, t, build_suite_specs(suites), suite_parameters(suites, ontology, today),
-                                         max_rate)
+    results, flags = apply_row_tolerance(
+        results, t, build_suite_specs(suites), suite_parameters(suites, ontology, today), max_rate
+    )
     results += [check_foreign_key(r, t) for r in rules["foreign_keys"]]
     if payload_integrity is not None:
         results.append(check_recorded_payload_integrity(t["images"], payload_integrity))
@@ -578,5 +733,6 @@ def run_checks(
     results += check_redaction_counts(t["reports"])
     results += check_institution_coverage(t)
     results += check_review(t["ledger"], review, run_id)
-    return QualityReport(results=results, rules_version=rules.get("version"), row_flags=flag_counts(flags),
-                         flags_table=flags)
+    return QualityReport(
+        results=results, rules_version=rules.get("version"), row_flags=flag_counts(flags), flags_table=flags
+    )

@@ -74,8 +74,15 @@ def text_width(label: str, font_px: float) -> float:
 # ------------------------------------------------------------------------------------------ SVG charts
 
 
-def svg_bar_chart(items: Sequence[tuple[str, float]], *, title: str = "", unit: str = "", width: int = 520,
-                  colour: str = PALETTE[0], colours: Mapping[str, str] | None = None) -> str:
+def svg_bar_chart(
+    items: Sequence[tuple[str, float]],
+    *,
+    title: str = "",
+    unit: str = "",
+    width: int = 520,
+    colour: str = PALETTE[0],
+    colours: Mapping[str, str] | None = None,
+) -> str:
     """Horizontal bar chart as an inline ``<svg>`` string.
 
     Parameters
@@ -106,8 +113,7 @@ def svg_bar_chart(items: Sequence[tuple[str, float]], *, title: str = "", unit: 
     width = label_w + plot_w + value_w
     vmax = max(max(float(v) for _, v in items), 1e-12)
     height = top + len(items) * (bar_h + gap) + 4
-    parts = [f'<svg role="img" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}">']
+    parts = [f'<svg role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}">']
     if title:
         parts.append(f'<text x="0" y="14" font-size="13" font-weight="600">{_e(title)}</text>')
     for i, (label, value) in enumerate(items):
@@ -115,17 +121,27 @@ def svg_bar_chart(items: Sequence[tuple[str, float]], *, title: str = "", unit: 
         w = max(0.0, float(value)) / vmax * plot_w
         fill = (colours or {}).get(label, colour)
         text = f"{_fmt(value)}{unit}"
-        parts.append(f'<text x="{label_w - 6}" y="{y + 13}" font-size="12" text-anchor="end">{_e(labels[i])}'
-                     f'<title>{_e(label)}</title></text>'
-                     f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{_e(fill)}">'
-                     f'<title>{_e(label)}: {_e(text)}</title></rect>'
-                     f'<text x="{label_w + w + 4:.1f}" y="{y + 13}" font-size="12">{_e(text)}</text>')
+        parts.append(
+            f'<text x="{label_w - 6}" y="{y + 13}" font-size="12" text-anchor="end">{_e(labels[i])}'
+            f"<title>{_e(label)}</title></text>"
+            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{_e(fill)}">'
+            f"<title>{_e(label)}: {_e(text)}</title></rect>"
+            f'<text x="{label_w + w + 4:.1f}" y="{y + 13}" font-size="12">{_e(text)}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
 
-def svg_histogram(values: Iterable[float], *, bins: int = 20, title: str = "", unit: str = "",
-                  width: int = 520, height: int = 180, integer: bool = False) -> str:
+def svg_histogram(
+    values: Iterable[float],
+    *,
+    bins: int = 20,
+    title: str = "",
+    unit: str = "",
+    width: int = 520,
+    height: int = 180,
+    integer: bool = False,
+) -> str:
     """Histogram of numeric values as an inline ``<svg>`` string.
 
     Parameters
@@ -163,12 +179,13 @@ def svg_histogram(values: Iterable[float], *, bins: int = 20, title: str = "", u
     cmax = max(int(counts.max()), 1)
     bw = plot_w / len(counts)
     caption = f"{title} (n={arr.size:,}{f', {dropped:,} missing' if dropped else ''})"
-    parts = [f'<svg role="img" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}">',
-             f'<text x="0" y="14" font-size="13" font-weight="600">{_e(caption)}</text>',
-             f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#999"/>',
-             f'<text x="{left - 4}" y="{top + 10}" font-size="11" text-anchor="end">{cmax:,}</text>',
-             f'<text x="{left - 4}" y="{top + plot_h}" font-size="11" text-anchor="end">0</text>']
+    parts = [
+        f'<svg role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
+        f'<text x="0" y="14" font-size="13" font-weight="600">{_e(caption)}</text>',
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#999"/>',
+        f'<text x="{left - 4}" y="{top + 10}" font-size="11" text-anchor="end">{cmax:,}</text>',
+        f'<text x="{left - 4}" y="{top + plot_h}" font-size="11" text-anchor="end">0</text>',
+    ]
     for i, c in enumerate(counts):
         h = c / cmax * plot_h
         a, b = edges[i], edges[i + 1]
@@ -176,16 +193,21 @@ def svg_histogram(values: Iterable[float], *, bins: int = 20, title: str = "", u
             rng = _fmt(round((a + b) / 2)) if b - a == 1 else f"{_fmt(round(a + 0.5))}–{_fmt(round(b - 0.5))}"
         else:
             rng = f"{_fmt(a)}–{_fmt(b)}"
-        parts.append(f'<rect x="{left + i * bw + 1:.1f}" y="{top + plot_h - h:.1f}" width="{max(bw - 2, 1):.1f}" '
-                     f'height="{h:.1f}" fill="{PALETTE[0]}"><title>{_e(rng)} {_e(unit)}: {int(c):,}</title></rect>')
+        parts.append(
+            f'<rect x="{left + i * bw + 1:.1f}" y="{top + plot_h - h:.1f}" width="{max(bw - 2, 1):.1f}" '
+            f'height="{h:.1f}" fill="{PALETTE[0]}"><title>{_e(rng)} {_e(unit)}: {int(c):,}</title></rect>'
+        )
     parts += _histogram_ticks(edges, integer, left, plot_w, top + plot_h)
-    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 28}" font-size="11" text-anchor="middle">'
-                 f'{_e(unit)}</text></svg>')
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 28}" font-size="11" text-anchor="middle">'
+        f"{_e(unit)}</text></svg>"
+    )
     return "".join(parts)
 
 
-def _histogram_ticks(edges: np.ndarray, integer: bool, left: float, plot_w: float, base_y: float,
-                     ticks: int = 5) -> list[str]:
+def _histogram_ticks(
+    edges: np.ndarray, integer: bool, left: float, plot_w: float, base_y: float, ticks: int = 5
+) -> list[str]:
     """About ``ticks`` x-axis labels under a histogram: bin centres (whole numbers) for integer data, else bin
     edges, spread evenly over the bins, each with a tick mark."""
     n = len(edges) - 1
@@ -200,13 +222,22 @@ def _histogram_ticks(edges: np.ndarray, integer: bool, left: float, plot_w: floa
     for x, value in spots:
         label = _fmt(int(round(value))) if integer else _fmt(value)
         anchor = "start" if x <= left + 1 else "end" if x >= left + plot_w - 1 else "middle"
-        out.append(f'<line x1="{x:.1f}" y1="{base_y}" x2="{x:.1f}" y2="{base_y + 3}" stroke="#999"/>'
-                   f'<text x="{x:.1f}" y="{base_y + 14}" font-size="11" text-anchor="{anchor}">{_e(label)}</text>')
+        out.append(
+            f'<line x1="{x:.1f}" y1="{base_y}" x2="{x:.1f}" y2="{base_y + 3}" stroke="#999"/>'
+            f'<text x="{x:.1f}" y="{base_y + 14}" font-size="11" text-anchor="{anchor}">{_e(label)}</text>'
+        )
     return out
 
 
-def svg_heatmap(row_labels: Sequence[str], col_labels: Sequence[str], matrix: np.ndarray, *, title: str = "",
-                percent: bool = True, cell: int = 26) -> str:
+def svg_heatmap(
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    matrix: np.ndarray,
+    *,
+    title: str = "",
+    percent: bool = True,
+    cell: int = 26,
+) -> str:
     """Heat map (white -> blue) as an inline ``<svg>`` string.
 
     Parameters
@@ -242,17 +273,22 @@ def svg_heatmap(row_labels: Sequence[str], col_labels: Sequence[str], matrix: np
     width, height = label_w + cw * len(col_labels) + right, top + cell * len(row_labels) + 6
     width = int(max(width, text_width(title, 13) + 8))  # the title is never cut (one row, one column)
     scale = 1.0 if percent else max(np.nanmax(m) if np.isfinite(m).any() else 1.0, 1e-12)
-    parts = [f'<svg role="img" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}">',
-             f'<text x="0" y="14" font-size="13" font-weight="600">{_e(title)}</text>']
+    parts = [
+        f'<svg role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
+        f'<text x="0" y="14" font-size="13" font-weight="600">{_e(title)}</text>',
+    ]
     for j, c in enumerate(col_labels):
         x = label_w + j * cw + cw / 2
-        parts.append(f'<text x="{x:.1f}" y="{top - 6}" font-size="11" transform="rotate(-40 {x:.1f} {top - 6})">'
-                     f'{_e(cols_txt[j])}<title>{_e(c)}</title></text>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{top - 6}" font-size="11" transform="rotate(-40 {x:.1f} {top - 6})">'
+            f"{_e(cols_txt[j])}<title>{_e(c)}</title></text>"
+        )
     for i, r in enumerate(row_labels):
         y = top + i * cell
-        parts.append(f'<text x="{label_w - 6}" y="{y + cell * 0.65:.1f}" font-size="11" text-anchor="end">'
-                     f'{_e(rows_txt[i])}<title>{_e(r)}</title></text>')
+        parts.append(
+            f'<text x="{label_w - 6}" y="{y + cell * 0.65:.1f}" font-size="11" text-anchor="end">'
+            f"{_e(rows_txt[i])}<title>{_e(r)}</title></text>"
+        )
         for j, c in enumerate(col_labels):
             v = m[i, j]
             if np.isnan(v):
@@ -262,15 +298,19 @@ def svg_heatmap(row_labels: Sequence[str], col_labels: Sequence[str], matrix: np
                 fill = f"rgb({int(255 - 222 * t)},{int(255 - 169 * t)},{int(255 - 90 * t)})"
                 txt = f"{100 * v:.0f}%" if percent else _fmt(v)
                 ink = "#fff" if t > 0.55 else "#1d2430"
-            parts.append(f'<rect x="{label_w + j * cw}" y="{y}" width="{cw - 1}" height="{cell - 1}" fill="{fill}">'
-                         f'<title>{_e(r)} · {_e(c)}: {_e(txt)}</title></rect>'
-                         f'<text x="{label_w + j * cw + cw / 2:.1f}" y="{y + cell * 0.65:.1f}" font-size="10" '
-                         f'text-anchor="middle" fill="{ink}">{_e(txt)}</text>')
+            parts.append(
+                f'<rect x="{label_w + j * cw}" y="{y}" width="{cw - 1}" height="{cell - 1}" fill="{fill}">'
+                f"<title>{_e(r)} · {_e(c)}: {_e(txt)}</title></rect>"
+                f'<text x="{label_w + j * cw + cw / 2:.1f}" y="{y + cell * 0.65:.1f}" font-size="10" '
+                f'text-anchor="middle" fill="{ink}">{_e(txt)}</text>'
+            )
     parts.append("</svg>")
     return "".join(parts)
 
 
-_RUN_ID_TIME = re.compile(r"^(?P<kind>[a-z_]+?)__(?P<date>\d{4}-\d{2}-\d{2})T(?P<h>\d{2})[_:](?P<m>\d{2})[_:](?P<s>\d{2})")
+_RUN_ID_TIME = re.compile(
+    r"^(?P<kind>[a-z_]+?)__(?P<date>\d{4}-\d{2}-\d{2})T(?P<h>\d{2})[_:](?P<m>\d{2})[_:](?P<s>\d{2})"
+)
 
 
 def _short_category(label: str, n: int = 32) -> str:
@@ -282,8 +322,15 @@ def _short_category(label: str, n: int = 32) -> str:
     return _clip(label, n)
 
 
-def svg_stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[float]], *, title: str = "",
-                     colours: Mapping[str, str] | None = None, width: int = 640, height: int = 240) -> str:
+def svg_stacked_bars(
+    categories: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    *,
+    title: str = "",
+    colours: Mapping[str, str] | None = None,
+    width: int = 640,
+    height: int = 240,
+) -> str:
     """Vertical stacked bars (one column per category, one stack segment per series) with a legend.
 
     Parameters
@@ -322,27 +369,34 @@ def svg_stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[fl
         left = int(max(44, lab_w * math.cos(math.radians(30)) - bw / 2 + 6))
     plot_w, plot_h = width - left - legend_w, height - top - bottom
     bw = plot_w / len(categories)
-    parts = [f'<svg role="img" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}">',
-             f'<text x="0" y="14" font-size="13" font-weight="600">{_e(title)}</text>',
-             f'<text x="{left - 4}" y="{top + 10}" font-size="11" text-anchor="end">{_fmt(vmax)}</text>',
-             f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#999"/>']
+    parts = [
+        f'<svg role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
+        f'<text x="0" y="14" font-size="13" font-weight="600">{_e(title)}</text>',
+        f'<text x="{left - 4}" y="{top + 10}" font-size="11" text-anchor="end">{_fmt(vmax)}</text>',
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#999"/>',
+    ]
     for k, cat in enumerate(categories):
         y = top + plot_h
         x = left + k * bw + bw * 0.15
         for n in names:
             h = float(series[n][k]) / vmax * plot_h
             y -= h
-            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw * 0.7:.1f}" height="{h:.1f}" fill="{col[n]}">'
-                         f'<title>{_e(cat)} · {_e(n)}: {_fmt(series[n][k])}</title></rect>')
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw * 0.7:.1f}" height="{h:.1f}" fill="{col[n]}">'
+                f"<title>{_e(cat)} · {_e(n)}: {_fmt(series[n][k])}</title></rect>"
+            )
         cx = left + k * bw + bw / 2
-        parts.append(f'<text x="{cx:.1f}" y="{top + plot_h + 12}" font-size="10" text-anchor="end" '
-                     f'transform="rotate(-30 {cx:.1f} {top + plot_h + 12})">{_e(cats_txt[k])}'
-                     f'<title>{_e(cat)}</title></text>')
+        parts.append(
+            f'<text x="{cx:.1f}" y="{top + plot_h + 12}" font-size="10" text-anchor="end" '
+            f'transform="rotate(-30 {cx:.1f} {top + plot_h + 12})">{_e(cats_txt[k])}'
+            f"<title>{_e(cat)}</title></text>"
+        )
     for i, n in enumerate(names):
         y = top + i * 16
-        parts.append(f'<rect x="{width - legend_w + 8}" y="{y}" width="10" height="10" fill="{col[n]}"/>'
-                     f'<text x="{width - legend_w + 22}" y="{y + 9}" font-size="11">{_e(n)}</text>')
+        parts.append(
+            f'<rect x="{width - legend_w + 8}" y="{y}" width="10" height="10" fill="{col[n]}"/>'
+            f'<text x="{width - legend_w + 22}" y="{y + 9}" font-size="11">{_e(n)}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -447,9 +501,21 @@ def safe_ledger(ledger: pa.Table | None) -> pa.Table:
     """
     out: dict[str, list] = {c: [] for c in SAFE_LEDGER_COLUMNS}
     if ledger is not None:
-        cols = {c: ledger.column(c).to_pylist() for c in
-                ("sha256", "run_id", "institution", "kind", "status", "stage", "reason", "detail", "source_uri",
-                 "duplicate_of")}
+        cols = {
+            c: ledger.column(c).to_pylist()
+            for c in (
+                "sha256",
+                "run_id",
+                "institution",
+                "kind",
+                "status",
+                "stage",
+                "reason",
+                "detail",
+                "source_uri",
+                "duplicate_of",
+            )
+        }
         for k in range(ledger.num_rows):
             keep = {cols["institution"][k], cols["run_id"][k]}
             frags = [f for f in _path_fragments(cols["source_uri"][k], cols["duplicate_of"][k]) if f not in keep]
@@ -468,18 +534,35 @@ def _overview(tables, quality: QualityReport, run_info: dict, history: list[dict
     run_id = run_info["run_id"]
     statuses = _col(tables, "ledger", "status")
     status_counts = Counter(statuses)
-    info_rows = [(k, v) for k, v in sorted(run_info.items())
-                 if k != "deid_audit" and not _LOCATION_KEY.search(k)
-                 and isinstance(v, (str, int, float, bool)) and v is not None]
+    info_rows = [
+        (k, v)
+        for k, v in sorted(run_info.items())
+        if k != "deid_audit"
+        and not _LOCATION_KEY.search(k)
+        and isinstance(v, (str, int, float, bool))
+        and v is not None
+    ]
     # what this run did to its inputs, apart from what the dataset holds after it (a no-op re-run ingests nothing
     # and records every file as a duplicate, while the dataset keeps all it had)
     this_run = Counter(s for r, s in zip(_col(tables, "ledger", "run_id"), statuses, strict=True) if r == run_id)
-    run_cards = _cards([("files seen by this run", sum(this_run.values())),
-                        *[(s, this_run.get(s, 0)) for s in STATUSES],
-                        ("critical failures", len(quality.critical_failures)), ("warnings", len(quality.warnings))])
-    dataset_cards = _cards([("studies", _n(tables, "studies")), ("images", _n(tables, "images")),
-                            ("reports", _n(tables, "reports")), ("pairs", _n(tables, "pairs")),
-                            ("VQA items", _n(tables, "vqa")), ("files in all runs' ledgers", len(statuses))])
+    run_cards = _cards(
+        [
+            ("files seen by this run", sum(this_run.values())),
+            *[(s, this_run.get(s, 0)) for s in STATUSES],
+            ("critical failures", len(quality.critical_failures)),
+            ("warnings", len(quality.warnings)),
+        ]
+    )
+    dataset_cards = _cards(
+        [
+            ("studies", _n(tables, "studies")),
+            ("images", _n(tables, "images")),
+            ("reports", _n(tables, "reports")),
+            ("pairs", _n(tables, "pairs")),
+            ("VQA items", _n(tables, "vqa")),
+            ("files in all runs' ledgers", len(statuses)),
+        ]
+    )
     # ledger balance per run
     per_run: dict[str, Counter] = defaultdict(Counter)
     for r, s in zip(_col(tables, "ledger", "run_id"), statuses, strict=True):
@@ -489,19 +572,27 @@ def _overview(tables, quality: QualityReport, run_info: dict, history: list[dict
         c = per_run[r]
         rows_n, valid = sum(c.values()), sum(c[s] for s in STATUSES)
         bal_rows.append((r, rows_n, *[c[s] for s in STATUSES], valid, _badge(rows_n == valid)))
-    balance = _table(["run_id", "rows", *STATUSES, "sum of statuses", "balanced"], bal_rows,
-                     numeric=range(1, 2 + len(STATUSES) + 1))
+    balance = _table(
+        ["run_id", "rows", *STATUSES, "sum of statuses", "balanced"], bal_rows, numeric=range(1, 2 + len(STATUSES) + 1)
+    )
     reasons = [r for r, s in zip(_col(tables, "ledger", "reason"), statuses, strict=True) if s == "quarantined"]
-    status_chart = svg_bar_chart([(s, status_counts.get(s, 0)) for s in STATUSES]
-                                 + [(s, n) for s, n in _counts(statuses) if s not in STATUSES],
-                                 title="Files per status", colours=STATUS_COLOURS)
-    reason_chart = svg_bar_chart(_counts(reasons), title="Quarantined files per reason",
-                                 colour=STATUS_COLOURS["quarantined"])
+    status_chart = svg_bar_chart(
+        [(s, status_counts.get(s, 0)) for s in STATUSES] + [(s, n) for s, n in _counts(statuses) if s not in STATUSES],
+        title="Files per status",
+        colours=STATUS_COLOURS,
+    )
+    reason_chart = svg_bar_chart(
+        _counts(reasons), title="Quarantined files per reason", colour=STATUS_COLOURS["quarantined"]
+    )
     # per institution x status
     insts = sorted(set(_col(tables, "ledger", "institution")))
     by_inst = Counter(zip(_col(tables, "ledger", "institution"), statuses, strict=True))
-    inst_chart = svg_stacked_bars(insts, {s: [by_inst[(i, s)] for i in insts] for s in STATUSES},
-                                  title="Files per institution and status", colours=STATUS_COLOURS)
+    inst_chart = svg_stacked_bars(
+        insts,
+        {s: [by_inst[(i, s)] for i in insts] for s in STATUSES},
+        title="Files per institution and status",
+        colours=STATUS_COLOURS,
+    )
     # studies per institution x modality
     sm = Counter(zip(_col(tables, "studies", "institution"), _col(tables, "studies", "modality"), strict=True))
     s_insts = sorted({i for i, _ in sm})
@@ -510,14 +601,19 @@ def _overview(tables, quality: QualityReport, run_info: dict, history: list[dict
     inst_mod = svg_heatmap(s_insts, s_mods, mat, title="Studies per institution and modality", percent=False)
     # trend
     trend = _trend(history, per_run, run_id)
-    return "".join([
-        _section("This run", _table(["key", "value"], info_rows), run_cards),
-        _section("The dataset after this run (all runs)", dataset_cards),
-        _section("Ledger balance (every discovered file has exactly one status)", balance,
-                 _row(status_chart, reason_chart)),
-        _section("Institutions and modalities", _row(inst_chart, inst_mod)),
-        _section("Trend across runs", trend),
-    ])
+    return "".join(
+        [
+            _section("This run", _table(["key", "value"], info_rows), run_cards),
+            _section("The dataset after this run (all runs)", dataset_cards),
+            _section(
+                "Ledger balance (every discovered file has exactly one status)",
+                balance,
+                _row(status_chart, reason_chart),
+            ),
+            _section("Institutions and modalities", _row(inst_chart, inst_mod)),
+            _section("Trend across runs", trend),
+        ]
+    )
 
 
 def _trend(history: list[dict], per_run: Mapping[str, Counter], run_id: str) -> str:
@@ -527,12 +623,23 @@ def _trend(history: list[dict], per_run: Mapping[str, Counter], run_id: str) -> 
     if not runs:
         return '<p class="empty">no run history</p>'
     cats = [str(h["run_id"]) for h in runs]
-    chart = svg_stacked_bars(cats, {s: [float(h.get(s, 0) or 0) for h in runs] for s in STATUSES},
-                             title="Files per status per run", colours=STATUS_COLOURS)
-    keys = sorted({k for h in runs for k, v in h.items()
-                   if k != "run_id" and isinstance(v, (int, float)) and not isinstance(v, bool)})
-    table = _table(["run_id", *keys], [(h["run_id"], *[h.get(k, "") for k in keys]) for h in runs],
-                   numeric=range(1, len(keys) + 1))
+    chart = svg_stacked_bars(
+        cats,
+        {s: [float(h.get(s, 0) or 0) for h in runs] for s in STATUSES},
+        title="Files per status per run",
+        colours=STATUS_COLOURS,
+    )
+    keys = sorted(
+        {
+            k
+            for h in runs
+            for k, v in h.items()
+            if k != "run_id" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+    )
+    table = _table(
+        ["run_id", *keys], [(h["run_id"], *[h.get(k, "") for k in keys]) for h in runs], numeric=range(1, len(keys) + 1)
+    )
     return chart + table
 
 
@@ -554,8 +661,12 @@ def _deid(tables, quality: QualityReport, run_info: dict) -> str:
     audit = run_info.get("deid_audit") or {}
     parts = []
     if not audit:
-        parts.append(_section("De-identification counts", '<p class="empty">no de-identification audit '
-                                                           "counts were supplied for this run</p>"))
+        parts.append(
+            _section(
+                "De-identification counts",
+                '<p class="empty">no de-identification audit counts were supplied for this run</p>',
+            )
+        )
     else:
         flat = _flatten_counts(audit)
         groups: dict[str, list[tuple[str, float]]] = defaultdict(list)
@@ -564,47 +675,83 @@ def _deid(tables, quality: QualityReport, run_info: dict) -> str:
                 head, _, tail = name.rpartition(" / ")
                 groups[head or "totals"].append((tail, v))
         charts = [svg_bar_chart(items, title=g) for g, items in sorted(groups.items())]
-        parts.append(_section("De-identification counts",
-                              _table(["count", "value"], flat, numeric=[1]), _row(*charts)))
+        parts.append(_section("De-identification counts", _table(["count", "value"], flat, numeric=[1]), _row(*charts)))
     deface = {k.removeprefix("deface:"): v for k, v in audit.items() if k.startswith("deface:")}
     if deface:  # head CT/MR defacing (113102): series per outcome, detector hits before and after
         outcomes = [(k, v) for k, v in sorted(deface.items()) if not k.startswith(("faces_", "quarantined:"))]
-        reasons_q = [(k.removeprefix("quarantined:"), v) for k, v in sorted(deface.items())
-                     if k.startswith("quarantined:")]
+        reasons_q = [
+            (k.removeprefix("quarantined:"), v) for k, v in sorted(deface.items()) if k.startswith("quarantined:")
+        ]
         hits = [("before defacing", deface.get("faces_before", 0)), ("after defacing", deface.get("faces_after", 0))]
-        parts.append(_section(
-            "Head CT/MR defacing (Clean Recognizable Visual Features, 113102)",
-            '<p class="muted">Series per outcome; faces found by the frontal-face detector on front renders of '
-            "the head surface before and after defacing (after must be 0: a series with a face left is "
-            "quarantined).</p>",
-            _row(svg_bar_chart(outcomes, title="Head series per outcome"),
-                 svg_bar_chart(reasons_q, title="Head series quarantined per reason",
-                               colour=STATUS_COLOURS["quarantined"]),
-                 svg_bar_chart(hits, title="Detector hits (faces)"))))
+        parts.append(
+            _section(
+                "Head CT/MR defacing (Clean Recognizable Visual Features, 113102)",
+                '<p class="muted">Series per outcome; faces found by the frontal-face detector on front renders of '
+                "the head surface before and after defacing (after must be 0: a series with a face left is "
+                "quarantined).</p>",
+                _row(
+                    svg_bar_chart(outcomes, title="Head series per outcome"),
+                    svg_bar_chart(
+                        reasons_q, title="Head series quarantined per reason", colour=STATUS_COLOURS["quarantined"]
+                    ),
+                    svg_bar_chart(hits, title="Detector hits (faces)"),
+                ),
+            )
+        )
     stage = _col(tables, "ledger", "stage")
-    reasons = [r for r, s, st in zip(_col(tables, "ledger", "reason"), _col(tables, "ledger", "status"), stage,
-                                     strict=True) if s == "quarantined" and st == "deidentify"]
-    parts.append(_section("Quarantined at de-identification (fail-closed)",
-                          svg_bar_chart(_counts(reasons), title="Files per reason",
-                                        colour=STATUS_COLOURS["quarantined"])))
+    reasons = [
+        r
+        for r, s, st in zip(_col(tables, "ledger", "reason"), _col(tables, "ledger", "status"), stage, strict=True)
+        if s == "quarantined" and st == "deidentify"
+    ]
+    parts.append(
+        _section(
+            "Quarantined at de-identification (fail-closed)",
+            svg_bar_chart(_counts(reasons), title="Files per reason", colour=STATUS_COLOURS["quarantined"]),
+        )
+    )
     phi = [r for r in quality.results if r.observed.get("expectation") == PHI_EXPECTATION]
-    rows = [(_badge(r.passed, r.severity), r.severity, r.table, r.check.split(":", 1)[-1].replace("|", ", "),
-             r.observed.get("element_count", 0), r.observed.get("unexpected_count", 0))
-            for r in sorted(phi, key=lambda r: (r.passed, r.severity != "critical", r.table, r.check))]
-    parts.append(_section("Residual PHI scan of the de-identified tables",
-                          f'<p class="muted">Great Expectations <span class="mono">{PHI_EXPECTATION}</span> with '
-                          "the report de-identifier's own patterns (names after titles and signature labels, "
-                          "phone numbers, e-mail addresses, URLs, labelled ids, DICOM person names; dates outside "
-                          "report text). Counts only: a flagged value is never shown.</p>",
-                          _table(["status", "severity", "table", "columns", "values scanned", "values flagged"],
-                                 rows, numeric=[4, 5], wrap=[3])))
+    rows = [
+        (
+            _badge(r.passed, r.severity),
+            r.severity,
+            r.table,
+            r.check.split(":", 1)[-1].replace("|", ", "),
+            r.observed.get("element_count", 0),
+            r.observed.get("unexpected_count", 0),
+        )
+        for r in sorted(phi, key=lambda r: (r.passed, r.severity != "critical", r.table, r.check))
+    ]
+    parts.append(
+        _section(
+            "Residual PHI scan of the de-identified tables",
+            f'<p class="muted">Great Expectations <span class="mono">{PHI_EXPECTATION}</span> with '
+            "the report de-identifier's own patterns (names after titles and signature labels, "
+            "phone numbers, e-mail addresses, URLs, labelled ids, DICOM person names; dates outside "
+            "report text). Counts only: a flagged value is never shown.</p>",
+            _table(
+                ["status", "severity", "table", "columns", "values scanned", "values flagged"],
+                rows,
+                numeric=[4, 5],
+                wrap=[3],
+            ),
+        )
+    )
     return "".join(parts)
 
 
 def _images(tables) -> str:
-    failed = [(r, i) for r, i, s, st in zip(_col(tables, "ledger", "reason"), _col(tables, "ledger", "institution"),
-                                           _col(tables, "ledger", "status"), _col(tables, "ledger", "stage"),
-                                           strict=True) if s == "quarantined" and st == "normalise"]
+    failed = [
+        (r, i)
+        for r, i, s, st in zip(
+            _col(tables, "ledger", "reason"),
+            _col(tables, "ledger", "institution"),
+            _col(tables, "ledger", "status"),
+            _col(tables, "ledger", "stage"),
+            strict=True,
+        )
+        if s == "quarantined" and st == "normalise"
+    ]
     decode, decode_inst = [r for r, _ in failed], [i for _, i in failed]
     spacing = _col(tables, "images", "spacing_mm")
     kinds = _col(tables, "images", "kind")
@@ -614,24 +761,44 @@ def _images(tables) -> str:
     im = Counter(zip(_col(tables, "images", "institution"), _col(tables, "images", "modality"), strict=True))
     insts, mods = sorted({i for i, _ in im}), sorted({m for _, m in im})
     mat = np.array([[im[(i, m)] for m in mods] for i in insts], dtype=float).reshape(len(insts), len(mods))
-    return "".join([
-        _section("Mix", _cards([("images", _n(tables, "images")), ("series", _n(tables, "series"))]),
-                 _row(svg_bar_chart(_counts(_col(tables, "images", "modality")), title="Images per modality"),
-                      svg_bar_chart(_counts(_col(tables, "images", "view")), title="Images per view"),
-                      svg_bar_chart(_counts(kinds), title="2D images / 3D volumes"),
-                      svg_heatmap(insts, mods, mat, title="Images per institution and modality", percent=False))),
-        _section("Spacing (original, before resampling)",
-                 _row(svg_histogram(row_sp, title="Row pixel spacing", unit="mm"),
-                      svg_histogram(slice_sp, title="Slice spacing (3D)", unit="mm"))),
-        _section("Size (after normalisation)",
-                 _row(svg_histogram(_col(tables, "images", "rows"), title="Rows", unit="px"),
-                      svg_histogram(_col(tables, "images", "cols"), title="Columns", unit="px"),
-                      svg_histogram(slices, title="Slices per volume (3D)", unit="slices", integer=True))),
-        _section("Decode failures (quarantined at normalisation)",
-                 _row(svg_bar_chart(_counts(decode), title="Files per reason", colour=STATUS_COLOURS["quarantined"]),
-                      svg_bar_chart(_counts(decode_inst), title="Files per institution",
-                                    colour=STATUS_COLOURS["quarantined"]))),
-    ])
+    return "".join(
+        [
+            _section(
+                "Mix",
+                _cards([("images", _n(tables, "images")), ("series", _n(tables, "series"))]),
+                _row(
+                    svg_bar_chart(_counts(_col(tables, "images", "modality")), title="Images per modality"),
+                    svg_bar_chart(_counts(_col(tables, "images", "view")), title="Images per view"),
+                    svg_bar_chart(_counts(kinds), title="2D images / 3D volumes"),
+                    svg_heatmap(insts, mods, mat, title="Images per institution and modality", percent=False),
+                ),
+            ),
+            _section(
+                "Spacing (original, before resampling)",
+                _row(
+                    svg_histogram(row_sp, title="Row pixel spacing", unit="mm"),
+                    svg_histogram(slice_sp, title="Slice spacing (3D)", unit="mm"),
+                ),
+            ),
+            _section(
+                "Size (after normalisation)",
+                _row(
+                    svg_histogram(_col(tables, "images", "rows"), title="Rows", unit="px"),
+                    svg_histogram(_col(tables, "images", "cols"), title="Columns", unit="px"),
+                    svg_histogram(slices, title="Slices per volume (3D)", unit="slices", integer=True),
+                ),
+            ),
+            _section(
+                "Decode failures (quarantined at normalisation)",
+                _row(
+                    svg_bar_chart(_counts(decode), title="Files per reason", colour=STATUS_COLOURS["quarantined"]),
+                    svg_bar_chart(
+                        _counts(decode_inst), title="Files per institution", colour=STATUS_COLOURS["quarantined"]
+                    ),
+                ),
+            ),
+        ]
+    )
 
 
 def _reports(tables, ontology) -> str:
@@ -640,12 +807,21 @@ def _reports(tables, ontology) -> str:
     reports_per_inst = Counter(rep_inst.values())
     insts = sorted(reports_per_inst)
     sections = [_col(tables, "reports", c) for c in ("indication", "comparison", "findings", "impression")]
-    no_sections = Counter(i for i, *secs in zip(_col(tables, "reports", "institution"), *sections, strict=True)
-                          if not any(s and s.strip() for s in secs))
-    no_link = Counter(i for i, sk in zip(_col(tables, "reports", "institution"), _col(tables, "reports", "study_key"),
-                                         strict=True) if sk is None)
-    gaps = _table(["institution", "reports", "without sections", "without a study link"],
-                  [(i, reports_per_inst[i], no_sections[i], no_link[i]) for i in insts], numeric=[1, 2, 3])
+    no_sections = Counter(
+        i
+        for i, *secs in zip(_col(tables, "reports", "institution"), *sections, strict=True)
+        if not any(s and s.strip() for s in secs)
+    )
+    no_link = Counter(
+        i
+        for i, sk in zip(_col(tables, "reports", "institution"), _col(tables, "reports", "study_key"), strict=True)
+        if sk is None
+    )
+    gaps = _table(
+        ["institution", "reports", "without sections", "without a study link"],
+        [(i, reports_per_inst[i], no_sections[i], no_link[i]) for i in insts],
+        numeric=[1, 2, 3],
+    )
     # entity prevalence: share of an institution's reports with >= 1 present mention of the entity
     m_rep = _col(tables, "entity_mentions", "report_id")
     m_ent = _col(tables, "entity_mentions", "entity_id")
@@ -656,8 +832,9 @@ def _reports(tables, ontology) -> str:
     top = sorted(by_entity, key=lambda e: (-by_entity[e], e))[:_MAX_HEATMAP_ENTITIES]
     concepts = getattr(ontology, "concepts", {})
     labels = [f"{e} {concepts[e].preferred_name}" if e in concepts else e for e in top]
-    mat = np.array([[by_entity_inst[(e, i)] / reports_per_inst[i] for i in insts] for e in top],
-                   dtype=float).reshape(len(top), len(insts))
+    mat = np.array([[by_entity_inst[(e, i)] / reports_per_inst[i] for i in insts] for e in top], dtype=float).reshape(
+        len(top), len(insts)
+    )
     heat = svg_heatmap(labels, insts, mat, title="Share of reports with the entity present, per institution")
     # negation and uncertainty
     per_inst: dict[str, Counter] = defaultdict(Counter)
@@ -670,20 +847,36 @@ def _reports(tables, ontology) -> str:
         rate_rows.append((i, total, 100.0 * c["absent"] / total, 100.0 * c["uncertain"] / total))
     rates = _table(["institution", "mentions", "negated %", "uncertain %"], rate_rows, numeric=[1, 2, 3])
     neg_chart = svg_bar_chart([(r[0], round(r[2], 1)) for r in rate_rows], title="Negated mentions", unit="%")
-    unc_chart = svg_bar_chart([(r[0], round(r[3], 1)) for r in rate_rows], title="Uncertain mentions", unit="%",
-                              colour=PALETTE[2])
-    return "".join([
-        _section("Reports", _cards([("reports", len(rep_ids)), ("entity mentions", len(m_rep)),
-                                    ("reports without sections", sum(no_sections.values())),
-                                    ("reports without a study link", sum(no_link.values()))]),
-                 _row(svg_bar_chart(_counts(_col(tables, "reports", "institution")), title="Reports per institution"),
-                      svg_bar_chart(_counts(_col(tables, "reports", "language")), title="Reports per language"),
-                      svg_bar_chart(_counts(_col(tables, "reports", "link_status")), title="Study link status")),
-                 gaps),
-        _section("Entity prevalence (present assertions)", heat,
-                 svg_bar_chart(_counts(_col(tables, "entity_mentions", "category")), title="Mentions per category")),
-        _section("Negation and uncertainty", _row(neg_chart, unc_chart), rates),
-    ])
+    unc_chart = svg_bar_chart(
+        [(r[0], round(r[3], 1)) for r in rate_rows], title="Uncertain mentions", unit="%", colour=PALETTE[2]
+    )
+    return "".join(
+        [
+            _section(
+                "Reports",
+                _cards(
+                    [
+                        ("reports", len(rep_ids)),
+                        ("entity mentions", len(m_rep)),
+                        ("reports without sections", sum(no_sections.values())),
+                        ("reports without a study link", sum(no_link.values())),
+                    ]
+                ),
+                _row(
+                    svg_bar_chart(_counts(_col(tables, "reports", "institution")), title="Reports per institution"),
+                    svg_bar_chart(_counts(_col(tables, "reports", "language")), title="Reports per language"),
+                    svg_bar_chart(_counts(_col(tables, "reports", "link_status")), title="Study link status"),
+                ),
+                gaps,
+            ),
+            _section(
+                "Entity prevalence (present assertions)",
+                heat,
+                svg_bar_chart(_counts(_col(tables, "entity_mentions", "category")), title="Mentions per category"),
+            ),
+            _section("Negation and uncertainty", _row(neg_chart, unc_chart), rates),
+        ]
+    )
 
 
 def _pairs_vqa(tables) -> str:
@@ -697,21 +890,36 @@ def _pairs_vqa(tables) -> str:
             expected[chr(65 + j)] += 1.0 / k
     n = len(letters)
     got = Counter(letters)
-    balance = [(f"{L} (expected {100 * expected[L] / n:.0f}%)", round(100.0 * got[L] / n, 1))
-               for L in sorted(expected)] if n else []
-    return "".join([
-        _section("Pairs", _cards([("pairs", _n(tables, "pairs")), ("patients with pairs", len(per_patient))]),
-                 _row(svg_histogram(_col(tables, "pairs", "gap_days"), title="Gap between prior and current",
-                                    unit="days"),
-                      svg_histogram(list(per_patient.values()), title="Pairs per patient", unit="pairs",
-                                    integer=True),
-                      svg_bar_chart(_counts(_col(tables, "pairs", "family")), title="Pairs per modality family"),
-                      svg_bar_chart(_counts(changes), title="Change labels"))),
-        _section("VQA", _cards([("items", n)]),
-                 _row(svg_bar_chart(_counts(_col(tables, "vqa", "question_type")), title="Items per question type"),
-                      svg_bar_chart(balance, title="Answer letter share", unit="%"),
-                      svg_bar_chart(_counts(_col(tables, "vqa", "split")), title="Items per split"))),
-    ])
+    balance = (
+        [(f"{L} (expected {100 * expected[L] / n:.0f}%)", round(100.0 * got[L] / n, 1)) for L in sorted(expected)]
+        if n
+        else []
+    )
+    return "".join(
+        [
+            _section(
+                "Pairs",
+                _cards([("pairs", _n(tables, "pairs")), ("patients with pairs", len(per_patient))]),
+                _row(
+                    svg_histogram(
+                        _col(tables, "pairs", "gap_days"), title="Gap between prior and current", unit="days"
+                    ),
+                    svg_histogram(list(per_patient.values()), title="Pairs per patient", unit="pairs", integer=True),
+                    svg_bar_chart(_counts(_col(tables, "pairs", "family")), title="Pairs per modality family"),
+                    svg_bar_chart(_counts(changes), title="Change labels"),
+                ),
+            ),
+            _section(
+                "VQA",
+                _cards([("items", n)]),
+                _row(
+                    svg_bar_chart(_counts(_col(tables, "vqa", "question_type")), title="Items per question type"),
+                    svg_bar_chart(balance, title="Answer letter share", unit="%"),
+                    svg_bar_chart(_counts(_col(tables, "vqa", "split")), title="Items per split"),
+                ),
+            ),
+        ]
+    )
 
 
 def _splits(tables) -> str:
@@ -726,17 +934,26 @@ def _splits(tables) -> str:
     inst_split = Counter(zip(_col(tables, "splits", "institution"), _col(tables, "splits", "split"), strict=True))
     insts = sorted({i for i, _ in inst_split})
     splits_present = [s for s in SPLITS if any(inst_split[(i, s)] for i in insts)]
-    table = _table(["institution", *splits_present],
-                   [(i, *[inst_split[(i, s)] for s in splits_present]) for i in insts],
-                   numeric=range(1, len(splits_present) + 1))
-    return "".join([
-        _section("Patient-level splits",
-                 _row(svg_bar_chart(patients, title="Patients per split"),
-                      svg_bar_chart(per_split("studies"), title="Studies per split"),
-                      svg_bar_chart(per_split("images"), title="Images per split"),
-                      svg_bar_chart(per_split("vqa"), title="VQA items per split")),
-                 "<h3>Patients per institution and split</h3>", table),
-    ])
+    table = _table(
+        ["institution", *splits_present],
+        [(i, *[inst_split[(i, s)] for s in splits_present]) for i in insts],
+        numeric=range(1, len(splits_present) + 1),
+    )
+    return "".join(
+        [
+            _section(
+                "Patient-level splits",
+                _row(
+                    svg_bar_chart(patients, title="Patients per split"),
+                    svg_bar_chart(per_split("studies"), title="Studies per split"),
+                    svg_bar_chart(per_split("images"), title="Images per split"),
+                    svg_bar_chart(per_split("vqa"), title="VQA items per split"),
+                ),
+                "<h3>Patients per institution and split</h3>",
+                table,
+            ),
+        ]
+    )
 
 
 def _checks(quality: QualityReport, data_docs_href: str | None = None) -> str:
@@ -749,25 +966,46 @@ def _checks(quality: QualityReport, data_docs_href: str | None = None) -> str:
     passed = [row(r) for r in res if r.passed]
     headers = ["status", "severity", "table", "check", "message", "observed"]
     flagged = sorted(quality.row_flags.items())
-    flags_html = ("<h3>Flagged rows</h3><p>Rows failing a row-level expectation (at most "
-                  "<span class=\"mono\">row_level.max_failed_rate</span> of its values: a warning, the release goes "
-                  "ahead; listed by key in <span class=\"mono\">reports/quality/row_flags/</span>).</p>"
-                  + _table(["table: check", "rows flagged"], flagged, numeric=[1])) if flagged else ""
-    return _section("Quality checks",
-                    _cards([("checks", len(quality.results)), ("critical failures", len(quality.critical_failures)),
-                            ("warnings", len(quality.warnings)),
-                            ("passed", sum(r.passed for r in quality.results)),
-                            ("flagged rows", sum(quality.row_flags.values()))]),
-                    flags_html,
-                    (f'<p>Per-table suites run as Great Expectations Checkpoints; their validation results are '
-                     f'in the <a href="{_e(data_docs_href)}">Data Docs</a> (the project\'s own pages of GX\'s '
-                     "validation results: no script, no external resource). Checks named without <span class=\"mono\">expect_</span> are the "
-                     "cross-table checks of quality/checks.py.</p>" if data_docs_href else ""),
-                    "<h3 id=\"failed-checks\">Failed checks, critical first</h3>"
-                    + (_table(headers, failed, wrap=[3, 4, 5]) if failed else
-                       '<p class="empty" id="no-failures">every check passed</p>'),
-                    f'<details id="passed-checks"><summary>{len(passed)} passed checks</summary>'
-                    + _table(headers, passed, wrap=[3, 4, 5]) + "</details>")
+    flags_html = (
+        (
+            "<h3>Flagged rows</h3><p>Rows failing a row-level expectation (at most "
+            '<span class="mono">row_level.max_failed_rate</span> of its values: a warning, the release goes '
+            'ahead; listed by key in <span class="mono">reports/quality/row_flags/</span>).</p>'
+            + _table(["table: check", "rows flagged"], flagged, numeric=[1])
+        )
+        if flagged
+        else ""
+    )
+    return _section(
+        "Quality checks",
+        _cards(
+            [
+                ("checks", len(quality.results)),
+                ("critical failures", len(quality.critical_failures)),
+                ("warnings", len(quality.warnings)),
+                ("passed", sum(r.passed for r in quality.results)),
+                ("flagged rows", sum(quality.row_flags.values())),
+            ]
+        ),
+        flags_html,
+        (
+            f"<p>Per-table suites run as Great Expectations Checkpoints; their validation results are "
+            f"in the <a href=\"{_e(data_docs_href)}\">Data Docs</a> (the project's own pages of GX's "
+            'validation results: no script, no external resource). Checks named without <span class="mono">expect_</span> are the '
+            "cross-table checks of quality/checks.py.</p>"
+            if data_docs_href
+            else ""
+        ),
+        '<h3 id="failed-checks">Failed checks, critical first</h3>'
+        + (
+            _table(headers, failed, wrap=[3, 4, 5])
+            if failed
+            else '<p class="empty" id="no-failures">every check passed</p>'
+        ),
+        f'<details id="passed-checks"><summary>{len(passed)} passed checks</summary>'
+        + _table(headers, passed, wrap=[3, 4, 5])
+        + "</details>",
+    )
 
 
 def _observed(observed: object) -> _Html:
@@ -808,31 +1046,53 @@ def _quarantine(tables, review: list[dict]) -> str:
         if d:
             matched.add(oid)
             label = "release after fix" if d["decision"] == "release" else "reject"
-            decision = _Html(f'<span class="badge {"pass" if d["decision"] == "release" else "fail"}" '
-                             f'data-decision="{_e(d["decision"])}">{_e(label)}</span>')
+            decision = _Html(
+                f'<span class="badge {"pass" if d["decision"] == "release" else "fail"}" '
+                f'data-decision="{_e(d["decision"])}">{_e(label)}</span>'
+            )
         else:
             decision = _Html('<span class="muted" data-decision="pending">pending</span>')
-        rows.append((_Html(f'<span class="mono" id="q-{_e(oid)}">{_e(oid)}</span>'), cols["institution"][k],
-                     cols["run_id"][k], cols["kind"][k], cols["stage"][k], cols["reason"][k], cols["detail"][k],
-                     decision, str(d.get("decided_at", ""))[:10] if d else "", d.get("curator", "") if d else "",
-                     d.get("note", "") if d else ""))
+        rows.append(
+            (
+                _Html(f'<span class="mono" id="q-{_e(oid)}">{_e(oid)}</span>'),
+                cols["institution"][k],
+                cols["run_id"][k],
+                cols["kind"][k],
+                cols["stage"][k],
+                cols["reason"][k],
+                cols["detail"][k],
+                decision,
+                str(d.get("decided_at", ""))[:10] if d else "",
+                d.get("curator", "") if d else "",
+                d.get("note", "") if d else "",
+            )
+        )
     rows.sort(key=lambda r: (str(r[1]), str(r[5]), str(r[0])))
     unmatched = sorted(set(decisions) - matched)
     decided = Counter(decisions[o]["decision"] for o in matched)
     return _section(
         "Quarantine list",
-        _cards([("quarantined files", len(rows)), ("released", decided["release"]), ("rejected", decided["reject"]),
-                ("pending review", len(rows) - len(matched)), ("review entries matching no file", len(unmatched))]),
+        _cards(
+            [
+                ("quarantined files", len(rows)),
+                ("released", decided["release"]),
+                ("rejected", decided["reject"]),
+                ("pending review", len(rows) - len(matched)),
+                ("review entries matching no file", len(unmatched)),
+            ]
+        ),
         '<p class="muted">Files are shown by opaque id (first 12 hex digits of the file\'s SHA-256); the '
         "source location is only in the restricted ledger. The next run honours the decisions (a rejected file is "
-        "recorded as <span class=\"mono\">curator_rejected</span>, a file released after fix flows on once it "
+        'recorded as <span class="mono">curator_rejected</span>, a file released after fix flows on once it '
         "passes).</p>",
         f'<p id="record-decisions"><strong>Record decisions</strong>: {REVIEW_APP_LINK} (served by '
-        "<span class=\"mono\">medreco dashboard --serve</span> or the Airflow UI's MedReCo review page, behind "
+        '<span class="mono">medreco dashboard --serve</span> or the Airflow UI\'s MedReCo review page, behind '
         "their login; this page is read-only, and opened from disk it has no app behind the link).</p>",
-        _table(["id", "institution", "run", "kind", "stage", "reason", "detail", "decision", "decided", "curator",
-                "note"],
-               rows, wrap=[6, 10]),
+        _table(
+            ["id", "institution", "run", "kind", "stage", "reason", "detail", "decision", "decided", "curator", "note"],
+            rows,
+            wrap=[6, 10],
+        ),
     )
 
 
@@ -900,8 +1160,11 @@ def build_dashboard(
     _review_index(review or [])  # validate before writing anything
     tables = {**tables, "ledger": safe_ledger(tables.get("ledger"))}
     run_id = str(run_info["run_id"])
-    subtitle = (f"{len(quality.critical_failures)} critical failure(s), {len(quality.warnings)} warning(s)"
-                if quality.results else "no quality checks recorded")
+    subtitle = (
+        f"{len(quality.critical_failures)} critical failure(s), {len(quality.warnings)} warning(s)"
+        if quality.results
+        else "no quality checks recorded"
+    )
     bodies = {
         "index.html": _overview(tables, quality, run_info, list(history or [])),
         "deid.html": _deid(tables, quality, run_info),
@@ -917,10 +1180,17 @@ def build_dashboard(
     out_dir.mkdir(parents=True, exist_ok=True)
     for page, title in PAGES:
         nav = "".join(f'<a href="{p}"{_HERE if p == page else ""}>{_e(t)}</a>' for p, t in PAGES)
-        nav += (f'<a href="{_e(data_docs_href)}" id="data-docs-nav">Data Docs</a>' if data_docs_href else "")
+        nav += f'<a href="{_e(data_docs_href)}" id="data-docs-nav">Data Docs</a>' if data_docs_href else ""
         nav += REVIEW_LINK
-        doc = template.substitute(release=RELEASE_PENDING, site="MedReCo-DB curator dashboard", title=_e(title), run_id=_e(run_id), subtitle=_e(subtitle), nav=nav,
-                                  body=bodies[page])
+        doc = template.substitute(
+            release=RELEASE_PENDING,
+            site="MedReCo-DB curator dashboard",
+            title=_e(title),
+            run_id=_e(run_id),
+            subtitle=_e(subtitle),
+            nav=nav,
+            body=bodies[page],
+        )
         (out_dir / page).write_text(doc, encoding="utf-8")
     return out_dir / "index.html"
 
@@ -950,4 +1220,3 @@ def stamp_release(storage: Storage, version: str, content_hash: str) -> int:
             storage.write_text(rel, new)
             stamped += 1
     return stamped
-

@@ -101,12 +101,17 @@ def load_validations(validations_dir: Path) -> list[Validation]:
         try:
             data = json.loads(f.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
-            raise DataDocsInputError("bad_validation_result", f"{suite}/{run_name}/{run_time}: "
-                                     f"{type(err).__name__} reading the result") from None
-        if not isinstance(data, dict) or not isinstance(data.get("results"), list) \
-                or not isinstance(data.get("statistics"), dict):
-            raise DataDocsInputError("bad_validation_result",
-                                     f"{suite}/{run_name}/{run_time}: not a GX validation result")
+            raise DataDocsInputError(
+                "bad_validation_result", f"{suite}/{run_name}/{run_time}: {type(err).__name__} reading the result"
+            ) from None
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("results"), list)
+            or not isinstance(data.get("statistics"), dict)
+        ):
+            raise DataDocsInputError(
+                "bad_validation_result", f"{suite}/{run_name}/{run_time}: not a GX validation result"
+            )
         out.append(Validation(suite, run_name, run_time, data))
     out.sort(key=lambda v: v.suite)
     out.sort(key=lambda v: v.run_time, reverse=True)
@@ -128,8 +133,11 @@ def _nav(depth: int, here: str) -> str:
 
 def _stats(v: Validation) -> tuple[int, int, int]:
     s = v.data["statistics"]
-    return (int(s.get("evaluated_expectations") or 0), int(s.get("successful_expectations") or 0),
-            int(s.get("unsuccessful_expectations") or 0))
+    return (
+        int(s.get("evaluated_expectations") or 0),
+        int(s.get("successful_expectations") or 0),
+        int(s.get("unsuccessful_expectations") or 0),
+    )
 
 
 def _severity(result: dict) -> str:
@@ -143,23 +151,50 @@ def _index_body(validations: list[Validation]) -> str:
     runs: dict[str, list[Validation]] = {}
     for v in validations:
         runs.setdefault(v.run_name, []).append(v)
-    parts = [section("Validation results",
-                      cards([("runs", len(runs)), ("validations", len(validations)),
-                              ("failed validations, latest run",
-                               sum(not v.data.get("success") for v in next(iter(runs.values()))))]),
-                      '<p class="muted">One Great Expectations Checkpoint per suite (a curated table or a view of '
-                      "one) per run; results in GX's SUMMARY format (counts only, never a value). The newest "
-                      "run first.</p>")]
+    parts = [
+        section(
+            "Validation results",
+            cards(
+                [
+                    ("runs", len(runs)),
+                    ("validations", len(validations)),
+                    (
+                        "failed validations, latest run",
+                        sum(not v.data.get("success") for v in next(iter(runs.values()))),
+                    ),
+                ]
+            ),
+            '<p class="muted">One Great Expectations Checkpoint per suite (a curated table or a view of '
+            "one) per run; results in GX's SUMMARY format (counts only, never a value). The newest "
+            "run first.</p>",
+        )
+    ]
     for run, vs in runs.items():
         rows = []
         for v in sorted(vs, key=lambda v: (bool(v.data.get("success")), v.suite)):
             n, ok, bad = _stats(v)
             sev = sorted({_severity(r) for r in v.data["results"] if not r.get("success")} - {""})
-            rows.append((badge(bool(v.data.get("success")), "critical" if "critical" in sev else "warning"),
-                         Html(f'<a href="{_href(v.page)}">{esc(v.suite)}</a>'), ", ".join(sev), n, ok, bad,
-                         v.run_time))
-        parts.append(section(f"Run {run}", table(["status", "suite", "failed severity", "expectations",
-                                                    "passed", "failed", "validated at"], rows, numeric=[3, 4, 5])))
+            rows.append(
+                (
+                    badge(bool(v.data.get("success")), "critical" if "critical" in sev else "warning"),
+                    Html(f'<a href="{_href(v.page)}">{esc(v.suite)}</a>'),
+                    ", ".join(sev),
+                    n,
+                    ok,
+                    bad,
+                    v.run_time,
+                )
+            )
+        parts.append(
+            section(
+                f"Run {run}",
+                table(
+                    ["status", "suite", "failed severity", "expectations", "passed", "failed", "validated at"],
+                    rows,
+                    numeric=[3, 4, 5],
+                ),
+            )
+        )
     return "".join(parts)
 
 
@@ -168,8 +203,10 @@ def _kwargs_html(kwargs: dict) -> Html:
     text = json.dumps(shown, sort_keys=True, ensure_ascii=False)
     if len(text) <= _KWARGS_INLINE:
         return Html(f'<span class="mono">{esc(text)}</span>')
-    return Html(f'<details><summary class="mono">{esc(text[:_KWARGS_INLINE])} …</summary>'
-                 f'<span class="mono">{esc(text)}</span></details>')
+    return Html(
+        f'<details><summary class="mono">{esc(text[:_KWARGS_INLINE])} …</summary>'
+        f'<span class="mono">{esc(text)}</span></details>'
+    )
 
 
 def _validation_body(v: Validation) -> str:
@@ -184,20 +221,48 @@ def _validation_body(v: Validation) -> str:
         exc = r.get("exception_info") or {}
         if isinstance(exc, dict) and exc.get("raised_exception"):
             obs["exception"] = str(exc.get("exception_message") or "")[:200]
-        rows.append((badge(bool(r.get("success")), _severity(r) or "critical"), _severity(r),
-                     str((cfg.get("meta") or {}).get("check") or ""), str(cfg.get("type") or ""),
-                     str(kwargs.get("column") or kwargs.get("column_list") or ""), _kwargs_html(kwargs),
-                     Html(f'<span class="mono">{esc(json.dumps(obs, sort_keys=True))}</span>')))
-    facts = [("suite", v.suite), ("run", v.run_name), ("validated at", meta.get("validation_time") or v.run_time),
-             ("Great Expectations", meta.get("great_expectations_version", "")),
-             ("checkpoint id", meta.get("checkpoint_id", ""))]
-    return "".join([
-        section(f"Suite {v.suite}", table(["key", "value"], facts),
-                 cards([("expectations", n), ("passed", ok), ("failed", bad),
-                         ("result", "success" if v.data.get("success") else "failure")])),
-        section("Expectations", table(["status", "severity", "check", "expectation", "column", "arguments",
-                                         "observed"], rows, wrap=[2, 3, 5, 6])),
-    ])
+        rows.append(
+            (
+                badge(bool(r.get("success")), _severity(r) or "critical"),
+                _severity(r),
+                str((cfg.get("meta") or {}).get("check") or ""),
+                str(cfg.get("type") or ""),
+                str(kwargs.get("column") or kwargs.get("column_list") or ""),
+                _kwargs_html(kwargs),
+                Html(f'<span class="mono">{esc(json.dumps(obs, sort_keys=True))}</span>'),
+            )
+        )
+    facts = [
+        ("suite", v.suite),
+        ("run", v.run_name),
+        ("validated at", meta.get("validation_time") or v.run_time),
+        ("Great Expectations", meta.get("great_expectations_version", "")),
+        ("checkpoint id", meta.get("checkpoint_id", "")),
+    ]
+    return "".join(
+        [
+            section(
+                f"Suite {v.suite}",
+                table(["key", "value"], facts),
+                cards(
+                    [
+                        ("expectations", n),
+                        ("passed", ok),
+                        ("failed", bad),
+                        ("result", "success" if v.data.get("success") else "failure"),
+                    ]
+                ),
+            ),
+            section(
+                "Expectations",
+                table(
+                    ["status", "severity", "check", "expectation", "column", "arguments", "observed"],
+                    rows,
+                    wrap=[2, 3, 5, 6],
+                ),
+            ),
+        ]
+    )
 
 
 def write_data_docs(validations_dir: Path, out_dir: Path) -> Path:
@@ -232,8 +297,15 @@ def write_data_docs(validations_dir: Path, out_dir: Path) -> Path:
 
     def write(rel: str, title: str, body: str, run_id: str) -> None:
         depth = rel.count("/")
-        doc = template.substitute(release=RELEASE_PENDING, site="MedReCo-DB Data Docs", title=esc(title), run_id=esc(run_id),
-                                  subtitle=esc(subtitle), nav=_nav(depth, rel if rel == INDEX else ""), body=body)
+        doc = template.substitute(
+            release=RELEASE_PENDING,
+            site="MedReCo-DB Data Docs",
+            title=esc(title),
+            run_id=esc(run_id),
+            subtitle=esc(subtitle),
+            nav=_nav(depth, rel if rel == INDEX else ""),
+            body=body,
+        )
         target = out_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(doc, encoding="utf-8")

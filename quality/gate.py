@@ -55,8 +55,11 @@ def load_tables(ctx: BuildContext) -> dict:
     """
     from quality.partitions import PartitionedTable
 
-    tables: dict = {t: PartitionedTable.from_storage(ctx.storage, zones.curated_table(t), s, metadata_columns(t))
-                    for t, s in SCHEMAS.items() if t != "ledger"}
+    tables: dict = {
+        t: PartitionedTable.from_storage(ctx.storage, zones.curated_table(t), s, metadata_columns(t))
+        for t, s in SCHEMAS.items()
+        if t != "ledger"
+    }
     tables["ledger"] = ctx.storage.read_table(ctx.ledger_path, schema=SCHEMAS["ledger"])
     return tables
 
@@ -76,8 +79,14 @@ def _history(ctx: BuildContext) -> list[dict]:
         if p.endswith(".json"):
             h = json.loads(ctx.storage.read_text(p))
             statuses = {k: h["ledger"].get(k, 0) for k in ("ingested", "quarantined", "duplicate", "skipped")}
-            out.append({"run_id": h["run_id"], **statuses, "studies": h["tables"].get("studies", 0),
-                        "pairs": h["tables"].get("pairs", 0)})
+            out.append(
+                {
+                    "run_id": h["run_id"],
+                    **statuses,
+                    "studies": h["tables"].get("studies", 0),
+                    "pairs": h["tables"].get("pairs", 0),
+                }
+            )
     return sorted(out, key=lambda h: h["run_id"])
 
 
@@ -96,8 +105,9 @@ def raise_on_critical(report, details: str = "") -> None:
     if failed:
         names = "; ".join(f"{r.table}: {r.check} ({r.message})" for r in failed[:10])
         more = f" and {len(failed) - 10} more" if len(failed) > 10 else ""
-        raise QualityGateError(f"{len(failed)} critical quality check(s) failed: {names}{more}"
-                               + (f" (see {details})" if details else ""))
+        raise QualityGateError(
+            f"{len(failed)} critical quality check(s) failed: {names}{more}" + (f" (see {details})" if details else "")
+        )
 
 
 def _pull(storage: Storage, rel: str, local: Path) -> dict[str, bytes]:
@@ -161,9 +171,17 @@ def quality_stage(ctx: BuildContext, keep_runs: int | None = None) -> dict:
         else:
             project, docs = Path(gx_tmp) / "reports", Path(gx_tmp) / "reports" / "data_docs"
             before = {**_pull(st, GX_DIR, project / "gx"), **_pull(st, DATA_DOCS_DIR, docs)}
-        report = run_checks(tables, load_ontology(), expected_files={ctx.run_id: plan_rows}, review=review,
-                            run_id=ctx.run_id, gx_project_dir=project, data_docs_dir=docs, keep_runs=keep_runs,
-                            payload_integrity=recorded_integrity(st, ctx.cfg.shard_count))
+        report = run_checks(
+            tables,
+            load_ontology(),
+            expected_files={ctx.run_id: plan_rows},
+            review=review,
+            run_id=ctx.run_id,
+            gx_project_dir=project,
+            data_docs_dir=docs,
+            keep_runs=keep_runs,
+            payload_integrity=recorded_integrity(st, ctx.cfg.shard_count),
+        )
         if before is not None:
             _push(st, GX_DIR, project / "gx", {k: v for k, v in before.items() if k.startswith(GX_DIR + "/")})
             _push(st, DATA_DOCS_DIR, docs, {k: v for k, v in before.items() if k.startswith(DATA_DOCS_DIR + "/")})
@@ -172,14 +190,26 @@ def quality_stage(ctx: BuildContext, keep_runs: int | None = None) -> dict:
         st.write_table(row_flags_path(ctx.run_id), report.flags_table)
     st.write_text(zones.LATEST_QUALITY_RUN, json.dumps({"run_id": ctx.run_id}))
     balance = json.loads(st.read_text(f"{ctx.run_dir}/ledger_balance.json"))
-    run_info = {"run_id": ctx.run_id, "deid_audit": deid_audit(ctx), "ledger": balance,
-                "config": ctx.cfg.name}
+    run_info = {"run_id": ctx.run_id, "deid_audit": deid_audit(ctx), "ledger": balance, "config": ctx.cfg.name}
     with tempfile.TemporaryDirectory() as tmp:
         history = [h for h in _history(ctx) if h["run_id"] != ctx.run_id]
-        history.append({"run_id": ctx.run_id, **{k: balance.get(k, 0) for k in ("ingested", "quarantined", "duplicate", "skipped")},
-                        "studies": tables["studies"].num_rows, "pairs": tables["pairs"].num_rows})
-        index = build_dashboard(tables, report, run_info, Path(tmp), history=history, review=review,
-                                data_docs_href="../data_docs/index.html")
+        history.append(
+            {
+                "run_id": ctx.run_id,
+                **{k: balance.get(k, 0) for k in ("ingested", "quarantined", "duplicate", "skipped")},
+                "studies": tables["studies"].num_rows,
+                "pairs": tables["pairs"].num_rows,
+            }
+        )
+        index = build_dashboard(
+            tables,
+            report,
+            run_info,
+            Path(tmp),
+            history=history,
+            review=review,
+            data_docs_href="../data_docs/index.html",
+        )
         base = Path(tmp)
         st.delete(zones.DASHBOARD_DIR)
         for f in sorted(base.rglob("*")):
@@ -187,5 +217,10 @@ def quality_stage(ctx: BuildContext, keep_runs: int | None = None) -> dict:
                 st.write_bytes(f"{zones.DASHBOARD_DIR}/{f.relative_to(base).as_posix()}", f.read_bytes())
         index_rel = f"{zones.DASHBOARD_DIR}/{Path(index).relative_to(base).as_posix()}"
     raise_on_critical(report, st.full_uri(zones.quality_report(ctx.run_id)))
-    return {"checks": len(report.results), "warnings": len(report.warnings), "critical_failures": 0,
-            "dashboard": st.full_uri(index_rel), "data_docs": st.full_uri(f"{DATA_DOCS_DIR}/index.html")}
+    return {
+        "checks": len(report.results),
+        "warnings": len(report.warnings),
+        "critical_failures": 0,
+        "dashboard": st.full_uri(index_rel),
+        "data_docs": st.full_uri(f"{DATA_DOCS_DIR}/index.html"),
+    }

@@ -49,8 +49,14 @@ _OBSERVED_KEYS = ("element_count", "unexpected_count", "missing_count")
 _VALIDATIONS_DIR = ("uncommitted", "validations")
 #: expectation types that judge each row on its own (a failure is a fact about those rows, not the table): a
 #: suite entry of these types fails the build only above ``row_level.max_failed_rate`` (quality/row_flags.py)
-ROW_LEVEL_TYPES = frozenset({"expect_column_values_to_be_between", "expect_column_values_to_be_in_set",
-                             "expect_column_values_to_match_regex", "expect_column_values_to_not_be_null"})
+ROW_LEVEL_TYPES = frozenset(
+    {
+        "expect_column_values_to_be_between",
+        "expect_column_values_to_be_in_set",
+        "expect_column_values_to_match_regex",
+        "expect_column_values_to_not_be_null",
+    }
+)
 
 
 @dataclass
@@ -192,8 +198,15 @@ def _entry(raw: dict, suite: str, table: str, label_of) -> dict:
         raise QualityInputError("bad_rules", f"suite {suite}: {etype} severity must be one of {SEVERITIES}")
     cols = [raw[k] for k in ("column", "column_A", "column_B") if k in raw] or raw.get("column_list", [])
     label = ",".join(label_of(c) for c in cols)
-    return {"type": etype, "kwargs": raw, "severity": severity, "check": check or f"{etype}:{label}",
-            "column": label, "columns": cols, "row_level": row_level}
+    return {
+        "type": etype,
+        "kwargs": raw,
+        "severity": severity,
+        "check": check or f"{etype}:{label}",
+        "column": label,
+        "columns": cols,
+        "row_level": row_level,
+    }
 
 
 def _mark_row_level(entries: list[dict]) -> list[dict]:
@@ -239,14 +252,29 @@ def build_suite_specs(config: dict, schemas: dict[str, pa.Schema] | None = None)
         spec = SuiteSpec(table, table)
         keys = key_columns(schema)
         for k in keys:
-            spec.expectations.append(_entry({"type": "expect_column_values_to_not_be_null", "column": k,
-                                             "severity": key_sev}, table, table, str))
+            spec.expectations.append(
+                _entry(
+                    {"type": "expect_column_values_to_not_be_null", "column": k, "severity": key_sev}, table, table, str
+                )
+            )
         if len(keys) == 1:
-            spec.expectations.append(_entry({"type": "expect_column_values_to_be_unique", "column": keys[0],
-                                             "severity": key_sev}, table, table, str))
+            spec.expectations.append(
+                _entry(
+                    {"type": "expect_column_values_to_be_unique", "column": keys[0], "severity": key_sev},
+                    table,
+                    table,
+                    str,
+                )
+            )
         else:
-            spec.expectations.append(_entry({"type": "expect_compound_columns_to_be_unique", "column_list": keys,
-                                             "severity": key_sev}, table, table, str))
+            spec.expectations.append(
+                _entry(
+                    {"type": "expect_compound_columns_to_be_unique", "column_list": keys, "severity": key_sev},
+                    table,
+                    table,
+                    str,
+                )
+            )
         spec.expectations += _mark_row_level([_entry(e, table, table, str) for e in config["suites"].get(table, [])])
         specs.append(spec)
     for table, schema in schemas.items():
@@ -255,16 +283,26 @@ def build_suite_specs(config: dict, schemas: dict[str, pa.Schema] | None = None)
         regex = combined_phi_regex(config, table)
         text_cols = [f.name for f in schema if _is_stringish(f.type)]
         critical = [c for c in phi.get("critical_columns", {}).get(table, []) if c in text_cols]
-        groups = [("critical", critical), (phi.get("severity_elsewhere", "warning"),
-                                           [c for c in text_cols if c not in critical])]
+        groups = [
+            ("critical", critical),
+            (phi.get("severity_elsewhere", "warning"), [c for c in text_cols if c not in critical]),
+        ]
         for severity, cols in groups:
             if not cols:
                 continue
             name = f"{table}__phi_{severity}"
-            entry = _entry({"type": "expect_column_values_to_not_match_regex_list", "column": "value",
-                            "regex_list": [regex], "severity": severity,
-                            "check": f"expect_column_values_to_not_match_regex_list:{'|'.join(cols)}"},
-                           name, table, str)
+            entry = _entry(
+                {
+                    "type": "expect_column_values_to_not_match_regex_list",
+                    "column": "value",
+                    "regex_list": [regex],
+                    "severity": severity,
+                    "check": f"expect_column_values_to_not_match_regex_list:{'|'.join(cols)}",
+                },
+                name,
+                table,
+                str,
+            )
             entry["column"] = "|".join(cols)
             specs.append(SuiteSpec(name, table, melt=cols, expectations=[entry]))
     for name, view in views.items():
@@ -275,10 +313,13 @@ def build_suite_specs(config: dict, schemas: dict[str, pa.Schema] | None = None)
         if not (pa.types.is_list(vtype) or pa.types.is_large_list(vtype)):
             raise QualityInputError("bad_rules", f"view {name}: {table}.{col} is not a list column")
         fields = [f.name for f in vtype.value_type] if pa.types.is_struct(vtype.value_type) else [col]
-        label_of = (lambda c, col=col: f"{col}[].{c}") if pa.types.is_struct(vtype.value_type) else (
-            lambda c: f"{c}[]")
-        spec = SuiteSpec(name, table, col,
-                         _mark_row_level([_entry(e, name, table, label_of) for e in config["suites"].get(name, [])]))
+        label_of = (lambda c, col=col: f"{col}[].{c}") if pa.types.is_struct(vtype.value_type) else (lambda c: f"{c}[]")
+        spec = SuiteSpec(
+            name,
+            table,
+            col,
+            _mark_row_level([_entry(e, name, table, label_of) for e in config["suites"].get(name, [])]),
+        )
         for e in spec.expectations:
             bad = [c for c in e["columns"] if c not in fields]
             if bad:
@@ -348,8 +389,10 @@ def to_frame(table: pa.Table, explode: str | None = None, melt: list[str] | None
             continue
         if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
             if _is_stringish(f.type):
-                joined = [None if v is None else "\n".join(x for x in v if x is not None)
-                          for v in table.column(f.name).to_pylist()]
+                joined = [
+                    None if v is None else "\n".join(x for x in v if x is not None)
+                    for v in table.column(f.name).to_pylist()
+                ]
                 keep[f.name] = pa.array(joined, type=pa.string())
             continue
         keep[f.name] = table.column(f.name)
@@ -377,8 +420,9 @@ def _context(project_dir: Path | None):
     return ctx
 
 
-def prune_validation_results(project_dir: Path, data_docs_dir: Path | None, keep_runs: int,
-                             current_run: str | None = None) -> list[str]:
+def prune_validation_results(
+    project_dir: Path, data_docs_dir: Path | None, keep_runs: int, current_run: str | None = None
+) -> list[str]:
     """Delete the validation results (and their Data Docs pages) of all but the newest ``keep_runs`` runs.
 
     Results live in ``<project_dir>/gx/uncommitted/validations/<suite>/<run_name>/<run_time>/``; a run's age
@@ -463,9 +507,13 @@ def _to_check_result(spec: SuiteSpec, entry: dict, r) -> CheckResult:
 
 #: column-map expectation types whose per-partition results add up (counts of failing rows summed): run
 #: partition by partition; every other type (uniqueness across the table) runs once on its own columns
-PARTITION_TYPES = ROW_LEVEL_TYPES | frozenset({"expect_column_values_to_not_match_regex_list",
-                                               "expect_column_values_to_not_match_regex",
-                                               "expect_column_pair_values_a_to_be_greater_than_b"})
+PARTITION_TYPES = ROW_LEVEL_TYPES | frozenset(
+    {
+        "expect_column_values_to_not_match_regex_list",
+        "expect_column_values_to_not_match_regex",
+        "expect_column_pair_values_a_to_be_greater_than_b",
+    }
+)
 _SUMMED_KEYS = ("element_count", "unexpected_count", "missing_count")
 
 
@@ -529,8 +577,13 @@ def merge_partition_results(entry: dict, parts: list) -> Any:
         den = n
     mostly = float(entry["kwargs"].get("mostly", 1.0))
     success = bad == 0 if mostly >= 1.0 else (den == 0 or (den - bad) / den >= mostly)
-    return ExpectationValidationResult(success=success, expectation_config=first.expectation_config, result=res,
-                                       meta=first.meta, exception_info=first.exception_info)
+    return ExpectationValidationResult(
+        success=success,
+        expectation_config=first.expectation_config,
+        result=res,
+        meta=first.meta,
+        exception_info=first.exception_info,
+    )
 
 
 def _validate_partitioned(gx, ctx, spec: SuiteSpec, suite, batch_def, table: PartitionedTable, params: dict):
@@ -543,9 +596,14 @@ def _validate_partitioned(gx, ctx, spec: SuiteSpec, suite, batch_def, table: Par
     def sub_suite(entries: list[dict]):
         sub = gx.ExpectationSuite(name=spec.name, meta=suite.meta)
         for e in entries:
-            sub.add_expectation_configuration(ExpectationConfiguration(
-                type=e["type"], kwargs=e["kwargs"], severity=e["severity"],
-                meta={"severity": e["severity"], "check": e["check"], "table": spec.table}))
+            sub.add_expectation_configuration(
+                ExpectationConfiguration(
+                    type=e["type"],
+                    kwargs=e["kwargs"],
+                    severity=e["severity"],
+                    meta={"severity": e["severity"], "check": e["check"], "table": spec.table},
+                )
+            )
         return sub
 
     def run(frame, sub):
@@ -571,15 +629,23 @@ def _validate_partitioned(gx, ctx, spec: SuiteSpec, suite, batch_def, table: Par
         by_check.update({r.expectation_config.meta.get("check"): r for r in vr.results})
     results = [by_check[e["check"]] for e in spec.expectations]
     ok = sum(bool(r.success) for r in results)
-    stats = {"evaluated_expectations": len(results), "successful_expectations": ok,
-             "unsuccessful_expectations": len(results) - ok,
-             "success_percent": 100.0 * ok / len(results) if results else None}
+    stats = {
+        "evaluated_expectations": len(results),
+        "successful_expectations": ok,
+        "unsuccessful_expectations": len(results) - ok,
+        "success_percent": 100.0 * ok / len(results) if results else None,
+    }
     meta = dict(template.meta) if template is not None else {}
     meta["partitions"] = table.n_partitions
-    return ExpectationSuiteValidationResult(success=ok == len(results), results=results, suite_name=spec.name,
-                                            suite_parameters=getattr(template, "suite_parameters", None),
-                                            statistics=stats, meta=meta,
-                                            batch_id=getattr(template, "batch_id", None))
+    return ExpectationSuiteValidationResult(
+        success=ok == len(results),
+        results=results,
+        suite_name=spec.name,
+        suite_parameters=getattr(template, "suite_parameters", None),
+        statistics=stats,
+        meta=meta,
+        batch_id=getattr(template, "batch_id", None),
+    )
 
 
 def suite_parameters(config: dict, ontology: Any, today: dt.date | None = None) -> dict[str, Any]:
@@ -602,8 +668,11 @@ def suite_parameters(config: dict, ontology: Any, today: dt.date | None = None) 
     today = today or dt.date.today()
     earliest = dt.datetime.fromisoformat(str(config["dates"]["earliest"])) - dt.timedelta(days=MAX_DATE_SHIFT_DAYS)
     latest = dt.datetime.combine(today + dt.timedelta(days=int(config["dates"]["max_days_after_today"])), dt.time.max)
-    return {"ontology_concept_ids": sorted(ontology.concepts), "earliest_plausible_date": earliest,
-            "latest_plausible_date": latest}
+    return {
+        "ontology_concept_ids": sorted(ontology.concepts),
+        "earliest_plausible_date": earliest,
+        "latest_plausible_date": latest,
+    }
 
 
 def run_suites(
@@ -663,8 +732,11 @@ def run_suites(
     project = Path(project_dir) if project_dir is not None else None
     docs = Path(data_docs_dir) if (data_docs_dir is not None and project is not None) else None
     if project is not None:
-        keep = keep_runs if keep_runs is not None else int((config.get("data_docs") or {}).get("keep_runs",
-                                                                                            DEFAULT_KEEP_RUNS))
+        keep = (
+            keep_runs
+            if keep_runs is not None
+            else int((config.get("data_docs") or {}).get("keep_runs", DEFAULT_KEEP_RUNS))
+        )
         if keep < 1:
             raise ValueError(f"keep_runs must be >= 1, got {keep}")
         prune_validation_results(project, docs, keep - 1, current_run=run_name)
@@ -683,23 +755,41 @@ def run_suites(
             batch_def = ds.add_dataframe_asset(spec.name).add_batch_definition_whole_dataframe("whole_table")
         suite = gx.ExpectationSuite(name=spec.name, meta={"table": spec.table, "view_of": spec.explode})
         for e in spec.expectations:
-            suite.add_expectation_configuration(ExpectationConfiguration(
-                type=e["type"], kwargs=e["kwargs"], severity=e["severity"],
-                meta={"severity": e["severity"], "check": e["check"], "table": spec.table}))
+            suite.add_expectation_configuration(
+                ExpectationConfiguration(
+                    type=e["type"],
+                    kwargs=e["kwargs"],
+                    severity=e["severity"],
+                    meta={"severity": e["severity"], "check": e["check"], "table": spec.table},
+                )
+            )
         suite = ctx.suites.add_or_update(suite)
-        vd = ctx.validation_definitions.add_or_update(gx.ValidationDefinition(name=spec.name, data=batch_def,
-                                                                              suite=suite))
-        ctx.checkpoints.add_or_update(gx.Checkpoint(name=f"medreco_{spec.name}", validation_definitions=[vd],
-                                                    actions=[], result_format=RESULT_FORMAT))
+        vd = ctx.validation_definitions.add_or_update(
+            gx.ValidationDefinition(name=spec.name, data=batch_def, suite=suite)
+        )
+        ctx.checkpoints.add_or_update(
+            gx.Checkpoint(
+                name=f"medreco_{spec.name}", validation_definitions=[vd], actions=[], result_format=RESULT_FORMAT
+            )
+        )
         merged = _validate_partitioned(gx, ctx, spec, suite, batch_def, as_partitioned(tables[spec.table]), params)
-        merged.meta.update({"validation_id": vd.id, "checkpoint_id": None, "run_id": run_id,
-                            "validation_time": run_id.run_time,
-                            "batch_parameters": {"dataframe": "<partitions>"}})
+        merged.meta.update(
+            {
+                "validation_id": vd.id,
+                "checkpoint_id": None,
+                "run_id": run_id,
+                "validation_time": run_id.run_time,
+                "batch_parameters": {"dataframe": "<partitions>"},
+            }
+        )
         suite_id = ExpectationSuiteIdentifier(name=suite.name)
         ctx.validation_results_store.store_validation_results(
-            suite_validation_result=merged, expectation_suite_identifier=suite_id,
+            suite_validation_result=merged,
+            expectation_suite_identifier=suite_id,
             suite_validation_result_identifier=ValidationResultIdentifier(
-                batch_identifier=merged.batch_id or spec.name, expectation_suite_identifier=suite_id, run_id=run_id))
+                batch_identifier=merged.batch_id or spec.name, expectation_suite_identifier=suite_id, run_id=run_id
+            ),
+        )
         by_check = {r.expectation_config.meta.get("check"): r for r in merged.results}
         for e in spec.expectations:
             out.append(_to_check_result(spec, e, by_check[e["check"]]))

@@ -26,8 +26,9 @@ PAGES = (
 #: the navigation's way to the quarantine review: the quarantine page's "record decisions" section, which exists
 #: whether the dashboard is served or opened from disk (a file has no app behind ``../review``); that section links
 #: the served app (:data:`REVIEW_APP_LINK`)
-REVIEW_LINK = ('<a class="review" href="quarantine.html#record-decisions" id="review-nav">'
-               'Quarantine review (record decisions)</a>')
+REVIEW_LINK = (
+    '<a class="review" href="quarantine.html#record-decisions" id="review-nav">Quarantine review (record decisions)</a>'
+)
 #: the served app's quarantine review (``/review`` beside ``/dashboard/``, wherever the app is mounted: relative)
 REVIEW_APP_LINK = '<a class="review" href="../review" id="review-link">Open the review app</a>'
 
@@ -39,8 +40,10 @@ RELEASE_PENDING = '<!--release--><span id="release">release: not yet published b
 
 def release_label(version: str, content_hash: str) -> str:
     """The header's release slot naming a published release: version and the first 16 hex of its content hash."""
-    return (f'<!--release--><span id="release">release <span class="mono">{esc(version)}</span> (content hash '
-            f'<span class="mono">{esc(content_hash[:16])}</span>)</span><!--/release-->')
+    return (
+        f'<!--release--><span id="release">release <span class="mono">{esc(version)}</span> (content hash '
+        f'<span class="mono">{esc(content_hash[:16])}</span>)</span><!--/release-->'
+    )
 
 
 class Html(str):
@@ -65,20 +68,27 @@ def fmt(v) -> str:
     return str(v)
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence], numeric: Iterable[int] = (),
-           wrap: Iterable[int] = ()) -> str:
+def table(
+    headers: Sequence[str], rows: Iterable[Sequence], numeric: Iterable[int] = (), wrap: Iterable[int] = ()
+) -> str:
     """An HTML table; ``numeric`` columns right-aligned and formatted, ``wrap`` columns (long codes, JSON,
     messages) may break anywhere, so the table never overflows its card."""
     num, brk = set(numeric), set(wrap)
-    head = "".join(f'<th class="num">{esc(h)}</th>' if i in num else f"<th>{esc(h)}</th>"
-                   for i, h in enumerate(headers))
+    head = "".join(
+        f'<th class="num">{esc(h)}</th>' if i in num else f"<th>{esc(h)}</th>" for i, h in enumerate(headers)
+    )
     body = []
     for row in rows:
         cells = []
         for i, v in enumerate(row):
             txt = esc(v) if isinstance(v, Html) else esc(fmt(v) if i in num else v)
-            cells.append(f'<td class="num">{txt}</td>' if i in num else
-                         f'<td class="wrap">{txt}</td>' if i in brk else f"<td>{txt}</td>")
+            cells.append(
+                f'<td class="num">{txt}</td>'
+                if i in num
+                else f'<td class="wrap">{txt}</td>'
+                if i in brk
+                else f"<td>{txt}</td>"
+            )
         body.append("<tr>" + "".join(cells) + "</tr>")
     if not body:
         body.append(f'<tr><td colspan="{len(headers)}" class="empty">none</td></tr>')
@@ -87,9 +97,13 @@ def table(headers: Sequence[str], rows: Iterable[Sequence], numeric: Iterable[in
 
 def cards(items: Sequence[tuple[str, object]]) -> str:
     """A row of number cards, one per ``(label, value)``."""
-    return '<div class="cards">' + "".join(
-        f'<div class="card"><div class="v">{esc(fmt(v))}</div><div class="k">{esc(k)}</div></div>' for k, v in items
-    ) + "</div>"
+    return (
+        '<div class="cards">'
+        + "".join(
+            f'<div class="card"><div class="v">{esc(fmt(v))}</div><div class="k">{esc(k)}</div></div>' for k, v in items
+        )
+        + "</div>"
+    )
 
 
 def section(title: str, *content: str) -> str:
@@ -103,5 +117,3 @@ def badge(passed: bool, severity: str = "critical") -> Html:
         return Html('<span class="badge pass">PASS</span>')
     cls = "fail" if severity == "critical" else "warn"
     return Html(f'<span class="badge {cls}">FAIL</span>')
-
-

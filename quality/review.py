@@ -67,15 +67,27 @@ def quarantine_items(storage: Storage) -> list[dict]:
     out = []
     for r in ledger.filter(pa.compute.equal(ledger["status"], "quarantined")).to_pylist():
         d = decisions.get(r["opaque_id"], {})
-        out.append({"id": r["opaque_id"], "run_id": r["run_id"], "institution": r["institution"], "kind": r["kind"],
-                    "stage": r["stage"], "reason": r["reason"], "detail": r["detail"],
-                    "decision": d.get("decision", "pending"), "decided_at": d.get("decided_at"),
-                    "note": d.get("note", ""), "curator": d.get("curator", "")})
+        out.append(
+            {
+                "id": r["opaque_id"],
+                "run_id": r["run_id"],
+                "institution": r["institution"],
+                "kind": r["kind"],
+                "stage": r["stage"],
+                "reason": r["reason"],
+                "detail": r["detail"],
+                "decision": d.get("decision", "pending"),
+                "decided_at": d.get("decided_at"),
+                "note": d.get("note", ""),
+                "curator": d.get("curator", ""),
+            }
+        )
     return sorted(out, key=lambda i: (str(i["institution"]), str(i["reason"]), i["id"]))
 
 
-def record_decision(storage: Storage, item_id: str, decision: str, note: str = "", curator: str = "",
-                    now: dt.datetime | None = None) -> dict:
+def record_decision(
+    storage: Storage, item_id: str, decision: str, note: str = "", curator: str = "", now: dt.datetime | None = None
+) -> dict:
     """Record (or replace) a curator's decision on one quarantined file of the latest run.
 
     Parameters
@@ -112,8 +124,9 @@ def record_decision(storage: Storage, item_id: str, decision: str, note: str = "
     if len(note) > _NOTE_MAX or not _NOTE_OK.match(note):
         raise ReviewError("bad_note", "notes take letters and punctuation only (no digits, @, ^)")
     if not CURATOR_RE.fullmatch(curator or ""):
-        raise ReviewError("bad_curator", "a decision needs the curator's identity (letters, digits, . _ @ + - "
-                          "and single spaces)")
+        raise ReviewError(
+            "bad_curator", "a decision needs the curator's identity (letters, digits, . _ @ + - and single spaces)"
+        )
     item = {i["id"]: i for i in quarantine_items(storage)}.get(str(item_id).lower())
     if item is None:
         raise ReviewError("unknown_item", f"no quarantined file with id {item_id!r} in the latest run")
@@ -121,9 +134,14 @@ def record_decision(storage: Storage, item_id: str, decision: str, note: str = "
     path = latest_ledger_path(storage)
     ledger = storage.read_table(path, schema=LEDGER_SCHEMA)
     sha = next(s for s in ledger["sha256"].to_pylist() if s.lower().startswith(item["id"]))
-    entry = {"sha256": sha.lower(), "decision": decision,
-             "decided_at": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
-             "note": note.strip(), "curator": curator.strip(), "reason": item["reason"]}
+    entry = {
+        "sha256": sha.lower(),
+        "decision": decision,
+        "decided_at": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
+        "note": note.strip(),
+        "curator": curator.strip(),
+        "reason": item["reason"],
+    }
     before = [d for d in load_review(storage) if d["sha256"][:12] == entry["sha256"][:12]]
     _audit(storage, {**entry, "previous": before[0]["decision"] if before else None, "run_id": item["run_id"]})
     entries = [d for d in load_review(storage) if d["sha256"][:12] != entry["sha256"][:12]]

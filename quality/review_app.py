@@ -53,8 +53,14 @@ def _e(v) -> str:
     return html.escape("" if v is None else str(v), quote=True)
 
 
-def review_page(items: list[dict], request: Request, message: str = "", curator: str = "",
-                error: str = "", kept: tuple[str, str] = ("", "")) -> str:
+def review_page(
+    items: list[dict],
+    request: Request,
+    message: str = "",
+    curator: str = "",
+    error: str = "",
+    kept: tuple[str, str] = ("", ""),
+) -> str:
     """The quarantine review page (HTML): one row per item with its decision, who made it, the note, and a form
     (a free-text note and the two decision buttons).
 
@@ -77,43 +83,56 @@ def review_page(items: list[dict], request: Request, message: str = "", curator:
     rows = []
     for i in items:
         action = _e(request.url_for("post_decision", item_id=i["id"]).path)
-        buttons = "".join(f'<button type="submit" name="decision" value="{d}" id="{d}-{_e(i["id"])}">{label}</button>'
-                          for d, label in (("release", "Release after fix"), ("reject", "Reject")))
+        buttons = "".join(
+            f'<button type="submit" name="decision" value="{d}" id="{d}-{_e(i["id"])}">{label}</button>'
+            for d, label in (("release", "Release after fix"), ("reject", "Reject"))
+        )
         value = f' value="{_e(kept[1])}"' if kept[0] == i["id"] and kept[1] else ""
-        form = (f'<form method="post" action="{action}"><input type="text" name="note" maxlength="200" '
-                f'id="note-{_e(i["id"])}" placeholder="note (letters and punctuation)"{value} '
-                f'aria-label="note on {_e(i["id"])}">{buttons}</form>')
-        rows.append(f'<tr id="item-{_e(i["id"])}"><td class="mono">{_e(i["id"])}</td><td>{_e(i["institution"])}</td>'
-                    f'<td>{_e(i["kind"])}</td><td>{_e(i["stage"])}</td><td>{_e(i["reason"])}</td>'
-                    f'<td>{_e(i["detail"])}</td><td class="{_e(i["decision"])}" data-decision="{_e(i["decision"])}">'
-                    f'{_e(i["decision"])}</td><td>{_e(str(i.get("decided_at") or "")[:10])}</td>'
-                    f'<td data-curator>{_e(i.get("curator") or "")}</td><td data-note>{_e(i.get("note") or "")}</td>'
-                    f"<td>{form}</td></tr>")
+        form = (
+            f'<form method="post" action="{action}"><input type="text" name="note" maxlength="200" '
+            f'id="note-{_e(i["id"])}" placeholder="note (letters and punctuation)"{value} '
+            f'aria-label="note on {_e(i["id"])}">{buttons}</form>'
+        )
+        rows.append(
+            f'<tr id="item-{_e(i["id"])}"><td class="mono">{_e(i["id"])}</td><td>{_e(i["institution"])}</td>'
+            f"<td>{_e(i['kind'])}</td><td>{_e(i['stage'])}</td><td>{_e(i['reason'])}</td>"
+            f'<td>{_e(i["detail"])}</td><td class="{_e(i["decision"])}" data-decision="{_e(i["decision"])}">'
+            f"{_e(i['decision'])}</td><td>{_e(str(i.get('decided_at') or '')[:10])}</td>"
+            f"<td data-curator>{_e(i.get('curator') or '')}</td><td data-note>{_e(i.get('note') or '')}</td>"
+            f"<td>{form}</td></tr>"
+        )
     pending = sum(i["decision"] == "pending" for i in items)
-    body = ("<table><thead><tr><th>id</th><th>institution</th><th>kind</th><th>stage</th><th>reason</th>"
-            "<th>detail</th><th>decision</th><th>decided</th><th>curator</th><th>note</th><th>record</th></tr></thead>"
-            "<tbody>" + ("".join(rows) or '<tr><td colspan="11">no quarantined files</td></tr>') + "</tbody></table>")
-    nav = "".join(f'<a href="{_e(request.url_for("zone_file", zone="dashboard", path=page).path)}">{_e(title)}</a>'
-                  for page, title in PAGES)
+    body = (
+        "<table><thead><tr><th>id</th><th>institution</th><th>kind</th><th>stage</th><th>reason</th>"
+        "<th>detail</th><th>decision</th><th>decided</th><th>curator</th><th>note</th><th>record</th></tr></thead>"
+        "<tbody>" + ("".join(rows) or '<tr><td colspan="11">no quarantined files</td></tr>') + "</tbody></table>"
+    )
+    nav = "".join(
+        f'<a href="{_e(request.url_for("zone_file", zone="dashboard", path=page).path)}">{_e(title)}</a>'
+        for page, title in PAGES
+    )
     docs = _e(request.url_for("zone_file", zone="data_docs", path="index.html").path)
     note = f'<p role="status">{_e(message)}</p>' if message else ""
     note += f'<p role="alert" class="error" id="error">{_e(error)}</p>' if error else ""
     who = f' · signed in as <span class="mono" id="curator">{_e(curator)}</span>' if curator else ""
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">'
-            f"<title>Quarantine review · MedReCo-DB</title><style>{_STYLE}</style></head><body><header>"
-            f"<h1>MedReCo-DB quarantine review</h1><div class=\"sub\">curator review{who}</div></header>"
-            f'<nav>{nav}<a href="{docs}">Data Docs</a><a class="here" href="">Quarantine review</a></nav><main>{note}'
-            f"<p>{len(items)} quarantined files of the latest run, {pending} pending. A decision is stored in "
-            "<span class=\"mono\">reports/quarantine_review.json</span> with your name and note, appended to the "
-            "audit trail, and honoured by the next run: a rejected "
-            "file stays out for good (<span class=\"mono\">curator_rejected</span>); a file released after fix "
-            "flows on once the fix lets it pass. Files are shown by opaque id only; notes take letters and "
-            "punctuation (no digits: no date, id or phone number can be typed in).</p>"
-            f"{body}</main></body></html>")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+        f"<title>Quarantine review · MedReCo-DB</title><style>{_STYLE}</style></head><body><header>"
+        f'<h1>MedReCo-DB quarantine review</h1><div class="sub">curator review{who}</div></header>'
+        f'<nav>{nav}<a href="{docs}">Data Docs</a><a class="here" href="">Quarantine review</a></nav><main>{note}'
+        f"<p>{len(items)} quarantined files of the latest run, {pending} pending. A decision is stored in "
+        '<span class="mono">reports/quarantine_review.json</span> with your name and note, appended to the '
+        "audit trail, and honoured by the next run: a rejected "
+        'file stays out for good (<span class="mono">curator_rejected</span>); a file released after fix '
+        "flows on once the fix lets it pass. Files are shown by opaque id only; notes take letters and "
+        "punctuation (no digits: no date, id or phone number can be typed in).</p>"
+        f"{body}</main></body></html>"
+    )
 
 
-def create_app(storage: Storage | Callable[[], Storage], *, authenticate: Authenticator,
-               guard: RequestGuard) -> FastAPI:
+def create_app(
+    storage: Storage | Callable[[], Storage], *, authenticate: Authenticator, guard: RequestGuard
+) -> FastAPI:
     """Build the curator app.
 
     Parameters
@@ -140,8 +159,9 @@ def create_app(storage: Storage | Callable[[], Storage], *, authenticate: Authen
             guard.check(request)  # Host first: a rebinding page learns nothing, not even the login prompt
             request.state.curator = await authenticate(request)
         except HTTPException as err:
-            response: Response = PlainTextResponse(str(err.detail), status_code=err.status_code,
-                                                   headers=err.headers or None)
+            response: Response = PlainTextResponse(
+                str(err.detail), status_code=err.status_code, headers=err.headers or None
+            )
         else:
             response = await call_next(request)
         for name, value in guard.headers(request.url.path).items():
@@ -154,8 +174,9 @@ def create_app(storage: Storage | Callable[[], Storage], *, authenticate: Authen
 
     @app.get("/review", response_class=HTMLResponse, name="review")
     def review(request: Request, message: str = "") -> HTMLResponse:
-        return HTMLResponse(review_page(quarantine_items(get_storage()), request, message[:200],
-                                        curator=request.state.curator))
+        return HTMLResponse(
+            review_page(quarantine_items(get_storage()), request, message[:200], curator=request.state.curator)
+        )
 
     @app.post("/review/{item_id}", name="post_decision")
     def post_decision(request: Request, item_id: str, decision: str = Form(...), note: str = Form("")) -> Response:
@@ -166,8 +187,13 @@ def create_app(storage: Storage | Callable[[], Storage], *, authenticate: Authen
             if err.reason == "unknown_item":
                 raise HTTPException(404, str(err)) from None
             # a refused note or decision: the page again, saying why, with the note back in its form
-            page = review_page(quarantine_items(storage), request, curator=request.state.curator,
-                               error=f"{item_id}: not recorded: {err.detail}", kept=(item_id, note[:200]))
+            page = review_page(
+                quarantine_items(storage),
+                request,
+                curator=request.state.curator,
+                error=f"{item_id}: not recorded: {err.detail}",
+                kept=(item_id, note[:200]),
+            )
             return HTMLResponse(page, status_code=400)
         url = request.url_for("review").include_query_params(message=f"{item_id}: {entry['decision']} recorded")
         return RedirectResponse(str(url.path) + "?" + url.query, 303)
@@ -185,12 +211,23 @@ def create_app(storage: Storage | Callable[[], Storage], *, authenticate: Authen
         if not isinstance(body, dict):
             raise HTTPException(400, "expected a JSON object")
         try:
-            entry = record_decision(get_storage(), str(body.get("id", "")), str(body.get("decision", "")),
-                                    str(body.get("note", "")), curator=request.state.curator)
+            entry = record_decision(
+                get_storage(),
+                str(body.get("id", "")),
+                str(body.get("decision", "")),
+                str(body.get("note", "")),
+                curator=request.state.curator,
+            )
         except ReviewError as err:
             raise HTTPException(404 if err.reason == "unknown_item" else 400, str(err)) from None
-        return JSONResponse({"id": entry["sha256"][:12], "decision": entry["decision"],
-                             "decided_at": entry["decided_at"], "curator": entry["curator"]})
+        return JSONResponse(
+            {
+                "id": entry["sha256"][:12],
+                "decision": entry["decision"],
+                "decided_at": entry["decided_at"],
+                "curator": entry["curator"],
+            }
+        )
 
     @app.get("/{zone}/{path:path}", name="zone_file")
     def zone_file(zone: str, path: str) -> Response:

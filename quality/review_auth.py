@@ -58,8 +58,11 @@ def token_from_env() -> str:
     """
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
-        raise ReviewAuthError("missing_review_token", f"set {TOKEN_ENV} (a secret of at least {MIN_TOKEN_CHARS} "
-                              "characters) to serve the review app: curators log in with it")
+        raise ReviewAuthError(
+            "missing_review_token",
+            f"set {TOKEN_ENV} (a secret of at least {MIN_TOKEN_CHARS} "
+            "characters) to serve the review app: curators log in with it",
+        )
     if len(token) < MIN_TOKEN_CHARS:
         raise ReviewAuthError("weak_review_token", f"{TOKEN_ENV} must have at least {MIN_TOKEN_CHARS} characters")
     return token
@@ -103,7 +106,9 @@ class TokenAuth:
             if not hmac.compare_digest(password.encode(), self.token.encode()):
                 raise _unauthorised()
             if not CURATOR_RE.fullmatch(user):
-                raise HTTPException(400, "the user name must be a curator name (letters, digits, . _ @ + - and single spaces)")
+                raise HTTPException(
+                    400, "the user name must be a curator name (letters, digits, . _ @ + - and single spaces)"
+                )
             return user
         raise _unauthorised()
 
@@ -135,8 +140,9 @@ async def _airflow_user(request: Request):
     credentials = await HTTPBearer(auto_error=False)(request)
     user = await get_user(request, None, credentials)  # 401/403 as for Airflow's own API
     method = "GET" if request.method in _SAFE_METHODS else "POST"
-    return user, bool(get_auth_manager().is_authorized_custom_view(method=method, resource_name=AIRFLOW_RESOURCE,
-                                                                   user=user))
+    return user, bool(
+        get_auth_manager().is_authorized_custom_view(method=method, resource_name=AIRFLOW_RESOURCE, user=user)
+    )
 
 
 def allowed_hosts_from_env(extra: Iterable[str] = ()) -> frozenset[str]:
@@ -195,7 +201,14 @@ class RequestGuard:
         dashboard and Data Docs files alike (inline styles, images from the app or ``data:``, nothing else: the
         curator pages need no script and no other origin, so a browser would refuse any outbound load)."""
         frame = "DENY" if self.frame_ancestors == "'none'" else "SAMEORIGIN"
-        csp = (f"default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'; "
-               f"base-uri 'none'; frame-ancestors {self.frame_ancestors}")
-        return {"X-Frame-Options": frame, "Content-Security-Policy": csp, "X-Content-Type-Options": "nosniff",
-                "Referrer-Policy": "same-origin", "Cache-Control": "no-store"}
+        csp = (
+            f"default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'; "
+            f"base-uri 'none'; frame-ancestors {self.frame_ancestors}"
+        )
+        return {
+            "X-Frame-Options": frame,
+            "Content-Security-Policy": csp,
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "same-origin",
+            "Cache-Control": "no-store",
+        }

@@ -37,8 +37,13 @@ DEFAULT_MAX_FAILED_RATE = 0.01
 #: tables whose checks are never row-level (restricted, and their balance is an invariant)
 NEVER_ROW_LEVEL_TABLES = frozenset({"ledger"})
 #: one flagged row: the table, its key (key columns joined by ``|``) and the failed check id
-FLAGS_SCHEMA = pa.schema([pa.field("table", pa.string(), nullable=False), pa.field("key", pa.string(), nullable=False),
-                          pa.field("check", pa.string(), nullable=False)])
+FLAGS_SCHEMA = pa.schema(
+    [
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("check", pa.string(), nullable=False),
+    ]
+)
 
 
 def _param(value: Any, params: Mapping[str, Any]) -> Any:
@@ -93,7 +98,10 @@ def failing_values(s: pd.Series, etype: str, kwargs: Mapping[str, Any], params: 
     bad = np.zeros(len(s), dtype=bool)
     v = s[present]
     if etype == "expect_column_values_to_be_between":
-        lo, hi = _as_bound(_param(kwargs.get("min_value"), params), s), _as_bound(_param(kwargs.get("max_value"), params), s)
+        lo, hi = (
+            _as_bound(_param(kwargs.get("min_value"), params), s),
+            _as_bound(_param(kwargs.get("max_value"), params), s),
+        )
         out = np.zeros(len(v), dtype=bool)
         if lo is not None:
             out |= (v <= lo).to_numpy() if kwargs.get("strict_min") else (v < lo).to_numpy()
@@ -158,8 +166,14 @@ def apply_row_tolerance(
     flags: list[dict] = []
     for r in results:
         spec, entry = entries.get((r.table, r.check), (None, None))
-        if (r.passed or entry is None or not entry.get("row_level") or r.table in NEVER_ROW_LEVEL_TABLES
-                or "exception" in r.observed or "unexpected_count" not in r.observed):
+        if (
+            r.passed
+            or entry is None
+            or not entry.get("row_level")
+            or r.table in NEVER_ROW_LEVEL_TABLES
+            or "exception" in r.observed
+            or "unexpected_count" not in r.observed
+        ):
             out.append(r)
             continue
         column = entry["kwargs"]["column"]
@@ -174,16 +188,36 @@ def apply_row_tolerance(
             n_rows += len(rows)
             flags += [{"table": r.table, "key": k, "check": r.check} for k in _keys(part, r.table, rows)]
         rate = float(n_bad) / checked if checked else 0.0
-        obs = {**r.observed, "flagged_rows": int(n_rows), "failed_rate": round(rate, 6),
-               "max_failed_rate": max_failed_rate}
+        obs = {
+            **r.observed,
+            "flagged_rows": int(n_rows),
+            "failed_rate": round(rate, 6),
+            "max_failed_rate": max_failed_rate,
+        }
         if rate <= max_failed_rate:
-            out.append(CheckResult(r.table, r.check, "warning", False, obs,
-                                   f"{n_rows} rows flagged ({100 * rate:.2f}% of values fail, limit "
-                                   f"{100 * max_failed_rate:g}%): {r.message}"))
+            out.append(
+                CheckResult(
+                    r.table,
+                    r.check,
+                    "warning",
+                    False,
+                    obs,
+                    f"{n_rows} rows flagged ({100 * rate:.2f}% of values fail, limit "
+                    f"{100 * max_failed_rate:g}%): {r.message}",
+                )
+            )
         else:
-            out.append(CheckResult(r.table, r.check, r.severity, False, obs,
-                                   f"{100 * rate:.2f}% of values fail (limit {100 * max_failed_rate:g}%, "
-                                   f"{n_rows} rows flagged): {r.message}"))
+            out.append(
+                CheckResult(
+                    r.table,
+                    r.check,
+                    r.severity,
+                    False,
+                    obs,
+                    f"{100 * rate:.2f}% of values fail (limit {100 * max_failed_rate:g}%, "
+                    f"{n_rows} rows flagged): {r.message}",
+                )
+            )
     flag_table = pa.Table.from_pylist(flags, schema=FLAGS_SCHEMA)
     if flag_table.num_rows:
         flag_table = flag_table.sort_by([("table", "ascending"), ("check", "ascending"), ("key", "ascending")])
@@ -195,4 +229,7 @@ def flag_counts(flags: pa.Table) -> dict[str, int]:
     if not flags.num_rows:
         return {}
     counts = flags.group_by(["table", "check"]).aggregate([("key", "count")]).to_pylist()
-    return {f"{c['table']}: {c['check']}": int(c["key_count"]) for c in sorted(counts, key=lambda c: (c["table"], c["check"]))}
+    return {
+        f"{c['table']}: {c['check']}": int(c["key_count"])
+        for c in sorted(counts, key=lambda c: (c["table"], c["check"]))
+    }

@@ -37,6 +37,7 @@ def default_config_path() -> str:
     ``config/demo.yaml`` (:data:`DEFAULT_CONFIG`)."""
     return os.environ.get(CONFIG_ENV) or str(DEFAULT_CONFIG)
 
+
 #: Airflow's default ``[core] max_map_length``: a mapped task may not fan out wider than this.
 AIRFLOW_MAX_MAP_LENGTH = 1024
 
@@ -66,10 +67,13 @@ class Institution(_Strict):
     country: str = Field(description="ISO 3166-1 alpha-2 code, e.g. 'US'")
     language: str = Field(description="language of its reports, ISO 639-1, e.g. 'en'")
     timezone: str = Field(description="IANA time zone of its DICOM timestamps, e.g. 'America/New_York'")
-    source_uri: str = Field(description="folder or s3:// prefix holding its deliveries; relative = under storage root/sources")
+    source_uri: str = Field(
+        description="folder or s3:// prefix holding its deliveries; relative = under storage root/sources"
+    )
     report_format: Literal["jsonl", "csv", "text", "hl7", "none"] = "jsonl"
     patient_id_issuer: str | None = Field(
-        default=None, description="IssuerOfPatientID of the institution's own MRNs (assumed where a file or report has none)"
+        default=None,
+        description="IssuerOfPatientID of the institution's own MRNs (assumed where a file or report has none)",
     )
     report_glob: str | None = Field(
         default=None, description="file-name pattern of report files (default from report_format, e.g. '*.jsonl')"
@@ -142,11 +146,13 @@ class NormalisationConfig(_Strict):
     keep_aspect: bool = True
     ct_hu_window: tuple[float, float] = Field(default=(-1000.0, 1000.0), description="HU clip for CT volumes")
     ct_spacing_mm: tuple[float, float, float] | None = Field(
-        default=(0.75, 0.75, 1.5), description="CT volumes resampled to [row, col, slice] mm (MedReCo); null keeps native"
+        default=(0.75, 0.75, 1.5),
+        description="CT volumes resampled to [row, col, slice] mm (MedReCo); null keeps native",
     )
     volume_max_voxels: int = Field(default=64_000_000, gt=0)
-    nifti_gzip_level: int = Field(default=1, ge=1, le=9,
-                                  description="gzip level of the curated/volumes/<sha256>.nii.gz objects (1: fast)")
+    nifti_gzip_level: int = Field(
+        default=1, ge=1, le=9, description="gzip level of the curated/volumes/<sha256>.nii.gz objects (1: fast)"
+    )
     irregular_slices: Literal["resample", "quarantine"] = Field(
         default="resample",
         description="series with missing slices, non-uniform spacing or gantry tilt: interpolate onto a regular grid, "
@@ -167,11 +173,13 @@ class BatchConfig(_Strict):
 
     channels: Literal[1, 3] = Field(default=1, description="2D image channels: 1 (RGB averaged) or 3 (grey repeated)")
     image_size: tuple[int, int] | None = Field(
-        default=None, description="2D rows x cols, pixels (aspect kept by resizing and zero padding); "
-        "null: normalisation.image_size")
+        default=None,
+        description="2D rows x cols, pixels (aspect kept by resizing and zero padding); null: normalisation.image_size",
+    )
     volume_shape: tuple[int, int, int] = Field(
-        default=(240, 480, 480), description="volumes slices x rows x cols, voxels: centre crop / pad (MedReCo "
-        "480 x 480 x 240)")
+        default=(240, 480, 480),
+        description="volumes slices x rows x cols, voxels: centre crop / pad (MedReCo 480 x 480 x 240)",
+    )
 
     @field_validator("volume_shape")
     @classmethod
@@ -233,7 +241,8 @@ class RetrievalConfig(_Strict):
         default=30_000, ge=2, description="cap on studies per (family, entity), lowest hash first (MedReCo: 30,000)"
     )
     states: list[Literal["present", "absent", "uncertain"]] = Field(
-        default=["present"], min_length=1,
+        default=["present"],
+        min_length=1,
         description="entity states whose studies are queries and candidates (not_mentioned never is)",
     )
     weights: dict[Literal["laterality", "severity", "anatomy", "change"], float] = Field(
@@ -302,15 +311,17 @@ class BurnedInTextConfig(_Strict):
     ocr: bool = Field(default=True, description="read every 2D image and frame with Tesseract OCR; blank text")
     ocr_off: list[OcrOffRule] = Field(
         default_factory=list,
-        description="institution/modality pairs checked by a curator: OCR off there (header rules still apply)")
+        description="institution/modality pairs checked by a curator: OCR off there (header rules still apply)",
+    )
 
     def enabled(self, institution: str, modality: str) -> bool:
         """Whether OCR runs for a file of ``institution`` with ``modality``."""
         if not self.ocr:
             return False
         m = modality.strip().upper()
-        return not any(r.institution in ("*", institution) and r.modality.strip().upper() in ("*", m)
-                       for r in self.ocr_off)
+        return not any(
+            r.institution in ("*", institution) and r.modality.strip().upper() in ("*", m) for r in self.ocr_off
+        )
 
 
 class DeidConfig(_Strict):
@@ -318,7 +329,9 @@ class DeidConfig(_Strict):
 
     retain_longitudinal_modified_dates: bool = Field(default=True, description="113107: shift dates per patient")
     retain_patient_characteristics: bool = Field(default=True, description="113108: sex, size, weight, age<=89")
-    clean_descriptors: bool = Field(default=True, description="113105: keep Study/Series description, protocol, scrubbed")
+    clean_descriptors: bool = Field(
+        default=True, description="113105: keep Study/Series description, protocol, scrubbed"
+    )
     retain_device_identity: bool = Field(default=False, description="113109: keep station name, serial numbers")
     retain_safe_private: bool = Field(default=False, description="113111: keep allow-listed private attributes")
     safe_private_allowlist: str | None = Field(
@@ -347,10 +360,14 @@ class TrainingConfig(_Strict):
     image: str | None = Field(default=None, description="container image for kubernetes/cloud launchers")
     namespace: str = "medreco"
     gpus: int = Field(default=0, ge=0)
-    encoder_config: str = Field(default="config/training/encoder-tiny-cpu.yaml",
-                                description="job config: relative to this file's folder, else the project root")
-    vlm_config: str = Field(default="config/training/vlm-tiny-cpu.yaml",
-                            description="job config: relative to this file's folder, else the project root")
+    encoder_config: str = Field(
+        default="config/training/encoder-tiny-cpu.yaml",
+        description="job config: relative to this file's folder, else the project root",
+    )
+    vlm_config: str = Field(
+        default="config/training/vlm-tiny-cpu.yaml",
+        description="job config: relative to this file's folder, else the project root",
+    )
 
 
 class PipelineConfig(_Strict):

@@ -6,9 +6,22 @@ import pyarrow as pa
 
 from schemas.base import versioned
 
-COUNTS = ("removed", "emptied", "replaced", "shifted", "remapped", "cleaned", "kept", "walked",
-          "removed_undecodable", "pixel_regions_cleaned", "text_checked", "text_images_blanked",
-          "text_regions_blanked", "text_pixels_blanked")
+COUNTS = (
+    "removed",
+    "emptied",
+    "replaced",
+    "shifted",
+    "remapped",
+    "cleaned",
+    "kept",
+    "walked",
+    "removed_undecodable",
+    "pixel_regions_cleaned",
+    "text_checked",
+    "text_images_blanked",
+    "text_regions_blanked",
+    "text_pixels_blanked",
+)
 
 SCHEMA = versioned(
     "deid_audit",

@@ -99,8 +99,10 @@ def pytest_collection_modifyitems(config, items):
         path = item.nodeid.split("::", 1)[0]
         for fixture, files in SHARED_BUILD_FILES.items():
             if fixture in names and path not in files:
-                raise pytest.UsageError(f"{path} uses the session fixture {fixture!r}: add it to "
-                                        f"SHARED_BUILD_FILES[{fixture!r}] in tests/xdist_groups.py")
+                raise pytest.UsageError(
+                    f"{path} uses the session fixture {fixture!r}: add it to "
+                    f"SHARED_BUILD_FILES[{fixture!r}] in tests/xdist_groups.py"
+                )
 
 
 try:
@@ -109,6 +111,7 @@ except ImportError:
     xdist = None
 
 if xdist is not None:
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(config, log):
         """``--dist loadgroup``: one work unit per test file, one for all users of a shared session build

@@ -49,9 +49,23 @@ PLANTED_ID = "FZ90817263"
 PLANTED_UID = "1.2.826.0.1.3680043.9.19.90817263"
 #: byte strings no output of a fuzzed file may contain
 PLANTED_BYTES = (b"Fuzzplant", b"Zorblax", b"90817263")
-MUTATIONS = ("byte_flip", "truncate", "length_field", "zero_sequence_length", "bad_instance_number",
-             "traversal_modality", "long_text", "device_identity", "binary_vr_identity", "garbage_tail",
-             "duplicate_chunk", "deflated_identity", "deflated_flip", "codestream_flip", "codestream_size")
+MUTATIONS = (
+    "byte_flip",
+    "truncate",
+    "length_field",
+    "zero_sequence_length",
+    "bad_instance_number",
+    "traversal_modality",
+    "long_text",
+    "device_identity",
+    "binary_vr_identity",
+    "garbage_tail",
+    "duplicate_chunk",
+    "deflated_identity",
+    "deflated_flip",
+    "codestream_flip",
+    "codestream_size",
+)
 #: kinds that mutate a compressed seed's pixel data
 COMPRESSED_KINDS = ("codestream_flip", "codestream_size")
 MAX_SEED_BYTES = 600_000
@@ -170,7 +184,7 @@ def mutate(data: bytes, kind: str, rng: random.Random) -> bytes:
     if kind == "length_field":
         out = bytearray(base)
         at = rng.randrange(132, max(133, end - 4))
-        out[at:at + 4] = struct.pack("<I", rng.choice([0, 0xFFFFFFF0, 0x7FFFFFFF, len(base) * 2]))
+        out[at : at + 4] = struct.pack("<I", rng.choice([0, 0xFFFFFFF0, 0x7FFFFFFF, len(base) * 2]))
         return bytes(out)
     if kind == "zero_sequence_length":
         ds = _planted(data)
@@ -181,17 +195,29 @@ def mutate(data: bytes, kind: str, rng: random.Random) -> bytes:
         ds.ReferencedStudySequence = Sequence([item])
         out = bytearray(_save(ds, implicit=True))
         i = out.find(struct.pack("<HH", 0x0008, 0x1110), 132)
-        out[i + 4:i + 8] = struct.pack("<I", 0)
+        out[i + 4 : i + 8] = struct.pack("<I", 0)
         return bytes(out)
     ds = _planted(data)
     if kind == "bad_instance_number":
         ds[0x00200013] = RawDataElement(Tag(0x00200013), "IS", 2, b"0!", 0, False, True)
     elif kind == "traversal_modality":
-        ds.add(DataElement(0x00080060, "CS", f"/../../../../sources/x{rng.randrange(99)}/PWNED",
-                           validation_mode=pydicom.config.IGNORE))
+        ds.add(
+            DataElement(
+                0x00080060,
+                "CS",
+                f"/../../../../sources/x{rng.randrange(99)}/PWNED",
+                validation_mode=pydicom.config.IGNORE,
+            )
+        )
     elif kind == "long_text":
-        ds.add(DataElement(0x0008103E, "LO", "".join(rng.choice("abcdefghij") for _ in range(40_000)),
-                           validation_mode=pydicom.config.IGNORE))
+        ds.add(
+            DataElement(
+                0x0008103E,
+                "LO",
+                "".join(rng.choice("abcdefghij") for _ in range(40_000)),
+                validation_mode=pydicom.config.IGNORE,
+            )
+        )
     elif kind == "device_identity":
         ds.ManufacturerModelName = f"{PLANTED_NAME.replace('^', ' ')} {PLANTED_ID}"
     elif kind == "binary_vr_identity":
@@ -201,7 +227,7 @@ def mutate(data: bytes, kind: str, rng: random.Random) -> bytes:
     elif kind == "duplicate_chunk":
         out = _save(ds)
         at = rng.randrange(132, max(133, _header_end(out) - 16))
-        return out[:at] + out[at:at + rng.randint(4, 16)] + out[at:]
+        return out[:at] + out[at : at + rng.randint(4, 16)] + out[at:]
     else:
         raise ValueError(f"unknown mutation {kind}")
     return _save(ds)
@@ -221,8 +247,13 @@ def _mutate_codestream(data: bytes, kind: str, rng: random.Random) -> bytes:
         return bytes(out)
     ts = str(ds.file_meta.TransferSyntaxUID)
     big = rng.choice([1, 65500, int(ds.Rows) * 64])
-    for marker, fmt, at in ((b"\xff\xc0", ">HH", 5), (b"\xff\xc1", ">HH", 5), (b"\xff\xc3", ">HH", 5),
-                            (b"\xff\xf7", ">HH", 5), (b"\xff\x4f\xff\x51", ">II", 8)):
+    for marker, fmt, at in (
+        (b"\xff\xc0", ">HH", 5),
+        (b"\xff\xc1", ">HH", 5),
+        (b"\xff\xc3", ">HH", 5),
+        (b"\xff\xf7", ">HH", 5),
+        (b"\xff\x4f\xff\x51", ">II", 8),
+    ):
         i = out.find(marker, start)
         if 0 <= i < start + len(value):
             struct.pack_into(fmt, out, i + at, big, big)

@@ -51,12 +51,14 @@ def run_pixel_stages(base, source, institution: str, key, shard_count: int = 1, 
     from etl.pipeline.context import BuildContext
     from schemas.config import parse_config
 
-    cfg = parse_config(yaml.safe_load(f"""
-storage: {{root: {base / 'root'}}}
+    cfg = parse_config(
+        yaml.safe_load(f"""
+storage: {{root: {base / "root"}}}
 shard_count: {shard_count}
 institutions: [{{id: {institution}, country: US, language: en, timezone: America/New_York, source_uri: {source},
                 report_format: none}}]
-"""))
+""")
+    )
     ctx = BuildContext.from_config(cfg, run_id, key)
     stages.discover(ctx, institution)
     for batch in stages.plan(ctx):

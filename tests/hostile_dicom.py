@@ -107,7 +107,7 @@ def deflate_bomb(inflated: int = 300 * 1024 * 1024) -> bytes:
     chunk = b"\x00" * (1 << 24)
     left = n
     while left > 0:
-        body.append(comp.compress(chunk[:min(left, len(chunk))]))
+        body.append(comp.compress(chunk[: min(left, len(chunk))]))
         left -= len(chunk)
     body.append(comp.flush())
     ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
@@ -122,8 +122,13 @@ def item_bomb(items: int = 1_000_000) -> bytes:
     ds = with_ids(read(NATIVE_CT))
     ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
     data = to_bytes(ds)
-    seq = (struct.pack("<HH", 0x0040, 0x0275) + b"SQ\x00\x00" + b"\xff\xff\xff\xff"
-           + (b"\xfe\xff\x00\xe0" + b"\x00\x00\x00\x00") * items + b"\xfe\xff\xdd\xe0\x00\x00\x00\x00")
+    seq = (
+        struct.pack("<HH", 0x0040, 0x0275)
+        + b"SQ\x00\x00"
+        + b"\xff\xff\xff\xff"
+        + (b"\xfe\xff\x00\xe0" + b"\x00\x00\x00\x00") * items
+        + b"\xfe\xff\xdd\xe0\x00\x00\x00\x00"
+    )
     at = data.find(struct.pack("<HH", 0x0040, 0x0280))  # before any later element: insert in tag order
     pix = data.find(struct.pack("<HH", 0x7FE0, 0x0010) + b"OW")
     at = at if at > 0 else pix

@@ -13,12 +13,14 @@ from xdist.scheduler import LoadScopeScheduling
 
 #: session build fixture -> the test files that use it (checked at collection: tests/conftest.py)
 SHARED_BUILD_FILES = {
-    "demo_build": frozenset({
-        "tests/assemble/test_vqa.py",
-        "tests/pipeline/test_build_e2e.py",
-        "tests/quality/test_dashboard_browser.py",
-        "tests/snapshots/test_reader_venv.py",
-    }),
+    "demo_build": frozenset(
+        {
+            "tests/assemble/test_vqa.py",
+            "tests/pipeline/test_build_e2e.py",
+            "tests/quality/test_dashboard_browser.py",
+            "tests/snapshots/test_reader_venv.py",
+        }
+    ),
 }
 _UNIT_OF_FILE = {f: name for name, files in SHARED_BUILD_FILES.items() for f in files}
 

@@ -38,8 +38,10 @@ class BackboneConfig(_Strict):
 
     kind: Literal["vit", "resnet", "pretrained"] = "vit"
     path: str | None = Field(
-        default=None, description="local folder of a transformers vision checkpoint (ViT, DINOv2, Swin, SigLIP vision: "
-        "AutoModel + AutoImageProcessor, local_files_only); sets kind=pretrained, its hidden size wins")
+        default=None,
+        description="local folder of a transformers vision checkpoint (ViT, DINOv2, Swin, SigLIP vision: "
+        "AutoModel + AutoImageProcessor, local_files_only); sets kind=pretrained, its hidden size wins",
+    )
     image_size: int = Field(default=32, ge=8, description="input side in pixels (images are resized to it)")
     in_channels: Literal[1, 3] = 1
     patch_size: int = Field(default=8, ge=1, description="vit only")
@@ -78,8 +80,10 @@ class LoRAConfig(_Strict):
     alpha: int = Field(default=16, ge=1, description="scaling numerator (scale = alpha / r)")
     dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: list[str] = Field(
-        default=["q_proj", "k_proj", "v_proj", "o_proj", "query", "key", "value", "c_attn", "qkv"], min_length=1,
-        description="module name suffixes that get adapters (those present in the model are used)")
+        default=["q_proj", "k_proj", "v_proj", "o_proj", "query", "key", "value", "c_attn", "qkv"],
+        min_length=1,
+        description="module name suffixes that get adapters (those present in the model are used)",
+    )
 
 
 class EncoderModelConfig(_Strict):
@@ -92,14 +96,19 @@ class EncoderModelConfig(_Strict):
     modality_heads: bool = Field(default=True, description="one projection head per modality (else shared)")
     temperature: float = Field(default=0.07, gt=0, description="initial InfoNCE temperature (learned per modality)")
     entity_text_encoder: str | None = Field(
-        default=None, description="local folder of a transformers text encoder (e.g. all-MiniLM-L6-v2): entity "
-        "queries start from mean-pooled embeddings of the entity names (randomly projected to the token width)")
+        default=None,
+        description="local folder of a transformers text encoder (e.g. all-MiniLM-L6-v2): entity "
+        "queries start from mean-pooled embeddings of the entity names (randomly projected to the token width)",
+    )
     freeze_backbone: bool = Field(default=False, description="keep the backbone's weights fixed (no gradient)")
-    lora: LoRAConfig | None = Field(default=None, description="LoRA adapters on the backbone (peft); base weights frozen")
+    lora: LoRAConfig | None = Field(
+        default=None, description="LoRA adapters on the backbone (peft); base weights frozen"
+    )
     gradient_checkpointing: bool = Field(default=False, description="recompute backbone activations in backward")
     window: dict[str, tuple[float, float]] = Field(
-        default={"CT": (40.0, 400.0)}, description="per modality: (centre, width) intensity window (CT: HU); "
-        "other volumes min-max scaled")
+        default={"CT": (40.0, 400.0)},
+        description="per modality: (centre, width) intensity window (CT: HU); other volumes min-max scaled",
+    )
     slice_spacing_mm: float | None = Field(default=None, gt=0, description="resample volumes to this slice spacing")
 
 
@@ -116,28 +125,36 @@ class OptimConfig(_Strict):
     seed: int = 0
     num_workers: int = Field(default=0, ge=0, description="DataLoader workers per process")
     precision: Literal["auto", "bf16", "fp32"] = Field(
-        default="auto", description="auto: bf16 autocast on CUDA, fp32 elsewhere")
+        default="auto", description="auto: bf16 autocast on CUDA, fp32 elsewhere"
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     checkpoint_every: int = Field(default=20, ge=1, description="steps between checkpoints (and one at the end)")
     log_every: int = Field(default=1, ge=1)
     eval_every: int | None = Field(default=None, ge=1, description="steps between evaluations (None: at the end only)")
     best_metric: str | None = Field(
-        default=None, description="dotted path into the evaluation (e.g. val.cells_mean.NDCG@10 or "
-        "val.mc_accuracy): the checkpoint with its highest value is kept as checkpoints/best.pt")
+        default=None,
+        description="dotted path into the evaluation (e.g. val.cells_mean.NDCG@10 or "
+        "val.mc_accuracy): the checkpoint with its highest value is kept as checkpoints/best.pt",
+    )
     parallel: Literal["ddp", "fsdp"] = Field(
-        default="ddp", description="several processes: DistributedDataParallel or FSDP2 fully_shard")
+        default="ddp", description="several processes: DistributedDataParallel or FSDP2 fully_shard"
+    )
 
 
 class EncoderDataConfig(_Strict):
     """Which positives and splits the encoder job uses."""
 
     loss: Literal["graded", "infonce"] = Field(
-        default="graded", description="graded: multi-positive contrastive loss with targets weighted by the "
-        "retrieval_targets relevance; infonce: one positive per query, relevant in-batch items masked")
+        default="graded",
+        description="graded: multi-positive contrastive loss with targets weighted by the "
+        "retrieval_targets relevance; infonce: one positive per query, relevant in-batch items masked",
+    )
     gather_negatives: bool = Field(default=True, description="all-gather embeddings across processes as negatives")
     positive_states: list[Literal["present", "absent", "uncertain"]] = Field(
-        default=["present"], min_length=1,
-        description="study_labels states that make two studies relevant (fallback when retrieval_targets is absent)")
+        default=["present"],
+        min_length=1,
+        description="study_labels states that make two studies relevant (fallback when retrieval_targets is absent)",
+    )
     eval_splits: list[str] = Field(default=["val", "test", "external_test"], min_length=1)
     recall_ks: list[int] = Field(default=[1, 5, 10], min_length=1)
     ndcg_k: int = Field(default=10, ge=1)
@@ -147,7 +164,8 @@ class TokenizerConfig(_Strict):
     """Tokenizer trained offline on the snapshot's VQA texts (``tokenizers`` WordLevel), or a local one."""
 
     kind: Literal["auto", "word", "local"] = Field(
-        default="auto", description="auto: the language model folder's own tokenizer when lm.path is set, else word")
+        default="auto", description="auto: the language model folder's own tokenizer when lm.path is set, else word"
+    )
     path: str | None = Field(default=None, description="kind=local: folder with a saved tokenizer")
     min_frequency: int = Field(default=1, ge=1)
     lowercase: bool = True
@@ -182,11 +200,15 @@ class VLMModelConfig(_Strict):
     """Comparative VLM (MedReCo-VLM): vision encoder + projector + causal LM, or a local Qwen2-VL/Qwen2.5-VL."""
 
     path: str | None = Field(
-        default=None, description="local Qwen2-VL / Qwen2.5-VL folder as released (weights, tokenizer files, "
-        "image processor config, chat template): trained as is, vision/lm/tokenizer settings unused")
+        default=None,
+        description="local Qwen2-VL / Qwen2.5-VL folder as released (weights, tokenizer files, "
+        "image processor config, chat template): trained as is, vision/lm/tokenizer settings unused",
+    )
     vision_init: str | None = Field(
-        default=None, description="encoder checkpoint (checkpoints/last.pt or best.pt of an encoder job) whose "
-        "backbone, slice and entity-pool weights start the vision tower")
+        default=None,
+        description="encoder checkpoint (checkpoints/last.pt or best.pt of an encoder job) whose "
+        "backbone, slice and entity-pool weights start the vision tower",
+    )
     freeze_vision: bool = Field(default=False, description="keep the vision tower fixed")
     freeze_lm: bool = Field(default=False, description="keep the language model fixed (projector still trains)")
     lora: LoRAConfig | None = Field(default=None, description="LoRA adapters on the language model (peft)")
@@ -236,7 +258,9 @@ class SageMakerConfig(_Strict):
     instance_count: int = Field(default=1, ge=1)
     volume_size_gb: int = Field(default=100, ge=1)
     max_runtime_s: int = Field(default=86400, ge=60)
-    storage_root: str = Field(default="s3://medreco-db", description="the pipeline's S3 storage root (holds snapshots/)")
+    storage_root: str = Field(
+        default="s3://medreco-db", description="the pipeline's S3 storage root (holds snapshots/)"
+    )
     output_s3_uri: str = "s3://medreco-db/models"
 
 
@@ -255,7 +279,8 @@ class _JobBase(_Strict):
     optim: OptimConfig = OptimConfig()
     launch: LaunchConfig = LaunchConfig()
     output_dir: str | None = Field(
-        default=None, description="checkpoint root; default <storage root>/models (local roots only)")
+        default=None, description="checkpoint root; default <storage root>/models (local roots only)"
+    )
 
 
 class EncoderJobConfig(_JobBase):

@@ -38,8 +38,14 @@ from schemas.errors import ReasonCodedError
 LUMA_BT601 = (0.299, 0.587, 0.114)
 #: candidate column names of the ``retrieval_targets`` table (query study, relevant study)
 _QUERY_COLUMNS = ("query_study_key", "study_key")
-_TARGET_COLUMNS = ("target_study_key", "candidate_study_key", "neighbour_study_key", "neighbor_study_key",
-                   "reference_study_key", "relevant_study_key")
+_TARGET_COLUMNS = (
+    "target_study_key",
+    "candidate_study_key",
+    "neighbour_study_key",
+    "neighbor_study_key",
+    "reference_study_key",
+    "relevant_study_key",
+)
 
 
 class SnapshotRefusedError(ReasonCodedError, SnapshotError):
@@ -84,8 +90,9 @@ def open_snapshot(storage: Storage, version: str | None = None, verify_files: bo
         raise SnapshotRefusedError(f"no snapshot {version}; published: {', '.join(versions)}")
     problems = verify(storage, version) if verify_files else []
     if problems:
-        raise SnapshotRefusedError(f"snapshot {version} failed verification, refusing to train on it: "
-                                   + "; ".join(problems))
+        raise SnapshotRefusedError(
+            f"snapshot {version} failed verification, refusing to train on it: " + "; ".join(problems)
+        )
     manifest = read_manifest(storage, version)
     return SnapshotRef(storage, version, manifest["content_hash"], manifest)
 
@@ -193,8 +200,15 @@ def resample_slices(x, spacing_mm: float | None, target_mm: float | None):
     return F.interpolate(x[None, None].float(), size=(n, *x.shape[1:]), mode="trilinear", align_corners=True)[0, 0]
 
 
-def image_tensor(row: dict, size: int, channels: int, max_slices: int, storage: Storage | None = None,
-                 window: dict[str, tuple[float, float]] | None = None, slice_spacing_mm: float | None = None):
+def image_tensor(
+    row: dict,
+    size: int,
+    channels: int,
+    max_slices: int,
+    storage: Storage | None = None,
+    window: dict[str, tuple[float, float]] | None = None,
+    slice_spacing_mm: float | None = None,
+):
     """Decode one ``images`` row to ``(slices, channels, size, size)`` float32 in 0..1 (see module doc).
 
     Parameters
@@ -315,12 +329,18 @@ def load_positives(ref: SnapshotRef, index: StudyIndex, positive_states: list[st
         q = next((c for c in _QUERY_COLUMNS if c in t.column_names), None)
         tg = next((c for c in _TARGET_COLUMNS if c in t.column_names), None)
         if q is None or tg is None or "entity_id" not in t.column_names:
-            raise SnapshotError(f"retrieval_targets of {ref.version}: no query/target/entity_id columns in "
-                                f"{t.column_names}")
+            raise SnapshotError(
+                f"retrieval_targets of {ref.version}: no query/target/entity_id columns in {t.column_names}"
+            )
         rel = t["relevance"].to_pylist() if "relevance" in t.column_names else [1.0] * t.num_rows
         for qs, ts, e, r in zip(t[q].to_pylist(), t[tg].to_pylist(), t["entity_id"].to_pylist(), rel):
-            if index.has_image(qs) and index.has_image(ts) and index.split.get(qs) == index.split.get(ts) \
-                    and r is not None and r > 0:
+            if (
+                index.has_image(qs)
+                and index.has_image(ts)
+                and index.split.get(qs) == index.split.get(ts)
+                and r is not None
+                and r > 0
+            ):
                 key = f"{qs}|{e}"
                 groups[key][ts] = max(float(r), groups[key].get(ts, 0.0))
                 query_group[(qs, e)] = key
@@ -328,16 +348,19 @@ def load_positives(ref: SnapshotRef, index: StudyIndex, positive_states: list[st
     else:
         labels = ref.table("study_labels", ["study_key", "entity_id", "state"])
         labels = labels.filter(pc.is_in(labels["state"], pa.array(positive_states)))
-        for s, e, st in zip(labels["study_key"].to_pylist(), labels["entity_id"].to_pylist(),
-                            labels["state"].to_pylist()):
+        for s, e, st in zip(
+            labels["study_key"].to_pylist(), labels["entity_id"].to_pylist(), labels["state"].to_pylist()
+        ):
             if not index.has_image(s) or s not in index.split:
                 continue
             key = f"{index.split[s]}|{index.family[s]}|{e}|{st}"
             groups[key][s] = 1.0
             query_group[(s, e)] = key
         source = "study_labels"
-        note = (f"snapshot {ref.version} has no retrieval_targets rows: positives derived from study_labels "
-                f"(same split, family and entity state in {positive_states}, relevance 1)")
+        note = (
+            f"snapshot {ref.version} has no retrieval_targets rows: positives derived from study_labels "
+            f"(same split, family and entity state in {positive_states}, relevance 1)"
+        )
     return Positives(source, note, dict(groups), query_group)
 
 
@@ -351,18 +374,31 @@ class RetrievalTrainSet:
     looked up after an all-gather.
     """
 
-    def __init__(self, index: StudyIndex, positives: Positives, split: str, entity_ids: list[str],
-                 families: list[str], size: int, channels: int, max_slices: int, seed: int = 0,
-                 window: dict | None = None, slice_spacing_mm: float | None = None):
+    def __init__(
+        self,
+        index: StudyIndex,
+        positives: Positives,
+        split: str,
+        entity_ids: list[str],
+        families: list[str],
+        size: int,
+        channels: int,
+        max_slices: int,
+        seed: int = 0,
+        window: dict | None = None,
+        slice_spacing_mm: float | None = None,
+    ):
         self.index, self.positives = index, positives
         self.entity_ids = {e: i for i, e in enumerate(entity_ids)}
         self.families = {f: i for i, f in enumerate(families)}
         self.size, self.channels, self.max_slices, self.seed = size, channels, max_slices, seed
         self.window, self.slice_spacing_mm = window, slice_spacing_mm
         self.epoch = 0
-        self.queries = [(s, e) for (s, e) in sorted(positives.query_group)
-                        if index.split.get(s) == split and e in self.entity_ids
-                        and positives.relevant(s, e, index)]
+        self.queries = [
+            (s, e)
+            for (s, e) in sorted(positives.query_group)
+            if index.split.get(s) == split and e in self.entity_ids and positives.relevant(s, e, index)
+        ]
         self.study_code = {s: i for i, s in enumerate(sorted(index.patient))}
         self.patient_code = {p: i for i, p in enumerate(sorted(set(index.patient.values())))}
 
@@ -375,8 +411,15 @@ class RetrievalTrainSet:
 
     def image(self, study: str):
         """The study's image tensor ``(S, C, size, size)``."""
-        return image_tensor(self.index.image_record(study), self.size, self.channels, self.max_slices,
-                            self.index.storage, self.window, self.slice_spacing_mm)
+        return image_tensor(
+            self.index.image_record(study),
+            self.size,
+            self.channels,
+            self.max_slices,
+            self.index.storage,
+            self.window,
+            self.slice_spacing_mm,
+        )
 
     def __getitem__(self, i: int) -> dict:
         study, entity = self.queries[i]
@@ -384,12 +427,20 @@ class RetrievalTrainSet:
         weights = [self.positives.relevance(study, entity, s) for s in rel]
         pos = random.Random(f"{self.seed}|{self.epoch}|{i}").choices(rel, weights=weights)[0]
         fam, pat = self.families, self.patient_code
-        return {"anchor": self.image(study), "positive": self.image(pos), "entity": self.entity_ids[entity],
-                "anchor_family": fam.get(self.index.family[study], len(fam)),
-                "positive_family": fam.get(self.index.family[pos], len(fam)),
-                "anchor_study": study, "positive_study": pos, "entity_id": entity,
-                "anchor_code": self.study_code[study], "positive_code": self.study_code[pos],
-                "anchor_patient": pat[self.index.patient[study]], "positive_patient": pat[self.index.patient[pos]]}
+        return {
+            "anchor": self.image(study),
+            "positive": self.image(pos),
+            "entity": self.entity_ids[entity],
+            "anchor_family": fam.get(self.index.family[study], len(fam)),
+            "positive_family": fam.get(self.index.family[pos], len(fam)),
+            "anchor_study": study,
+            "positive_study": pos,
+            "entity_id": entity,
+            "anchor_code": self.study_code[study],
+            "positive_code": self.study_code[pos],
+            "anchor_patient": pat[self.index.patient[study]],
+            "positive_patient": pat[self.index.patient[pos]],
+        }
 
 
 # ---- VQA items ------------------------------------------------------------------------------------------
@@ -419,8 +470,10 @@ def load_vqa_items(ref: SnapshotRef, index: StudyIndex) -> tuple[list[VQAItem], 
     (``reference_study_key`` set) take the reference case first and the query (``study_key``) second;
     single-study items take ``study_key`` as the current image and no prior.
     """
-    pairs = {r["pair_id"]: (r["prior_study_key"], r["current_study_key"])
-             for r in ref.table("pairs", ["pair_id", "prior_study_key", "current_study_key"]).to_pylist()}
+    pairs = {
+        r["pair_id"]: (r["prior_study_key"], r["current_study_key"])
+        for r in ref.table("pairs", ["pair_id", "prior_study_key", "current_study_key"]).to_pylist()
+    }
     items, skipped = [], 0
     for r in ref.table("vqa").sort_by("item_id").to_pylist():
         if r["pair_id"]:
@@ -430,6 +483,19 @@ def load_vqa_items(ref: SnapshotRef, index: StudyIndex) -> tuple[list[VQAItem], 
         if current is None or not index.has_image(current) or (prior is not None and not index.has_image(prior)):
             skipped += 1
             continue
-        items.append(VQAItem(r["item_id"], r["question_type"], r["question"], list(r["options"]), r["answer"],
-                             r["answer_text"], list(r["entity_ids"]), r["split"], prior, current, r.get("reason")))
+        items.append(
+            VQAItem(
+                r["item_id"],
+                r["question_type"],
+                r["question"],
+                list(r["options"]),
+                r["answer"],
+                r["answer_text"],
+                list(r["entity_ids"]),
+                r["split"],
+                prior,
+                current,
+                r.get("reason"),
+            )
+        )
     return items, skipped

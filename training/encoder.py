@@ -33,8 +33,11 @@ class _BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
-        self.skip = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                     if stride != 1 or cin != cout else nn.Identity())
+        self.skip = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.relu(self.bn1(self.conv1(x)))
@@ -51,8 +54,9 @@ class ResNetTokens(nn.Module):
     def __init__(self, cfg: BackboneConfig):
         super().__init__()
         w = cfg.resnet_widths
-        self.stem = nn.Sequential(nn.Conv2d(cfg.in_channels, w[0], 3, 2, 1, bias=False), nn.BatchNorm2d(w[0]),
-                                  nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(cfg.in_channels, w[0], 3, 2, 1, bias=False), nn.BatchNorm2d(w[0]), nn.ReLU()
+        )
         self.stages = nn.Sequential(*[_BasicBlock(w[max(i - 1, 0)], w[i], 1 if i == 0 else 2) for i in range(len(w))])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,9 +73,15 @@ class ViTTokens(nn.Module):
         super().__init__()
         from transformers import ViTConfig, ViTModel
 
-        vc = ViTConfig(image_size=cfg.image_size, patch_size=cfg.patch_size, num_channels=cfg.in_channels,
-                       hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-                       num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size)
+        vc = ViTConfig(
+            image_size=cfg.image_size,
+            patch_size=cfg.patch_size,
+            num_channels=cfg.in_channels,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size,
+        )
         self.vit = ViTModel(vc, add_pooling_layer=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -163,8 +173,14 @@ class EntityAwareEncoder(nn.Module):
         parameters that never get a gradient would break DDP).
     """
 
-    def __init__(self, cfg: EncoderModelConfig, n_entities: int, n_families: int,
-                 entity_init: torch.Tensor | None = None, with_heads: bool = True):
+    def __init__(
+        self,
+        cfg: EncoderModelConfig,
+        n_entities: int,
+        n_families: int,
+        entity_init: torch.Tensor | None = None,
+        with_heads: bool = True,
+    ):
         super().__init__()
         self.cfg = cfg
         self.tokens = SliceTokens(cfg)
@@ -183,24 +199,33 @@ class EntityAwareEncoder(nn.Module):
         """Modality-aware head: ``pooled (B, D)`` or ``(B, K, D)``, ``family (B,)`` -> unit vectors of embed_dim."""
         h = family if self.cfg.modality_heads else torch.zeros_like(family)
         w, b = self.head_w[h].to(pooled.dtype), self.head_b[h].to(pooled.dtype)
-        z = torch.einsum("bd,bde->be", pooled, w) + b if pooled.dim() == 2 else \
-            torch.einsum("bkd,bde->bke", pooled, w) + b[:, None]
+        z = (
+            torch.einsum("bd,bde->be", pooled, w) + b
+            if pooled.dim() == 2
+            else torch.einsum("bkd,bde->bke", pooled, w) + b[:, None]
+        )
         return F.normalize(z.float(), dim=-1)
 
     def temperature(self, family: torch.Tensor) -> torch.Tensor:
         """Per-row InfoNCE temperature of each row's modality family, clamped to >= 0.01, shape (B,)."""
         return self.log_tau[family].exp().clamp(min=0.01)
 
-    def forward(self, images: torch.Tensor, slice_mask: torch.Tensor, entity: torch.Tensor,
-                family: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, images: torch.Tensor, slice_mask: torch.Tensor, entity: torch.Tensor, family: torch.Tensor
+    ) -> torch.Tensor:
         """Embeddings ``(B, embed_dim)`` (``entity (B,)``) or ``(B, K, embed_dim)`` (``entity (B, K)``), float32,
         L2-normalised."""
         tok, pad = self.tokens(images, slice_mask)
         return self.project(self.pool(tok, pad, entity), family)
 
 
-def info_nce(anchor: torch.Tensor, positive: torch.Tensor, tau_anchor: torch.Tensor, tau_positive: torch.Tensor,
-             false_negative: torch.Tensor | None = None) -> torch.Tensor:
+def info_nce(
+    anchor: torch.Tensor,
+    positive: torch.Tensor,
+    tau_anchor: torch.Tensor,
+    tau_positive: torch.Tensor,
+    false_negative: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Symmetric InfoNCE with in-batch negatives (van den Oord et al. 2018; CLIP-style symmetry).
 
     ``L = 1/2 [CE(a p^T / tau_a, diag) + CE(p a^T / tau_p, diag)]``, where entries flagged in
@@ -230,8 +255,9 @@ def info_nce(anchor: torch.Tensor, positive: torch.Tensor, tau_anchor: torch.Ten
     return 0.5 * (F.cross_entropy(a2p, target) + F.cross_entropy(p2a, target))
 
 
-def recall_at_k(sim: torch.Tensor, relevant: torch.Tensor, ks: list[int], exclude: torch.Tensor | None = None
-                ) -> dict[str, float]:
+def recall_at_k(
+    sim: torch.Tensor, relevant: torch.Tensor, ks: list[int], exclude: torch.Tensor | None = None
+) -> dict[str, float]:
     """Recall@k of a retrieval: the fraction of queries with at least one relevant item in the top k.
 
     Parameters
@@ -255,14 +281,21 @@ def recall_at_k(sim: torch.Tensor, relevant: torch.Tensor, ks: list[int], exclud
     hits = relevant.gather(1, order)
     if exclude is not None:
         hits &= ~exclude.gather(1, order)
-    return {f"R@{k}": float(hits[:, : min(k, sim.shape[1])].any(1).float().mean()) if sim.shape[0] else 0.0
-            for k in ks}
+    return {f"R@{k}": float(hits[:, : min(k, sim.shape[1])].any(1).float().mean()) if sim.shape[0] else 0.0 for k in ks}
 
 
-def graded_contrastive(anchor: torch.Tensor, positive: torch.Tensor, all_anchor: torch.Tensor,
-                       all_positive: torch.Tensor, tau_anchor: torch.Tensor, tau_positive: torch.Tensor,
-                       rel_a2p: torch.Tensor, rel_p2a: torch.Tensor, ignore_a2p: torch.Tensor | None = None,
-                       ignore_p2a: torch.Tensor | None = None) -> torch.Tensor:
+def graded_contrastive(
+    anchor: torch.Tensor,
+    positive: torch.Tensor,
+    all_anchor: torch.Tensor,
+    all_positive: torch.Tensor,
+    tau_anchor: torch.Tensor,
+    tau_positive: torch.Tensor,
+    rel_a2p: torch.Tensor,
+    rel_p2a: torch.Tensor,
+    ignore_a2p: torch.Tensor | None = None,
+    ignore_p2a: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Multi-positive contrastive loss with graded targets (symmetric).
 
     Each local row is scored against every column of the (all-gathered) batch; its target distribution puts
@@ -296,6 +329,7 @@ def graded_contrastive(anchor: torch.Tensor, positive: torch.Tensor, all_anchor:
     ValueError
         a row without any relevant column.
     """
+
     def one(rows, cols, tau, rel, ignore):
         logits = (rows.float() @ cols.float().T) / tau[:, None]
         if ignore is not None:
@@ -307,8 +341,10 @@ def graded_contrastive(anchor: torch.Tensor, positive: torch.Tensor, all_anchor:
         q = rel / total
         return -(q * logp.masked_fill(q == 0, 0.0)).sum(1).mean()
 
-    return 0.5 * (one(anchor, all_positive, tau_anchor, rel_a2p, ignore_a2p)
-                  + one(positive, all_anchor, tau_positive, rel_p2a, ignore_p2a))
+    return 0.5 * (
+        one(anchor, all_positive, tau_anchor, rel_a2p, ignore_a2p)
+        + one(positive, all_anchor, tau_positive, rel_p2a, ignore_p2a)
+    )
 
 
 def ndcg_at_k(sim: torch.Tensor, gain: torch.Tensor, k: int, exclude: torch.Tensor | None = None) -> torch.Tensor:

@@ -36,10 +36,18 @@ def entity_categories(entity_ids: list[str]) -> dict[str, str]:
     return {e: concepts[e].category if e in concepts else _PREFIX_CATEGORY.get(e[:1], "other") for e in entity_ids}
 
 
-def retrieval_cells(emb: torch.Tensor, gallery: list[str], entity_ids: list[str], family: dict[str, str],
-                    patient: dict[str, str], queries: list[tuple[str, str]],
-                    relevance: Callable[[str, str], dict[str, float]], ks: list[int], ndcg_k: int,
-                    category: dict[str, str]) -> dict:
+def retrieval_cells(
+    emb: torch.Tensor,
+    gallery: list[str],
+    entity_ids: list[str],
+    family: dict[str, str],
+    patient: dict[str, str],
+    queries: list[tuple[str, str]],
+    relevance: Callable[[str, str], dict[str, float]],
+    ks: list[int],
+    ndcg_k: int,
+    category: dict[str, str],
+) -> dict:
     """Retrieval metrics of one split, per cell and overall.
 
     Parameters
@@ -97,7 +105,7 @@ def retrieval_cells(emb: torch.Tensor, gallery: list[str], entity_ids: list[str]
         gain = gain.masked_fill(exclude, 0.0)
         order = sim.masked_fill(exclude, float("-inf")).argsort(dim=1, descending=True)
         hits = (gain > 0).gather(1, order) & ~exclude.gather(1, order)
-        per = [hits[:, :min(k, sim.shape[1])].any(1).float() for k in ks] + [ndcg_at_k(sim, gain, ndcg_k, exclude)]
+        per = [hits[:, : min(k, sim.shape[1])].any(1).float() for k in ks] + [ndcg_at_k(sim, gain, ndcg_k, exclude)]
         keep = (gain > 0).any(1)  # queries whose relevant studies are all the patient's own: nothing to find
         scores[f"{fam}|{category.get(e, 'other')}"].append(torch.stack(per, 1)[keep])
     cells = {}
@@ -106,18 +114,27 @@ def retrieval_cells(emb: torch.Tensor, gallery: list[str], entity_ids: list[str]
         for cat in CATEGORIES:
             key = f"{fam}|{cat}"
             got = torch.cat(scores[key]) if scores.get(key) else torch.zeros((0, len(names)))
-            cells[key] = {"n_queries": int(got.shape[0]), "gallery": len(by_fam[fam]),
-                          **{n: (float(got[:, i].mean()) if got.shape[0] else None) for i, n in enumerate(names)}}
+            cells[key] = {
+                "n_queries": int(got.shape[0]),
+                "gallery": len(by_fam[fam]),
+                **{n: (float(got[:, i].mean()) if got.shape[0] else None) for i, n in enumerate(names)},
+            }
     for key in sorted(set(scores) - set(cells)):  # categories outside the ontology's three
         got = torch.cat(scores[key])
-        cells[key] = {"n_queries": int(got.shape[0]), "gallery": len(by_fam[key.split("|")[0]]),
-                      **{n: float(got[:, i].mean()) for i, n in enumerate(names)}}
+        cells[key] = {
+            "n_queries": int(got.shape[0]),
+            "gallery": len(by_fam[key.split("|")[0]]),
+            **{n: float(got[:, i].mean()) for i, n in enumerate(names)},
+        }
     every = torch.cat([t for v in scores.values() for t in v]) if scores else torch.zeros((0, len(names)))
     filled = [c for c in cells.values() if c["n_queries"]]
-    return {"n_queries": int(every.shape[0]), "gallery": len(gallery),
-            "micro": {n: float(every[:, i].mean()) if every.shape[0] else None for i, n in enumerate(names)},
-            "cells": cells,
-            "cells_mean": {n: sum(c[n] for c in filled) / len(filled) if filled else None for n in names}}
+    return {
+        "n_queries": int(every.shape[0]),
+        "gallery": len(gallery),
+        "micro": {n: float(every[:, i].mean()) if every.shape[0] else None for i, n in enumerate(names)},
+        "cells": cells,
+        "cells_mean": {n: sum(c[n] for c in filled) / len(filled) if filled else None for n in names},
+    }
 
 
 def vqa_cells(rows: list[dict]) -> dict:
@@ -130,17 +147,24 @@ def vqa_cells(rows: list[dict]) -> dict:
         ``by_family`` (family -> ``n_mc``, ``mc_accuracy``), ``by_family_and_type`` (``"<family>|<type>"`` -> the
         same) and ``longitudinal_change`` (family -> the same, change items only).
     """
+
     def acc(rs: list[dict]) -> dict:
         mc = [r["mc_correct"] for r in rs if r["mc_correct"] is not None]
         return {"n_mc": len(mc), "mc_accuracy": sum(mc) / len(mc) if mc else None}
 
     fams = sorted({r["family"] for r in rows})
-    return {"by_family": {f: acc([r for r in rows if r["family"] == f]) for f in fams},
-            "by_family_and_type": {f"{f}|{t}": acc([r for r in rows if r["family"] == f and r["question_type"] == t])
-                                   for f in fams for t in sorted({r["question_type"] for r in rows})
-                                   if any(r["family"] == f and r["question_type"] == t for r in rows)},
-            "longitudinal_change": {f: acc([r for r in rows if r["family"] == f and r["question_type"] in CHANGE_TYPES])
-                                    for f in fams}}
+    return {
+        "by_family": {f: acc([r for r in rows if r["family"] == f]) for f in fams},
+        "by_family_and_type": {
+            f"{f}|{t}": acc([r for r in rows if r["family"] == f and r["question_type"] == t])
+            for f in fams
+            for t in sorted({r["question_type"] for r in rows})
+            if any(r["family"] == f and r["question_type"] == t for r in rows)
+        },
+        "longitudinal_change": {
+            f: acc([r for r in rows if r["family"] == f and r["question_type"] in CHANGE_TYPES]) for f in fams
+        },
+    }
 
 
 def metric_at(evaluation: dict, dotted: str) -> float | None:

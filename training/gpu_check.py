@@ -41,14 +41,28 @@ class CheckFailed(ReasonCodedError, AssertionError):
     message_format = "{message}"
 
 
-def _job_yaml(base: str, work: Path, name: str, device: str, steps: int, size: str, model: dict | None = None,
-              data: dict | None = None) -> Path:
+def _job_yaml(
+    base: str,
+    work: Path,
+    name: str,
+    device: str,
+    steps: int,
+    size: str,
+    model: dict | None = None,
+    data: dict | None = None,
+) -> Path:
     d = yaml.safe_load((ROOT / "config" / "training" / base).read_text())
     d["name"] = name
-    d["optim"].update({"max_steps": steps, "device": device, "checkpoint_every": steps,
-                       "warmup_steps": min(d["optim"].get("warmup_steps", 0), max(1, steps // 10)),
-                       "num_workers": 0 if size == "tiny" else min(8, d["optim"].get("num_workers", 0)),
-                       "precision": "bf16" if device == "cuda" else "fp32"})
+    d["optim"].update(
+        {
+            "max_steps": steps,
+            "device": device,
+            "checkpoint_every": steps,
+            "warmup_steps": min(d["optim"].get("warmup_steps", 0), max(1, steps // 10)),
+            "num_workers": 0 if size == "tiny" else min(8, d["optim"].get("num_workers", 0)),
+            "precision": "bf16" if device == "cuda" else "fp32",
+        }
+    )
     if size == "real":
         d["optim"]["batch_size"] = min(d["optim"]["batch_size"], 32)
         d["optim"]["grad_accum_steps"] = 1
@@ -70,11 +84,18 @@ def _check_run(kind: str, m: dict, steps: int) -> dict:
     if not last < first:
         raise CheckFailed(f"{kind}: loss did not fall (first {k} steps {first:.4f}, last {k} steps {last:.4f})")
     peak = m["peak_memory_bytes"]
-    return {"job": kind, "device": m["device"], "autocast": m["autocast"], "steps": m["step"],
-            "loss_first": round(first, 4), "loss_last": round(last, 4),
-            "images_per_s": round(m["images_per_s"] or 0.0, 1),
-            "peak_memory_gib": round(peak / 2**30, 2) if peak else None,
-            "loader_wait_share": round(m["loader_wait_share"], 3), "parameters": m["parameters"]}
+    return {
+        "job": kind,
+        "device": m["device"],
+        "autocast": m["autocast"],
+        "steps": m["step"],
+        "loss_first": round(first, 4),
+        "loss_last": round(last, 4),
+        "images_per_s": round(m["images_per_s"] or 0.0, 1),
+        "peak_memory_gib": round(peak / 2**30, 2) if peak else None,
+        "loader_wait_share": round(m["loader_wait_share"], 3),
+        "parameters": m["parameters"],
+    }
 
 
 def _resume(kind: str, cfg: Path, work: Path, root: str, out: Path, steps: int, more: int, device: str) -> dict:
@@ -112,22 +133,46 @@ def run(size: str, device: str, steps: int, resume_steps: int, work: Path) -> li
     t0 = time.perf_counter()
     store = synthetic_release(work / "root", n_patients=256 if real else 24, size=224 if real else 32)
     results = []
-    enc = _job_yaml("encoder-gpu.yaml" if real else "encoder-tiny-cpu.yaml", work, "check-encoder", device, steps,
-                    size, data={"ndcg_k": 10, "recall_ks": [1, 5, 10]})
+    enc = _job_yaml(
+        "encoder-gpu.yaml" if real else "encoder-tiny-cpu.yaml",
+        work,
+        "check-encoder",
+        device,
+        steps,
+        size,
+        data={"ndcg_k": 10, "recall_ks": [1, 5, 10]},
+    )
     m = run_job("encoder", None, enc, root=store.root, output=str(work / "enc"))["metrics"]
-    results.append({**_check_run("encoder", m, steps),
-                    **_resume("encoder", enc, work, store.root, work / "enc", steps, resume_steps, device),
-                    "eval_val": m["eval"]["val"].get("cells_mean")})
-    texts = [r["question"] + " " + " ".join(r["options"]) + " " + r["answer_text"]
-             for r in store.read_table("curated/vqa/shard=00000/part-0.parquet").to_pylist()]
+    results.append(
+        {
+            **_check_run("encoder", m, steps),
+            **_resume("encoder", enc, work, store.root, work / "enc", steps, resume_steps, device),
+            "eval_val": m["eval"]["val"].get("cells_mean"),
+        }
+    )
+    texts = [
+        r["question"] + " " + " ".join(r["options"]) + " " + r["answer_text"]
+        for r in store.read_table("curated/vqa/shard=00000/part-0.parquet").to_pylist()
+    ]
     lm = qwen2_lm_folder(work, QWEN2_0_5B if real else QWEN2_TINY, texts)
-    vlm = _job_yaml("vlm-gpu.yaml" if real else "vlm-tiny-cpu.yaml", work, "check-vlm", device, steps, size,
-                    model={"lm": {"path": str(lm)}, "tokenizer": {"kind": "auto"}, "max_text_tokens": 128,
-                           "max_new_tokens": 8}, data={"max_eval_items": 64})
+    vlm = _job_yaml(
+        "vlm-gpu.yaml" if real else "vlm-tiny-cpu.yaml",
+        work,
+        "check-vlm",
+        device,
+        steps,
+        size,
+        model={"lm": {"path": str(lm)}, "tokenizer": {"kind": "auto"}, "max_text_tokens": 128, "max_new_tokens": 8},
+        data={"max_eval_items": 64},
+    )
     m = run_job("vlm", None, vlm, root=store.root, output=str(work / "vlm"))["metrics"]
-    results.append({**_check_run("vlm", m, steps),
-                    **_resume("vlm", vlm, work, store.root, work / "vlm", steps, resume_steps, device),
-                    "eval_val_mc_accuracy": m["eval"]["val"].get("mc_accuracy")})
+    results.append(
+        {
+            **_check_run("vlm", m, steps),
+            **_resume("vlm", vlm, work, store.root, work / "vlm", steps, resume_steps, device),
+            "eval_val_mc_accuracy": m["eval"]["val"].get("mc_accuracy"),
+        }
+    )
     for r in results:
         r["wall_s_total"] = round(time.perf_counter() - t0, 1)
     return results

@@ -30,8 +30,12 @@ def code_version() -> str:
     """``git describe --always --dirty`` of the source tree, else the installed ``medreco-db`` version."""
     if (PROJECT_ROOT / ".git").exists():
         try:
-            out = subprocess.run(["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty"],
-                                 capture_output=True, text=True, timeout=10)
+            out = subprocess.run(
+                ["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
             if out.returncode == 0 and out.stdout.strip():
                 return f"git:{out.stdout.strip()}"
         except (OSError, subprocess.TimeoutExpired):
@@ -81,8 +85,15 @@ def lineage_path(version: str, job: JobConfig) -> str:
     return zones.training_job_record(version, job.job, job.name)
 
 
-def run_job(kind: str, snapshot: str | None, config: str | Path, *, pipeline_config: str | None = None,
-            root: str | None = None, output: str | None = None) -> dict:
+def run_job(
+    kind: str,
+    snapshot: str | None,
+    config: str | Path,
+    *,
+    pipeline_config: str | None = None,
+    root: str | None = None,
+    output: str | None = None,
+) -> dict:
     """Verify the snapshot, train and evaluate one job, and write its lineage record.
 
     Parameters
@@ -130,14 +141,19 @@ def run_job(kind: str, snapshot: str | None, config: str | Path, *, pipeline_con
         task = VLMTask(job, ref, run_dir)
     metrics = train(task, job.optim, run_dir, runtime)
     record = {
-        "job": job.job, "name": job.name,
-        "snapshot_version": ref.version, "content_hash": ref.content_hash,
+        "job": job.job,
+        "name": job.name,
+        "snapshot_version": ref.version,
+        "content_hash": ref.content_hash,
         "snapshot_uri": storage.full_uri(zones.release_dir(ref.version)),
-        "config": job.model_dump(mode="json"), "config_file": str(config),
+        "config": job.model_dump(mode="json"),
+        "config_file": str(config),
         "code_version": code_version(),
         "metrics": metrics,
-        "checkpoint": str(run_dir / "checkpoints" / "last.pt"), "run_dir": str(run_dir),
-        "started_at": started, "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "checkpoint": str(run_dir / "checkpoints" / "last.pt"),
+        "run_dir": str(run_dir),
+        "started_at": started,
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     if job.job == "encoder":
         record["positives_source"] = task.positives.source
@@ -158,14 +174,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", default=None)
     args = ap.parse_args(argv)
     try:
-        record = run_job(args.kind, args.snapshot, args.config, pipeline_config=args.pipeline_config,
-                         root=args.root, output=args.output)
+        record = run_job(
+            args.kind,
+            args.snapshot,
+            args.config,
+            pipeline_config=args.pipeline_config,
+            root=args.root,
+            output=args.output,
+        )
     except Exception as err:  # noqa: BLE001 - one-line reason, non-zero exit (the CLI contract)
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({"snapshot_version": record["snapshot_version"], "lineage": record["run_dir"] + "/lineage.json",
-                          "eval": record["metrics"]["eval"]}, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "snapshot_version": record["snapshot_version"],
+                    "lineage": record["run_dir"] + "/lineage.json",
+                    "eval": record["metrics"]["eval"],
+                },
+                sort_keys=True,
+            )
+        )
     return 0
 
 

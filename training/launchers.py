@@ -26,8 +26,13 @@ _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
 #: SageMaker TrainingJobStatus -> handle status
-_SM_STATUS = {"InProgress": "running", "Stopping": "running", "Completed": "succeeded", "Failed": "failed",
-              "Stopped": "failed"}
+_SM_STATUS = {
+    "InProgress": "running",
+    "Stopping": "running",
+    "Completed": "succeeded",
+    "Failed": "failed",
+    "Stopped": "failed",
+}
 
 
 class LauncherError(ReasonCodedError, RuntimeError):
@@ -55,8 +60,9 @@ class LaunchRequest:
     output: str | None = None
 
 
-def job_args(req: LaunchRequest, root: str | None = None, output: str | None = None,
-             job_config: str | None = None) -> list[str]:
+def job_args(
+    req: LaunchRequest, root: str | None = None, output: str | None = None, job_config: str | None = None
+) -> list[str]:
     """Arguments of ``training.jobs`` for a request (``root``/``output``/``job_config`` override)."""
     args = [req.job, "--snapshot", req.snapshot_version, "--config", job_config or req.job_config]
     if root or req.root:
@@ -81,8 +87,15 @@ def entry_command(nproc_per_node: int, python: str = "python") -> list[str]:
 def local_command(req: LaunchRequest, launch: LaunchConfig) -> list[str]:
     """The local subprocess argv (this interpreter; torchrun from the same environment for DDP)."""
     if launch.nproc_per_node > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={launch.nproc_per_node}", "-m", "training.jobs"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={launch.nproc_per_node}",
+            "-m",
+            "training.jobs",
+        ]
     else:
         cmd = [sys.executable, "-m", "training.jobs"]
     return cmd + job_args(req)
@@ -101,13 +114,25 @@ def launch_local(req: LaunchRequest, launch: LaunchConfig) -> dict:
     try:
         proc = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=launch.timeout_s)
     except subprocess.TimeoutExpired:
-        return {"launcher": "local", "job": req.job, "status": "failed", "returncode": None,
-                "reason": f"timed out after {launch.timeout_s} s", "command": cmd}
+        return {
+            "launcher": "local",
+            "job": req.job,
+            "status": "failed",
+            "returncode": None,
+            "reason": f"timed out after {launch.timeout_s} s",
+            "command": cmd,
+        }
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     summary = json.loads(lines[-1]) if lines else None
-    return {"launcher": "local", "job": req.job, "command": cmd, "returncode": proc.returncode,
-            "status": "succeeded" if proc.returncode == 0 and summary else "failed",
-            "summary": summary, "stderr_tail": proc.stderr.strip().splitlines()[-5:]}
+    return {
+        "launcher": "local",
+        "job": req.job,
+        "command": cmd,
+        "returncode": proc.returncode,
+        "status": "succeeded" if proc.returncode == 0 and summary else "failed",
+        "summary": summary,
+        "stderr_tail": proc.stderr.strip().splitlines()[-5:],
+    }
 
 
 # ---- Kubernetes -------------------------------------------------------------------------------------------
@@ -128,30 +153,41 @@ def render_k8s_job(req: LaunchRequest, k8s: KubernetesConfig, nproc_per_node: in
     snapshot version in the arguments, a label and an environment variable.
     """
     name = k8s_job_name(req)
-    labels = {"app.kubernetes.io/name": "medreco-training", "app.kubernetes.io/component": req.job,
-              LABEL_SNAPSHOT: req.snapshot_version}
+    labels = {
+        "app.kubernetes.io/name": "medreco-training",
+        "app.kubernetes.io/component": req.job,
+        LABEL_SNAPSHOT: req.snapshot_version,
+    }
     resources = {"cpu": k8s.cpu, "memory": k8s.memory}
     if k8s.gpus:
         resources["nvidia.com/gpu"] = str(k8s.gpus)
     cmd = entry_command(nproc_per_node)
     pod = {
         "restartPolicy": "Never",
-        "containers": [{
-            "name": "train",
-            "image": k8s.image,
-            "command": cmd[:1],
-            "args": cmd[1:] + job_args(req, root=k8s.data_mount, output=k8s.output_mount),
-            "workingDir": "/app",
-            "env": [{"name": "MEDRECO_SNAPSHOT_VERSION", "value": req.snapshot_version},
-                    {"name": "MEDRECO_SNAPSHOT_CONTENT_HASH", "value": req.content_hash}],
-            "resources": {"requests": dict(resources), "limits": dict(resources)},
-            "volumeMounts": [{"name": "data", "mountPath": k8s.data_mount},
-                             {"name": "models", "mountPath": k8s.output_mount},
-                             {"name": "dshm", "mountPath": "/dev/shm"}],
-        }],
-        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": k8s.data_pvc}},
-                    {"name": "models", "persistentVolumeClaim": {"claimName": k8s.output_pvc}},
-                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s.shm_size}}],
+        "containers": [
+            {
+                "name": "train",
+                "image": k8s.image,
+                "command": cmd[:1],
+                "args": cmd[1:] + job_args(req, root=k8s.data_mount, output=k8s.output_mount),
+                "workingDir": "/app",
+                "env": [
+                    {"name": "MEDRECO_SNAPSHOT_VERSION", "value": req.snapshot_version},
+                    {"name": "MEDRECO_SNAPSHOT_CONTENT_HASH", "value": req.content_hash},
+                ],
+                "resources": {"requests": dict(resources), "limits": dict(resources)},
+                "volumeMounts": [
+                    {"name": "data", "mountPath": k8s.data_mount},
+                    {"name": "models", "mountPath": k8s.output_mount},
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": k8s.data_pvc}},
+            {"name": "models", "persistentVolumeClaim": {"claimName": k8s.output_pvc}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s.shm_size}},
+        ],
     }
     if k8s.gpus:
         pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -162,10 +198,17 @@ def render_k8s_job(req: LaunchRequest, k8s: KubernetesConfig, nproc_per_node: in
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": k8s.namespace, "labels": labels,
-                     "annotations": {ANNOTATION_CONTENT_HASH: req.content_hash}},
-        "spec": {"backoffLimit": k8s.backoff_limit, "ttlSecondsAfterFinished": k8s.ttl_seconds_after_finished,
-                 "template": {"metadata": {"labels": labels}, "spec": pod}},
+        "metadata": {
+            "name": name,
+            "namespace": k8s.namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_CONTENT_HASH: req.content_hash},
+        },
+        "spec": {
+            "backoffLimit": k8s.backoff_limit,
+            "ttlSecondsAfterFinished": k8s.ttl_seconds_after_finished,
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
     }
 
 
@@ -205,7 +248,10 @@ def validate_k8s_job(spec: dict) -> list[str]:
             for r, q in (res.get(kind) or {}).items():
                 if not _QUANTITY.match(str(q)):
                     p.append(f"{kind}.{r} {q!r} is not a quantity")
-        gpu_req, gpu_lim = (res.get("requests") or {}).get("nvidia.com/gpu"), (res.get("limits") or {}).get("nvidia.com/gpu")
+        gpu_req, gpu_lim = (
+            (res.get("requests") or {}).get("nvidia.com/gpu"),
+            (res.get("limits") or {}).get("nvidia.com/gpu"),
+        )
         if gpu_req is not None or gpu_lim is not None:
             if gpu_req != gpu_lim:
                 p.append("nvidia.com/gpu requests must equal limits")
@@ -233,15 +279,22 @@ def launch_kubernetes(req: LaunchRequest, launch: LaunchConfig) -> dict:
     try:
         from kubernetes import client, config  # optional dependency of deployments
     except ImportError:
-        raise LauncherError("the kubernetes Python client is not installed; render the Job with "
-                            "training.launchers.render_k8s_job and apply it with kubectl") from None
+        raise LauncherError(
+            "the kubernetes Python client is not installed; render the Job with "
+            "training.launchers.render_k8s_job and apply it with kubectl"
+        ) from None
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
     client.BatchV1Api().create_namespaced_job(spec["metadata"]["namespace"], spec)
-    return {"launcher": "kubernetes", "job": req.job, "status": "running",
-            "namespace": spec["metadata"]["namespace"], "name": spec["metadata"]["name"]}
+    return {
+        "launcher": "kubernetes",
+        "job": req.job,
+        "status": "running",
+        "namespace": spec["metadata"]["namespace"],
+        "name": spec["metadata"]["name"],
+    }
 
 
 def poll_kubernetes(handle: dict) -> str:
@@ -267,7 +320,7 @@ def sagemaker_job_name(req: LaunchRequest) -> str:
     """``medreco-<job>-<name>-<version>-<hash8>``: at most 63 characters of ``[a-zA-Z0-9-]``, unique per
     snapshot content (SageMaker job names are unique per account and region)."""
     base = re.sub(r"[^a-zA-Z0-9-]+", "-", f"medreco-{req.job}-{req.name}-{req.snapshot_version}")
-    return f"{base[:63 - 9].strip('-')}-{req.content_hash[:8]}"
+    return f"{base[: 63 - 9].strip('-')}-{req.content_hash[:8]}"
 
 
 def sagemaker_request(req: LaunchRequest, sm: SageMakerConfig, nproc_per_node: int = 1) -> dict:
@@ -285,21 +338,30 @@ def sagemaker_request(req: LaunchRequest, sm: SageMakerConfig, nproc_per_node: i
         "TrainingJobName": name,
         "RoleArn": sm.role_arn,
         "AlgorithmSpecification": {
-            "TrainingImage": sm.image_uri, "TrainingInputMode": "File",
+            "TrainingImage": sm.image_uri,
+            "TrainingInputMode": "File",
             "ContainerEntrypoint": cmd,
-            "ContainerArguments": job_args(req, root=sm.storage_root, output="/opt/ml/checkpoints",
-                                           job_config=req.job_config),
+            "ContainerArguments": job_args(
+                req, root=sm.storage_root, output="/opt/ml/checkpoints", job_config=req.job_config
+            ),
         },
         "OutputDataConfig": {"S3OutputPath": f"{prefix}/output"},
         "CheckpointConfig": {"S3Uri": f"{prefix}/checkpoints", "LocalPath": "/opt/ml/checkpoints"},
-        "ResourceConfig": {"InstanceType": sm.instance_type, "InstanceCount": sm.instance_count,
-                           "VolumeSizeInGB": sm.volume_size_gb},
+        "ResourceConfig": {
+            "InstanceType": sm.instance_type,
+            "InstanceCount": sm.instance_count,
+            "VolumeSizeInGB": sm.volume_size_gb,
+        },
         "StoppingCondition": {"MaxRuntimeInSeconds": sm.max_runtime_s},
-        "Environment": {"MEDRECO_SNAPSHOT_VERSION": req.snapshot_version,
-                        "MEDRECO_SNAPSHOT_CONTENT_HASH": req.content_hash},
-        "Tags": [{"Key": "medreco:snapshot-version", "Value": req.snapshot_version},
-                 {"Key": "medreco:snapshot-content-hash", "Value": req.content_hash},
-                 {"Key": "medreco:job", "Value": req.job}],
+        "Environment": {
+            "MEDRECO_SNAPSHOT_VERSION": req.snapshot_version,
+            "MEDRECO_SNAPSHOT_CONTENT_HASH": req.content_hash,
+        },
+        "Tags": [
+            {"Key": "medreco:snapshot-version", "Value": req.snapshot_version},
+            {"Key": "medreco:snapshot-content-hash", "Value": req.content_hash},
+            {"Key": "medreco:job", "Value": req.job},
+        ],
     }
 
 
@@ -311,8 +373,14 @@ def launch_sagemaker(req: LaunchRequest, launch: LaunchConfig, client=None) -> d
     client = client or boto3.client("sagemaker", region_name=sm.region)
     body = sagemaker_request(req, sm, launch.nproc_per_node)
     arn = client.create_training_job(**body)["TrainingJobArn"]
-    return {"launcher": "sagemaker", "job": req.job, "status": "running", "name": body["TrainingJobName"],
-            "arn": arn, "region": sm.region}
+    return {
+        "launcher": "sagemaker",
+        "job": req.job,
+        "status": "running",
+        "name": body["TrainingJobName"],
+        "arn": arn,
+        "region": sm.region,
+    }
 
 
 def poll_sagemaker(handle: dict, client=None) -> str:
@@ -330,7 +398,9 @@ def launch(req: LaunchRequest, launch_cfg: LaunchConfig) -> dict:
     """Start the job with ``launch_cfg.launcher``; returns the handle (see the module docstring)."""
     fn = {"local": launch_local, "kubernetes": launch_kubernetes, "sagemaker": launch_sagemaker}[launch_cfg.launcher]
     handle = fn(req, launch_cfg)
-    handle.update({"snapshot_version": req.snapshot_version, "content_hash": req.content_hash, "name_in_config": req.name})
+    handle.update(
+        {"snapshot_version": req.snapshot_version, "content_hash": req.content_hash, "name_in_config": req.name}
+    )
     return handle
 
 

@@ -228,19 +228,32 @@ def train(task: TrainTask, cfg: OptimConfig, run_dir: str | Path, runtime: Runti
         best = state.get("best")
     start_step = step
     ddp = rt.world_size > 1 and not fsdp
-    wrapped = nn.parallel.DistributedDataParallel(
-        model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None) if ddp else model
+    wrapped = (
+        nn.parallel.DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+        if ddp
+        else model
+    )
 
     data = task.train_dataset()
     if len(data) == 0:
         raise ValueError("the training split has no examples")
     cuda = rt.device.type == "cuda"
     multi = rt.world_size > 1
-    sampler = (DistributedSampler(data, num_replicas=rt.world_size, rank=rt.rank, seed=cfg.seed, drop_last=True)
-               if multi else RandomSampler(data, generator=torch.Generator().manual_seed(cfg.seed)))
-    loader = DataLoader(data, batch_size=cfg.batch_size, sampler=sampler, collate_fn=task.collate,
-                        num_workers=cfg.num_workers, pin_memory=cuda, drop_last=len(data) >= cfg.batch_size * 2,
-                        persistent_workers=cfg.num_workers > 0)
+    sampler = (
+        DistributedSampler(data, num_replicas=rt.world_size, rank=rt.rank, seed=cfg.seed, drop_last=True)
+        if multi
+        else RandomSampler(data, generator=torch.Generator().manual_seed(cfg.seed))
+    )
+    loader = DataLoader(
+        data,
+        batch_size=cfg.batch_size,
+        sampler=sampler,
+        collate_fn=task.collate,
+        num_workers=cfg.num_workers,
+        pin_memory=cuda,
+        drop_last=len(data) >= cfg.batch_size * 2,
+        persistent_workers=cfg.num_workers > 0,
+    )
 
     def evaluate_now() -> dict:
         model.eval()
@@ -251,9 +264,19 @@ def train(task: TrainTask, cfg: OptimConfig, run_dir: str | Path, runtime: Runti
     def save(path: Path) -> None:
         msd, osd = _state_dicts(model, opt, fsdp)
         if rt.is_main:
-            _save_atomic({"model": msd, "optimizer": osd, "scheduler": sched.state_dict(), "step": step,
-                          "epoch": epoch, "task": task.state(), "best": best,
-                          "parallel": "fsdp" if fsdp else "ddp"}, path)
+            _save_atomic(
+                {
+                    "model": msd,
+                    "optimizer": osd,
+                    "scheduler": sched.state_dict(),
+                    "step": step,
+                    "epoch": epoch,
+                    "task": task.state(),
+                    "best": best,
+                    "parallel": "fsdp" if fsdp else "ddp",
+                },
+                path,
+            )
 
     def after_eval(ev: dict) -> None:
         nonlocal best
@@ -261,8 +284,12 @@ def train(task: TrainTask, cfg: OptimConfig, run_dir: str | Path, runtime: Runti
         value = metric_at(ev, cfg.best_metric) if cfg.best_metric and rt.is_main else None
         improved = value is not None and (best is None or value > best["value"])
         if improved:
-            best = {"metric": cfg.best_metric, "value": value, "step": step,
-                    "checkpoint": str(run_dir / BEST_CHECKPOINT)}
+            best = {
+                "metric": cfg.best_metric,
+                "value": value,
+                "step": step,
+                "checkpoint": str(run_dir / BEST_CHECKPOINT),
+            }
         if multi:
             flag = [improved, best]
             dist.broadcast_object_list(flag, src=0)

@@ -36,14 +36,19 @@ def resolve_job_config(path: str, base_dir: str | Path) -> Path:
         when neither location holds the file.
     """
     p = Path(path)
-    for cand in ([p] if p.is_absolute() else [Path(base_dir) / p, PROJECT_ROOT / p]):
+    for cand in [p] if p.is_absolute() else [Path(base_dir) / p, PROJECT_ROOT / p]:
         if cand.is_file():
             return cand.resolve()
     raise FileNotFoundError(f"training config {path} not found (looked under {base_dir} and {PROJECT_ROOT})")
 
 
-def start_job(kind: str, pipeline_config: str | Path, snapshot: str | None = None, job_config: str | None = None,
-              launcher: str | None = None) -> dict:
+def start_job(
+    kind: str,
+    pipeline_config: str | Path,
+    snapshot: str | None = None,
+    job_config: str | None = None,
+    launcher: str | None = None,
+) -> dict:
     """Verify the snapshot and launch one training job.
 
     Parameters
@@ -78,15 +83,26 @@ def start_job(kind: str, pipeline_config: str | Path, snapshot: str | None = Non
     cfg = load_config(pipeline_config)
     ref = open_snapshot(open_storage(pipeline_config), snapshot)
     if launcher is None and cfg.training.launcher == "none":
-        return {"launcher": "none", "job": kind, "status": "disabled", "snapshot_version": ref.version,
-                "content_hash": ref.content_hash, "lineage": None}
+        return {
+            "launcher": "none",
+            "job": kind,
+            "status": "disabled",
+            "snapshot_version": ref.version,
+            "content_hash": ref.content_hash,
+            "lineage": None,
+        }
     path = resolve_job_config(job_config or getattr(cfg.training, f"{kind}_config"), cfg.base_dir)
     job = load_job_config(path, expect=kind)
     launch_cfg = effective_launch(job, cfg.training, launcher)
     rel = path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path
-    req = LaunchRequest(job=kind, name=job.name, snapshot_version=ref.version, content_hash=ref.content_hash,
-                        job_config=str(path) if launch_cfg.launcher == "local" else str(rel),
-                        pipeline_config=pipeline_config)
+    req = LaunchRequest(
+        job=kind,
+        name=job.name,
+        snapshot_version=ref.version,
+        content_hash=ref.content_hash,
+        job_config=str(path) if launch_cfg.launcher == "local" else str(rel),
+        pipeline_config=pipeline_config,
+    )
     handle = launch(req, launch_cfg)
     handle["lineage"] = lineage_path(ref.version, job)
     return handle

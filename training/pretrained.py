@@ -77,15 +77,18 @@ class PretrainedVisionTokens(nn.Module):
         if hasattr(model, "vision_model") and hasattr(cfg, "vision_config"):  # full SigLIP / CLIP: the image tower
             model = model.vision_model
         for name in ("pooler", "head"):  # pooling heads: unused by the token backbone (no gradient would break DDP)
-            if isinstance(getattr(model, name, None), nn.Module) and any(True for _ in getattr(model, name).parameters()):
+            if isinstance(getattr(model, name, None), nn.Module) and any(
+                True for _ in getattr(model, name).parameters()
+            ):
                 setattr(model, name, None)
                 if hasattr(model, "use_head"):
                     model.use_head = False
         vc = model.config
         hidden = getattr(vc, "hidden_size", None) or getattr(vc, "num_features", None)
         if not isinstance(hidden, int):
-            raise PretrainedFolderError(f"backbone.path: {folder} ({cfg.model_type}) is not a vision model with a "
-                                        "hidden size")
+            raise PretrainedFolderError(
+                f"backbone.path: {folder} ({cfg.model_type}) is not a vision model with a hidden size"
+            )
         self.model, self.hidden_size, self.model_type = model, hidden, cfg.model_type
         self.num_channels = int(getattr(vc, "num_channels", 3))
         mean, std, self.normalisation = [0.0] * self.num_channels, [1.0] * self.num_channels, "none"
@@ -226,7 +229,7 @@ def entity_text_embeddings(path: str | Path, names: list[str], batch_size: int =
     model = AutoModel.from_pretrained(folder, local_files_only=True).eval()
     out = []
     for i in range(0, len(names), batch_size):
-        enc = tok(names[i:i + batch_size], padding=True, truncation=True, return_tensors="pt")
+        enc = tok(names[i : i + batch_size], padding=True, truncation=True, return_tensors="pt")
         h = model(**enc).last_hidden_state
         m = enc["attention_mask"][..., None].to(h.dtype)
         out.append(torch.nn.functional.normalize((h * m).sum(1) / m.sum(1).clamp(min=1), dim=-1))

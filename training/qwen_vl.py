@@ -34,9 +34,13 @@ class _QwenWrapper(torch.nn.Module):
         self.qwen = qwen
 
     def forward(self, batch: dict) -> torch.Tensor:
-        return self.qwen(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                         pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
-                         labels=batch["labels"]).loss
+        return self.qwen(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            pixel_values=batch["pixel_values"],
+            image_grid_thw=batch["image_grid_thw"],
+            labels=batch["labels"],
+        ).loss
 
 
 class QwenVLTask(VLMTask):
@@ -108,17 +112,23 @@ class QwenVLTask(VLMTask):
         studies = ([item.prior] if item.prior else []) + [item.current]
         enc = p.image_processor(images=[self.pixels(s) for s in studies], do_rescale=False, return_tensors="pt")
         grid = enc["image_grid_thw"]
-        text = tok.apply_chat_template(self.messages(item, fmt, False), chat_template=p.chat_template,
-                                       tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template(
+            self.messages(item, fmt, False), chat_template=p.chat_template, tokenize=False, add_generation_prompt=True
+        )
         pieces = text.split(p.image_token)
         if len(pieces) != len(studies) + 1:
             raise ValueError(f"the chat template rendered {len(pieces) - 1} image tokens for {len(studies)} images")
-        counts = [int(g.prod()) // p.merge_size ** 2 for g in grid]
+        counts = [int(g.prod()) // p.merge_size**2 for g in grid]
         text = pieces[0] + "".join(p.image_token * n + rest for n, rest in zip(counts, pieces[1:]))
         ids = tok(text, add_special_tokens=False)["input_ids"] + list(extra or [])
         a = (self.answer_ids(self.target(item, fmt)) + [tok.eos_token_id]) if with_answer else []
-        return {"ids": ids + a, "labels": [-100] * len(ids) + a, "pixel_values": enc["pixel_values"],
-                "image_grid_thw": grid, "n_images": len(studies)}
+        return {
+            "ids": ids + a,
+            "labels": [-100] * len(ids) + a,
+            "pixel_values": enc["pixel_values"],
+            "image_grid_thw": grid,
+            "n_images": len(studies),
+        }
 
     def collate(self, items: list[dict]) -> dict:
         """Left-padded ids/labels/mask, patches of every image concatenated in order, grids stacked."""
@@ -128,13 +138,17 @@ class QwenVLTask(VLMTask):
         attn = torch.zeros((b, n), dtype=torch.long)
         for i, it in enumerate(items):
             k = len(it["ids"])
-            ids[i, n - k:] = torch.tensor(it["ids"])
-            labels[i, n - k:] = torch.tensor(it["labels"])
-            attn[i, n - k:] = 1
-        return {"input_ids": ids, "labels": labels, "attention_mask": attn,
-                "pixel_values": torch.cat([it["pixel_values"] for it in items]),
-                "image_grid_thw": torch.cat([it["image_grid_thw"] for it in items]),
-                "n_images": torch.tensor([it["n_images"] for it in items])}
+            ids[i, n - k :] = torch.tensor(it["ids"])
+            labels[i, n - k :] = torch.tensor(it["labels"])
+            attn[i, n - k :] = 1
+        return {
+            "input_ids": ids,
+            "labels": labels,
+            "attention_mask": attn,
+            "pixel_values": torch.cat([it["pixel_values"] for it in items]),
+            "image_grid_thw": torch.cat([it["image_grid_thw"] for it in items]),
+            "n_images": torch.tensor([it["n_images"] for it in items]),
+        }
 
     def compute_loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, int]:
         """Answer-token cross-entropy; returns (loss, images fed)."""
@@ -147,11 +161,16 @@ class QwenVLTask(VLMTask):
         if not with_options:
             return None, []
         shared, _ = self.letter_choice(max(len(chunk[k].options) for k in with_options))
-        batch = to_device(self.collate([self.example(chunk[k], "mc", False, extra=shared) for k in with_options]),
-                          device)
-        out = _unwrap(model).qwen(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                  pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
-                                  logits_to_keep=1)
+        batch = to_device(
+            self.collate([self.example(chunk[k], "mc", False, extra=shared) for k in with_options]), device
+        )
+        out = _unwrap(model).qwen(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            pixel_values=batch["pixel_values"],
+            image_grid_thw=batch["image_grid_thw"],
+            logits_to_keep=1,
+        )
         return out.logits[:, -1].float(), with_options
 
     def _generate(self, model, chunk: list[VQAItem], device) -> list[list[int]]:
@@ -160,11 +179,17 @@ class QwenVLTask(VLMTask):
         batch = to_device(self.collate([self.example(it, "open", False) for it in chunk]), device)
         tok = self.tokenizer
         out = _unwrap(model).qwen.generate(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], pixel_values=batch["pixel_values"],
-            image_grid_thw=batch["image_grid_thw"], max_new_tokens=self.job.model.max_new_tokens, do_sample=False,
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        gen = out[:, batch["input_ids"].shape[1]:].tolist()
-        return [g[:g.index(tok.eos_token_id)] if tok.eos_token_id in g else g for g in gen]
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            pixel_values=batch["pixel_values"],
+            image_grid_thw=batch["image_grid_thw"],
+            max_new_tokens=self.job.model.max_new_tokens,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        gen = out[:, batch["input_ids"].shape[1] :].tolist()
+        return [g[: g.index(tok.eos_token_id)] if tok.eos_token_id in g else g for g in gen]
 
     def save_artifacts(self, run_dir: Path) -> None:
         """Tokenizer, chat template and image processor config beside the checkpoint (a released folder's parts)."""

@@ -37,13 +37,17 @@ def add_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
     """
     from peft import LoraConfig, get_peft_model
 
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear | nn.Conv1d)
-             or type(m).__name__ == "Conv1D"}
+    names = {
+        n.rsplit(".", 1)[-1]
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear | nn.Conv1d) or type(m).__name__ == "Conv1D"
+    }
     targets = sorted(t for t in cfg.target_modules if t in names)
     if not targets:
         raise ValueError(f"lora.target_modules {cfg.target_modules} match no linear layer of {type(model).__name__}")
-    return get_peft_model(model, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                                            target_modules=targets, bias="none"))
+    return get_peft_model(
+        model, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets, bias="none")
+    )
 
 
 def freeze(module: nn.Module) -> nn.Module:
@@ -66,8 +70,10 @@ def enable_gradient_checkpointing(model: nn.Module) -> bool:
 
 def count_parameters(model: nn.Module) -> dict[str, int]:
     """``{"total": n, "trainable": n}`` (elements)."""
-    return {"total": sum(p.numel() for p in model.parameters()),
-            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+    return {
+        "total": sum(p.numel() for p in model.parameters()),
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+    }
 
 
 def shard_fsdp(model: nn.Module, device: torch.device) -> nn.Module:

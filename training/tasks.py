@@ -89,8 +89,9 @@ class EncoderTask:
 
         concepts = load_ontology().concepts
         names = [concepts[e].preferred_name if e in concepts else e for e in self.entity_ids]
-        return project_to(entity_text_embeddings(self.job.model.entity_text_encoder, names), dim,
-                          seed=self.job.optim.seed)
+        return project_to(
+            entity_text_embeddings(self.job.model.entity_text_encoder, names), dim, seed=self.job.optim.seed
+        )
 
     def build_model(self) -> EntityAwareEncoder:
         """A fresh encoder sized to the snapshot's entity and family vocabularies (backbone from its folder when
@@ -106,22 +107,32 @@ class EncoderTask:
 
     def train_dataset(self) -> RetrievalTrainSet:
         """Training queries of the ``train`` split."""
-        return RetrievalTrainSet(self.index, self.positives, "train", self.entity_ids, self.families,
-                                 *self._geom, seed=self.job.optim.seed, **self._image)
+        return RetrievalTrainSet(
+            self.index,
+            self.positives,
+            "train",
+            self.entity_ids,
+            self.families,
+            *self._geom,
+            seed=self.job.optim.seed,
+            **self._image,
+        )
 
     def collate(self, items: list[dict]) -> dict:
         """Anchors and positives padded together to ``(2B, S, C, H, W)`` with the slice mask, entity and family
         indices, and the integer codes of studies and patients (relevance across processes is looked up from
         them in :meth:`compute_loss`)."""
         images, mask = pad_slices([it["anchor"] for it in items] + [it["positive"] for it in items])
-        codes = torch.tensor([[it["anchor_code"], it["positive_code"], it["anchor_patient"], it["positive_patient"]]
-                              for it in items])
+        codes = torch.tensor(
+            [[it["anchor_code"], it["positive_code"], it["anchor_patient"], it["positive_patient"]] for it in items]
+        )
         entity = torch.tensor([it["entity"] for it in items])
         family = torch.tensor([it["anchor_family"] for it in items] + [it["positive_family"] for it in items])
         return {"images": images, "slice_mask": mask, "entity": entity, "family": family, "codes": codes}
 
-    def relevance_matrices(self, entity: torch.Tensor, codes: torch.Tensor, all_entity: torch.Tensor,
-                           all_codes: torch.Tensor, offset: int) -> tuple[torch.Tensor, ...]:
+    def relevance_matrices(
+        self, entity: torch.Tensor, codes: torch.Tensor, all_entity: torch.Tensor, all_codes: torch.Tensor, offset: int
+    ) -> tuple[torch.Tensor, ...]:
         """``(rel_a2p, rel_p2a, ignore_a2p, ignore_p2a)``, each ``(B, M)``, for local rows against all columns.
 
         ``rel_a2p[i, j]``: relevance of column j's positive study to local query i (same entity); ``rel_p2a[i, j]``:
@@ -176,9 +187,13 @@ class EncoderTask:
         ents = torch.arange(len(self.entity_ids), device=device)
         out = []
         for i in range(0, len(studies), self.job.optim.batch_size):
-            chunk = studies[i:i + self.job.optim.batch_size]
-            images, mask = pad_slices([image_tensor(self.index.image_record(s), *self._geom, self.index.storage,
-                                                    **self._image) for s in chunk])
+            chunk = studies[i : i + self.job.optim.batch_size]
+            images, mask = pad_slices(
+                [
+                    image_tensor(self.index.image_record(s), *self._geom, self.index.storage, **self._image)
+                    for s in chunk
+                ]
+            )
             family = torch.tensor([fam.get(self.index.family[s], len(fam)) for s in chunk], device=device)
             z = model(images.to(device), mask.to(device), ents[None].expand(len(chunk), -1), family)
             out.append(z.float().cpu())
@@ -192,17 +207,29 @@ class EncoderTask:
         for split in self.job.data.eval_splits:
             gallery = self.index.studies(split)
             pos = set(gallery)
-            queries = [(s, e) for (s, e) in sorted(self.positives.query_group)
-                       if s in pos and self.positives.relevant(s, e, self.index)]
+            queries = [
+                (s, e)
+                for (s, e) in sorted(self.positives.query_group)
+                if s in pos and self.positives.relevant(s, e, self.index)
+            ]
             emb = self.embed_split(model, device, gallery) if queries else torch.zeros((0, 0, 0))
             pos_rel = self.positives
 
             def relevance(s: str, e: str, _p=pos_rel) -> dict[str, float]:
                 return {t: _p.relevance(s, e, t) for t in _p.relevant(s, e, self.index)}
 
-            result[split] = retrieval_cells(emb, gallery, self.entity_ids, self.index.family, self.index.patient,
-                                            queries, relevance, list(self.job.data.recall_ks), self.job.data.ndcg_k,
-                                            self.category)
+            result[split] = retrieval_cells(
+                emb,
+                gallery,
+                self.entity_ids,
+                self.index.family,
+                self.index.patient,
+                queries,
+                relevance,
+                list(self.job.data.recall_ks),
+                self.job.data.ndcg_k,
+                self.category,
+            )
         return result
 
     def state(self) -> dict:
@@ -307,8 +334,10 @@ class VLMTask:
         if kind == "local":
             return load_lm_tokenizer(self.job.model.tokenizer.path)
         if self.job.model.lm.kind == "local":
-            raise ValueError("tokenizer.kind word with a pretrained lm.path would remap the model's embeddings to "
-                             "another vocabulary: use tokenizer.kind auto (the model's own tokenizer)")
+            raise ValueError(
+                "tokenizer.kind word with a pretrained lm.path would remap the model's embeddings to "
+                "another vocabulary: use tokenizer.kind auto (the model's own tokenizer)"
+            )
         texts = [prompt(it.entity_ids, it.question, it.options) + " " + it.answer_text for it in self.train_items]
         return build_word_tokenizer(texts + [" ".join(LETTERS)], self.job.model.tokenizer)
 
@@ -326,8 +355,12 @@ class VLMTask:
         model = ComparativeVLM(m, lm, max(1, len(self.entity_ids)), len(self.families))
         if m.vision_init:
             load_vision_init(model.vision, m.vision_init, self.entity_ids)
-        scale_backbone(model.vision.tokens.backbone, m.vision.lora, m.vision.freeze_backbone,
-                       m.gradient_checkpointing or m.vision.gradient_checkpointing)
+        scale_backbone(
+            model.vision.tokens.backbone,
+            m.vision.lora,
+            m.vision.freeze_backbone,
+            m.gradient_checkpointing or m.vision.gradient_checkpointing,
+        )
         if m.freeze_vision:
             freeze(model.vision)
         return model
@@ -371,8 +404,11 @@ class VLMTask:
         tok = self.tokenizer
         text = prompt(item.entity_ids, item.question, item.options if fmt == "mc" else None)
         p = tok(text, add_special_tokens=False)["input_ids"] + list(extra or [])
-        a = (self.answer_ids(item.answer if fmt == "mc" else item.answer_text) + [tok.eos_token_id]) \
-            if with_answer else []
+        a = (
+            (self.answer_ids(item.answer if fmt == "mc" else item.answer_text) + [tok.eos_token_id])
+            if with_answer
+            else []
+        )
         bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
         budget = self.job.model.max_text_tokens - len(a) - len(bos)
         ids = bos + p[-budget:] + a
@@ -380,8 +416,14 @@ class VLMTask:
         current = self.image(item.current)
         prior = self.image(item.prior) if item.prior else torch.zeros_like(current[:1])
         ent = {e: i for i, e in enumerate(self.entity_ids)}
-        return {"ids": ids, "labels": labels, "prior": prior, "current": current, "has_prior": item.prior is not None,
-                "entity": ent.get(item.entity_ids[0], 0) if item.entity_ids else 0}
+        return {
+            "ids": ids,
+            "labels": labels,
+            "prior": prior,
+            "current": current,
+            "has_prior": item.prior is not None,
+            "entity": ent.get(item.entity_ids[0], 0) if item.entity_ids else 0,
+        }
 
     def collate(self, items: list[dict]) -> dict:
         """Images padded to common slices; text left-padded (so every row's prompt ends at the last column)."""
@@ -392,13 +434,20 @@ class VLMTask:
         attn = torch.zeros((b, n), dtype=torch.long)
         for i, it in enumerate(items):
             k = len(it["ids"])
-            ids[i, n - k:] = torch.tensor(it["ids"])
-            labels[i, n - k:] = torch.tensor(it["labels"])
-            attn[i, n - k:] = 1
-        return {"prior": images[:b], "prior_mask": masks[:b], "current": images[b:], "current_mask": masks[b:],
-                "has_prior": torch.tensor([it["has_prior"] for it in items]),
-                "entity": torch.tensor([it["entity"] for it in items]),
-                "input_ids": ids, "labels": labels, "attention_mask": attn}
+            ids[i, n - k :] = torch.tensor(it["ids"])
+            labels[i, n - k :] = torch.tensor(it["labels"])
+            attn[i, n - k :] = 1
+        return {
+            "prior": images[:b],
+            "prior_mask": masks[:b],
+            "current": images[b:],
+            "current_mask": masks[b:],
+            "has_prior": torch.tensor([it["has_prior"] for it in items]),
+            "entity": torch.tensor([it["entity"] for it in items]),
+            "input_ids": ids,
+            "labels": labels,
+            "attention_mask": attn,
+        }
 
     def compute_loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, int]:
         """Answer-token cross-entropy; returns (loss, images fed)."""
@@ -445,7 +494,7 @@ class VLMTask:
                 continue
             rows = []
             for i in range(0, len(items), bs):
-                chunk = items[i:i + bs]
+                chunk = items[i : i + bs]
                 logits, with_options = self._mc_logits(model, chunk, device)
                 row_of = {k: j for j, k in enumerate(with_options)}
                 gen = self._generate(model, chunk, device)
@@ -455,10 +504,15 @@ class VLMTask:
                         _, letter_ids = self.letter_choice(len(it.options))
                         pred = LETTERS[int(logits[row_of[r], letter_ids].argmax())]
                         correct = pred == it.answer
-                    rows.append({"question_type": it.question_type, "mc_correct": correct,
-                                 "family": self.index.family.get(it.current, "?"),
-                                 "ref_words": self.words(it.answer_text),
-                                 "hyp_words": self.words(tok.decode(gen[r], skip_special_tokens=True))})
+                    rows.append(
+                        {
+                            "question_type": it.question_type,
+                            "mc_correct": correct,
+                            "family": self.index.family.get(it.current, "?"),
+                            "ref_words": self.words(it.answer_text),
+                            "hyp_words": self.words(tok.decode(gen[r], skip_special_tokens=True)),
+                        }
+                    )
             result[split] = {**answer_metrics(rows), **vqa_cells(rows)}
         return result
 

@@ -55,8 +55,10 @@ def build_word_tokenizer(texts: list[str], cfg: TokenizerConfig):
     tok = Tokenizer(WordLevel(unk_token=SPECIAL["unk_token"]))
     tok.normalizer = normalizers.Sequence([normalizers.NFKC()] + ([normalizers.Lowercase()] if cfg.lowercase else []))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = WordLevelTrainer(special_tokens=[SPECIAL[k] for k in ("pad_token", "unk_token", "bos_token", "eos_token")],
-                               min_frequency=cfg.min_frequency)
+    trainer = WordLevelTrainer(
+        special_tokens=[SPECIAL[k] for k in ("pad_token", "unk_token", "bos_token", "eos_token")],
+        min_frequency=cfg.min_frequency,
+    )
     tok.train_from_iterator(sorted(texts), trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL)
 
@@ -86,19 +88,36 @@ def build_language_model(cfg: LanguageModelConfig, tokenizer) -> nn.Module:
     """
     from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
-    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-           "pad_token_id": tokenizer.pad_token_id}
+    ids = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
     if cfg.kind == "local":
         from training.pretrained import load_language_model
 
         return load_language_model(cfg.path, tokenizer)
     if cfg.kind == "gpt2":
-        conf = GPT2Config(vocab_size=len(tokenizer), n_positions=cfg.max_positions, n_embd=cfg.hidden_size,
-                          n_layer=cfg.num_layers, n_head=cfg.num_heads, n_inner=cfg.intermediate_size, **ids)
+        conf = GPT2Config(
+            vocab_size=len(tokenizer),
+            n_positions=cfg.max_positions,
+            n_embd=cfg.hidden_size,
+            n_layer=cfg.num_layers,
+            n_head=cfg.num_heads,
+            n_inner=cfg.intermediate_size,
+            **ids,
+        )
     else:
-        conf = LlamaConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-                           num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
-                           intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_positions, **ids)
+        conf = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size,
+            max_position_embeddings=cfg.max_positions,
+            **ids,
+        )
     return AutoModelForCausalLM.from_config(conf)
 
 
@@ -156,8 +175,9 @@ class ComparativeVLM(nn.Module):
         prior, current = blocks[:b], blocks[b:]
         prior = torch.where(batch["has_prior"][:, None, None], prior, self.no_prior.to(prior.dtype)[None])
         text = self.lm.get_input_embeddings()(batch["input_ids"])
-        embeds = torch.cat([prior + self.role[0].to(prior.dtype), current + self.role[1].to(prior.dtype),
-                            text.to(prior.dtype)], 1)
+        embeds = torch.cat(
+            [prior + self.role[0].to(prior.dtype), current + self.role[1].to(prior.dtype), text.to(prior.dtype)], 1
+        )
         vis = torch.ones((b, 2 * self.block), dtype=batch["attention_mask"].dtype, device=embeds.device)
         mask = torch.cat([vis, batch["attention_mask"]], 1)
         pos = (mask.long().cumsum(1) - 1).clamp(min=0)
@@ -199,8 +219,13 @@ class ComparativeVLM(nn.Module):
                 break
             mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=mask.device)], 1)
             pos = pos[:, -1:] + 1
-            out = self.lm(inputs_embeds=emb(nxt[:, None]).to(embeds.dtype), attention_mask=mask, position_ids=pos,
-                          use_cache=True, **{key: past})
+            out = self.lm(
+                inputs_embeds=emb(nxt[:, None]).to(embeds.dtype),
+                attention_mask=mask,
+                position_ids=pos,
+                use_cache=True,
+                **{key: past},
+            )
             past = getattr(out, key)
             nxt = out.logits[:, -1].argmax(-1)
         return result
@@ -235,8 +260,8 @@ def corpus_bleu(references: list[list[str]], hypotheses: list[list[str]], max_n:
     for ref, hyp in zip(references, hypotheses):
         r, c = r + len(ref), c + len(hyp)
         for n in range(1, max_n + 1):
-            h = Counter(tuple(hyp[i:i + n]) for i in range(len(hyp) - n + 1))
-            g = Counter(tuple(ref[i:i + n]) for i in range(len(ref) - n + 1))
+            h = Counter(tuple(hyp[i : i + n]) for i in range(len(hyp) - n + 1))
+            g = Counter(tuple(ref[i : i + n]) for i in range(len(ref) - n + 1))
             matches[n - 1] += sum(min(v, g[k]) for k, v in h.items())
             totals[n - 1] += max(len(hyp) - n + 1, 0)
     if c == 0 or any(m == 0 for m in matches):
@@ -258,16 +283,22 @@ def answer_metrics(rows: list[dict]) -> dict:
         ``n_items``, ``n_mc``, ``mc_accuracy``, ``open_exact_match`` (fractions), ``bleu1``, ``bleu4`` (0..1) and
         ``by_question_type`` with the same keys per type.
     """
+
     def agg(rs: list[dict]) -> dict:
         n = len(rs)
         refs, hyps = [r["ref_words"] for r in rs], [r["hyp_words"] for r in rs]
         mc = [r["mc_correct"] for r in rs if r["mc_correct"] is not None]
-        return {"n_items": n, "n_mc": len(mc),
-                "mc_accuracy": sum(mc) / len(mc) if mc else None,
-                "open_exact_match": sum(r["ref_words"] == r["hyp_words"] for r in rs) / n if n else None,
-                "bleu1": corpus_bleu(refs, hyps, 1), "bleu4": corpus_bleu(refs, hyps, 4)}
+        return {
+            "n_items": n,
+            "n_mc": len(mc),
+            "mc_accuracy": sum(mc) / len(mc) if mc else None,
+            "open_exact_match": sum(r["ref_words"] == r["hyp_words"] for r in rs) / n if n else None,
+            "bleu1": corpus_bleu(refs, hyps, 1),
+            "bleu4": corpus_bleu(refs, hyps, 4),
+        }
 
     out = agg(rows)
-    out["by_question_type"] = {t: agg([r for r in rows if r["question_type"] == t])
-                               for t in sorted({r["question_type"] for r in rows})}
+    out["by_question_type"] = {
+        t: agg([r for r in rows if r["question_type"] == t]) for t in sorted({r["question_type"] for r in rows})
+    }
     return out

@@ -154,16 +154,22 @@ def load_gold(path: str | Path) -> list[GoldNote]:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise GoldFormatError(f"line {lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or not isinstance(obj.get("phi"), list):
+            if (
+                not isinstance(obj, dict)
+                or not isinstance(obj.get("text"), str)
+                or not isinstance(obj.get("phi"), list)
+            ):
                 raise GoldFormatError(f"line {lineno}: needs an object with a string 'text' and a list 'phi'")
             text = obj["text"]
             spans = []
             for span in obj["phi"]:
                 ok = isinstance(span, dict) and all(
-                    isinstance(span.get(k), int) and not isinstance(span.get(k), bool) for k in ("start", "end"))
+                    isinstance(span.get(k), int) and not isinstance(span.get(k), bool) for k in ("start", "end")
+                )
                 if not ok or not isinstance(span.get("type"), str) or not 0 <= span["start"] < span["end"] <= len(text):
-                    raise GoldFormatError(f"line {lineno}: a 'phi' span needs integer start < end within the text "
-                                          "and a string type")
+                    raise GoldFormatError(
+                        f"line {lineno}: a 'phi' span needs integer start < end within the text and a string type"
+                    )
                 spans.append((span["start"], span["end"], span["type"]))
             notes.append(GoldNote(str(obj.get("id", lineno)), text, tuple(spans)))
     return notes
@@ -199,10 +205,10 @@ def surviving_characters(original: str, deidentified: str) -> bytearray:
         if op == "equal":
             keep[start:end] = b"\x01" * (end - start)
         elif op == "replace":
-            sub_b = masked[b_chunks[b1][0]:b_chunks[b2 - 1][1]]
+            sub_b = masked[b_chunks[b1][0] : b_chunks[b2 - 1][1]]
             chars = SequenceMatcher(None, original[start:end], sub_b, autojunk=False)
             for a, _b, size in chars.get_matching_blocks():
-                keep[start + a:start + a + size] = b"\x01" * size
+                keep[start + a : start + a + size] = b"\x01" * size
     return keep
 
 
@@ -220,10 +226,10 @@ def score_note(note: GoldNote, deidentified: str, score: DeidScore) -> None:
         else:
             counts[0] += 1
     for m in _TOKEN.finditer(note.text):
-        if any(in_phi[m.start():m.end()]):
+        if any(in_phi[m.start() : m.end()]):
             continue
         score.non_phi_tokens += 1
-        score.non_phi_lost += not all(keep[m.start():m.end()])
+        score.non_phi_lost += not all(keep[m.start() : m.end()])
     score.notes += 1
 
 
@@ -264,8 +270,10 @@ def render_deid_table(score: DeidScore) -> str:
     for kind, (removed, total) in rows:
         lines.append(f"{kind:<{width}}  {total:>6}  {removed:>7}  {removed / total:>6.3f}")
     lines.append(f"{'all (strict)':<{width}}  {score.total:>6}  {score.removed:>7}  {score.recall:>6.3f}")
-    lines.append(f"non-PHI tokens lost: {score.non_phi_lost} of {score.non_phi_tokens} "
-                 f"({100 * score.non_phi_lost_share:.2f}%) in {score.notes} notes")
+    lines.append(
+        f"non-PHI tokens lost: {score.non_phi_lost} of {score.non_phi_tokens} "
+        f"({100 * score.non_phi_lost_share:.2f}%) in {score.notes} notes"
+    )
     return "\n".join(lines)
 
 
@@ -300,9 +308,12 @@ class FoldScores:
         return total
 
 
-def evaluate_folds(notes: Iterable[GoldNote], folds: int = DEFAULT_FOLDS,
-                   held_out: tuple[int, ...] = DEFAULT_HELD_OUT,
-                   deidentify: Callable[[str], str] | None = None) -> FoldScores:
+def evaluate_folds(
+    notes: Iterable[GoldNote],
+    folds: int = DEFAULT_FOLDS,
+    held_out: tuple[int, ...] = DEFAULT_HELD_OUT,
+    deidentify: Callable[[str], str] | None = None,
+) -> FoldScores:
     """Score a de-identifier fold by fold (:func:`fold_of`); every note is de-identified once.
 
     Raises
@@ -327,9 +338,13 @@ def render_fold_table(result: FoldScores) -> str:
         name = f"{i} (held out)" if i in result.held_out else f"{i} (dev)"
         lines.append(f"{name:<14}  {s.notes:>5}  {s.total:>5}  {s.recall:>6.3f}  {100 * s.non_phi_lost_share:>11.2f}%")
     dev, held = result.combined(False), result.combined(True)
-    lines.append(f"{'dev (tuned)':<14}  {dev.notes:>5}  {dev.total:>5}  {dev.recall:>6.3f}  "
-                 f"{100 * dev.non_phi_lost_share:>11.2f}%")
-    lines.append(f"{'held out':<14}  {held.notes:>5}  {held.total:>5}  {held.recall:>6.3f}  "
-                 f"{100 * held.non_phi_lost_share:>11.2f}%")
+    lines.append(
+        f"{'dev (tuned)':<14}  {dev.notes:>5}  {dev.total:>5}  {dev.recall:>6.3f}  "
+        f"{100 * dev.non_phi_lost_share:>11.2f}%"
+    )
+    lines.append(
+        f"{'held out':<14}  {held.notes:>5}  {held.total:>5}  {held.recall:>6.3f}  "
+        f"{100 * held.non_phi_lost_share:>11.2f}%"
+    )
     lines.append(f"held-out minus tuned strict recall: {held.recall - dev.recall:+.3f}")
     return "\n".join(lines) + "\n\nheld-out folds by PHI type:\n" + render_deid_table(held)

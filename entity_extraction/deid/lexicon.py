@@ -125,17 +125,36 @@ def _project_vocabulary() -> set[str]:
     here = Path(__file__).parent.parent  # entity_extraction/
     vocab: set[str] = set()
     ontology = here.parent / "schemas" / "ontology"
-    for path in (ontology / "synonyms_en.json", ontology / "medreco_ontology.json", here / "context_rules_en.json",
-                 here / "descriptor_rules_en.json", here / "section_rules_en.json"):
+    for path in (
+        ontology / "synonyms_en.json",
+        ontology / "medreco_ontology.json",
+        here / "context_rules_en.json",
+        here / "descriptor_rules_en.json",
+        here / "section_rules_en.json",
+    ):
         if path.is_file():
             vocab |= _words(re.findall(r'"([^"\\]*)"', path.read_text(encoding="utf-8")))
     return vocab
 
 
-_NEEDED_LISTS = ("titles", "relations", "roles_before", "credentials_after", "weak_cues_before",
-                 "institution_suffixes", "strong_institution_suffixes", "unit_suffixes", "movement_cues",
-                 "not_place_after_cue", "clinical_abbreviations", "clinical_words", "units", "protected_phrases",
-                 "not_names", "name_particles")
+_NEEDED_LISTS = (
+    "titles",
+    "relations",
+    "roles_before",
+    "credentials_after",
+    "weak_cues_before",
+    "institution_suffixes",
+    "strong_institution_suffixes",
+    "unit_suffixes",
+    "movement_cues",
+    "not_place_after_cue",
+    "clinical_abbreviations",
+    "clinical_words",
+    "units",
+    "protected_phrases",
+    "not_names",
+    "name_particles",
+)
 
 
 def _read_lists(path: str | None) -> dict[str, frozenset[str]]:
@@ -206,8 +225,13 @@ def _load_word_lists(lists: dict[str, frozenset[str]]) -> _WordLists:
         freq=freq,
         common={w for w, z in freq.items() if z >= COMMON_ZIPF and WORD.fullmatch(w)},
         dictionary={w for w in get_english_words_set(["web2"], alpha=True, lower=False) if w.islower()},
-        clinical=(_project_vocabulary() | lists["clinical_abbreviations"] | lists["clinical_words"] | lists["units"]
-                  | _words(lists["clinical_abbreviations"])),
+        clinical=(
+            _project_vocabulary()
+            | lists["clinical_abbreviations"]
+            | lists["clinical_words"]
+            | lists["units"]
+            | _words(lists["clinical_abbreviations"])
+        ),
     )
 
 
@@ -272,8 +296,15 @@ def _classify_countries(classes: dict[str, int], wl: _WordLists, lists: dict) ->
 
 
 #: the steps that set the word classes, in order (a later step overrides an earlier one where it assigns)
-CLASS_STEPS = (_classify_common_words, _classify_cities, _classify_surnames, _classify_first_names,
-               _classify_clinical, _classify_cue_words, _classify_countries)
+CLASS_STEPS = (
+    _classify_common_words,
+    _classify_cities,
+    _classify_surnames,
+    _classify_first_names,
+    _classify_clinical,
+    _classify_cue_words,
+    _classify_countries,
+)
 
 
 def _alternation(phrases, spaces: bool = False) -> re.Pattern[str] | None:
@@ -325,24 +356,43 @@ def load_lexicon(path: str | None = None) -> Lexicon:
     for step in CLASS_STEPS:
         step(classes, wl, lists)
     names = wl.names
-    rare_names = frozenset(w for w in names if classes.get(w) == AMBIG and w not in wl.clinical
-                           and wl.freq.get(w, 0) < RARE_NAME_ZIPF)
+    rare_names = frozenset(
+        w for w in names if classes.get(w) == AMBIG and w not in wl.clinical and wl.freq.get(w, 0) < RARE_NAME_ZIPF
+    )
     institutions = lists.get("institution_names", frozenset())
     return Lexicon(
-        classes=classes, dictionary=frozenset(wl.dictionary), first_names=frozenset(wl.first),
-        names=frozenset(names), clinical=frozenset(wl.clinical), titles=lists["titles"],
-        relations=lists["relations"], roles=lists["roles_before"], credentials=lists["credentials_after"],
-        weak_cues=lists["weak_cues_before"], suffixes=lists["institution_suffixes"],
-        strong_suffixes=lists["strong_institution_suffixes"], unit_suffixes=lists["unit_suffixes"],
-        movement=lists["movement_cues"], movement_verbs=lists.get("movement_verbs", frozenset()),
-        not_place=lists["not_place_after_cue"], particles=lists["name_particles"],
+        classes=classes,
+        dictionary=frozenset(wl.dictionary),
+        first_names=frozenset(wl.first),
+        names=frozenset(names),
+        clinical=frozenset(wl.clinical),
+        titles=lists["titles"],
+        relations=lists["relations"],
+        roles=lists["roles_before"],
+        credentials=lists["credentials_after"],
+        weak_cues=lists["weak_cues_before"],
+        suffixes=lists["institution_suffixes"],
+        strong_suffixes=lists["strong_institution_suffixes"],
+        unit_suffixes=lists["unit_suffixes"],
+        movement=lists["movement_cues"],
+        movement_verbs=lists.get("movement_verbs", frozenset()),
+        not_place=lists["not_place_after_cue"],
+        particles=lists["name_particles"],
         cities={k: tuple(sorted(v, key=len, reverse=True)) for k, v in wl.cities.items()},
         protected=_alternation(lists["protected_phrases"]),
         protected_first=_first_words(lists["protected_phrases"]),
-        cues=frozenset().union(lists["titles"], lists["relations"], lists["roles_before"], lists["credentials_after"],
-                               lists["institution_suffixes"], lists["unit_suffixes"], lists["movement_cues"],
-                               lists.get("ward_cues", ()), lists.get("institution_prefixes", ()),
-                               ("for",) if lists.get("employment_verbs") else ()),
+        cues=frozenset().union(
+            lists["titles"],
+            lists["relations"],
+            lists["roles_before"],
+            lists["credentials_after"],
+            lists["institution_suffixes"],
+            lists["unit_suffixes"],
+            lists["movement_cues"],
+            lists.get("ward_cues", ()),
+            lists.get("institution_prefixes", ()),
+            ("for",) if lists.get("employment_verbs") else (),
+        ),
         name_words=lists.get("institution_name_words", frozenset()),
         institutions=_alternation(institutions, spaces=True),
         institutions_first=_first_words(institutions),
@@ -352,7 +402,9 @@ def load_lexicon(path: str | None = None) -> Lexicon:
         ward_cues=lists.get("ward_cues", frozenset()),
         rare_names=rare_names,
         eponym_heads=lists.get("eponym_heads", frozenset()),
-        plain_triggers=_first_words(institutions) | frozenset(wl.cities) | lists.get("place_prefixes", frozenset())
+        plain_triggers=_first_words(institutions)
+        | frozenset(wl.cities)
+        | lists.get("place_prefixes", frozenset())
         | lists.get("place_suffix_words", frozenset()),
         toponym_suffixes=tuple(sorted(lists.get("toponym_suffixes", ()))),
         place_prefixes=lists.get("place_prefixes", frozenset()),

@@ -36,17 +36,57 @@ _NAME_GAP = re.compile(r"[ \t]{0,3}(?:\.[ \t]{0,3})?|-|'[ \t]?")
 _CUE_GAP = re.compile(r"[ \t]*(?:[:,(\"'/-][ \t]*)?|[ \t]*(?:\.|,)[ \t]*|[ \t]*\([ \t]*")
 _STRONG_ROLES = frozenset({"np", "ho", "nurse", "resident", "intern", "fellow", "rabbi", "attending"})
 #: cue words after which an initial and a rare ambiguous surname are a name ("per d ross", "paged J Spears")
-_NAME_VERBS = frozenset({"per", "by", "called", "paged", "notified", "informed", "contacted", "spoke", "told",
-                         "asked", "cc", "attn", "signed", "dictated"})
+_NAME_VERBS = frozenset(
+    {
+        "per",
+        "by",
+        "called",
+        "paged",
+        "notified",
+        "informed",
+        "contacted",
+        "spoke",
+        "told",
+        "asked",
+        "cc",
+        "attn",
+        "signed",
+        "dictated",
+    }
+)
 #: verbs that follow a person's name ("J SMITH ORDERED", "grace dudak aware")
-_AFTER_NAME_VERBS = frozenset({"aware", "ordered", "notified", "paged", "called", "said", "states", "stated", "saw",
-                               "examined", "evaluated", "requested", "recommends", "recommended", "agrees", "agreed",
-                               "spoke", "updated", "informed", "reviewed", "consulted", "discussed"})
+_AFTER_NAME_VERBS = frozenset(
+    {
+        "aware",
+        "ordered",
+        "notified",
+        "paged",
+        "called",
+        "said",
+        "states",
+        "stated",
+        "saw",
+        "examined",
+        "evaluated",
+        "requested",
+        "recommends",
+        "recommended",
+        "agrees",
+        "agreed",
+        "spoke",
+        "updated",
+        "informed",
+        "reviewed",
+        "consulted",
+        "discussed",
+    }
+)
 #: verbs whose object is a place without a preposition ("NEED TO LEAVE GH"); only upper-case acronyms follow
 _DIRECT_PLACE_VERBS = frozenset({"leave", "leaving", "reach", "reached", "enter", "entered", "entering"})
 #: a ward or floor number after a building name: one digit, maybe a letter, no dose or decimal ("QUARTERMAIN 6;")
-_WARD = re.compile(r"[ \t]?\d[A-Za-z]?(?![\w,/%]|\.\d|[ \t]*(?:mg|mcg|ml|cc|units?|u|g|meq|mmol|mm|cm|kg|mcq|l)\b)",
-                   re.IGNORECASE)
+_WARD = re.compile(
+    r"[ \t]?\d[A-Za-z]?(?![\w,/%]|\.\d|[ \t]*(?:mg|mcg|ml|cc|units?|u|g|meq|mmol|mm|cm|kg|mcq|l)\b)", re.IGNORECASE
+)
 _NAMEISH = (FIRST, LAST, UNKNOWN, PLACE, PROPER)
 _SAINTS = ("of", "st", "saint", "mt", "mount")
 
@@ -89,7 +129,7 @@ def _sentence_start(text: str, pos: int) -> bool:
     j = pos - 1
     while j >= 0 and text[j] in " \t":
         j -= 1
-    return j < 0 or text[j] in ".!?:;\n*-\"()[]#>=+/0123456789"
+    return j < 0 or text[j] in '.!?:;\n*-"()[]#>=+/0123456789'
 
 
 def _nameish(t: _Tok, allow_ambiguous: bool = True) -> bool:
@@ -100,8 +140,11 @@ def _nameish(t: _Tok, allow_ambiguous: bool = True) -> bool:
 
 def _same_case(a: _Tok, b: _Tok) -> bool:
     """Both words in the same case style (Mary Hulse, grace dudak, HO SCHWARZ)."""
-    return (a.text.isupper() and b.text.isupper()) or (a.text.islower() and b.text.islower()) or (
-        _titled(a.text) and _titled(b.text))
+    return (
+        (a.text.isupper() and b.text.isupper())
+        or (a.text.islower() and b.text.islower())
+        or (_titled(a.text) and _titled(b.text))
+    )
 
 
 class Scan:
@@ -120,7 +163,7 @@ class Scan:
 
     def gap(self, a: int, b: int) -> str:
         """Text between word a and word b."""
-        return self.text[self.toks[a].end:self.toks[b].start]
+        return self.text[self.toks[a].end : self.toks[b].start]
 
     def mark(self, i: int, k: str) -> None:
         """Mark word i as ``k`` unless it is protected or already marked."""
@@ -136,9 +179,9 @@ class Scan:
         t, text = self.toks[i], self.text
         if len(t.text) != 1:
             return False
-        if text[t.end:t.end + 1] == ".":
+        if text[t.end : t.end + 1] == ".":
             return True
-        if i + 1 >= self.n or text[t.end:self.toks[i + 1].start] != " ":
+        if i + 1 >= self.n or text[t.end : self.toks[i + 1].start] != " ":
             return False
         nxt = self.toks[i + 1]
         return nxt.cls in (FIRST, LAST) or (nxt.low in self.lex.rare_names and nxt.text[:1].isupper())
@@ -156,8 +199,11 @@ class Scan:
             t = toks[j]
             if out and self.mixed and t.text.islower() and not toks[out[-1]].text.islower() and gap != "-":
                 break  # "Mr. Boone works": a lower-case word does not continue a capitalised name in mixed text
-            if self.is_initial(j) or (out and t.low in self.lex.particles and j + 1 < self.n) \
-                    or _nameish(t, allow_ambiguous):
+            if (
+                self.is_initial(j)
+                or (out and t.low in self.lex.particles and j + 1 < self.n)
+                or _nameish(t, allow_ambiguous)
+            ):
                 out.append(j)
             else:
                 break
@@ -176,7 +222,7 @@ class Scan:
             if not (_NAME_GAP.fullmatch(gap) or (not out and re.fullmatch(r"[ \t]*,?[ \t]*|/|[ \t]*\([ \t]*", gap))):
                 break
             t = toks[j]
-            one_letter = len(t.text) == 1 and t.text.isalpha() and self.text[t.end:t.end + 1] in ". "
+            one_letter = len(t.text) == 1 and t.text.isalpha() and self.text[t.end : t.end + 1] in ". "
             if one_letter or (_nameish(t) and t.low not in self.lex.credentials):
                 out.append(j)
             else:
@@ -192,8 +238,14 @@ class Scan:
         """A word that may be part of a place name in a place context: no function word, cue or clinical word
         (an ambiguous clinical word such as "Heart" only capitalised in mixed-case text)."""
         lex = self.lex
-        if t.protected or t.low in lex.not_place or t.low in lex.cues and t.low not in lex.prefixes \
-                or t.low in lex.movement_verbs or t.low in lex.suffixes:
+        if (
+            t.protected
+            or t.low in lex.not_place
+            or t.low in lex.cues
+            and t.low not in lex.prefixes
+            or t.low in lex.movement_verbs
+            or t.low in lex.suffixes
+        ):
             return False
         if t.low in lex.name_words:
             return True
@@ -205,7 +257,7 @@ class Scan:
         """Word k, with a one-letter word and slash before it (c/o, d/c, f/u)."""
         t, text = self.toks[k], self.text
         if t.start >= 2 and text[t.start - 1] == "/" and text[t.start - 2].isalpha():
-            return text[t.start - 2:t.end].lower()
+            return text[t.start - 2 : t.end].lower()
         return t.low
 
     def verb_before(self, i: int) -> bool:
@@ -265,13 +317,20 @@ def titles(s: Scan, i: int) -> None:
     """NAME after a title. Example: "Dr. Quenneville", "MRS B. KARGAS", "Dr Will Cole" (a first name that is also
     a common word, then a name-like word)."""
     t, toks, lex = s.toks[i], s.toks, s.lex
-    if t.low not in lex.titles or (t.low == "sister" and s.text[t.end:t.end + 1] not in ". "):
+    if t.low not in lex.titles or (t.low == "sister" and s.text[t.end : t.end + 1] not in ". "):
         return
     run = s.run_after(i)
     if run and any(len(toks[j].text) > 1 for j in run):
         s.mark_all(run, "NAME")
-    elif not run and i + 2 < s.n and _titled(toks[i + 1].text) and toks[i + 1].low in lex.first_names \
-            and _titled(toks[i + 2].text) and _nameish(toks[i + 2]) and _NAME_GAP.fullmatch(s.gap(i + 1, i + 2)):
+    elif (
+        not run
+        and i + 2 < s.n
+        and _titled(toks[i + 1].text)
+        and toks[i + 1].low in lex.first_names
+        and _titled(toks[i + 2].text)
+        and _nameish(toks[i + 2])
+        and _NAME_GAP.fullmatch(s.gap(i + 1, i + 2))
+    ):
         s.mark_all((i + 1, i + 2), "NAME")
 
 
@@ -285,7 +344,7 @@ def relations(s: Scan, i: int) -> None:
     if run and (s.strong(run) or toks[run[0]].low in lex.first_names):
         s.mark_all(run, "NAME")
     k = i - 1 if t.low != "other" or i == 0 else i - 2
-    if k >= 0 and s.text[toks[k + 1].end:toks[k + 1].end + 1] != ")":
+    if k >= 0 and s.text[toks[k + 1].end : toks[k + 1].end + 1] != ")":
         k = -1
     if k >= 0 and re.fullmatch(r"[ \t]*\([ \t]*", s.gap(k, k + 1)):
         before = s.run_before(k + 1)
@@ -296,8 +355,12 @@ def relations(s: Scan, i: int) -> None:
 def role_in_parentheses(s: Scan, i: int) -> None:
     """NAME (clinician) before a role in parentheses. Example: "DICK CUCCHIARA (RESIDENT)"."""
     t = s.toks[i]
-    if t.low not in s.lex.roles or not i or not re.fullmatch(r"[ \t]*\([ \t]*", s.gap(i - 1, i)) \
-            or s.text[t.end:t.end + 1] != ")":
+    if (
+        t.low not in s.lex.roles
+        or not i
+        or not re.fullmatch(r"[ \t]*\([ \t]*", s.gap(i - 1, i))
+        or s.text[t.end : t.end + 1] != ")"
+    ):
         return
     before = s.run_before(i)
     if before and s.strong(before):
@@ -315,10 +378,15 @@ def roles(s: Scan, i: int) -> None:
         return
     ok = any(toks[j].cls in (FIRST, LAST) or toks[j].low in lex.first_names for j in run) or any(
         toks[j].cls == UNKNOWN and (_titled(toks[j].text) or t.low in _STRONG_ROLES and toks[j].text.isupper())
-        for j in run)
+        for j in run
+    )
     first = toks[run[0]]
-    rare = first.low in lex.rare_names and _same_case(t, first) and t.low in ("ho", "np", "md") \
+    rare = (
+        first.low in lex.rare_names
+        and _same_case(t, first)
+        and t.low in ("ho", "np", "md")
         and not first.text.islower()
+    )
     lone_ambiguous = first.cls == AMBIG and t.low in ("pt", "md", "pa", "rt", "ot") and len(run) == 1
     if rare or ok and not lone_ambiguous:
         s.mark_all(run, "NAME")
@@ -327,7 +395,7 @@ def roles(s: Scan, i: int) -> None:
 def credentials(s: Scan, i: int) -> None:
     """NAME (clinician) before a credential. Example: "Mary Hulse RN", "j smith, msw"."""
     t, toks, lex, text = s.toks[i], s.toks, s.lex, s.text
-    if t.low not in lex.credentials or not t.start or text[t.start - 1:t.start] not in (" ", ",", "/", "\t"):
+    if t.low not in lex.credentials or not t.start or text[t.start - 1 : t.start] not in (" ", ",", "/", "\t"):
         return
     if not (t.text.islower() or t.text.isupper()):
         return
@@ -349,9 +417,17 @@ def initial_before_verb(s: Scan, i: int) -> None:
     if len(t.text) != 1 or not t.text.isalpha() or i + 2 >= s.n:
         return
     nxt = toks[i + 1]
-    if s.gap(i, i + 1) == " " and t.text.isupper() and nxt.text.isupper() and nxt.cls == AMBIG \
-            and nxt.low in s.lex.names and nxt.low not in s.lex.clinical and t.low not in ("a", "i", "x") \
-            and toks[i + 2].low in _AFTER_NAME_VERBS and not nxt.protected:
+    if (
+        s.gap(i, i + 1) == " "
+        and t.text.isupper()
+        and nxt.text.isupper()
+        and nxt.cls == AMBIG
+        and nxt.low in s.lex.names
+        and nxt.low not in s.lex.clinical
+        and t.low not in ("a", "i", "x")
+        and toks[i + 2].low in _AFTER_NAME_VERBS
+        and not nxt.protected
+    ):
         s.mark_all((i, i + 1), "NAME")
 
 
@@ -366,14 +442,21 @@ def initials(s: Scan, i: int) -> None:
     dotted = gap.startswith(".") and re.fullmatch(r"\.[ \t]{0,2}", gap)
     after_cue = i > 0 and toks[i - 1].low in lex.weak_cues and gap in (" ", ". ")
     rare = nxt.low in lex.rare_names and t.low not in ("a", "i", "x") and i > 0 and toks[i - 1].low in _NAME_VERBS
-    cued = (dotted and (t.text.isupper() or after_cue)) or (gap == " " and t.text.isupper() and nxt.cls in (FIRST, LAST)) \
+    cued = (
+        (dotted and (t.text.isupper() or after_cue))
+        or (gap == " " and t.text.isupper() and nxt.cls in (FIRST, LAST))
         or (after_cue and (nxt.cls in (FIRST, LAST) or rare))
+    )
     if not cued or (t.start > 0 and (text[t.start - 1].isdigit() or text[t.start - 1] in "'’")):
         return
     titled = nxt.text[:1].isupper() and not nxt.text.isupper()
     cased = titled or (nxt.text.isupper() and t.text.isupper())
-    if nxt.cls in (FIRST, LAST) or (nxt.cls in (UNKNOWN, PROPER) and (titled or dotted)) \
-            or (nxt.cls == AMBIG and nxt.low in lex.names and cased and (dotted or after_cue)) or (rare and after_cue):
+    if (
+        nxt.cls in (FIRST, LAST)
+        or (nxt.cls in (UNKNOWN, PROPER) and (titled or dotted))
+        or (nxt.cls == AMBIG and nxt.low in lex.names and cased and (dotted or after_cue))
+        or (rare and after_cue)
+    ):
         s.mark_all((i, i + 1), "NAME")
 
 
@@ -387,9 +470,17 @@ def first_names(s: Scan, i: int) -> None:
     if i + 1 >= s.n:
         return
     nxt = toks[i + 1]
-    if _NAME_GAP.fullmatch(s.gap(i, i + 1)) and _nameish(nxt) and (
-            nxt.cls != AMBIG or nxt.text[:1].isupper()
-            or nxt.low in lex.rare_names and _same_case(t, nxt) and nxt.low not in lex.dictionary):
+    if (
+        _NAME_GAP.fullmatch(s.gap(i, i + 1))
+        and _nameish(nxt)
+        and (
+            nxt.cls != AMBIG
+            or nxt.text[:1].isupper()
+            or nxt.low in lex.rare_names
+            and _same_case(t, nxt)
+            and nxt.low not in lex.dictionary
+        )
+    ):
         s.mark(i + 1, "NAME")
 
 
@@ -400,10 +491,21 @@ def surnames(s: Scan, i: int) -> None:
     if t.cls != LAST or len(t.low) < 3:
         return
     prev = toks[i - 1] if i else None
-    pair = prev is not None and _NAME_GAP.fullmatch(s.gap(i - 1, i)) and (
-        prev.cls == FIRST or (prev.cls == UNKNOWN and s.mixed and _titled(prev.text) and _titled(t.text))
-        or (prev.cls == AMBIG and prev.low in lex.first_names and prev.low not in lex.clinical
-            and not prev.protected and _same_case(prev, t)))
+    pair = (
+        prev is not None
+        and _NAME_GAP.fullmatch(s.gap(i - 1, i))
+        and (
+            prev.cls == FIRST
+            or (prev.cls == UNKNOWN and s.mixed and _titled(prev.text) and _titled(t.text))
+            or (
+                prev.cls == AMBIG
+                and prev.low in lex.first_names
+                and prev.low not in lex.clinical
+                and not prev.protected
+                and _same_case(prev, t)
+            )
+        )
+    )
     if pair:
         s.mark_all((i - 1, i), "NAME")
     elif s.mixed and _titled(t.text) and not _sentence_start(s.text, t.start):
@@ -414,8 +516,14 @@ def cities(s: Scan, i: int) -> None:
     """LOCATION: a city of 15,000+ inhabitants (GeoNames) that is not known-safe. Example: "Baltimore",
     "lives in towson"."""
     t, low = s.toks[i], s.toks[i].low
-    if t.cls == PLACE and len(low) >= 4 and not t.text.islower() or t.cls == PLACE and low in s.lex.cities \
-            and len(low) >= 6:
+    if (
+        t.cls == PLACE
+        and len(low) >= 4
+        and not t.text.islower()
+        or t.cls == PLACE
+        and low in s.lex.cities
+        and len(low) >= 6
+    ):
         s.mark(i, "LOCATION")
 
 
@@ -449,7 +557,9 @@ def place_prefixes(s: Scan, i: int) -> None:
 def _place_name_word(s: Scan, t: _Tok) -> bool:
     """A word that may name a place beside a place prefix: a first name, city or word of no list; an ambiguous word
     only when it is a first name ("Port Alex", "East Tony"; not "North American", a surname too)."""
-    return not t.protected and (t.cls in (FIRST, PLACE, UNKNOWN, PROPER) or t.cls == AMBIG and t.low in s.lex.first_names)
+    return not t.protected and (
+        t.cls in (FIRST, PLACE, UNKNOWN, PROPER) or t.cls == AMBIG and t.low in s.lex.first_names
+    )
 
 
 def hyphenated_places(s: Scan, i: int) -> None:
@@ -458,8 +568,13 @@ def hyphenated_places(s: Scan, i: int) -> None:
     toks = s.toks
     if toks[i].low not in ("sur", "la", "le", "les", "lès", "en", "de", "du", "aux") or not 0 < i < s.n - 1:
         return
-    if s.gap(i - 1, i) == "-" and s.gap(i, i + 1) == "-" and toks[i - 1].text[:1].isupper() \
-            and toks[i + 1].text[:1].isupper() and not toks[i - 1].protected:
+    if (
+        s.gap(i - 1, i) == "-"
+        and s.gap(i, i + 1) == "-"
+        and toks[i - 1].text[:1].isupper()
+        and toks[i + 1].text[:1].isupper()
+        and not toks[i - 1].protected
+    ):
         s.mark_all((i - 1, i, i + 1), "LOCATION")
 
 
@@ -467,8 +582,14 @@ def ambiguous_first_names(s: Scan, i: int) -> None:
     """NAME: a first name that is also a common word, capitalised within a sentence of mixed-case text. Example:
     "reach Rob", "with Mary"."""
     t, lex = s.toks[i], s.lex
-    if t.cls == AMBIG and s.mixed and _titled(t.text) and t.low in lex.first_names and t.low not in lex.clinical \
-            and not _sentence_start(s.text, t.start):
+    if (
+        t.cls == AMBIG
+        and s.mixed
+        and _titled(t.text)
+        and t.low in lex.first_names
+        and t.low not in lex.clinical
+        and not _sentence_start(s.text, t.start)
+    ):
         s.mark(i, "NAME")
 
 
@@ -477,8 +598,14 @@ def ambiguous_first_name_pairs(s: Scan, i: int) -> None:
     surname that is a common word too, if no clinical word), city or unknown word in mixed-case text, also at the
     start of a sentence. Example: "Alan Torres", "Will Ferrante", "Irene Cooper"."""
     t, toks, lex = s.toks[i], s.toks, s.lex
-    if t.cls != AMBIG or not s.mixed or not _titled(t.text) or t.low not in lex.first_names or t.low in lex.clinical \
-            or i + 1 >= s.n:
+    if (
+        t.cls != AMBIG
+        or not s.mixed
+        or not _titled(t.text)
+        or t.low not in lex.first_names
+        or t.low in lex.clinical
+        or i + 1 >= s.n
+    ):
         return
     nxt = toks[i + 1]
     surname = nxt.cls in _NAMEISH or nxt.cls == AMBIG and nxt.low in lex.names and nxt.low not in lex.clinical
@@ -488,8 +615,11 @@ def ambiguous_first_name_pairs(s: Scan, i: int) -> None:
 
 def _name_word(s: Scan, t: _Tok) -> bool:
     """A capitalised word that may be a surname: a name or unknown word, an ambiguous word only when it is a name."""
-    return _titled(t.text) and not t.protected and (
-        t.cls in (FIRST, LAST, UNKNOWN, PROPER) or t.cls == AMBIG and t.low in s.lex.names)
+    return (
+        _titled(t.text)
+        and not t.protected
+        and (t.cls in (FIRST, LAST, UNKNOWN, PROPER) or t.cls == AMBIG and t.low in s.lex.names)
+    )
 
 
 def name_verbs(s: Scan, i: int) -> None:
@@ -512,9 +642,15 @@ def capitalised_pairs(s: Scan, i: int) -> None:
         return
     a, b = toks[i], toks[i + 1]
     pair = (a, b)
-    if all(w.text[:1].isupper() and w.text[1:].islower() and w.cls in (FIRST, LAST, UNKNOWN, PROPER)
-           and w.low not in s.lex.clinical
-           and not w.protected and len(w.low) >= 3 for w in pair):
+    if all(
+        w.text[:1].isupper()
+        and w.text[1:].islower()
+        and w.cls in (FIRST, LAST, UNKNOWN, PROPER)
+        and w.low not in s.lex.clinical
+        and not w.protected
+        and len(w.low) >= 3
+        for w in pair
+    ):
         s.mark_all((i, i + 1), "NAME")
 
 
@@ -527,8 +663,11 @@ def hyphenated_names(s: Scan, i: int) -> None:
         return
     a, b = toks[i], toks[i + 1]
     names = s.lex.names
-    if _name_word(s, a) and _name_word(s, b) and (a.cls in (FIRST, LAST) or b.cls in (FIRST, LAST)
-                                                  or a.low in names and b.low in names):
+    if (
+        _name_word(s, a)
+        and _name_word(s, b)
+        and (a.cls in (FIRST, LAST) or b.cls in (FIRST, LAST) or a.low in names and b.low in names)
+    ):
         s.mark_all((i, i + 1), "NAME")
 
 
@@ -550,8 +689,14 @@ def name_lists(s: Scan, i: int) -> None:
 def _suffix_word(s: Scan, prev: _Tok, strong_suffix: bool, title_suffix: bool) -> bool:
     """A word before an institution suffix that belongs to the name without a place cue."""
     lex = s.lex
-    return prev.low in lex.suffixes or prev.low in _SAINTS or prev.low in lex.name_words \
-        or prev.cls in _NAMEISH or (prev.cls == AMBIG and strong_suffix) or (title_suffix and _titled(prev.text))
+    return (
+        prev.low in lex.suffixes
+        or prev.low in _SAINTS
+        or prev.low in lex.name_words
+        or prev.cls in _NAMEISH
+        or (prev.cls == AMBIG and strong_suffix)
+        or (title_suffix and _titled(prev.text))
+    )
 
 
 def _suffix_run(s: Scan, i: int, strong_suffix: bool, title_suffix: bool) -> tuple[list[int], bool | None, int]:
@@ -573,14 +718,25 @@ def _suffix_run(s: Scan, i: int, strong_suffix: bool, title_suffix: bool) -> tup
             break
         elif prev.cls in _NAMEISH or (prev.cls == AMBIG and strong_suffix):
             taken.append(j)
-        elif strong_suffix and prev.cls == SAFE and prev.low not in lex.clinical and (
-                prev.text[:1].isupper() or not s.mixed):
+        elif (
+            strong_suffix
+            and prev.cls == SAFE
+            and prev.low not in lex.clinical
+            and (prev.text[:1].isupper() or not s.mixed)
+        ):
             taken.append(j)
         elif title_suffix and _titled(prev.text) and s.place_word(prev):
             taken.append(j)  # "Chester River Heart Center": capitalised words before a capitalised suffix
-        elif (s.place_word(prev) or prev.cls == AMBIG and prev.low not in lex.movement_verbs
-              and prev.low not in lex.cues) and (prev.cls == AMBIG or strong_suffix or prev.low not in lex.clinical) \
-                and re.fullmatch(r"(?:['’]s)?[ \t]+", gap):
+        elif (
+            (
+                s.place_word(prev)
+                or prev.cls == AMBIG
+                and prev.low not in lex.movement_verbs
+                and prev.low not in lex.cues
+            )
+            and (prev.cls == AMBIG or strong_suffix or prev.low not in lex.clinical)
+            and re.fullmatch(r"(?:['’]s)?[ \t]+", gap)
+        ):
             taken.append(j)  # kept only when a place cue bounds the run (below)
             bounded = None
         else:
@@ -627,8 +783,14 @@ def institution_prefixes(s: Scan, i: int) -> None:
     run = []
     for k in range(i + 2, min(i + 4, s.n)):
         w = toks[k]
-        if not re.fullmatch(r"[ \t]{1,3}", s.gap(k - 1, k)) or w.low in lex.suffixes \
-                or w.protected or w.low in lex.not_place or w.low in lex.weak_cues or len(w.low) < 2:
+        if (
+            not re.fullmatch(r"[ \t]{1,3}", s.gap(k - 1, k))
+            or w.low in lex.suffixes
+            or w.protected
+            or w.low in lex.not_place
+            or w.low in lex.weak_cues
+            or len(w.low) < 2
+        ):
             break
         if not (w.text[:1].isupper() or not s.mixed):
             break
@@ -644,8 +806,12 @@ def unit_suffixes(s: Scan, i: int) -> None:
         return
     prev = toks[i - 1]
     after_cue = i > 1 and toks[i - 2].low in lex.movement and prev.low not in lex.dictionary
-    if re.fullmatch(r"[ \t]{1,2}", s.gap(i - 1, i)) and (prev.cls == UNKNOWN or prev.cls == PROPER and after_cue) \
-            and len(prev.low) <= 5 and prev.low not in lex.clinical:
+    if (
+        re.fullmatch(r"[ \t]{1,2}", s.gap(i - 1, i))
+        and (prev.cls == UNKNOWN or prev.cls == PROPER and after_cue)
+        and len(prev.low) <= 5
+        and prev.low not in lex.clinical
+    ):
         s.mark(i - 1, "LOCATION")
 
 
@@ -653,16 +819,24 @@ def _place_run_after_verb(s: Scan, j: int) -> None:
     """After a movement verb, two or three place-like words ("WENT TO HOLY CROSS WITH", "transferred from Good
     Sam"): names, cities and unknown words, no clinical word."""
     toks, run, k = s.toks, [], j
-    while k < s.n and len(run) < 3 and (s.place_word(toks[k]) or toks[k].cls == AMBIG and not toks[k].protected) \
-            and toks[k].cls != SAFE and not (toks[k].text.islower() and toks[k].low.endswith(("ing", "ed"))) and (
-            k == j or re.fullmatch(r"[ \t]{1,2}", s.gap(k - 1, k))):
+    while (
+        k < s.n
+        and len(run) < 3
+        and (s.place_word(toks[k]) or toks[k].cls == AMBIG and not toks[k].protected)
+        and toks[k].cls != SAFE
+        and not (toks[k].text.islower() and toks[k].low.endswith(("ing", "ed")))
+        and (k == j or re.fullmatch(r"[ \t]{1,2}", s.gap(k - 1, k)))
+    ):
         run.append(k)
         k += 1
     # an ambiguous clinical word ("white") only beside a word outside every dictionary ("amrsh")
     if any(not s.place_word(toks[r]) for r in run) and all(toks[r].cls == AMBIG for r in run):
         return
-    if len(run) >= 2 and (not s.mixed or any(toks[r].cls == UNKNOWN for r in run)
-                          or all(_titled(toks[r].text) or toks[r].text.isupper() for r in run)):
+    if len(run) >= 2 and (
+        not s.mixed
+        or any(toks[r].cls == UNKNOWN for r in run)
+        or all(_titled(toks[r].text) or toks[r].text.isupper() for r in run)
+    ):
         s.mark_all(run, "LOCATION")
 
 
@@ -678,24 +852,42 @@ def movement_places(s: Scan, i: int) -> None:
         j += 1  # "transferred to the Mater"; never "in the RPA"
     nxt = toks[j]
     verb = s.verb_before(i) or toks[i].low == "for"
-    if not re.fullmatch(r"[ \t]{1,3}|[ \t]*-[ \t]*|[ \t]*@[ \t]*", s.gap(j - 1, j)) or nxt.low in lex.not_place \
-            or nxt.protected:
+    if (
+        not re.fullmatch(r"[ \t]{1,3}|[ \t]*-[ \t]*|[ \t]*@[ \t]*", s.gap(j - 1, j))
+        or nxt.low in lex.not_place
+        or nxt.protected
+    ):
         return
     long_unknown = nxt.cls in (UNKNOWN, PROPER) and len(nxt.low) >= 4
     if not cue_word:
-        if long_unknown and nxt.low not in lex.clinical and nxt.low not in lex.dictionary and _WARD.match(s.text, nxt.end):
+        if (
+            long_unknown
+            and nxt.low not in lex.clinical
+            and nxt.low not in lex.dictionary
+            and _WARD.match(s.text, nxt.end)
+        ):
             s.mark(j, "LOCATION")  # "ON QUARTERMAIN 6"
         return
     # "TO GH", "at VAMC": an upper-case acronym that is no clinical abbreviation, no dictionary word and no
     # placeholder of already de-identified text ("XXXX")
-    short_caps = nxt.text.isupper() and 2 <= len(nxt.text) <= 5 and nxt.low not in lex.clinical \
-        and nxt.low not in lex.dictionary and not re.fullmatch(r"x+", nxt.low) and (s.mixed or nxt.cls == UNKNOWN or verb)
+    short_caps = (
+        nxt.text.isupper()
+        and 2 <= len(nxt.text) <= 5
+        and nxt.low not in lex.clinical
+        and nxt.low not in lex.dictionary
+        and not re.fullmatch(r"x+", nxt.low)
+        and (s.mixed or nxt.cls == UNKNOWN or verb)
+    )
     # a long unknown word is a place after a movement verb ("transfer to quartermain") or before a ward number
     # ("QUARTERMAIN 2"), a capitalised one in mixed-case text after the preposition alone
-    ward = re.match(r"[ \t]?\d", s.text[nxt.end:nxt.end + 2]) is not None
+    ward = re.match(r"[ \t]?\d", s.text[nxt.end : nxt.end + 2]) is not None
     titled = s.mixed and nxt.text[:1].isupper() and not nxt.text.isupper()
-    if nxt.cls == PLACE or short_caps or (long_unknown and (verb or ward or titled)) \
-            or (nxt.cls in (FIRST, LAST) and len(nxt.low) >= 4 and (_WARD.match(s.text, nxt.end) or titled)):
+    if (
+        nxt.cls == PLACE
+        or short_caps
+        or (long_unknown and (verb or ward or titled))
+        or (nxt.cls in (FIRST, LAST) and len(nxt.low) >= 4 and (_WARD.match(s.text, nxt.end) or titled))
+    ):
         s.mark(j, "LOCATION")
     elif verb:
         _place_run_after_verb(s, j)
@@ -710,25 +902,44 @@ def places_after_verbs_and_conjunctions(s: Scan) -> None:
         t, nxt = toks[i], toks[i + 1]
         if kind[i + 1] is not None or nxt.protected or not re.fullmatch(r"[ \t]{1,3}", s.gap(i, i + 1)):
             continue
-        if t.low in _DIRECT_PLACE_VERBS and nxt.text.isupper() and 2 <= len(nxt.text) <= 5 \
-                and nxt.low not in lex.clinical and nxt.low not in lex.dictionary:
+        if (
+            t.low in _DIRECT_PLACE_VERBS
+            and nxt.text.isupper()
+            and 2 <= len(nxt.text) <= 5
+            and nxt.low not in lex.clinical
+            and nxt.low not in lex.dictionary
+        ):
             kind[i + 1] = "LOCATION"
-        elif t.low in ("and", "or") and nxt.cls in (LAST, UNKNOWN, PLACE) and nxt.low not in lex.clinical \
-                and len(nxt.low) >= 4 and (kind[i - 1] == "LOCATION" or toks[i - 1].low in lex.suffixes
-                                           and i > 1 and kind[i - 2] == "LOCATION"):
+        elif (
+            t.low in ("and", "or")
+            and nxt.cls in (LAST, UNKNOWN, PLACE)
+            and nxt.low not in lex.clinical
+            and len(nxt.low) >= 4
+            and (kind[i - 1] == "LOCATION" or toks[i - 1].low in lex.suffixes and i > 1 and kind[i - 2] == "LOCATION")
+        ):
             kind[i + 1] = "LOCATION"
 
 
 def repeated_places(s: Scan) -> None:
     """LOCATION: other occurrences of a place found by a cue. Example: "GH" after "TRANSFERRED TO GH"."""
     toks, kind = s.toks, s.kind
-    places = {toks[i].text for i in range(s.n) if kind[i] == "LOCATION" and toks[i].cls in _NAMEISH
-              and toks[i].low not in s.lex.clinical}
+    places = {
+        toks[i].text
+        for i in range(s.n)
+        if kind[i] == "LOCATION" and toks[i].cls in _NAMEISH and toks[i].low not in s.lex.clinical
+    }
     if not places:
         return
     for i, t in enumerate(toks):
-        if kind[i] is None and not t.protected and (t.text in places or len(t.low) >= 5 and (
-                t.text.upper() in places or t.text.capitalize() in places or t.low in places)):
+        if (
+            kind[i] is None
+            and not t.protected
+            and (
+                t.text in places
+                or len(t.low) >= 5
+                and (t.text.upper() in places or t.text.capitalize() in places or t.low in places)
+            )
+        ):
             kind[i] = "LOCATION"
 
 
@@ -736,8 +947,11 @@ def repeated_names(s: Scan) -> None:
     """NAME: other occurrences of a word learned as a name from a cue (never a known-safe word). Example:
     "Kernan" anywhere after "Dr. Kernan"."""
     toks, kind = s.toks, s.kind
-    learned = {toks[i].low for i in range(s.n) if kind[i] == "NAME" and toks[i].cls in (FIRST, LAST, UNKNOWN, PROPER)
-               and len(toks[i].low) >= 3}
+    learned = {
+        toks[i].low
+        for i in range(s.n)
+        if kind[i] == "NAME" and toks[i].cls in (FIRST, LAST, UNKNOWN, PROPER) and len(toks[i].low) >= 3
+    }
     for i, t in enumerate(toks):
         if kind[i] is None and t.low in learned and not t.protected:
             kind[i] = "NAME"
@@ -746,18 +960,38 @@ def repeated_names(s: Scan) -> None:
 Rule = Callable[[Scan, int], None]
 #: the rules for a word, in the order they run (an earlier rule's mark stands)
 WORD_RULES: tuple[Rule, ...] = (
-    institution_names, titles, relations, role_in_parentheses, roles, credentials, initial_before_verb, initials,
-    first_names, surnames, cities, multi_word_city, toponyms, place_prefixes, hyphenated_places, ambiguous_first_names,
-    ambiguous_first_name_pairs, name_verbs, capitalised_pairs, hyphenated_names, name_lists, institution_suffixes,
-    institution_prefixes, unit_suffixes, movement_places,
+    institution_names,
+    titles,
+    relations,
+    role_in_parentheses,
+    roles,
+    credentials,
+    initial_before_verb,
+    initials,
+    first_names,
+    surnames,
+    cities,
+    multi_word_city,
+    toponyms,
+    place_prefixes,
+    hyphenated_places,
+    ambiguous_first_names,
+    ambiguous_first_name_pairs,
+    name_verbs,
+    capitalised_pairs,
+    hyphenated_names,
+    name_lists,
+    institution_suffixes,
+    institution_prefixes,
+    unit_suffixes,
+    movement_places,
 )
 #: the rules for a word of plain known-safe English that is no cue (every other rule needs a cue or a name class);
 #: they run only for the first word of an institution name or a city and for place prefixes and suffix words
 #: (``Lexicon.plain_triggers``)
 PLAIN_WORD_RULES: tuple[Rule, ...] = (institution_names, multi_word_city, place_prefixes)
 #: the passes over the whole text after the word rules, in order
-TEXT_RULES: tuple[Callable[[Scan], None], ...] = (places_after_verbs_and_conjunctions, repeated_places,
-                                                  repeated_names)
+TEXT_RULES: tuple[Callable[[Scan], None], ...] = (places_after_verbs_and_conjunctions, repeated_places, repeated_names)
 
 
 def _spans(s: Scan) -> list[tuple[int, int, str]]:
@@ -768,7 +1002,7 @@ def _spans(s: Scan) -> list[tuple[int, int, str]]:
         k = s.kind[i]
         if k is None:
             continue
-        gap = s.text[hits[-1][1]:t.start] if hits else ""
+        gap = s.text[hits[-1][1] : t.start] if hits else ""
         if hits and hits[-1][2] == k and _NAME_GAP.fullmatch(gap) and not ("." in gap and last_len > 1):
             hits[-1] = (hits[-1][0], t.end, k)
         else:
@@ -777,8 +1011,9 @@ def _spans(s: Scan) -> list[tuple[int, int, str]]:
     return hits
 
 
-def lexical_hits(text: str, lex: Lexicon | None = None,
-                 guarded: list[tuple[int, int]] | None = None) -> list[tuple[int, int, str]]:
+def lexical_hits(
+    text: str, lex: Lexicon | None = None, guarded: list[tuple[int, int]] | None = None
+) -> list[tuple[int, int, str]]:
     """Names and places found by the word lists and cues (:data:`WORD_RULES`, then :data:`TEXT_RULES`).
 
     Parameters

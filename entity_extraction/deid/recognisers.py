@@ -63,12 +63,18 @@ def _compiled(path: str | None = None) -> _Compiled:
         city = data["city_words"]
         types = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
         return _Compiled(
-            street_us=re.compile(data["street_us"].replace("{NAME}", name).replace("{TYPE}", f"(?=[A-Z][a-z])(?i:{types})")),
+            street_us=re.compile(
+                data["street_us"].replace("{NAME}", name).replace("{TYPE}", f"(?=[A-Z][a-z])(?i:{types})")
+            ),
             street_words=words,
             street_eu=tuple(re.compile(p.replace("{NAME}", name)) for p in data["street_eu"]),
             street_eu_gate=tuple(w.lower() for w in data["street_eu_words"]),
-            locality=re.compile(data["locality"].replace("{CITY}", city).replace("{POSTCODE}", postcode)
-                                .replace("{STATE}", "|".join(data["us_states"]))),
+            locality=re.compile(
+                data["locality"]
+                .replace("{CITY}", city)
+                .replace("{POSTCODE}", postcode)
+                .replace("{STATE}", "|".join(data["us_states"]))
+            ),
             postcode_labelled=re.compile(data["postcode_labelled"].replace("{POSTCODE}", postcode), re.IGNORECASE),
             company=re.compile(data["company"].replace("{NAME}", name)),
             institution_prefix=re.compile(data["institution_prefix"].replace("{CITY}", city)),
@@ -213,11 +219,52 @@ def labelled_postcodes(text: str) -> list[Hit]:
 
 
 #: a part of every legal form of ``company`` and of every cue of ``institution_prefix`` (texts without one skip them)
-_LEGAL_FORM_GATE = ("Ltd", "Limited", "LLC", "L.L.C.", "Inc", "PLC", "plc", "LLP", "Corp", "GmbH", "AG", "KG", "OHG",
-                    "SARL", "S.A", "SAS", "S.L", "S.Coop", "Group", "Holdings", "Sons", "Brothers", "Bros")
-_INSTITUTION_GATE = ("Hospital", "Klinikum", "Krankenhaus", "Hôpital", "Hopital", "Clinique", "Centre", "Clínica",
-                     "University", "Universitätsklinikum", "Policl", "Center", "Clinic", "Infirmary", "Home", "Hospice",
-                     "School", "College", "Academy")
+_LEGAL_FORM_GATE = (
+    "Ltd",
+    "Limited",
+    "LLC",
+    "L.L.C.",
+    "Inc",
+    "PLC",
+    "plc",
+    "LLP",
+    "Corp",
+    "GmbH",
+    "AG",
+    "KG",
+    "OHG",
+    "SARL",
+    "S.A",
+    "SAS",
+    "S.L",
+    "S.Coop",
+    "Group",
+    "Holdings",
+    "Sons",
+    "Brothers",
+    "Bros",
+)
+_INSTITUTION_GATE = (
+    "Hospital",
+    "Klinikum",
+    "Krankenhaus",
+    "Hôpital",
+    "Hopital",
+    "Clinique",
+    "Centre",
+    "Clínica",
+    "University",
+    "Universitätsklinikum",
+    "Policl",
+    "Center",
+    "Clinic",
+    "Infirmary",
+    "Home",
+    "Hospice",
+    "School",
+    "College",
+    "Academy",
+)
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 
 
@@ -282,8 +329,11 @@ def institution_prefixes(text: str) -> list[Hit]:
     if not any(w in text for w in _INSTITUTION_GATE):
         return []
     c = _compiled()
-    hits = [(m.start(), m.end(), "ORGANIZATION") for m in c.institution_prefix.finditer(text)
-            if _outside_safe(text, m.end("cue"), m.end())]
+    hits = [
+        (m.start(), m.end(), "ORGANIZATION")
+        for m in c.institution_prefix.finditer(text)
+        if _outside_safe(text, m.end("cue"), m.end())
+    ]
     return hits + _named(text, [(m.start(), m.end(), "ORGANIZATION") for m in c.institution_suffix.finditer(text)])
 
 

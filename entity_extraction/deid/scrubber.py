@@ -94,9 +94,22 @@ def _load(path: str | None = None, language: str = "en") -> _Patterns:
     try:
         full = tuple(m.lower() for m in data["months"][language])
         abbr = {k.lower(): int(v) for k, v in data["month_abbreviations"][language].items()}
-        keys = ("email", "url", "phone", "labelled_id", "long_number", "organization", "address", "postcode",
-                "title_before_name", "label_before_name", "degree_after_name", "name_word", "date_of_birth",
-                "age_over_89")
+        keys = (
+            "email",
+            "url",
+            "phone",
+            "labelled_id",
+            "long_number",
+            "organization",
+            "address",
+            "postcode",
+            "title_before_name",
+            "label_before_name",
+            "degree_after_name",
+            "name_word",
+            "date_of_birth",
+            "age_over_89",
+        )
         regex = {k: _compile(data, k) for k in keys}
         regex["address"] = _address_regex(data)
         tokens = dict(data["tokens"])
@@ -125,21 +138,22 @@ def _load(path: str | None = None, language: str = "en") -> _Patterns:
     # day and month without a year ("7/22", "10/15-10/16"); not after ventilator settings ("CPAP 10/5")
     regex["date_md"] = re.compile(
         r"(?<![\d/:,_])(?<!(?<![^\W\d_])\.)(?<!(?<![\d/])\d-)(?<!(?<![\d/])\d\d-)(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])"
-        r"(?![\d/]|\.\d|[ \t]*(?:mg|mcg|ml|cc|%|l\b|ns\b|strength))", re.IGNORECASE)
+        r"(?![\d/]|\.\d|[ \t]*(?:mg|mcg|ml|cc|%|l\b|ns\b|strength))",
+        re.IGNORECASE,
+    )
     # month and two-digit year ("4/97", "12/93"): the second number cannot be a day
     regex["date_myy"] = re.compile(r"(?<![\d/.:,_-])(1[0-2]|0?[1-9])/(3[2-9]|[4-9]\d)(?![\d/]|\.\d)")
     # compact and two-digit-year month-name dates: 21Sep2023, 18-DEC-19, 12Mar19, 28 Oct, 88
     regex["date_dmon"] = re.compile(
         rf"(?<![\w])(\d{{1,2}})(st|nd|rd|th)?([ _-]?)({month_alt})(\.?)(,?[ _-]?'?|,[ \t]?)(\d{{4}}|\d{{2}})(?![\w]|\.\d)",
-        re.IGNORECASE)
+        re.IGNORECASE,
+    )
     # a year alone after a cue ("in 1983", "since 2006", "CABG 1957, 1971") and apostrophe years ('88, 62')
     regex["date_year"] = re.compile(data.get("year_alone", r"(?!x)x"), re.IGNORECASE)
     regex["date_md_not_after"] = re.compile(data.get("date_md_not_after", r"(?!x)x"), re.IGNORECASE)
     regex["date_apostrophe_year"] = re.compile(r"(?<![\d'’])['’](\d{2})(?![\w'’])|(?<![\w'’.])(\d{2})['’](?![\w'’])")
     # Day and month without a year cannot be shifted reliably: redacted. Case-sensitive month (not "may").
-    cased = "|".join(
-        alt for m in sorted(month_num, key=len, reverse=True) for alt in (m.capitalize(), m.upper())
-    )
+    cased = "|".join(alt for m in sorted(month_num, key=len, reverse=True) for alt in (m.capitalize(), m.upper()))
     lower = "|".join(m for m in sorted(month_num, key=len, reverse=True) if m != "may")
     regex["date_noyear"] = re.compile(
         rf"\b(?:\d{{1,2}}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{cased})\b\.?|(?:{cased})\.?\s+\d{{1,2}}(?:st|nd|rd|th)?\b"
@@ -285,8 +299,9 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
             new = f"{_pad(d, s.day, False)}{suffix}{sp1}{_month_word(p, mon, s.month)}{dot}{sp2}{year}"
         add(m, new)
     # a year alone cannot be shifted by days: removed (fail-closed), like a date without a format
-    hits.extend(_Hit(m.start("year"), m.end("year"), "DATE", red) for m in p.regex["date_year"].finditer(text)
-                if with_year)
+    hits.extend(
+        _Hit(m.start("year"), m.end("year"), "DATE", red) for m in p.regex["date_year"].finditer(text) if with_year
+    )
     for m in p.regex["date_apostrophe_year"].finditer(text):
         g = 1 if m.group(1) else 2
         hits.append(_Hit(m.start(g), m.end(g), "DATE", red))
@@ -465,8 +480,13 @@ def deidentify_text(
     groups.append(_regex_hits(text, p.regex["email"], "EMAIL", tok["EMAIL"]))
     groups.append(_regex_hits(text, p.regex["url"], "URL", tok["URL"]))
     # IP addresses, IBANs and card numbers (checksums) before dates and phones read their digits
-    groups.append([_Hit(a, b, k, tok[k]) for rec in NUMBER_RECOGNISERS for a, b, k in
-                   ((a, b, "ACCOUNT" if k in ("IBAN", "CARD") else k) for a, b, k in rec(text))])
+    groups.append(
+        [
+            _Hit(a, b, k, tok[k])
+            for rec in NUMBER_RECOGNISERS
+            for a, b, k in ((a, b, "ACCOUNT" if k in ("IBAN", "CARD") else k) for a, b, k in rec(text))
+        ]
+    )
     for v in sorted(ids, key=len, reverse=True):
         known = re.compile(rf"(?<![A-Za-z0-9]){re.escape(v)}(?![A-Za-z0-9])", re.IGNORECASE)
         groups.append(_regex_hits(text, known, "ID", tok["ID"]))
@@ -477,16 +497,21 @@ def deidentify_text(
     groups.append(_date_hits(text, p, date_shift_days, day_first))
     groups.append(_regex_hits(text, p.regex["labelled_id"], "ID", tok["ID"]))
     if _NUMBER_GATE.search(text):  # every phone pattern needs a run of 4+ digits and separators
-        groups.append(_regex_hits(text, p.regex["phone"], "PHONE", tok["PHONE"])
-                      + _phone_hits(text, phone_regions, tok["PHONE"]))
+        groups.append(
+            _regex_hits(text, p.regex["phone"], "PHONE", tok["PHONE"]) + _phone_hits(text, phone_regions, tok["PHONE"])
+        )
     # a street address with its city, state and ZIP is one hit, taken before long numbers (a ZIP+4
     # "02115-1234" would otherwise be an [ID] and leave the street and city behind)
-    groups.append(_regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"])
-                  + [_Hit(a, b, k, tok[k]) for rec in ADDRESS_RECOGNISERS for a, b, k in rec(text)])
+    groups.append(
+        _regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"])
+        + [_Hit(a, b, k, tok[k]) for rec in ADDRESS_RECOGNISERS for a, b, k in rec(text)]
+    )
     groups.append(_regex_hits(text, p.regex["long_number"], "ID", tok["ID"]))
     # organisations by their cue word and by their legal form, longest first ("University Hospital Clarkeville")
-    groups.append(_regex_hits(text, p.regex["organization"], "ORGANIZATION", tok["ORGANIZATION"])
-                  + [_Hit(a, b, k, tok[k]) for rec in ORGANIZATION_RECOGNISERS for a, b, k in rec(text)])
+    groups.append(
+        _regex_hits(text, p.regex["organization"], "ORGANIZATION", tok["ORGANIZATION"])
+        + [_Hit(a, b, k, tok[k]) for rec in ORGANIZATION_RECOGNISERS for a, b, k in rec(text)]
+    )
     groups.append(_regex_hits(text, p.regex["postcode"], "ADDRESS", tok["ADDRESS"]))
     # every name finding competes in one group, longest span first, so "Walker, Matilda R." (known from
     # the header) wins over the shorter "Walker" found after a "PATIENT:" label
@@ -520,9 +545,9 @@ def deidentify_text(
     taken = bytearray(len(text))
     for group in groups:  # earlier groups win; within a group longer spans first
         for h in sorted(group, key=lambda h: (h.start - h.end, h.start)):
-            if h.end > h.start and not any(taken[h.start:h.end]):
+            if h.end > h.start and not any(taken[h.start : h.end]):
                 accepted.append(h)
-                taken[h.start:h.end] = b"\x01" * (h.end - h.start)
+                taken[h.start : h.end] = b"\x01" * (h.end - h.start)
     # a postcode beside a place found above (", Port Alex 2519", "69074 Augsburg"): a bare number only there
     places = [(h.start, h.end) for h in accepted if h.kind in ("ADDRESS", "LOCATION", "ORGANIZATION")]
     for a, b, _k in postcodes_beside(text, places) if places else ():
@@ -533,7 +558,7 @@ def deidentify_text(
     out: list[str] = []
     pos = 0
     for h in accepted:
-        out.append(text[pos:h.start])
+        out.append(text[pos : h.start])
         out.append(h.replacement)
         pos = h.end
     out.append(text[pos:])

@@ -30,35 +30,66 @@ TEMPLATES_FILE = Path(__file__).with_name("synthetic_templates.json")
 #: addresses appear in English reports
 LOCALES = ("en_US", "en_GB", "en_IE", "en_AU", "de_DE", "fr_FR", "es_ES")
 _SLOT = re.compile(r"\{(\w+)\}")
-_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-           "November", "December")
+_MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 
 
 def _date(fake, rng: random.Random) -> str:
     d = fake.date_between(dt.date(1990, 1, 1), dt.date(2025, 12, 31))
-    forms = (f"{d.month:02d}/{d.day:02d}/{d.year}", f"{d.day}/{d.month}/{d.year}", d.isoformat(),
-             f"{d.month}/{d.day}", f"{d.day:02d}.{d.month:02d}.{d.year}")
+    forms = (
+        f"{d.month:02d}/{d.day:02d}/{d.year}",
+        f"{d.day}/{d.month}/{d.year}",
+        d.isoformat(),
+        f"{d.month}/{d.day}",
+        f"{d.day:02d}.{d.month:02d}.{d.year}",
+    )
     return rng.choice(forms)
 
 
 def _date_long(fake, rng: random.Random) -> str:
     d = fake.date_between(dt.date(1990, 1, 1), dt.date(2025, 12, 31))
     month = _MONTHS[d.month - 1]
-    forms = (f"{month} {d.day}, {d.year}", f"{d.day} {month} {d.year}", f"{month[:3]} {d.day} {d.year}",
-             f"{d.day}-{month[:3].upper()}-{d.year}", f"{month} {d.day}")
+    forms = (
+        f"{month} {d.day}, {d.year}",
+        f"{d.day} {month} {d.year}",
+        f"{month[:3]} {d.day} {d.year}",
+        f"{d.day}-{month[:3].upper()}-{d.year}",
+        f"{month} {d.day}",
+    )
     return rng.choice(forms)
 
 
 def _hospital(fake, rng: random.Random) -> str:
-    forms = (f"{fake.city()} General Hospital", f"St. {fake.last_name()} Medical Center",
-             f"{fake.last_name()} Memorial Hospital", f"{fake.city()} Radiology Clinic",
-             f"{fake.last_name()} Imaging Centre", f"University Hospital {fake.city()}")
+    forms = (
+        f"{fake.city()} General Hospital",
+        f"St. {fake.last_name()} Medical Center",
+        f"{fake.last_name()} Memorial Hospital",
+        f"{fake.city()} Radiology Clinic",
+        f"{fake.last_name()} Imaging Centre",
+        f"University Hospital {fake.city()}",
+    )
     return rng.choice(forms)
 
 
 def _school(fake, rng: random.Random) -> str:
-    forms = (f"{fake.city()} High School", f"University of {fake.city()}", f"{fake.last_name()} College",
-             f"{fake.last_name()} Elementary School")
+    forms = (
+        f"{fake.city()} High School",
+        f"University of {fake.city()}",
+        f"{fake.last_name()} College",
+        f"{fake.last_name()} Elementary School",
+    )
     return rng.choice(forms)
 
 
@@ -133,7 +164,7 @@ def _fill(template: str, fake, rng: random.Random, text: list[str], spans: list[
     pos = 0
     offset = sum(len(t) for t in text)
     for m in _SLOT.finditer(template):
-        text.append(template[pos:m.start()])
+        text.append(template[pos : m.start()])
         offset += m.start() - pos
         kind, make = SLOTS[m.group(1)]
         value = " ".join(make(fake, rng).split())  # Faker addresses may hold newlines or trailing spaces
@@ -175,7 +206,7 @@ def generate_notes(n: int, seed: int = 0, split: str = "held_out", path: str | N
     phi, clinical = load_templates(path)
     if split not in ("dev", "held_out", "all"):
         raise ValueError(f"split must be dev, held_out or all, not {split!r}")
-    pool = phi if split == "all" else phi[0 if split == "dev" else 1::2]
+    pool = phi if split == "all" else phi[0 if split == "dev" else 1 :: 2]
     fakers = {loc: Faker(loc) for loc in LOCALES}
     notes = []
     for i in range(n):

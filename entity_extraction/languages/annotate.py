@@ -61,14 +61,21 @@ def annotate_any(record: dict, extractors: ExtractorPool, default_family: str, p
     family = record_family(record, default_family)
     prior = record.get("language") if isinstance(record.get("language"), str) else prior_language
     try:
-        decision, text, counts = deidentify_report(record["input"], prior=prior, known_phi=[], date_shift_days=None,
-                                                   day_first=False)
+        decision, text, counts = deidentify_report(
+            record["input"], prior=prior, known_phi=[], date_shift_days=None, day_first=False
+        )
     except UnsupportedLanguageError as err:
         d = err.decision
-        return {"id": record["id"], "deidentified_text": None, "sections": {}, "entities": [], "family": family,
-                "deidentification": {"header_values": NO_HEADER_NOTE, "redactions": {}},
-                "language": {"code": d.language, "confidence": d.confidence, "method": d.method},
-                "withheld": {"reason": err.reason, "detail": err.detail}}
+        return {
+            "id": record["id"],
+            "deidentified_text": None,
+            "sections": {},
+            "entities": [],
+            "family": family,
+            "deidentification": {"header_values": NO_HEADER_NOTE, "redactions": {}},
+            "language": {"code": d.language, "confidence": d.confidence, "method": d.method},
+            "withheld": {"reason": err.reason, "detail": err.detail},
+        }
     mentions = extractors.get(decision.language).extract(text, family) if family is not None else []
     return {
         "id": record["id"],

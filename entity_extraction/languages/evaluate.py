@@ -54,9 +54,13 @@ class Score:
 
     def to_dict(self) -> dict:
         """Figures only (no text): ``recall``, ``non_phi_lost``, ``per_type`` {type: [removed, total, recall]}."""
-        return {"docs": self.docs, "recall": round(self.recall, 4), "non_phi_lost": round(self.non_phi_lost_share, 4),
-                "spans": sum(t for _, t in self.per_type.values()),
-                "per_type": {k: [r, t, round(r / t, 4) if t else 1.0] for k, (r, t) in sorted(self.per_type.items())}}
+        return {
+            "docs": self.docs,
+            "recall": round(self.recall, 4),
+            "non_phi_lost": round(self.non_phi_lost_share, 4),
+            "spans": sum(t for _, t in self.per_type.values()),
+            "per_type": {k: [r, t, round(r / t, 4) if t else 1.0] for k, (r, t) in sorted(self.per_type.items())},
+        }
 
 
 def load_gold_with_ignore(path: str | Path) -> list[GoldDoc]:
@@ -99,10 +103,10 @@ def score_doc(doc: GoldDoc, deidentified: str, score: Score) -> None:
         else:
             counts[0] += 1
     for m in _TOKEN.finditer(doc.text):
-        if any(covered[m.start():m.end()]):
+        if any(covered[m.start() : m.end()]):
             continue
         score.non_phi_tokens += 1
-        if not all(keep[m.start():m.end()]):
+        if not all(keep[m.start() : m.end()]):
             score.non_phi_lost += 1
             score.lost.append((doc.id, m.group()))
     score.docs += 1
@@ -146,8 +150,11 @@ def synthetic_deid(lang: str, k: int = 5, per_fold: int = 40, seed: int = 34) ->
         exclude = frozenset(first) | frozenset(last)
         for d in generate(lang, per_fold, seed=seed * 100 + i, names=(first, last)):
             doc = GoldDoc(d["id"], d["text"], tuple((p["start"], p["end"], p["type"]) for p in d["phi"]))
-            score_doc(doc, deidentify_local(d["text"], lang, known_phi=[], date_shift_days=None,
-                                            exclude_names=exclude)[0], score)
+            score_doc(
+                doc,
+                deidentify_local(d["text"], lang, known_phi=[], date_shift_days=None, exclude_names=exclude)[0],
+                score,
+            )
     return score
 
 
@@ -166,13 +173,21 @@ def entity_figures(lang: str, docs: list[dict], extractor=None, family: str = "2
         mentions = extractor.extract(d["text"], family)
         for g in d["entities"]:
             total += 1
-            hit = [m for m in mentions if m["entity_id"] == g["entity_id"] and m["span_start"] < g["end"]
-                   and g["start"] < m["span_end"]]
+            hit = [
+                m
+                for m in mentions
+                if m["entity_id"] == g["entity_id"] and m["span_start"] < g["end"] and g["start"] < m["span_end"]
+            ]
             if hit:
                 found += 1
                 correct += hit[0]["assertion"] == g["assertion"]
-    return {"entities": total, "found": found, "recall": round(found / total, 4) if total else 1.0,
-            "assertion_correct": correct, "assertion_accuracy": round(correct / found, 4) if found else 1.0}
+    return {
+        "entities": total,
+        "found": found,
+        "recall": round(found / total, 4) if total else 1.0,
+        "assertion_correct": correct,
+        "assertion_accuracy": round(correct / found, 4) if found else 1.0,
+    }
 
 
 def main() -> None:
@@ -182,13 +197,16 @@ def main() -> None:
     from entity_extraction.languages.local_deid import deidentify_local
     from entity_extraction.languages.synth import generate
 
-    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[3] / "shared/data/text-deid-es"
+    folder = (
+        Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[3] / "shared/data/text-deid-es"
+    )
     out = {}
     for split in ("train", "dev"):
         path = folder / f"meddocan_{split}.jsonl"
         if path.is_file():
-            s = score_deid(load_gold_with_ignore(path),
-                           lambda t: deidentify_local(t, "es", known_phi=[], date_shift_days=None)[0])
+            s = score_deid(
+                load_gold_with_ignore(path), lambda t: deidentify_local(t, "es", known_phi=[], date_shift_days=None)[0]
+            )
             out[f"meddocan_{split}"] = s.to_dict()
     for lang in ("de", "fr", "es"):
         out[f"synthetic_deid_{lang}"] = synthetic_deid(lang).to_dict()

@@ -35,8 +35,18 @@ import yaml
 from schemas.errors import ReasonCodedError
 
 PACK_DIR = Path(__file__).with_name("packs")
-TOKENS = {"NAME": "[NAME]", "DATE": "[DATE]", "ID": "[ID]", "PHONE": "[PHONE]", "EMAIL": "[EMAIL]", "URL": "[URL]",
-          "ORGANIZATION": "[ORGANIZATION]", "ADDRESS": "[ADDRESS]", "LOCATION": "[LOCATION]", "AGE": "[AGE]"}
+TOKENS = {
+    "NAME": "[NAME]",
+    "DATE": "[DATE]",
+    "ID": "[ID]",
+    "PHONE": "[PHONE]",
+    "EMAIL": "[EMAIL]",
+    "URL": "[URL]",
+    "ORGANIZATION": "[ORGANIZATION]",
+    "ADDRESS": "[ADDRESS]",
+    "LOCATION": "[LOCATION]",
+    "AGE": "[AGE]",
+}
 _UPPER = "A-ZÀ-ÖØ-ÞĀĂĄĆČĎĐĒĘĚĞĪŁŃŇŌŐŒŘŚŞŠŢŤŪŮŰŹŻŽ"
 #: a capitalised word (may be hyphenated or carry an apostrophe: "Lefèvre-Dubois", "D'Alembert", "MÜLLER")
 CAPWORD = rf"[{_UPPER}][^\W\d_]*(?:[-'’][^\W\d_]+)*"
@@ -45,7 +55,9 @@ _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 _URL = re.compile(r"\b(?:https?://|www\.)[^\s<>\"]+", re.IGNORECASE)
 #: a telephone number written with an international prefix or a bracketed area code, valid or not ("+49(0) 0090
 #: 31779", "(03278) 116381"): ``phonenumbers`` finds the valid ones in any writing
-_PHONE = re.compile(r"(?<![\w+])(?:\+\d{1,3}[ \t.-]?(?:\(0\)[ \t.-]?)?|\(0\d{1,5}\)[ \t.-]?)\d(?:[ \t./-]?\d){5,12}(?!\d)")
+_PHONE = re.compile(
+    r"(?<![\w+])(?:\+\d{1,3}[ \t.-]?(?:\(0\)[ \t.-]?)?|\(0\d{1,5}\)[ \t.-]?)\d(?:[ \t./-]?\d){5,12}(?!\d)"
+)
 _LONG_NUMBER = re.compile(r"(?<![\w.,])\d(?:[ -]?\d){6,}(?![\w]|[.,]\d)")
 _WORD = re.compile(r"[^\W\d_]+(?:[-'’][^\W\d_]+)*")
 
@@ -61,7 +73,7 @@ def pack_path(language: str) -> Path:
 
 def available_languages() -> tuple[str, ...]:
     """Languages with a text de-identification pack here (English is built in: :mod:`entity_extraction.text_deid`)."""
-    return tuple(sorted(p.stem[len("deid_"):] for p in PACK_DIR.glob("deid_*.yaml")))
+    return tuple(sorted(p.stem[len("deid_") :] for p in PACK_DIR.glob("deid_*.yaml")))
 
 
 @dataclass(frozen=True)
@@ -165,25 +177,36 @@ def load_pack(language: str, exclude_names: frozenset[str] = frozenset()) -> Pac
         name_word = rf"(?:{CAPWORD}|{_INITIAL})"
         name_run = rf"{name_word}(?:[ \t]+(?:{particle}[ \t]+){{0,2}}{name_word}){{0,4}}"
         titles = _alt(data["titles"])
-        all_labels = [*data["name_labels"], *[v for vs in data["field_labels"].values() for v in vs],
-                      *data.get("other_labels", ())]
+        all_labels = [
+            *data["name_labels"],
+            *[v for vs in data["field_labels"].values() for v in vs],
+            *data.get("other_labels", ()),
+        ]
         regex = {
             "date_numeric": re.compile(r"(?<![\w./-])(\d{1,2})([./-])(\d{1,2})\2(\d{4}|\d{2})(?![\w/]|[.-]\d)"),
             "date_iso": re.compile(r"(?<![\w./-])(\d{4})([-/.])(\d{1,2})\2(\d{1,2})(?![\w/]|[.-]\d)"),
-            "date_month_year_numeric": re.compile(r"(?<![\w./-])(0?[1-9]|1[0-2])([./-])((?:19|20)\d{2})(?![\w/]|[.-]\d)"),
+            "date_month_year_numeric": re.compile(
+                r"(?<![\w./-])(0?[1-9]|1[0-2])([./-])((?:19|20)\d{2})(?![\w/]|[.-]\d)"
+            ),
             "date_dm_numeric": re.compile(r"(?<![\w./-])(3[01]|[12]\d|0?[1-9])\.(1[0-2]|0?[1-9])\.(?![\d])"),
             "date_text": re.compile(
                 rf"(?<![\w.])(\d{{1,2}})({data['day_suffix']})({data['day_month_joiner']})({month})(\.?)"
-                rf"({data['month_year_joiner']})(\d{{4}})(?!\d)", re.IGNORECASE),
-            "date_month_year": re.compile(rf"(?<![\w.])({month})(\.?)({data['month_year_joiner']})(\d{{4}})(?!\d)",
-                                          re.IGNORECASE),
+                rf"({data['month_year_joiner']})(\d{{4}})(?!\d)",
+                re.IGNORECASE,
+            ),
+            "date_month_year": re.compile(
+                rf"(?<![\w.])({month})(\.?)({data['month_year_joiner']})(\d{{4}})(?!\d)", re.IGNORECASE
+            ),
             "date_day_month": re.compile(
                 rf"(?<![\w.])(\d{{1,2}})({data['day_suffix']})({data['day_month_joiner']})({month})(?![^\W\d_])",
-                re.IGNORECASE),
+                re.IGNORECASE,
+            ),
             "birth_cue": re.compile(rf"(?:{_alt(data['birth_cues'])})[ \t]*$", re.IGNORECASE),
             "title_name": re.compile(rf"(?<![\w.])(?P<title>{titles})(?:[ \t]+|(?<=\.))(?P<name>{name_run})"),
-            "label_name": re.compile(rf"(?<![\w])(?i:{_alt(data['name_labels'])})[ \t]*[:.]?[ \t]*"
-                                     rf"(?:(?:{titles})[ \t]+)*(?P<name>{name_run})"),
+            "label_name": re.compile(
+                rf"(?<![\w])(?i:{_alt(data['name_labels'])})[ \t]*[:.]?[ \t]*"
+                rf"(?:(?:{titles})[ \t]+)*(?P<name>{name_run})"
+            ),
             "any_label": re.compile(rf"(?<![\w])(?i:{_alt(all_labels)})[ \t]*:"),
             "age_over_89": re.compile(data["age_over_89"]),
             "name_run": re.compile(rf"(?<![\w'’-]){name_run}"),
@@ -192,7 +215,8 @@ def load_pack(language: str, exclude_names: frozenset[str] = frozenset()) -> Pac
             # an id label may stand without a colon before its number ("NHC 368503", "Pat.-Nr. 12345")
             digit_value = r"|[ \t]*(?:n[º°o]\.?)?[ \t]*(?=\d)" if kind == "ID" else ""
             regex[f"field_{kind}"] = re.compile(
-                rf"(?<![\w])(?i:{_alt(labels)})(?:[ \t]*:{digit_value})[ \t]*(?P<value>[^\n]*)")
+                rf"(?<![\w])(?i:{_alt(labels)})(?:[ \t]*:{digit_value})[ \t]*(?P<value>[^\n]*)"
+            )
         lists = {key: tuple(re.compile(fill(p)) for p in data[key]) for key in ("organization", "street", "postcode")}
     except (KeyError, TypeError, ValueError, re.error, yaml.YAMLError) as exc:
         raise LanguagePackError("invalid_language_pack", f"{path.name}: {exc!r}") from exc
@@ -206,11 +230,23 @@ def load_pack(language: str, exclude_names: frozenset[str] = frozenset()) -> Pac
         if not words or (len(words) == 1 and (len(name) < 3 or name.lower() in guard)) or not name[:1].isupper():
             continue
         places.setdefault(words[0], []).append(words)
-    return Pack(language, data["region"], month_forms, month_num, frozenset(guard), first, last,
-                {k: tuple(sorted(set(v), key=len, reverse=True)) for k, v in places.items()}, regex, lists,
-                frozenset(w.lower() for p in [*data["organization"], *data["street"]] for w in _WORD.findall(p)),
-                particle, frozenset(w.lower() for p in data["street"] for w in _WORD.findall(p) if w[:1].isupper())
-                - {w.lower() for p in data["organization"] for w in _WORD.findall(p)} - {"A", "Z", "CAPWORD"})
+    return Pack(
+        language,
+        data["region"],
+        month_forms,
+        month_num,
+        frozenset(guard),
+        first,
+        last,
+        {k: tuple(sorted(set(v), key=len, reverse=True)) for k, v in places.items()},
+        regex,
+        lists,
+        frozenset(w.lower() for p in [*data["organization"], *data["street"]] for w in _WORD.findall(p)),
+        particle,
+        frozenset(w.lower() for p in data["street"] for w in _WORD.findall(p) if w[:1].isupper())
+        - {w.lower() for p in data["organization"] for w in _WORD.findall(p)}
+        - {"A", "Z", "CAPWORD"},
+    )
 
 
 # ---------------------------------------------------------------- dates
@@ -270,8 +306,10 @@ def _date_hits(text: str, pack: Pack, shift: int | None) -> list[_Hit]:
         new = None
         if s is not None:
             suffix = "" if (suf.lower() in ("er", "ᵉʳ") and s.day != 1) else suf  # "1er mars", "12. März"
-            new = f"{_pad(d, s.day) if d.startswith('0') else s.day}{suffix}{j1}{_month_word(pack, mon, s.month)}" \
-                  f"{dot}{j2}{s.year}"
+            new = (
+                f"{_pad(d, s.day) if d.startswith('0') else s.day}{suffix}{j1}{_month_word(pack, mon, s.month)}"
+                f"{dot}{j2}{s.year}"
+            )
         add(m, new)
     for m in rx["date_month_year"].finditer(text):
         mon, dot, j, y = m.groups()
@@ -337,8 +375,11 @@ def _name_hits(text: str, pack: Pack, known_names: list[str]) -> list[_Hit]:
         while i < len(words) - 1:
             a, b = words[i], words[i + 1]
             ok_b = b[:1].isupper() and b.lower() not in pack.guard and len(b) > 1
-            if ok_b and a.lower() not in pack.guard and (
-                    a in pack.first_names or (a in pack.last_names and b in pack.last_names | pack.first_names)):
+            if (
+                ok_b
+                and a.lower() not in pack.guard
+                and (a in pack.first_names or (a in pack.last_names and b in pack.last_names | pack.first_names))
+            ):
                 j = i + 2
                 while j < len(words) and words[j][:1].isupper() and words[j].lower() not in pack.guard:
                     j += 1
@@ -357,8 +398,10 @@ def _name_hits(text: str, pack: Pack, known_names: list[str]) -> list[_Hit]:
     forms = {f for w in learned for f in (w, w.upper(), w.capitalize())}
     if parts:
         alt = _alt(re.escape(p) for p in parts)
-        hits += [_Hit(m.start(), m.end(), "NAME", tok)
-                 for m in re.finditer(rf"(?<![\w])(?:{alt})(?![\w])", text, re.IGNORECASE)]
+        hits += [
+            _Hit(m.start(), m.end(), "NAME", tok)
+            for m in re.finditer(rf"(?<![\w])(?:{alt})(?![\w])", text, re.IGNORECASE)
+        ]
     if forms:
         alt = _alt(re.escape(p) for p in forms)
         hits += [_Hit(m.start(), m.end(), "NAME", tok) for m in re.finditer(rf"(?<![\w])(?:{alt})(?![\w])", text)]
@@ -375,9 +418,9 @@ def _place_hits(text: str, pack: Pack) -> list[_Hit]:
         found = None
         for seq in pack.places.get(w, ()) if w[:1].isupper() else ():
             n = len(seq)
-            if [x.group() for x in words[i:i + n]] == list(seq):
+            if [x.group() for x in words[i : i + n]] == list(seq):
                 # the words must be adjacent (spaces, hyphens or apostrophes between them)
-                gap = text[words[i].start():words[i + n - 1].end()]
+                gap = text[words[i].start() : words[i + n - 1].end()]
                 if re.fullmatch(r"[^\W\d_]+(?:[ \t'’-]+[^\W\d_]+)*", gap):
                     found = (words[i].start(), words[i + n - 1].end(), n)
                     break
@@ -396,7 +439,7 @@ def _field_hits(text: str, pack: Pack) -> list[_Hit]:
     for key, rx in pack.regex.items():
         if not key.startswith("field_"):
             continue
-        kind = key[len("field_"):]
+        kind = key[len("field_") :]
         for m in rx.finditer(text):
             start, end = m.start("value"), m.end("value")
             nxt = any_label.search(text, start, end)
@@ -421,8 +464,10 @@ def _phone_hits(text: str, region: str) -> list[_Hit]:
         return []
     import phonenumbers
 
-    return [_Hit(m.start, m.end, "PHONE", TOKENS["PHONE"])
-            for m in phonenumbers.PhoneNumberMatcher(text, region, leniency=phonenumbers.Leniency.VALID)]
+    return [
+        _Hit(m.start, m.end, "PHONE", TOKENS["PHONE"])
+        for m in phonenumbers.PhoneNumberMatcher(text, region, leniency=phonenumbers.Leniency.VALID)
+    ]
 
 
 def _trimmed(text: str, pack: Pack, hits: list[_Hit]) -> list[_Hit]:
@@ -440,10 +485,15 @@ def _trimmed(text: str, pack: Pack, hits: list[_Hit]) -> list[_Hit]:
             if street_head or (low in pack.guard and low not in pack.keywords and w.group()[:1].isupper()):
                 end = w.start()
                 break
-        seg = text[h.start:end]
+        seg = text[h.start : end]
         seg = re.sub(r"(?:[ \t,.;-]+(?:" + pack.particle_re + r"))*[ \t,.;-]*$", "", seg) if end != h.end else seg
-        proper = [w.group() for w in _WORD.finditer(seg) if w.group()[:1].isupper()
-                  and w.group().lower() not in pack.keywords and w.group().lower() not in pack.guard]
+        proper = [
+            w.group()
+            for w in _WORD.finditer(seg)
+            if w.group()[:1].isupper()
+            and w.group().lower() not in pack.keywords
+            and w.group().lower() not in pack.guard
+        ]
         if seg.strip() and (proper or any(ch.isdigit() for ch in seg)):  # "Klinik für Radiologie" alone is no PHI
             out.append(_Hit(h.start, h.start + len(seg), h.kind, h.replacement))
     return out
@@ -452,14 +502,22 @@ def _trimmed(text: str, pack: Pack, hits: list[_Hit]) -> list[_Hit]:
 def _learned_place_hits(text: str, pack: Pack, hits: list[_Hit]) -> list[_Hit]:
     """The proper names inside care-site hits ("Klinikum Witzenhausen") wherever else they stand ("Witzenhausen"):
     a place named once is removed everywhere (fail closed), as a learned person name is."""
-    words = {w.group() for h in hits for w in _WORD.finditer(text, h.start, h.end)
-             if w.group()[:1].isupper() and len(w.group()) >= 4 and w.group().lower() not in pack.keywords
-             and w.group().lower() not in pack.guard}
+    words = {
+        w.group()
+        for h in hits
+        for w in _WORD.finditer(text, h.start, h.end)
+        if w.group()[:1].isupper()
+        and len(w.group()) >= 4
+        and w.group().lower() not in pack.keywords
+        and w.group().lower() not in pack.guard
+    }
     if not words:
         return []
     alt = _alt(re.escape(w) for w in words)
-    return [_Hit(m.start(), m.end(), "LOCATION", TOKENS["LOCATION"])
-            for m in re.finditer(rf"(?<![\w])(?:{alt})(?:[ \t-]+(?:{alt}))*(?![\w])", text)]
+    return [
+        _Hit(m.start(), m.end(), "LOCATION", TOKENS["LOCATION"])
+        for m in re.finditer(rf"(?<![\w])(?:{alt})(?:[ \t-]+(?:{alt}))*(?![\w])", text)
+    ]
 
 
 def _regex_hits(text: str, patterns, kind: str) -> list[_Hit]:
@@ -468,8 +526,14 @@ def _regex_hits(text: str, patterns, kind: str) -> list[_Hit]:
     return [_Hit(m.start(), m.end(), kind, TOKENS[kind]) for p in patterns for m in p.finditer(text)]
 
 
-def deidentify_local(text: str, language: str, *, known_phi: list[str], date_shift_days: int | None,
-                     exclude_names: frozenset[str] = frozenset()) -> tuple[str, dict[str, int]]:
+def deidentify_local(
+    text: str,
+    language: str,
+    *,
+    known_phi: list[str],
+    date_shift_days: int | None,
+    exclude_names: frozenset[str] = frozenset(),
+) -> tuple[str, dict[str, int]]:
     """Remove PHI from a report written in ``language`` (a language with a pack, :func:`available_languages`).
 
     Parameters
@@ -510,8 +574,11 @@ def deidentify_local(text: str, language: str, *, known_phi: list[str], date_shi
     groups: list[list[_Hit]] = [
         _regex_hits(text, _EMAIL, "EMAIL"),
         _regex_hits(text, _URL, "URL"),
-        [_Hit(m.start(), m.end(), "ID", TOKENS["ID"]) for v in sorted(ids, key=len, reverse=True)
-         for m in re.finditer(rf"(?<![\w]){re.escape(v)}(?![\w])", text, re.IGNORECASE)],
+        [
+            _Hit(m.start(), m.end(), "ID", TOKENS["ID"])
+            for v in sorted(ids, key=len, reverse=True)
+            for m in re.finditer(rf"(?<![\w]){re.escape(v)}(?![\w])", text, re.IGNORECASE)
+        ],
         orgs,
         _date_hits(text, pack, date_shift_days),
         _regex_hits(text, pack.regex["age_over_89"], "AGE"),
@@ -526,14 +593,14 @@ def deidentify_local(text: str, language: str, *, known_phi: list[str], date_shi
     taken = bytearray(len(text))
     for group in groups:  # earlier groups win; within a group longer spans first
         for h in sorted(group, key=lambda h: (h.start - h.end, h.start)):
-            if h.end > h.start and not any(taken[h.start:h.end]):
+            if h.end > h.start and not any(taken[h.start : h.end]):
                 accepted.append(h)
-                taken[h.start:h.end] = b"\x01" * (h.end - h.start)
+                taken[h.start : h.end] = b"\x01" * (h.end - h.start)
     accepted.sort(key=lambda h: h.start)
     out: list[str] = []
     pos = 0
     for h in accepted:
-        out.append(text[pos:h.start])
+        out.append(text[pos : h.start])
         out.append(h.replacement)
         pos = h.end
     out.append(text[pos:])

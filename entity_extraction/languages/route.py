@@ -31,11 +31,16 @@ class UnsupportedLanguageError(ReasonCodedError, ValueError):
     message_format = "{reason}: {message}"
 
     def __init__(self, decision: LanguageDecision, supported: tuple[str, ...]) -> None:
-        what = ("a Latin-script report with text in another script" if decision.foreign_script
-                else f"detected language {decision.language}")
-        super().__init__("unsupported_language",
-                         f"{what} (confidence {decision.confidence:.2f}, by {decision.method}); language packs: "
-                         + ", ".join(supported))
+        what = (
+            "a Latin-script report with text in another script"
+            if decision.foreign_script
+            else f"detected language {decision.language}"
+        )
+        super().__init__(
+            "unsupported_language",
+            f"{what} (confidence {decision.confidence:.2f}, by {decision.method}); language packs: "
+            + ", ".join(supported),
+        )
         self.decision = decision
 
 
@@ -79,9 +84,15 @@ def prepare_language(text: str, prior: str | None) -> LanguageDecision:
     return decision
 
 
-def deidentify_report(text: str, *, prior: str | None, known_phi: list[str], date_shift_days: int | None,
-                      day_first: bool = False, decision: LanguageDecision | None = None,
-                      ) -> tuple[LanguageDecision, str, dict[str, int]]:
+def deidentify_report(
+    text: str,
+    *,
+    prior: str | None,
+    known_phi: list[str],
+    date_shift_days: int | None,
+    day_first: bool = False,
+    decision: LanguageDecision | None = None,
+) -> tuple[LanguageDecision, str, dict[str, int]]:
     """Identify the report's language and de-identify it with that language's rules.
 
     Parameters

@@ -19,54 +19,95 @@ import random
 #: finding sentences per language: (sentence, concept id, assertion); "{L}" is a laterality word of the language.
 FINDINGS: dict[str, list[tuple[str, str, str]]] = {
     "de": [
-        ("Kein Pleuraerguss.", "F029", "absent"), ("Kein Nachweis eines Pleuraergusses.", "F029", "absent"),
-        ("Pleuraerguss {L}.", "F029", "present"), ("Schmaler Pleuraerguss beidseits.", "F029", "present"),
-        ("Kein pneumonisches Infiltrat.", "F007", "absent"), ("Infiltrat im {L} Unterlappen.", "F007", "present"),
-        ("V.a. Pneumonie im {L} Unterlappen.", "C006", "uncertain"), ("Verdacht auf beginnende Pneumonie.", "C006", "uncertain"),
-        ("Keine Pneumonie.", "C006", "absent"), ("Kardiomegalie.", "F018", "present"),
-        ("Keine Kardiomegalie.", "F018", "absent"), ("Herz nicht vergrößert, keine Kardiomegalie.", "F018", "absent"),
-        ("Plattenatelektase {L} basal.", "F019", "present"), ("Keine Atelektasen.", "F019", "absent"),
-        ("Zeichen der pulmonalvenösen Stauung.", "F009", "present"), ("Keine Lungenstauung.", "F009", "absent"),
-        ("Elongierte Aorta.", "F014", "present"), ("Aortensklerose.", "F020", "present"),
-        ("Verkalktes Granulom im {L} Oberfeld.", "F016", "present"), ("Fraglicher Rundherd {L} apikal.", "F016", "uncertain"),
-        ("Kein Perikarderguss.", "F024", "absent"), ("Rippenfraktur {L}, nicht sicher auszuschließen.", "F006", "uncertain"),
+        ("Kein Pleuraerguss.", "F029", "absent"),
+        ("Kein Nachweis eines Pleuraergusses.", "F029", "absent"),
+        ("Pleuraerguss {L}.", "F029", "present"),
+        ("Schmaler Pleuraerguss beidseits.", "F029", "present"),
+        ("Kein pneumonisches Infiltrat.", "F007", "absent"),
+        ("Infiltrat im {L} Unterlappen.", "F007", "present"),
+        ("V.a. Pneumonie im {L} Unterlappen.", "C006", "uncertain"),
+        ("Verdacht auf beginnende Pneumonie.", "C006", "uncertain"),
+        ("Keine Pneumonie.", "C006", "absent"),
+        ("Kardiomegalie.", "F018", "present"),
+        ("Keine Kardiomegalie.", "F018", "absent"),
+        ("Herz nicht vergrößert, keine Kardiomegalie.", "F018", "absent"),
+        ("Plattenatelektase {L} basal.", "F019", "present"),
+        ("Keine Atelektasen.", "F019", "absent"),
+        ("Zeichen der pulmonalvenösen Stauung.", "F009", "present"),
+        ("Keine Lungenstauung.", "F009", "absent"),
+        ("Elongierte Aorta.", "F014", "present"),
+        ("Aortensklerose.", "F020", "present"),
+        ("Verkalktes Granulom im {L} Oberfeld.", "F016", "present"),
+        ("Fraglicher Rundherd {L} apikal.", "F016", "uncertain"),
+        ("Kein Perikarderguss.", "F024", "absent"),
+        ("Rippenfraktur {L}, nicht sicher auszuschließen.", "F006", "uncertain"),
         ("Keine Rippenfraktur.", "F006", "absent"),
-        ("Milchglastrübungen beidseits.", "F005", "present"), ("Keine Milchglastrübungen.", "F005", "absent"),
-        ("Hiatushernie.", "F027", "present"), ("Skoliose der Brustwirbelsäule.", "F011", "present"),
-        ("Am ehesten Atelektase, DD Infiltrat.", "F019", "present"), ("Ohne Nachweis einer Kardiomegalie.", "F018", "absent"),
+        ("Milchglastrübungen beidseits.", "F005", "present"),
+        ("Keine Milchglastrübungen.", "F005", "absent"),
+        ("Hiatushernie.", "F027", "present"),
+        ("Skoliose der Brustwirbelsäule.", "F011", "present"),
+        ("Am ehesten Atelektase, DD Infiltrat.", "F019", "present"),
+        ("Ohne Nachweis einer Kardiomegalie.", "F018", "absent"),
     ],
     "fr": [
-        ("Pas d'épanchement pleural.", "F029", "absent"), ("Absence d'épanchement pleural.", "F029", "absent"),
-        ("Épanchement pleural {L} de faible abondance.", "F029", "present"), ("Comblement du cul-de-sac {L}.", "F029", "present"),
-        ("Pas de foyer de condensation.", "F007", "absent"), ("Foyer de condensation lobaire inférieur {L}.", "F007", "present"),
-        ("Opacité évoquant une pneumopathie {L}.", "C006", "uncertain"), ("Suspicion de pneumopathie.", "C006", "uncertain"),
-        ("Pas de pneumopathie.", "C006", "absent"), ("Cardiomégalie.", "F018", "present"),
-        ("Pas de cardiomégalie.", "F018", "absent"), ("Silhouette cardiaque normale, sans cardiomégalie.", "F018", "absent"),
-        ("Atélectasie en bande basale {L}.", "F019", "present"), ("Pas d'atélectasie.", "F019", "absent"),
-        ("Signes de surcharge vasculaire.", "F009", "present"), ("Pas de surcharge vasculaire.", "F009", "absent"),
-        ("Aorte déroulée.", "F014", "present"), ("Calcifications aortiques.", "F020", "present"),
-        ("Granulome calcifié apical {L}.", "F016", "present"), ("Nodule douteux apical {L}.", "F016", "uncertain"),
-        ("Pas d'épanchement péricardique.", "F024", "absent"), ("Possible fracture costale {L}.", "F006", "uncertain"),
+        ("Pas d'épanchement pleural.", "F029", "absent"),
+        ("Absence d'épanchement pleural.", "F029", "absent"),
+        ("Épanchement pleural {L} de faible abondance.", "F029", "present"),
+        ("Comblement du cul-de-sac {L}.", "F029", "present"),
+        ("Pas de foyer de condensation.", "F007", "absent"),
+        ("Foyer de condensation lobaire inférieur {L}.", "F007", "present"),
+        ("Opacité évoquant une pneumopathie {L}.", "C006", "uncertain"),
+        ("Suspicion de pneumopathie.", "C006", "uncertain"),
+        ("Pas de pneumopathie.", "C006", "absent"),
+        ("Cardiomégalie.", "F018", "present"),
+        ("Pas de cardiomégalie.", "F018", "absent"),
+        ("Silhouette cardiaque normale, sans cardiomégalie.", "F018", "absent"),
+        ("Atélectasie en bande basale {L}.", "F019", "present"),
+        ("Pas d'atélectasie.", "F019", "absent"),
+        ("Signes de surcharge vasculaire.", "F009", "present"),
+        ("Pas de surcharge vasculaire.", "F009", "absent"),
+        ("Aorte déroulée.", "F014", "present"),
+        ("Calcifications aortiques.", "F020", "present"),
+        ("Granulome calcifié apical {L}.", "F016", "present"),
+        ("Nodule douteux apical {L}.", "F016", "uncertain"),
+        ("Pas d'épanchement péricardique.", "F024", "absent"),
+        ("Possible fracture costale {L}.", "F006", "uncertain"),
         ("Pas de fracture costale.", "F006", "absent"),
-        ("Plages de verre dépoli bilatérales.", "F005", "present"), ("Pas de verre dépoli.", "F005", "absent"),
-        ("Hernie hiatale.", "F027", "present"), ("Scoliose dorsale.", "F011", "present"),
-        ("Majoration de l'épanchement pleural {L}.", "F029", "present"), ("Atélectasie probable.", "F019", "present"),
+        ("Plages de verre dépoli bilatérales.", "F005", "present"),
+        ("Pas de verre dépoli.", "F005", "absent"),
+        ("Hernie hiatale.", "F027", "present"),
+        ("Scoliose dorsale.", "F011", "present"),
+        ("Majoration de l'épanchement pleural {L}.", "F029", "present"),
+        ("Atélectasie probable.", "F019", "present"),
     ],
     "es": [
-        ("No se observa derrame pleural.", "F029", "absent"), ("Sin derrame pleural.", "F029", "absent"),
-        ("Derrame pleural {L}.", "F029", "present"), ("Pinzamiento del seno costofrénico {L}.", "F029", "present"),
-        ("No se observan consolidaciones.", "F007", "absent"), ("Consolidación en lóbulo inferior {L}.", "F007", "present"),
-        ("Posible neumonía en lóbulo inferior {L}.", "C006", "uncertain"), ("Sospecha de neumonía.", "C006", "uncertain"),
-        ("Sin signos de neumonía.", "C006", "absent"), ("Cardiomegalia.", "F018", "present"),
-        ("No hay cardiomegalia.", "F018", "absent"), ("Silueta cardíaca normal, sin cardiomegalia.", "F018", "absent"),
-        ("Atelectasia laminar basal {L}.", "F019", "present"), ("No se aprecian atelectasias.", "F019", "absent"),
-        ("Signos de congestión pulmonar.", "F009", "present"), ("Sin congestión pulmonar.", "F009", "absent"),
-        ("Elongación aórtica.", "F014", "present"), ("Calcificaciones aórticas.", "F020", "present"),
-        ("Granuloma calcificado en vértice {L}.", "F016", "present"), ("Nódulo dudoso en vértice {L}.", "F016", "uncertain"),
-        ("No se observa derrame pericárdico.", "F024", "absent"), ("No se puede descartar fractura costal {L}.", "F006", "uncertain"),
+        ("No se observa derrame pleural.", "F029", "absent"),
+        ("Sin derrame pleural.", "F029", "absent"),
+        ("Derrame pleural {L}.", "F029", "present"),
+        ("Pinzamiento del seno costofrénico {L}.", "F029", "present"),
+        ("No se observan consolidaciones.", "F007", "absent"),
+        ("Consolidación en lóbulo inferior {L}.", "F007", "present"),
+        ("Posible neumonía en lóbulo inferior {L}.", "C006", "uncertain"),
+        ("Sospecha de neumonía.", "C006", "uncertain"),
+        ("Sin signos de neumonía.", "C006", "absent"),
+        ("Cardiomegalia.", "F018", "present"),
+        ("No hay cardiomegalia.", "F018", "absent"),
+        ("Silueta cardíaca normal, sin cardiomegalia.", "F018", "absent"),
+        ("Atelectasia laminar basal {L}.", "F019", "present"),
+        ("No se aprecian atelectasias.", "F019", "absent"),
+        ("Signos de congestión pulmonar.", "F009", "present"),
+        ("Sin congestión pulmonar.", "F009", "absent"),
+        ("Elongación aórtica.", "F014", "present"),
+        ("Calcificaciones aórticas.", "F020", "present"),
+        ("Granuloma calcificado en vértice {L}.", "F016", "present"),
+        ("Nódulo dudoso en vértice {L}.", "F016", "uncertain"),
+        ("No se observa derrame pericárdico.", "F024", "absent"),
+        ("No se puede descartar fractura costal {L}.", "F006", "uncertain"),
         ("Sin fracturas costales.", "F006", "absent"),
-        ("Opacidades en vidrio deslustrado bilaterales.", "F005", "present"), ("Sin opacidades en vidrio deslustrado.", "F005", "absent"),
-        ("Hernia de hiato.", "F027", "present"), ("Escoliosis dorsal.", "F011", "present"),
+        ("Opacidades en vidrio deslustrado bilaterales.", "F005", "present"),
+        ("Sin opacidades en vidrio deslustrado.", "F005", "absent"),
+        ("Hernia de hiato.", "F027", "present"),
+        ("Escoliosis dorsal.", "F011", "present"),
         ("Aumento del derrame pleural {L} en relación con estudio previo.", "F029", "present"),
         ("Probable atelectasia.", "F019", "present"),
     ],
@@ -75,12 +116,48 @@ _LATERAL = {"de": ["rechts", "links"], "fr": ["droit", "gauche"], "es": ["derech
 _LATERAL_ADJ = {"de": ["rechten", "linken"], "fr": ["droit", "gauche"], "es": ["derecho", "izquierdo"]}
 _LOCALES = {"de": "de_DE", "fr": "fr_FR", "es": "es_ES"}
 _MONTHS = {
-    "de": ["Januar", "Februar", "März", "April", "Mai", "Juni", "Juli", "August", "September", "Oktober", "November",
-           "Dezember"],
-    "fr": ["janvier", "février", "mars", "avril", "mai", "juin", "juillet", "août", "septembre", "octobre", "novembre",
-           "décembre"],
-    "es": ["enero", "febrero", "marzo", "abril", "mayo", "junio", "julio", "agosto", "septiembre", "octubre",
-           "noviembre", "diciembre"],
+    "de": [
+        "Januar",
+        "Februar",
+        "März",
+        "April",
+        "Mai",
+        "Juni",
+        "Juli",
+        "August",
+        "September",
+        "Oktober",
+        "November",
+        "Dezember",
+    ],
+    "fr": [
+        "janvier",
+        "février",
+        "mars",
+        "avril",
+        "mai",
+        "juin",
+        "juillet",
+        "août",
+        "septembre",
+        "octobre",
+        "novembre",
+        "décembre",
+    ],
+    "es": [
+        "enero",
+        "febrero",
+        "marzo",
+        "abril",
+        "mayo",
+        "junio",
+        "julio",
+        "agosto",
+        "septiembre",
+        "octubre",
+        "noviembre",
+        "diciembre",
+    ],
 }
 
 
@@ -90,7 +167,12 @@ def _date(lang: str, rng: random.Random, birth: bool = False) -> str:
     month = _MONTHS[lang][m - 1]
     forms = {
         "de": [f"{d:02d}.{m:02d}.{y}", f"{d}. {month} {y}", f"{d}.{m}.{y}", f"{d:02d}.{m:02d}.{y % 100:02d}"],
-        "fr": [f"{d:02d}/{m:02d}/{y}", f"{d} {month} {y}", f"{'1er' if d == 1 else d} {month} {y}", f"{d:02d}.{m:02d}.{y}"],
+        "fr": [
+            f"{d:02d}/{m:02d}/{y}",
+            f"{d} {month} {y}",
+            f"{'1er' if d == 1 else d} {month} {y}",
+            f"{d:02d}.{m:02d}.{y}",
+        ],
         "es": [f"{d:02d}/{m:02d}/{y}", f"{d} de {month} de {y}", f"{d:02d}-{m:02d}-{y}", f"{d}/{m}/{y}"],
     }[lang]
     return rng.choice(forms)
@@ -115,7 +197,7 @@ class _Doc:
 
         last = 0
         for m in re.finditer(r"\{(\w+)\}", template):
-            self.add(template[last:m.start()])
+            self.add(template[last : m.start()])
             text, kind = values[m.group(1)]
             self.add(text, kind)
             last = m.end()
@@ -124,37 +206,85 @@ class _Doc:
 
 _TEMPLATES = {
     "de": {
-        "head": ["{ORG}\nKlinik für Diagnostische und Interventionelle Radiologie\n{STREET}, {ZIP} {CITY}\nTel. {PHONE}\n\n",
-                 "{ORG}, {CITY}\nInstitut für Radiologie\n\n", "Radiologie {ORG}\n\n"],
-        "patient": ["Patient: {PNAME}, geb. {BIRTH}\nFallnummer: {ID}\n", "Patientin: Frau {PNAME}, geboren am {BIRTH}\nPatienten-ID: {ID}\n",
-                    "Name: {PNAME}\nGeb.-Datum: {BIRTH}\nFall-Nr.: {ID}\n", "Herr {PNAME} (* {BIRTH}), Pat.-Nr. {ID}\n"],
-        "exam": ["\nRöntgen Thorax in zwei Ebenen vom {DATE}\n", "\nUntersuchung: Röntgen Thorax p.a. vom {DATE}\n",
-                 "\nCT Thorax vom {DATE}\n"],
-        "indication": ["Fragestellung: Pneumonie? Überweisung durch Dr. med. {DNAME2}.\n", "Klinische Angaben: Dyspnoe, Fieber.\n"],
+        "head": [
+            "{ORG}\nKlinik für Diagnostische und Interventionelle Radiologie\n{STREET}, {ZIP} {CITY}\nTel. {PHONE}\n\n",
+            "{ORG}, {CITY}\nInstitut für Radiologie\n\n",
+            "Radiologie {ORG}\n\n",
+        ],
+        "patient": [
+            "Patient: {PNAME}, geb. {BIRTH}\nFallnummer: {ID}\n",
+            "Patientin: Frau {PNAME}, geboren am {BIRTH}\nPatienten-ID: {ID}\n",
+            "Name: {PNAME}\nGeb.-Datum: {BIRTH}\nFall-Nr.: {ID}\n",
+            "Herr {PNAME} (* {BIRTH}), Pat.-Nr. {ID}\n",
+        ],
+        "exam": [
+            "\nRöntgen Thorax in zwei Ebenen vom {DATE}\n",
+            "\nUntersuchung: Röntgen Thorax p.a. vom {DATE}\n",
+            "\nCT Thorax vom {DATE}\n",
+        ],
+        "indication": [
+            "Fragestellung: Pneumonie? Überweisung durch Dr. med. {DNAME2}.\n",
+            "Klinische Angaben: Dyspnoe, Fieber.\n",
+        ],
         "comparison": ["Vergleich: Voraufnahme vom {DATE2}.\n", "Keine Voraufnahmen.\n"],
-        "findings": "Befund:\n", "impression": "\nBeurteilung:\n",
-        "sign": ["\nMit freundlichen Grüßen\nDr. med. {DNAME}\nOberarzt", "\nBefundet von: Dr. {DNAME}", "\ngez. Prof. Dr. med. {DNAME}"],
+        "findings": "Befund:\n",
+        "impression": "\nBeurteilung:\n",
+        "sign": [
+            "\nMit freundlichen Grüßen\nDr. med. {DNAME}\nOberarzt",
+            "\nBefundet von: Dr. {DNAME}",
+            "\ngez. Prof. Dr. med. {DNAME}",
+        ],
     },
     "fr": {
-        "head": ["{ORG}\nService d'Imagerie Médicale\n{STREET}, {ZIP} {CITY}\nTél. : {PHONE}\n\n", "{ORG} - {CITY}\nService de Radiologie\n\n",
-                 "Radiologie - {ORG}\n\n"],
-        "patient": ["Patiente : Mme {PNAME}, née le {BIRTH}\nN° de dossier : {ID}\n", "Patient : M. {PNAME}, né le {BIRTH}\nIPP : {ID}\n",
-                    "Nom : {PNAME}\nDate de naissance : {BIRTH}\nN° dossier : {ID}\n", "Monsieur {PNAME} (né le {BIRTH}) - IPP {ID}\n"],
-        "exam": ["\nRadiographie thoracique de face du {DATE}\n", "\nExamen : radiographie du thorax, le {DATE}\n", "\nScanner thoracique du {DATE}\n"],
-        "indication": ["Indication : suspicion de pneumopathie. Adressé par le Dr {DNAME2}.\n", "Indication : dyspnée, fièvre.\n"],
+        "head": [
+            "{ORG}\nService d'Imagerie Médicale\n{STREET}, {ZIP} {CITY}\nTél. : {PHONE}\n\n",
+            "{ORG} - {CITY}\nService de Radiologie\n\n",
+            "Radiologie - {ORG}\n\n",
+        ],
+        "patient": [
+            "Patiente : Mme {PNAME}, née le {BIRTH}\nN° de dossier : {ID}\n",
+            "Patient : M. {PNAME}, né le {BIRTH}\nIPP : {ID}\n",
+            "Nom : {PNAME}\nDate de naissance : {BIRTH}\nN° dossier : {ID}\n",
+            "Monsieur {PNAME} (né le {BIRTH}) - IPP {ID}\n",
+        ],
+        "exam": [
+            "\nRadiographie thoracique de face du {DATE}\n",
+            "\nExamen : radiographie du thorax, le {DATE}\n",
+            "\nScanner thoracique du {DATE}\n",
+        ],
+        "indication": [
+            "Indication : suspicion de pneumopathie. Adressé par le Dr {DNAME2}.\n",
+            "Indication : dyspnée, fièvre.\n",
+        ],
         "comparison": ["Comparaison : examen du {DATE2}.\n", "Pas d'examen antérieur.\n"],
-        "findings": "Résultats :\n", "impression": "\nConclusion :\n",
+        "findings": "Résultats :\n",
+        "impression": "\nConclusion :\n",
         "sign": ["\nCordialement,\nDr {DNAME}", "\nCompte rendu validé par le Pr {DNAME}", "\nDr {DNAME}, radiologue"],
     },
     "es": {
-        "head": ["{ORG}\nServicio de Radiodiagnóstico\n{STREET}, {ZIP} {CITY}\nTel.: {PHONE}\n\n", "{ORG} ({CITY})\nServicio de Radiología\n\n",
-                 "Radiología - {ORG}\n\n"],
-        "patient": ["Paciente: {PNAME}, nacido el {BIRTH}\nNHC: {ID}\n", "Paciente: Sra. {PNAME}, fecha de nacimiento: {BIRTH}\nNº historia: {ID}\n",
-                    "Nombre: {PNAME}\nFecha de nacimiento: {BIRTH}\nNHC: {ID}\n", "D. {PNAME} (nacido el {BIRTH}), NHC {ID}\n"],
-        "exam": ["\nRadiografía de tórax PA y lateral del {DATE}\n", "\nExploración: radiografía de tórax, {DATE}\n", "\nTC de tórax del {DATE}\n"],
-        "indication": ["Motivo: sospecha de neumonía. Remitido por el Dr. {DNAME2}.\n", "Datos clínicos: disnea, fiebre.\n"],
+        "head": [
+            "{ORG}\nServicio de Radiodiagnóstico\n{STREET}, {ZIP} {CITY}\nTel.: {PHONE}\n\n",
+            "{ORG} ({CITY})\nServicio de Radiología\n\n",
+            "Radiología - {ORG}\n\n",
+        ],
+        "patient": [
+            "Paciente: {PNAME}, nacido el {BIRTH}\nNHC: {ID}\n",
+            "Paciente: Sra. {PNAME}, fecha de nacimiento: {BIRTH}\nNº historia: {ID}\n",
+            "Nombre: {PNAME}\nFecha de nacimiento: {BIRTH}\nNHC: {ID}\n",
+            "D. {PNAME} (nacido el {BIRTH}), NHC {ID}\n",
+        ],
+        "exam": [
+            "\nRadiografía de tórax PA y lateral del {DATE}\n",
+            "\nExploración: radiografía de tórax, {DATE}\n",
+            "\nTC de tórax del {DATE}\n",
+        ],
+        "indication": [
+            "Motivo: sospecha de neumonía. Remitido por el Dr. {DNAME2}.\n",
+            "Datos clínicos: disnea, fiebre.\n",
+        ],
         "comparison": ["Comparación: estudio previo del {DATE2}.\n", "Sin estudios previos.\n"],
-        "findings": "Hallazgos:\n", "impression": "\nConclusión:\n",
+        "findings": "Hallazgos:\n",
+        "impression": "\nConclusión:\n",
         "sign": ["\nAtentamente,\nDr. {DNAME}", "\nFdo.: Dra. {DNAME}", "\nInformado por: Dr. {DNAME}"],
     },
 }
@@ -162,14 +292,32 @@ _TEMPLATES = {
 
 def _org(lang: str, fake, rng: random.Random, city: str) -> str:
     last = fake.last_name()
-    return rng.choice({
-        "de": [f"Klinikum {city}", f"Universitätsklinikum {city}", f"St.-{fake.first_name()}-Krankenhaus", f"Kreisklinik {city}",
-               f"Krankenhaus {city}-Nord", f"Praxis für Radiologie Dr. {last}"],
-        "fr": [f"CHU de {city}", f"Hôpital {fake.first_name()} {last}", f"Centre Hospitalier de {city}", f"Clinique Saint-{fake.first_name()}",
-               f"Hôpital privé de {city}"],
-        "es": [f"Hospital Universitario {city}", f"Hospital General de {city}", f"Clínica {last}", f"Hospital Clínico San {fake.first_name()}",
-               f"Complejo Hospitalario de {city}"],
-    }[lang])
+    return rng.choice(
+        {
+            "de": [
+                f"Klinikum {city}",
+                f"Universitätsklinikum {city}",
+                f"St.-{fake.first_name()}-Krankenhaus",
+                f"Kreisklinik {city}",
+                f"Krankenhaus {city}-Nord",
+                f"Praxis für Radiologie Dr. {last}",
+            ],
+            "fr": [
+                f"CHU de {city}",
+                f"Hôpital {fake.first_name()} {last}",
+                f"Centre Hospitalier de {city}",
+                f"Clinique Saint-{fake.first_name()}",
+                f"Hôpital privé de {city}",
+            ],
+            "es": [
+                f"Hospital Universitario {city}",
+                f"Hospital General de {city}",
+                f"Clínica {last}",
+                f"Hospital Clínico San {fake.first_name()}",
+                f"Complejo Hospitalario de {city}",
+            ],
+        }[lang]
+    )
 
 
 def generate(lang: str, n: int, seed: int = 0, names: tuple[list[str], list[str]] | None = None) -> list[dict]:
@@ -207,10 +355,15 @@ def generate(lang: str, n: int, seed: int = 0, names: tuple[list[str], list[str]
         doc = _Doc()
         city = fake.city()
         values = {
-            "ORG": (_org(lang, fake, rng, city), "ORGANIZATION"), "CITY": (city, "LOCATION"),
-            "STREET": (fake.street_address().replace("\n", " "), "ADDRESS"), "ZIP": (fake.postcode(), "ADDRESS"),
-            "PHONE": (fake.phone_number(), "PHONE"), "PNAME": (person(), "NAME"), "BIRTH": (_date(lang, rng, True), "DATE"),
-            "ID": (str(rng.randint(10 ** 5, 10 ** 9)), "ID"), "DATE": (_date(lang, rng), "DATE"),
+            "ORG": (_org(lang, fake, rng, city), "ORGANIZATION"),
+            "CITY": (city, "LOCATION"),
+            "STREET": (fake.street_address().replace("\n", " "), "ADDRESS"),
+            "ZIP": (fake.postcode(), "ADDRESS"),
+            "PHONE": (fake.phone_number(), "PHONE"),
+            "PNAME": (person(), "NAME"),
+            "BIRTH": (_date(lang, rng, True), "DATE"),
+            "ID": (str(rng.randint(10**5, 10**9)), "ID"),
+            "DATE": (_date(lang, rng), "DATE"),
             "DATE2": (_date(lang, rng), "DATE"),
             "DNAME": (person().split(" ", 1)[-1] if rng.random() < 0.5 else person(), "NAME"),
             "DNAME2": (person().split(" ", 1)[-1], "NAME"),
@@ -220,11 +373,14 @@ def generate(lang: str, n: int, seed: int = 0, names: tuple[list[str], list[str]
         doc.add(tpl["findings"])
         for j, (sentence, cid, assertion) in enumerate(rng.sample(FINDINGS[lang], 4)):
             side = rng.randrange(2)
-            text = sentence.replace("{L}", (_LATERAL_ADJ if "Unterlappen" in sentence or "Oberfeld" in sentence
-                                            else _LATERAL)[lang][side])
+            text = sentence.replace(
+                "{L}", (_LATERAL_ADJ if "Unterlappen" in sentence or "Oberfeld" in sentence else _LATERAL)[lang][side]
+            )
             if j:
                 doc.add(" ")
-            doc.entities.append({"start": doc.pos, "end": doc.pos + len(text), "entity_id": cid, "assertion": assertion})
+            doc.entities.append(
+                {"start": doc.pos, "end": doc.pos + len(text), "entity_id": cid, "assertion": assertion}
+            )
             doc.add(text)
         doc.add(tpl["impression"])
         sentence, cid, assertion = rng.choice(FINDINGS[lang])
@@ -232,6 +388,13 @@ def generate(lang: str, n: int, seed: int = 0, names: tuple[list[str], list[str]
         doc.entities.append({"start": doc.pos, "end": doc.pos + len(text), "entity_id": cid, "assertion": assertion})
         doc.add(text + "\n")
         doc.fill(rng.choice(tpl["sign"]), values)
-        docs.append({"id": f"synth-{lang}-{seed}-{i}", "language": lang, "text": "".join(doc.parts), "phi": doc.phi,
-                     "entities": doc.entities})
+        docs.append(
+            {
+                "id": f"synth-{lang}-{seed}-{i}",
+                "language": lang,
+                "text": "".join(doc.parts),
+                "phi": doc.phi,
+                "entities": doc.entities,
+            }
+        )
     return docs

@@ -98,9 +98,7 @@ def _study_times(studies: pl.DataFrame) -> pl.Expr:
     """Expression of each study's naive wall time: ``study_datetime``, else ``study_date_shifted`` at midnight."""
     dt = studies.schema["study_datetime"]
     if not (dt == pl.Date or isinstance(dt, pl.Datetime) or dt == pl.Null):
-        raise PairingInputError(
-            "bad_datetime_type", f"studies.study_datetime must be Datetime, got {dt}"
-        )
+        raise PairingInputError("bad_datetime_type", f"studies.study_datetime must be Datetime, got {dt}")
     when = pl.col("study_datetime")
     if isinstance(dt, pl.Datetime) and dt.time_zone is not None:
         when = when.dt.replace_time_zone(None)  # wall time in the study's zone, as the shifted dates are
@@ -120,8 +118,11 @@ def _views(images: pl.DataFrame) -> pl.DataFrame:
         images.lazy()
         .select("study_key", view=pl.col("view").cast(pl.Utf8).str.strip_chars().str.to_uppercase())
         .filter(pl.col("view").is_not_null() & (pl.col("view") != ""))
-        .with_columns(order=pl.col("view").replace_strict(
-            {v: i for i, v in enumerate(FRONTAL_VIEWS)}, default=len(FRONTAL_VIEWS), return_dtype=pl.Int32))
+        .with_columns(
+            order=pl.col("view").replace_strict(
+                {v: i for i, v in enumerate(FRONTAL_VIEWS)}, default=len(FRONTAL_VIEWS), return_dtype=pl.Int32
+            )
+        )
         .sort("study_key", "order", "view")
         .group_by("study_key", maintain_order=True)
         .agg(view=pl.col("view").first(), frontal=pl.col("order").min() < len(FRONTAL_VIEWS))
@@ -151,38 +152,48 @@ def _change_labels(pairs: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     """Per pair: ``change_labels`` (list of structs, entity order) and ``n_conflicts`` (module docstring)."""
     if pairs.height == 0 or labels.height == 0:
         return pairs.select("pair_id").with_columns(
-            change_labels=pl.lit([], pl.List(pl.Struct(
-                {"entity_id": pl.Utf8, "change": pl.Utf8, "source": pl.Utf8}))),
+            change_labels=pl.lit([], pl.List(pl.Struct({"entity_id": pl.Utf8, "change": pl.Utf8, "source": pl.Utf8}))),
             n_conflicts=pl.lit(0, pl.Int32),
         )
     labelled = labels.select("study_key").unique().with_columns(has=pl.lit(True))
     cur = pairs.select("pair_id", "prior_study_key", "current_study_key").join(
         labels.rename({"study_key": "current_study_key", "state": "cur_state", "change": "stated"}),
-        on="current_study_key", how="inner",
+        on="current_study_key",
+        how="inner",
     )
     cur = (
-        cur.join(labels.select(pl.col("study_key").alias("prior_study_key"), "entity_id",
-                               pl.col("state").alias("p_state")), on=["prior_study_key", "entity_id"], how="left")
+        cur.join(
+            labels.select(pl.col("study_key").alias("prior_study_key"), "entity_id", pl.col("state").alias("p_state")),
+            on=["prior_study_key", "entity_id"],
+            how="left",
+        )
         .join(labelled.rename({"study_key": "prior_study_key"}), on="prior_study_key", how="left")
         .with_columns(prior_state=pl.when(pl.col("has")).then(pl.col("p_state").fill_null("not_mentioned")))
     )
     contradictions = pl.DataFrame(
         [(c, side, state) for c, combos in CONTRADICTIONS.items() for side, state in combos],
-        schema={"stated": pl.Utf8, "side": pl.Utf8, "bad_state": pl.Utf8}, orient="row",
+        schema={"stated": pl.Utf8, "side": pl.Utf8, "bad_state": pl.Utf8},
+        orient="row",
     )
     cur_bad = contradictions.filter(pl.col("side") == "current").select(
-        "stated", pl.col("bad_state").alias("cur_state"), cur_conflict=pl.lit(True))
+        "stated", pl.col("bad_state").alias("cur_state"), cur_conflict=pl.lit(True)
+    )
     prior_bad = contradictions.filter(pl.col("side") == "prior").select(
-        "stated", pl.col("bad_state").alias("prior_state"), prior_conflict=pl.lit(True))
+        "stated", pl.col("bad_state").alias("prior_state"), prior_conflict=pl.lit(True)
+    )
     cur = cur.join(cur_bad, on=["stated", "cur_state"], how="left").join(
-        prior_bad, on=["stated", "prior_state"], how="left")
+        prior_bad, on=["stated", "prior_state"], how="left"
+    )
     is_stated = pl.col("stated") != NO_CHANGE
     derived = (
-        pl.when(pl.col("prior_state").is_null()).then(None)
+        pl.when(pl.col("prior_state").is_null())
+        .then(None)
         .when((pl.col("cur_state") == "present") & pl.col("prior_state").is_in(["absent", "not_mentioned"]))
         .then(pl.lit("new"))
-        .when((pl.col("cur_state") == "absent") & (pl.col("prior_state") == "present")).then(pl.lit("resolved"))
-        .when((pl.col("cur_state") == "present") & (pl.col("prior_state") == "present")).then(pl.lit("unchanged"))
+        .when((pl.col("cur_state") == "absent") & (pl.col("prior_state") == "present"))
+        .then(pl.lit("resolved"))
+        .when((pl.col("cur_state") == "present") & (pl.col("prior_state") == "present"))
+        .then(pl.lit("unchanged"))
     )
     cur = cur.with_columns(
         change=pl.when(is_stated).then(pl.col("stated")).otherwise(derived),
@@ -201,15 +212,19 @@ def _change_labels(pairs: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
         .join(lab, on="pair_id", how="left")
         .join(conflicts, on="pair_id", how="left")
         .with_columns(
-            pl.col("change_labels").fill_null(pl.lit([], pl.List(pl.Struct(
-                {"entity_id": pl.Utf8, "change": pl.Utf8, "source": pl.Utf8})))),
+            pl.col("change_labels").fill_null(
+                pl.lit([], pl.List(pl.Struct({"entity_id": pl.Utf8, "change": pl.Utf8, "source": pl.Utf8})))
+            ),
             pl.col("n_conflicts").fill_null(0),
         )
     )
 
 
 def build_pairs(
-    studies: pl.DataFrame, study_labels: pl.DataFrame, images: pl.DataFrame, cfg: PairingConfig,
+    studies: pl.DataFrame,
+    study_labels: pl.DataFrame,
+    images: pl.DataFrame,
+    cfg: PairingConfig,
     max_studies: int = DEFAULT_MAX_STUDIES,
 ) -> pa.Table:
     """Build the ``pairs`` table of one shard or many.
@@ -260,9 +275,15 @@ def build_pairs(
         tables = []
         for group in groups:
             keys = study_keys_of(studies, group)
-            tables.append(build_pairs(studies.filter(pl.col("shard").is_in(group)),
-                                      rows_of(study_labels, "study_key", keys), rows_of(images, "study_key", keys),
-                                      cfg, max_studies=studies.height))
+            tables.append(
+                build_pairs(
+                    studies.filter(pl.col("shard").is_in(group)),
+                    rows_of(study_labels, "study_key", keys),
+                    rows_of(images, "study_key", keys),
+                    cfg,
+                    max_studies=studies.height,
+                )
+            )
         out = pa.concat_tables(tables)
         return out.take(pc.sort_indices(out.column("pair_id")))
     labels = _labels(study_labels)
@@ -283,8 +304,13 @@ def build_pairs(
     )
     n_priors = cfg.max_priors if cfg.all_priors else 1
     day_us = 86_400_000_000
-    prior = st.select("patient_key", "family", pl.col("study_key").alias("prior_study_key"),
-                      pl.col("when").alias("prior_when"), pl.col("i").alias("j"))
+    prior = st.select(
+        "patient_key",
+        "family",
+        pl.col("study_key").alias("prior_study_key"),
+        pl.col("when").alias("prior_when"),
+        pl.col("i").alias("j"),
+    )
     pairs = (
         st.join(prior, on=["patient_key", "family"], how="inner")
         .filter(pl.col("j") < pl.col("i"))
@@ -295,15 +321,23 @@ def build_pairs(
         .sort("study_key", "j", descending=[False, True])
         .filter(pl.int_range(pl.len()).over("study_key") < n_priors)
         .select(
-            "patient_key", "prior_study_key", pl.col("study_key").alias("current_study_key"), "family",
-            "modality", "view", pl.col("gap").cast(pl.Int32).alias("gap_days"), pl.col("shard").cast(pl.Int32),
+            "patient_key",
+            "prior_study_key",
+            pl.col("study_key").alias("current_study_key"),
+            "family",
+            "modality",
+            "view",
+            pl.col("gap").cast(pl.Int32).alias("gap_days"),
+            pl.col("shard").cast(pl.Int32),
         )
         .collect()
     )
     if pairs.height == 0:
         return SCHEMA.empty_table()
-    ids = [pair_id(a, b) for a, b in zip(pairs["prior_study_key"].to_list(), pairs["current_study_key"].to_list(),
-                                         strict=True)]
+    ids = [
+        pair_id(a, b)
+        for a, b in zip(pairs["prior_study_key"].to_list(), pairs["current_study_key"].to_list(), strict=True)
+    ]
     pairs = pairs.with_columns(pair_id=pl.Series(ids, dtype=pl.Utf8))
     pairs = pairs.join(_change_labels(pairs, labels), on="pair_id", how="left").sort("pair_id")
     return pairs.select(SCHEMA.names).to_arrow().cast(SCHEMA)

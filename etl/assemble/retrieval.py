@@ -58,7 +58,11 @@ from schemas.errors import ReasonCodedError
 from schemas.retrieval_targets import SCHEMA
 
 ATTRIBUTES: tuple[Literal["laterality", "severity", "anatomy", "change"], ...] = (
-    "laterality", "severity", "anatomy", "change")
+    "laterality",
+    "severity",
+    "anatomy",
+    "change",
+)
 DEFAULT_SIMILARITY = CONFIG_DIR / "retrieval_similarity.yaml"
 #: sections whose mentions decide a label, in priority order (entity_extraction.extract.LABEL_SECTIONS)
 DECIDING_SECTIONS = (("impression",), ("findings", "unsectioned"))
@@ -66,8 +70,16 @@ NO_CHANGE = "none"
 
 _LABEL_COLUMNS = ("study_key", "patient_key", "family", "entity_id", "state", "change", "shard")
 _MENTION_COLUMNS = (
-    "mention_id", "study_key", "entity_id", "assertion", "temporality", "section",
-    "laterality", "severity", "anatomy_id", "span_start",
+    "mention_id",
+    "study_key",
+    "entity_id",
+    "assertion",
+    "temporality",
+    "section",
+    "laterality",
+    "severity",
+    "anatomy_id",
+    "span_start",
 )
 _SPLIT_COLUMNS = ("patient_key", "split")
 
@@ -93,6 +105,7 @@ def validate_similarity(data: object, source: str = "<dict>") -> dict:
     RetrievalInputError
         ``bad_similarity`` naming the part that is wrong.
     """
+
     def bad(msg: str) -> RetrievalInputError:
         return RetrievalInputError("bad_similarity", f"{source}: {msg}")
 
@@ -214,7 +227,8 @@ def study_hash(keys: list[str]) -> np.ndarray:
     """``H(study_key)``: first 8 bytes of sha256(``"retrieval|" + key``), big-endian, as uint64."""
     return np.fromiter(
         (int.from_bytes(hashlib.sha256(f"retrieval|{k}".encode()).digest()[:8], "big") for k in keys),
-        dtype=np.uint64, count=len(keys),
+        dtype=np.uint64,
+        count=len(keys),
     )
 
 
@@ -246,7 +260,9 @@ def entity_states(study_labels: pl.DataFrame, entity_mentions: pl.DataFrame, sta
     labels = study_labels.lazy().select(_LABEL_COLUMNS).filter(pl.col("state").is_in(states))
     if entity_mentions.height == 0:
         return labels.with_columns(
-            laterality=pl.lit(None, pl.Utf8), severity=pl.lit(None, pl.Utf8), anatomy=pl.lit(None, pl.Utf8),
+            laterality=pl.lit(None, pl.Utf8),
+            severity=pl.lit(None, pl.Utf8),
+            anatomy=pl.lit(None, pl.Utf8),
             mention_ids=pl.lit([], pl.List(pl.Utf8)),
         ).collect()
     _require(entity_mentions, _MENTION_COLUMNS, "entity_mentions")
@@ -293,15 +309,15 @@ def _relevant_signature_pairs(sigs: pl.DataFrame, cfg: RetrievalConfig, similari
         values = sorted(set(sigs.get_column(k).drop_nulls().to_list())) + [None]
         table = pl.DataFrame(
             [(a, b, attribute_distance(k, a, b, similarity)) for a in values for b in values],
-            schema={k: pl.Utf8, f"{k}_c": pl.Utf8, f"d_{k}": pl.Float64}, orient="row",
+            schema={k: pl.Utf8, f"{k}_c": pl.Utf8, f"d_{k}": pl.Float64},
+            orient="row",
         )
         pair = pair.join(table, on=[k, f"{k}_c"], how="left", nulls_equal=True)
         loss = loss + cfg.weights[k] * pl.col(f"d_{k}")
     return (
         pair.with_columns(relevance=(1.0 - loss).clip(lower_bound=0.0))
         .filter(pl.col("relevance") > cfg.threshold)
-        .select("family", "entity_id", "state", pl.col("sig").alias("qsig"), pl.col("sig_c").alias("csig"),
-                "relevance")
+        .select("family", "entity_id", "state", pl.col("sig").alias("qsig"), pl.col("sig_c").alias("csig"), "relevance")
     )
 
 
@@ -362,16 +378,17 @@ def build_retrieval_targets(
 
     # integer ids and the stable hash H of every study
     keys = st.get_column("study_key").unique().sort()
-    key_ids = pl.DataFrame({"study_key": keys, "sid": pl.arange(0, len(keys), eager=True, dtype=pl.UInt32),
-                            "h": pl.Series(study_hash(keys.to_list()), dtype=pl.UInt64)})
-    st = st.join(key_ids, on="study_key").with_columns(
-        pid=pl.col("patient_key").rank("dense").cast(pl.UInt32)
+    key_ids = pl.DataFrame(
+        {
+            "study_key": keys,
+            "sid": pl.arange(0, len(keys), eager=True, dtype=pl.UInt32),
+            "h": pl.Series(study_hash(keys.to_list()), dtype=pl.UInt64),
+        }
     )
+    st = st.join(key_ids, on="study_key").with_columns(pid=pl.col("patient_key").rank("dense").cast(pl.UInt32))
     patient_of = st.get_column("patient_key").unique().sort()  # patient_of[pid - 1] = patient_key (dense rank)
     # the cap per (family, entity): lowest H first
-    st = st.filter(
-        pl.col("h").rank("ordinal").over("family", "entity_id") <= cfg.max_studies_per_entity
-    )
+    st = st.filter(pl.col("h").rank("ordinal").over("family", "entity_id") <= cfg.max_studies_per_entity)
     # state signatures (distinct attribute tuples per family/entity/state)
     st = st.with_columns(change_attr=pl.when(pl.col("change") == NO_CHANGE).then(None).otherwise(pl.col("change")))
     sig_cols = ["family", "entity_id", "state", "laterality", "severity", "anatomy", "change_attr"]
@@ -384,8 +401,10 @@ def build_retrieval_targets(
     cand = (
         st.select("family", "entity_id", "state", "split", "sig", "sid", "pid", "h")
         .sort("family", "entity_id", "state", "split", "sig", "h", "sid")
-        .with_columns(pos=pl.int_range(pl.len(), dtype=pl.UInt32).over("family", "entity_id", "state", "split", "sig"),
-                      n=pl.len().over("family", "entity_id", "state", "split", "sig").cast(pl.UInt32))
+        .with_columns(
+            pos=pl.int_range(pl.len(), dtype=pl.UInt32).over("family", "entity_id", "state", "split", "sig"),
+            n=pl.len().over("family", "entity_id", "state", "split", "sig").cast(pl.UInt32),
+        )
     )
     longest: Any = cand.group_by("family", "entity_id", "state", "split", "sig", "pid").len().get_column("len").max()
     slack = int(longest or 0)
@@ -398,30 +417,44 @@ def build_retrieval_targets(
     cand_of = cand.partition_by("family", "entity_id", as_dict=True)
     for (family, entity), q in queries.group_by("family", "entity_id", maintain_order=False):
         q = q.rename({"sig": "qsig", "sid": "q_sid", "pid": "q_pid", "h": "q_h"})
-        q = q.join(rel.filter((pl.col("family") == family) & (pl.col("entity_id") == entity)),
-                   on=["family", "entity_id", "state", "qsig"], how="inner")
+        q = q.join(
+            rel.filter((pl.col("family") == family) & (pl.col("entity_id") == entity)),
+            on=["family", "entity_id", "state", "qsig"],
+            how="inner",
+        )
         q = q.join(pools.rename({"sig": "csig"}), on=["family", "entity_id", "state", "split", "csig"], how="inner")
         # start = number of pool members with H < query H (the first member at or after the query on the ring)
         c_f = cand_of[(family, entity)].rename({"sig": "csig"})
         q = q.sort("q_h")
-        starts = q.join_asof(
-            c_f.select("entity_id", "state", "split", "csig", "h", "pos").sort("h"),
-            left_on="q_h", right_on="h", by=["entity_id", "state", "split", "csig"], strategy="forward",
-            check_sortedness=False,  # both sides are sorted by H above
-        ).with_columns(start=pl.col("pos").fill_null(0)).drop("pos", "h")
+        starts = (
+            q.join_asof(
+                c_f.select("entity_id", "state", "split", "csig", "h", "pos").sort("h"),
+                left_on="q_h",
+                right_on="h",
+                by=["entity_id", "state", "split", "csig"],
+                strategy="forward",
+                check_sortedness=False,  # both sides are sorted by H above
+            )
+            .with_columns(start=pl.col("pos").fill_null(0))
+            .drop("pos", "h")
+        )
         steps = pl.DataFrame({"step": pl.arange(0, width, eager=True, dtype=pl.UInt32)})
         exp = (
             starts.join(steps, how="cross")
             .filter(pl.col("step") < pl.col("n"))
             .with_columns(pos=((pl.col("start") + pl.col("step")) % pl.col("n")).cast(pl.UInt32))
-            .join(c_f.select("entity_id", "state", "split", "csig", "pos", "sid", "pid"),
-                  on=["entity_id", "state", "split", "csig", "pos"], how="inner")
+            .join(
+                c_f.select("entity_id", "state", "split", "csig", "pos", "sid", "pid"),
+                on=["entity_id", "state", "split", "csig", "pos"],
+                how="inner",
+            )
             .filter(pl.col("pid") != pl.col("q_pid"))
             .sort(["q_sid", "entity_id", "relevance", "step", "sid"], descending=[False, False, True, False, False])
             .with_columns(rank=pl.int_range(1, pl.len() + 1, dtype=pl.Int32).over("q_sid", "entity_id"))
             .filter(pl.col("rank") <= cfg.top_k)
-            .select("q_sid", "entity_id", "sid", "rank", "relevance", "family", "state", "q_pid", "pid",
-                    "split", "shard")
+            .select(
+                "q_sid", "entity_id", "sid", "rank", "relevance", "family", "state", "q_pid", "pid", "split", "shard"
+            )
         )
         out_parts.append(exp)
     if not out_parts:
@@ -433,11 +466,16 @@ def build_retrieval_targets(
     out = out.sort("q_sid", "entity_id", "sid")
     study_of = keys  # study_of[sid] = study_key
     out = out.select(
-        query_study_key=study_of.gather(out.get_column("q_sid")), entity_id=pl.col("entity_id"),
-        candidate_study_key=study_of.gather(out.get_column("sid")), rank=pl.col("rank"),
-        relevance=pl.col("relevance").cast(pl.Float32), family=pl.col("family"), state=pl.col("state"),
+        query_study_key=study_of.gather(out.get_column("q_sid")),
+        entity_id=pl.col("entity_id"),
+        candidate_study_key=study_of.gather(out.get_column("sid")),
+        rank=pl.col("rank"),
+        relevance=pl.col("relevance").cast(pl.Float32),
+        family=pl.col("family"),
+        state=pl.col("state"),
         query_patient_key=patient_of.gather(out.get_column("q_pid") - 1),
-        candidate_patient_key=patient_of.gather(out.get_column("pid") - 1), split=pl.col("split"),
+        candidate_patient_key=patient_of.gather(out.get_column("pid") - 1),
+        split=pl.col("split"),
         shard=pl.col("shard").cast(pl.Int32),
     )
     return out.to_arrow().cast(SCHEMA)

@@ -212,19 +212,25 @@ def check_split_integrity(
         ).height
         j = (
             rt.select("query_patient_key", "candidate_patient_key", "split")
-            .join(split_of.rename({"split": "q_split"}), left_on="query_patient_key", right_on="patient_key",
-                  how="left")
-            .join(split_of.rename({"split": "c_split"}), left_on="candidate_patient_key", right_on="patient_key",
-                  how="left")
+            .join(
+                split_of.rename({"split": "q_split"}), left_on="query_patient_key", right_on="patient_key", how="left"
+            )
+            .join(
+                split_of.rename({"split": "c_split"}),
+                left_on="candidate_patient_key",
+                right_on="patient_key",
+                how="left",
+            )
         )
         counts["retrieval_cross_split"] = j.filter(
-            pl.col("q_split").is_null() | pl.col("c_split").is_null()
-            | (pl.col("q_split") != pl.col("split")) | (pl.col("c_split") != pl.col("split"))
+            pl.col("q_split").is_null()
+            | pl.col("c_split").is_null()
+            | (pl.col("q_split") != pl.col("split"))
+            | (pl.col("c_split") != pl.col("split"))
         ).height
     vq = _frame(vqa, ("patient_key", "split", "reference_study_key"))
     if vq is not None:
-        j = vq.select("patient_key", "split").join(split_of.rename({"split": "p_split"}), on="patient_key",
-                                                   how="left")
+        j = vq.select("patient_key", "split").join(split_of.rename({"split": "p_split"}), on="patient_key", how="left")
         counts["vqa_split_mismatch"] = j.filter(
             pl.col("p_split").is_null() | (pl.col("p_split") != pl.col("split"))
         ).height
@@ -232,8 +238,12 @@ def check_split_integrity(
             ref = (
                 vq.filter(pl.col("reference_study_key").is_not_null())
                 .select("split", "reference_study_key")
-                .join(st.select("study_key", "patient_key"), left_on="reference_study_key", right_on="study_key",
-                      how="left")
+                .join(
+                    st.select("study_key", "patient_key"),
+                    left_on="reference_study_key",
+                    right_on="study_key",
+                    how="left",
+                )
                 .join(split_of.rename({"split": "r_split"}), on="patient_key", how="left")
             )
             counts["vqa_cross_split_reference"] = ref.filter(

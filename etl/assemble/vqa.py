@@ -64,10 +64,24 @@ from schemas.ontology import Ontology
 from schemas.vqa import SCHEMA
 
 LETTERS = "ABCDEF"
-QUESTION_TYPES = ("change", "comparison_presence", "presence", "location", "case_severity", "case_laterality",
-                  "case_presence")
-SCOPES = {"change": "pair", "comparison_presence": "pair", "presence": "study", "location": "study",
-          "case_severity": "case", "case_laterality": "case", "case_presence": "case"}
+QUESTION_TYPES = (
+    "change",
+    "comparison_presence",
+    "presence",
+    "location",
+    "case_severity",
+    "case_laterality",
+    "case_presence",
+)
+SCOPES = {
+    "change": "pair",
+    "comparison_presence": "pair",
+    "presence": "study",
+    "location": "study",
+    "case_severity": "case",
+    "case_laterality": "case",
+    "case_presence": "case",
+}
 #: multiple-choice types of two cases (built by :func:`build_case_comparison_vqa` from retrieval targets)
 CASE_TYPES = ("case_severity", "case_laterality", "case_presence")
 #: option keys the code can produce as a right answer, per fixed-vocabulary question type.
@@ -80,8 +94,15 @@ ANSWER_KEYS: dict[str, tuple[str, ...]] = {
     "case_presence": ("query_only", "reference_only", "both", "neither"),
 }
 #: open-ended (Medical-Diff-VQA) question types and their scope; stored as ``"open_" + type``
-OPEN_TYPES = {"abnormality": "study", "presence": "study", "view": "study", "location": "study", "level": "study",
-              "type": "study", "difference": "pair"}
+OPEN_TYPES = {
+    "abnormality": "study",
+    "presence": "study",
+    "view": "study",
+    "location": "study",
+    "level": "study",
+    "type": "study",
+    "difference": "pair",
+}
 OPEN_PREFIX = "open_"
 #: open-ended answer kinds: kind -> (open type, question names an entity, yes/no answer)
 OPEN_ANSWERS: dict[str, tuple[str, bool, bool]] = {
@@ -161,21 +182,29 @@ def _validate_open(data: dict, source: str) -> dict:
     out: dict = {}
     for otype, spec in spec_all.items():
         if otype not in OPEN_TYPES:
-            raise VQATemplateError("unknown_question_type", f"{source}: open {otype!r} is not one of {tuple(OPEN_TYPES)}")
+            raise VQATemplateError(
+                "unknown_question_type", f"{source}: open {otype!r} is not one of {tuple(OPEN_TYPES)}"
+            )
         if not isinstance(spec, dict) or spec.get("scope", OPEN_TYPES[otype]) != OPEN_TYPES[otype]:
-            raise VQATemplateError("bad_structure", f"{source}: open {otype} must be a mapping of scope {OPEN_TYPES[otype]}")
+            raise VQATemplateError(
+                "bad_structure", f"{source}: open {otype} must be a mapping of scope {OPEN_TYPES[otype]}"
+            )
         questions = spec.get("questions") or [  # an already normalised mapping validates again
-            {"text": t, "answer": k} for k, ts in (spec.get("kinds") or {}).items() for t in ts]
+            {"text": t, "answer": k} for k, ts in (spec.get("kinds") or {}).items() for t in ts
+        ]
         if not isinstance(questions, list) or not questions:
             raise VQATemplateError("bad_structure", f"{source}: open {otype} needs a non-empty 'questions' list")
         kinds: dict[str, list[str]] = {}
         for q in questions:
             if not isinstance(q, dict) or q.get("answer") not in OPEN_ANSWERS:
-                raise VQATemplateError("bad_structure", f"{source}: open {otype} question {q!r} needs an 'answer' "
-                                       f"of {tuple(OPEN_ANSWERS)}")
+                raise VQATemplateError(
+                    "bad_structure", f"{source}: open {otype} question {q!r} needs an 'answer' of {tuple(OPEN_ANSWERS)}"
+                )
             kind = q["answer"]
             if OPEN_ANSWERS[kind][0] != otype:
-                raise VQATemplateError("bad_structure", f"{source}: answer {kind!r} belongs to open {OPEN_ANSWERS[kind][0]}")
+                raise VQATemplateError(
+                    "bad_structure", f"{source}: answer {kind!r} belongs to open {OPEN_ANSWERS[kind][0]}"
+                )
             kinds.setdefault(kind, []).append(_check_question(otype, q.get("text"), OPEN_ANSWERS[kind][1]))
         out[otype] = {"scope": OPEN_TYPES[otype], "kinds": kinds}
     answers = data.get("open_answers") or {}
@@ -187,15 +216,21 @@ def _validate_open(data: dict, source: str) -> dict:
             raise VQATemplateError("bad_structure", f"{source}: open_answers views and changes must be mappings")
         bad = [k for k, v in answers["changes"].items() if k not in ANSWER_KEYS["change"] or "{entity}" not in v]
         if bad:
-            raise VQATemplateError("bad_placeholder", f"{source}: open_answers.changes {bad} (known change, {{entity}})")
+            raise VQATemplateError(
+                "bad_placeholder", f"{source}: open_answers.changes {bad} (known change, {{entity}})"
+            )
     words = data.get("type_keywords") or []
     if not isinstance(words, list) or not all(isinstance(w, str) and w for w in words):
         raise VQATemplateError("bad_structure", f"{source}: 'type_keywords' must be a list of words")
     reason = data.get("case_reason", "Query report: {query}. Reference report: {reference}.")
     if not isinstance(reason, str) or "{query}" not in reason or "{reference}" not in reason:
         raise VQATemplateError("bad_placeholder", f"{source}: case_reason needs {{query}} and {{reference}}")
-    return {"open_ended": out, "open_answers": {str(k): v for k, v in answers.items()},
-            "type_keywords": [str(w) for w in words], "case_reason": reason}
+    return {
+        "open_ended": out,
+        "open_answers": {str(k): v for k, v in answers.items()},
+        "type_keywords": [str(w) for w in words],
+        "case_reason": reason,
+    }
 
 
 def validate_templates(data: object, source: str = "<dict>") -> dict:
@@ -215,18 +250,12 @@ def validate_templates(data: object, source: str = "<dict>") -> dict:
         ``bad_structure``, ``unknown_question_type``, ``bad_placeholder``, ``missing_answer_option``
         or ``duplicate_option``, naming the question type.
     """
-    if (
-        not isinstance(data, dict)
-        or not isinstance(data.get("question_types"), dict)
-        or not data["question_types"]
-    ):
+    if not isinstance(data, dict) or not isinstance(data.get("question_types"), dict) or not data["question_types"]:
         raise VQATemplateError("bad_structure", f"{source}: needs a non-empty 'question_types' mapping")
     out: dict = {"version": str(data.get("version", "")), "question_types": {}}
     for qtype, spec in data["question_types"].items():
         if qtype not in QUESTION_TYPES:
-            raise VQATemplateError(
-                "unknown_question_type", f"{source}: {qtype!r} is not one of {QUESTION_TYPES}"
-            )
+            raise VQATemplateError("unknown_question_type", f"{source}: {qtype!r} is not one of {QUESTION_TYPES}")
         if not isinstance(spec, dict):
             raise VQATemplateError("bad_structure", f"{source}: {qtype} must be a mapping")
         if spec.get("scope", SCOPES[qtype]) != SCOPES[qtype]:
@@ -238,9 +267,7 @@ def validate_templates(data: object, source: str = "<dict>") -> dict:
         if qtype in ANSWER_KEYS:
             options = spec.get("options")
             if not isinstance(options, dict) or not all(isinstance(v, str) and v for v in options.values()):
-                raise VQATemplateError(
-                    "bad_structure", f"{source}: {qtype} needs an 'options' key -> text mapping"
-                )
+                raise VQATemplateError("bad_structure", f"{source}: {qtype} needs an 'options' key -> text mapping")
             missing = [k for k in ANSWER_KEYS[qtype] if k not in options]
             if missing:
                 raise VQATemplateError("missing_answer_option", f"{source}: {qtype} options lack {missing}")
@@ -422,8 +449,19 @@ def _require(df: pl.DataFrame, columns: tuple[str, ...], name: str) -> None:
 # --------------------------------------------------------------------------------------------- items
 
 
-_ITEM_COLUMNS = ("patient_key", "family", "entity_id", "shard", "pair_id", "study_key", "anchor", "study_keys",
-                 "question_type", "answer_key", "entity_ids")
+_ITEM_COLUMNS = (
+    "patient_key",
+    "family",
+    "entity_id",
+    "shard",
+    "pair_id",
+    "study_key",
+    "anchor",
+    "study_keys",
+    "question_type",
+    "answer_key",
+    "entity_ids",
+)
 
 
 class _NameTable:
@@ -435,8 +473,9 @@ class _NameTable:
         for family in ontology.families:
             for entity, name in _display_names(ontology, family).items():
                 rows.append((family, entity, name))
-        self.names = pl.DataFrame(rows, schema={"family": pl.Utf8, "entity_id": pl.Utf8, "entity_name": pl.Utf8},
-                                  orient="row")
+        self.names = pl.DataFrame(
+            rows, schema={"family": pl.Utf8, "entity_id": pl.Utf8, "entity_name": pl.Utf8}, orient="row"
+        )
 
     def check(self, pairs: pl.DataFrame) -> None:
         """Raise on an unknown family, an entity not in the ontology or not in its family."""
@@ -444,9 +483,7 @@ class _NameTable:
             if family not in self.ontology.families:
                 raise VQAInputError("unknown_family", f"family {family!r} is not in the ontology")
             if entity not in self.ontology.concepts:
-                raise VQAInputError(
-                    "unknown_entity", f"entity {entity!r} is not in ontology {self.ontology.version}"
-                )
+                raise VQAInputError("unknown_entity", f"entity {entity!r} is not in ontology {self.ontology.version}")
             if self.ontology.families and entity not in {c.id for c in self.ontology.family_concepts(family)}:
                 raise VQAInputError("entity_not_in_family", f"entity {entity} does not belong to family {family}")
 
@@ -457,8 +494,7 @@ class _NameTable:
             c = onto.concepts[entity]
             if c.category == "finding" and c.anatomy_id in onto.concepts and name == _readable(c.preferred_name):
                 rows.append((family, entity, c.anatomy_id))
-        return pl.DataFrame(rows, schema={"family": pl.Utf8, "entity_id": pl.Utf8, "anatomy_id": pl.Utf8},
-                            orient="row")
+        return pl.DataFrame(rows, schema={"family": pl.Utf8, "entity_id": pl.Utf8, "anatomy_id": pl.Utf8}, orient="row")
 
     def anatomy_name(self, anatomy_id: str) -> str:
         return _readable(self.ontology.concepts[anatomy_id].preferred_name)
@@ -482,8 +518,9 @@ def _questions(items: pl.DataFrame, types: dict, names: _NameTable) -> pl.DataFr
             answer_text[mask] = [names.anatomy_name(k) for k in keys[mask]]
         elif mask.any():
             answer_text[mask] = [spec["options"][k] for k in keys[mask]]
-    items = items.with_columns(template=pl.Series(template.tolist(), dtype=pl.Utf8),
-                               answer_text=pl.Series(answer_text.tolist(), dtype=pl.Utf8))
+    items = items.with_columns(
+        template=pl.Series(template.tolist(), dtype=pl.Utf8), answer_text=pl.Series(answer_text.tolist(), dtype=pl.Utf8)
+    )
     items = items.join(names.names, on=["family", "entity_id"], how="left")
     return items.with_columns(
         question=pl.col("template").str.replace_all("{entity}", pl.col("entity_name"), literal=True)
@@ -527,8 +564,7 @@ def _shares_stem(question: str, answer: str) -> bool:
     "hepatic parenchyma", "lungs" gives away "lung"."""
     words = re.findall(r"[^\W\d_]+", question.lower())
     return any(
-        any(w.startswith(_word_stem(a)) for w in words)
-        for a in re.findall(r"[^\W\d_]+", answer.lower()) if len(a) >= 4
+        any(w.startswith(_word_stem(a)) for w in words) for a in re.findall(r"[^\W\d_]+", answer.lower()) if len(a) >= 4
     )
 
 
@@ -538,11 +574,16 @@ def _contains_answer(items: pl.DataFrame) -> pl.Series:
     # questions are templates filled with entity names: few distinct (question, answer) pairs, checked once each
     keys = ["question", "answer_text", "question_type"]
     pairs = items.select(keys).unique()
-    hit = [None if q is None or a is None else
-           _has_phrase(q, a) or (t in _STEM_CHECKED_TYPES and _shares_stem(q, a)) for q, a, t in pairs.iter_rows()]
+    hit = [
+        None if q is None or a is None else _has_phrase(q, a) or (t in _STEM_CHECKED_TYPES and _shares_stem(q, a))
+        for q, a, t in pairs.iter_rows()
+    ]
     pairs = pairs.with_columns(contains=pl.Series(hit, dtype=pl.Boolean))
-    return items.select(keys).join(pairs, on=keys, how="left", nulls_equal=True, maintain_order="left"
-                                   ).get_column("contains")
+    return (
+        items.select(keys)
+        .join(pairs, on=keys, how="left", nulls_equal=True, maintain_order="left")
+        .get_column("contains")
+    )
 
 
 def _render_options(items: pl.DataFrame, types: dict, n: int, names: _NameTable) -> pl.DataFrame:
@@ -574,12 +615,15 @@ def _render_options(items: pl.DataFrame, types: dict, n: int, names: _NameTable)
         table = list(pool) + [answer_key]
         code_list = pl.Series(idx.astype(np.uint32)).arr.to_list()
         positions = list(range(len(table)))
-        out.append(g.with_columns(
-            option_keys=code_list.list.eval(pl.element().replace_strict(positions, table, return_dtype=pl.Utf8)),
-            options=code_list.list.eval(pl.element().replace_strict(
-                positions, [text[k] for k in table], return_dtype=pl.Utf8)),
-            answer=pl.Series(np.array(list(LETTERS))[pos], dtype=pl.Utf8),
-        ))
+        out.append(
+            g.with_columns(
+                option_keys=code_list.list.eval(pl.element().replace_strict(positions, table, return_dtype=pl.Utf8)),
+                options=code_list.list.eval(
+                    pl.element().replace_strict(positions, [text[k] for k in table], return_dtype=pl.Utf8)
+                ),
+                answer=pl.Series(np.array(list(LETTERS))[pos], dtype=pl.Utf8),
+            )
+        )
     return pl.concat(out).sort("item_id")
 
 
@@ -592,7 +636,8 @@ def _with_mentions(items: pl.DataFrame, entity_mentions: pl.DataFrame | None) ->
     ex = ex.explode("sk").explode("me")
     got = (
         ex.join(m, left_on=["sk", "me"], right_on=["study_key", "entity_id"], how="inner")
-        .group_by("item_id").agg(mention_ids=pl.col("mention_id").unique().sort())
+        .group_by("item_id")
+        .agg(mention_ids=pl.col("mention_id").unique().sort())
     )
     return items.join(got, on="item_id", how="left").with_columns(
         pl.col("mention_ids").fill_null(pl.lit([], pl.List(pl.Utf8)))
@@ -628,12 +673,15 @@ def entity_attributes(
 
     full = lab.with_columns(change=pl.col("change") if "change" in lab.columns else pl.lit("none"))
     full = full.select("study_key", "patient_key", "family", "entity_id", "state", "change", "shard")
-    if entity_mentions is None or entity_mentions.height == 0 or any(
-        c not in entity_mentions.columns for c in (*_MENTION_COLUMNS, "text")
+    if (
+        entity_mentions is None
+        or entity_mentions.height == 0
+        or any(c not in entity_mentions.columns for c in (*_MENTION_COLUMNS, "text"))
     ):
         st = entity_states(full, pl.DataFrame(), ["present", "absent", "uncertain"])
         return st.select("study_key", "entity_id", "laterality", "severity", "anatomy", "mention_ids").with_columns(
-            type_word=pl.lit(None, pl.Utf8))
+            type_word=pl.lit(None, pl.Utf8)
+        )
     st = entity_states(full, entity_mentions, ["present", "absent", "uncertain"])
     st = st.select("study_key", "entity_id", "laterality", "severity", "anatomy", "mention_ids")
     if not type_keywords:
@@ -642,21 +690,44 @@ def entity_attributes(
     pattern = r"(?i)(?:^|[^\w-])(" + alternatives + r")(?:$|[^\w-])"
     texts = entity_mentions.select("mention_id", "text")
     words = (
-        st.select("study_key", "entity_id", "mention_ids").with_columns(order=pl.int_ranges(pl.col("mention_ids").list.len()))
-        .explode("mention_ids", "order").join(texts, left_on="mention_ids", right_on="mention_id", how="inner")
+        st.select("study_key", "entity_id", "mention_ids")
+        .with_columns(order=pl.int_ranges(pl.col("mention_ids").list.len()))
+        .explode("mention_ids", "order")
+        .join(texts, left_on="mention_ids", right_on="mention_id", how="inner")
         .with_columns(type_word=pl.col("text").str.extract(pattern, 1).str.to_lowercase())
-        .filter(pl.col("type_word").is_not_null()).sort("study_key", "entity_id", "order")
-        .group_by("study_key", "entity_id").agg(pl.col("type_word").first())
+        .filter(pl.col("type_word").is_not_null())
+        .sort("study_key", "entity_id", "order")
+        .group_by("study_key", "entity_id")
+        .agg(pl.col("type_word").first())
     )
     return st.join(words, on=["study_key", "entity_id"], how="left")
 
 
-_OPEN_COLUMNS = ("patient_key", "family", "entity_id", "shard", "pair_id", "study_key", "anchor", "study_keys",
-                 "question_type", "kind", "answer_text", "entity_ids")
+_OPEN_COLUMNS = (
+    "patient_key",
+    "family",
+    "entity_id",
+    "shard",
+    "pair_id",
+    "study_key",
+    "anchor",
+    "study_keys",
+    "question_type",
+    "kind",
+    "answer_text",
+    "entity_ids",
+)
 
 
-def _open_items(lab: pl.DataFrame, studies: pl.DataFrame, pairs: pl.DataFrame | None, views: pl.DataFrame | None,
-                attrs: pl.DataFrame, spec: dict, names: _NameTable) -> pl.DataFrame:
+def _open_items(
+    lab: pl.DataFrame,
+    studies: pl.DataFrame,
+    pairs: pl.DataFrame | None,
+    views: pl.DataFrame | None,
+    attrs: pl.DataFrame,
+    spec: dict,
+    names: _NameTable,
+) -> pl.DataFrame:
     """Open-ended candidate items (one per anchor, answer kind and subject), answers from the structured state.
 
     ``entity_id`` is the item's subject: the entity, or ``"*"`` for study- and pair-level questions; the answer
@@ -668,85 +739,181 @@ def _open_items(lab: pl.DataFrame, studies: pl.DataFrame, pairs: pl.DataFrame | 
     onto = names.ontology
     concepts = pl.DataFrame(
         [(c.id, c.category, c.anatomy_id if c.anatomy_id in onto.concepts else None) for c in onto.concepts.values()],
-        schema={"entity_id": pl.Utf8, "category": pl.Utf8, "concept_anatomy": pl.Utf8}, orient="row")
-    anatomy = pl.DataFrame([(a, names.anatomy_name(a)) for a, c in onto.concepts.items() if c.category == "anatomy"],
-                           schema={"anatomy_id": pl.Utf8, "anatomy_name": pl.Utf8}, orient="row")
-    study = dict(pair_id=pl.lit(None, pl.Utf8), study_key=pl.col("study_key"), anchor=pl.col("study_key"),
-                 study_keys=pl.concat_list("study_key"))
+        schema={"entity_id": pl.Utf8, "category": pl.Utf8, "concept_anatomy": pl.Utf8},
+        orient="row",
+    )
+    anatomy = pl.DataFrame(
+        [(a, names.anatomy_name(a)) for a, c in onto.concepts.items() if c.category == "anatomy"],
+        schema={"anatomy_id": pl.Utf8, "anatomy_name": pl.Utf8},
+        orient="row",
+    )
+    study = dict(
+        pair_id=pl.lit(None, pl.Utf8),
+        study_key=pl.col("study_key"),
+        anchor=pl.col("study_key"),
+        study_keys=pl.concat_list("study_key"),
+    )
     parts: list[pl.DataFrame] = []
 
     def add(df: pl.DataFrame, kind: str, answer: pl.Expr, entity_ids: pl.Expr, subject: pl.Expr, base: dict) -> None:
         if kind in kinds and df.height:
-            parts.append(df.select(
-                "patient_key", "family", "shard", **base, entity_id=subject,
-                question_type=pl.lit(OPEN_PREFIX + OPEN_ANSWERS[kind][0]), kind=pl.lit(kind),
-                answer_text=answer, entity_ids=entity_ids).select(_OPEN_COLUMNS))
+            parts.append(
+                df.select(
+                    "patient_key",
+                    "family",
+                    "shard",
+                    **base,
+                    entity_id=subject,
+                    question_type=pl.lit(OPEN_PREFIX + OPEN_ANSWERS[kind][0]),
+                    kind=pl.lit(kind),
+                    answer_text=answer,
+                    entity_ids=entity_ids,
+                ).select(_OPEN_COLUMNS)
+            )
 
     one = pl.concat_list(pl.col("entity_id"))
     ent = pl.col("entity_id")
-    st = (lab.join(attrs, on=["study_key", "entity_id"], how="left").join(concepts, on="entity_id", how="left")
-          .join(names.names, on=["family", "entity_id"], how="left"))
+    st = (
+        lab.join(attrs, on=["study_key", "entity_id"], how="left")
+        .join(concepts, on="entity_id", how="left")
+        .join(names.names, on=["family", "entity_id"], how="left")
+    )
     abnormal = st.filter(pl.col("category").is_in(["finding", "condition"]))
     present = st.filter(pl.col("state") == "present")
     keys = ["study_key", "patient_key", "family", "shard"]
-    found = (abnormal.filter(pl.col("state") == "present").sort("entity_name", "entity_id")
-             .group_by(keys, maintain_order=True).agg(names_=pl.col("entity_name"), ids=pl.col("entity_id")))
+    found = (
+        abnormal.filter(pl.col("state") == "present")
+        .sort("entity_name", "entity_id")
+        .group_by(keys, maintain_order=True)
+        .agg(names_=pl.col("entity_name"), ids=pl.col("entity_id"))
+    )
     add(found, "finding_list", pl.col("names_").list.join(ans["list_separator"]), pl.col("ids"), pl.lit("*"), study)
-    summary = abnormal.sort("entity_id").group_by(keys).agg(
-        n_present=(pl.col("state") == "present").sum(), n_uncertain=(pl.col("state") == "uncertain").sum(),
-        n_absent=(pl.col("state") == "absent").sum(), ids=pl.col("entity_id"))
+    summary = (
+        abnormal.sort("entity_id")
+        .group_by(keys)
+        .agg(
+            n_present=(pl.col("state") == "present").sum(),
+            n_uncertain=(pl.col("state") == "uncertain").sum(),
+            n_absent=(pl.col("state") == "absent").sum(),
+            ids=pl.col("entity_id"),
+        )
+    )
     summary = summary.filter((pl.col("n_present") > 0) | ((pl.col("n_uncertain") == 0) & (pl.col("n_absent") > 0)))
-    add(summary, "any_abnormality", pl.when(pl.col("n_present") > 0).then(pl.lit(yes)).otherwise(pl.lit(no)),
-        pl.col("ids"), pl.lit("*"), study)
+    add(
+        summary,
+        "any_abnormality",
+        pl.when(pl.col("n_present") > 0).then(pl.lit(yes)).otherwise(pl.lit(no)),
+        pl.col("ids"),
+        pl.lit("*"),
+        study,
+    )
     pa_ = st.filter(pl.col("state").is_in(["present", "absent"]))
-    add(pa_, "entity_presence", pl.when(pl.col("state") == "present").then(pl.lit(yes)).otherwise(pl.lit(no)),
-        one, ent, study)
+    add(
+        pa_,
+        "entity_presence",
+        pl.when(pl.col("state") == "present").then(pl.lit(yes)).otherwise(pl.lit(no)),
+        one,
+        ent,
+        study,
+    )
     lat = present.filter(pl.col("laterality").is_in(["left", "right", "bilateral"]))
-    add(lat, "bilateral", pl.when(pl.col("laterality") == "bilateral").then(pl.lit(yes)).otherwise(pl.lit(no)),
-        one, ent, study)
-    loc = (present.filter(pl.col("category") == "finding")
-           .with_columns(anatomy_id=pl.coalesce("anatomy", "concept_anatomy"))
-           .join(anatomy, on="anatomy_id", how="inner"))
-    add(loc, "location_text", pl.concat_str(pl.col("laterality").fill_null(""), pl.col("anatomy_name"),
-                                            separator=" ").str.strip_chars(),
-        pl.concat_list("entity_id", "anatomy_id"), ent, study)
+    add(
+        lat,
+        "bilateral",
+        pl.when(pl.col("laterality") == "bilateral").then(pl.lit(yes)).otherwise(pl.lit(no)),
+        one,
+        ent,
+        study,
+    )
+    loc = (
+        present.filter(pl.col("category") == "finding")
+        .with_columns(anatomy_id=pl.coalesce("anatomy", "concept_anatomy"))
+        .join(anatomy, on="anatomy_id", how="inner")
+    )
+    add(
+        loc,
+        "location_text",
+        pl.concat_str(pl.col("laterality").fill_null(""), pl.col("anatomy_name"), separator=" ").str.strip_chars(),
+        pl.concat_list("entity_id", "anatomy_id"),
+        ent,
+        study,
+    )
     add(present.filter(pl.col("severity").is_not_null()), "severity", pl.col("severity"), one, ent, study)
     add(present.filter(pl.col("type_word").is_not_null()), "type_word", pl.col("type_word"), one, ent, study)
     if views is not None and views.height and kinds & {"view_name", "is_pa", "is_ap"}:
-        v = (views.select("study_key", "view").filter(pl.col("view").is_not_null()).unique()
-             .filter(pl.len().over("study_key") == 1)
-             .join(studies.select("study_key", "patient_key", "family", "shard")
-                   .filter(pl.col("family").is_not_null()), on="study_key", how="inner"))
+        v = (
+            views.select("study_key", "view")
+            .filter(pl.col("view").is_not_null())
+            .unique()
+            .filter(pl.len().over("study_key") == 1)
+            .join(
+                studies.select("study_key", "patient_key", "family", "shard").filter(pl.col("family").is_not_null()),
+                on="study_key",
+                how="inner",
+            )
+        )
         none = pl.lit([], pl.List(pl.Utf8))
         named = v.filter(pl.col("view").is_in(list(ans["views"])))
-        add(named, "view_name", pl.col("view").replace_strict(ans["views"], return_dtype=pl.Utf8), none,
-            pl.lit("*"), study)
+        add(
+            named,
+            "view_name",
+            pl.col("view").replace_strict(ans["views"], return_dtype=pl.Utf8),
+            none,
+            pl.lit("*"),
+            study,
+        )
         frontal = v.filter(pl.col("view").is_in(["PA", "AP"]))
         for kind, value in (("is_pa", "PA"), ("is_ap", "AP")):
-            add(frontal, kind, pl.when(pl.col("view") == value).then(pl.lit(yes)).otherwise(pl.lit(no)), none,
-                pl.lit("*"), study)
+            add(
+                frontal,
+                kind,
+                pl.when(pl.col("view") == value).then(pl.lit(yes)).otherwise(pl.lit(no)),
+                none,
+                pl.lit("*"),
+                study,
+            )
     if pairs is not None and pairs.height and "change_summary" in kinds:
-        ch = (pairs.explode("change_labels").filter(pl.col("change_labels").is_not_null())
-              .with_columns(entity_id=pl.col("change_labels").struct.field("entity_id"),
-                            change=pl.col("change_labels").struct.field("change"))
-              .join(names.names, on=["family", "entity_id"], how="left")
-              .with_columns(phrase=pl.col("change").replace_strict(ans["changes"], default=None, return_dtype=pl.Utf8))
-              .with_columns(phrase=pl.col("phrase").str.replace_all("{entity}", pl.col("entity_name"), literal=True))
-              .sort("entity_name", "entity_id"))
-        by_pair = ch.group_by("pair_id", "patient_key", "family", "shard", "prior_study_key", "current_study_key",
-                              maintain_order=True).agg(
-            phrases=pl.col("phrase").drop_nulls(), changed=pl.col("entity_id").filter(pl.col("phrase").is_not_null()),
-            ids=pl.col("entity_id"))
-        pair = dict(study_key=pl.lit(None, pl.Utf8), anchor=pl.col("pair_id"),
-                    study_keys=pl.concat_list("prior_study_key", "current_study_key"))
-        add(by_pair.with_columns(pl.col("pair_id")), "change_summary",
-            pl.when(pl.col("phrases").list.len() > 0).then(pl.col("phrases").list.join("; "))
+        ch = (
+            pairs.explode("change_labels")
+            .filter(pl.col("change_labels").is_not_null())
+            .with_columns(
+                entity_id=pl.col("change_labels").struct.field("entity_id"),
+                change=pl.col("change_labels").struct.field("change"),
+            )
+            .join(names.names, on=["family", "entity_id"], how="left")
+            .with_columns(phrase=pl.col("change").replace_strict(ans["changes"], default=None, return_dtype=pl.Utf8))
+            .with_columns(phrase=pl.col("phrase").str.replace_all("{entity}", pl.col("entity_name"), literal=True))
+            .sort("entity_name", "entity_id")
+        )
+        by_pair = ch.group_by(
+            "pair_id", "patient_key", "family", "shard", "prior_study_key", "current_study_key", maintain_order=True
+        ).agg(
+            phrases=pl.col("phrase").drop_nulls(),
+            changed=pl.col("entity_id").filter(pl.col("phrase").is_not_null()),
+            ids=pl.col("entity_id"),
+        )
+        pair = dict(
+            study_key=pl.lit(None, pl.Utf8),
+            anchor=pl.col("pair_id"),
+            study_keys=pl.concat_list("prior_study_key", "current_study_key"),
+        )
+        add(
+            by_pair.with_columns(pl.col("pair_id")),
+            "change_summary",
+            pl.when(pl.col("phrases").list.len() > 0)
+            .then(pl.col("phrases").list.join("; "))
             .otherwise(pl.lit(ans["nothing_changed"])),
             pl.when(pl.col("changed").list.len() > 0).then(pl.col("changed")).otherwise(pl.col("ids")),
-            pl.lit("*"), {k: v for k, v in pair.items()} | {"pair_id": pl.col("pair_id")})
+            pl.lit("*"),
+            {k: v for k, v in pair.items()} | {"pair_id": pl.col("pair_id")},
+        )
     if not parts:
-        return pl.DataFrame(schema={c: (pl.List(pl.Utf8) if c in ("study_keys", "entity_ids") else
-                                        pl.Int32 if c == "shard" else pl.Utf8) for c in _OPEN_COLUMNS})
+        return pl.DataFrame(
+            schema={
+                c: (pl.List(pl.Utf8) if c in ("study_keys", "entity_ids") else pl.Int32 if c == "shard" else pl.Utf8)
+                for c in _OPEN_COLUMNS
+            }
+        )
     return pl.concat([p.with_columns(pl.col("shard").cast(pl.Int32)) for p in parts])
 
 
@@ -869,29 +1036,44 @@ def build_vqa(
             _require(pairs, _PAIR_COLUMNS, "pairs")
         if study_labels.height:
             _require(study_labels, _LABEL_COLUMNS, "study_labels")
-            unknown = study_labels.select("study_key").unique().join(studies.select("study_key"), on="study_key",
-                                                                     how="anti")
+            unknown = (
+                study_labels.select("study_key").unique().join(studies.select("study_key"), on="study_key", how="anti")
+            )
             if unknown.height:
                 raise VQAInputError("unknown_study", f"{unknown.height} labelled study(ies) are not in studies")
-        all_shards = pl.concat([studies.get_column("shard").cast(pl.Int64),
-                                *([pairs.get_column("shard").unique().cast(pl.Int64)] if pairs.height else [])])
+        all_shards = pl.concat(
+            [
+                studies.get_column("shard").cast(pl.Int64),
+                *([pairs.get_column("shard").unique().cast(pl.Int64)] if pairs.height else []),
+            ]
+        )
         groups = shard_groups(all_shards, max_studies)  # ascending: the groups' outputs concatenate in shard order
     if len(groups) <= 1:
-        return _build_vqa_group(pairs, study_labels, studies, splits, cfg, templates, ontology, entity_mentions,
-                                images)
+        return _build_vqa_group(pairs, study_labels, studies, splits, cfg, templates, ontology, entity_mentions, images)
     tables = []
     for group in groups:  # every patient lies in one shard: items, caps and yes/no balance are per shard
         keys = study_keys_of(studies, group)
-        tables.append(_build_vqa_group(
-            pairs.filter(pl.col("shard").is_in(group)) if pairs.height else pairs,
-            rows_of(study_labels, "study_key", keys), studies.filter(pl.col("shard").is_in(group)), splits, cfg,
-            templates, ontology, rows_of(entity_mentions, "study_key", keys), rows_of(images, "study_key", keys)))
+        tables.append(
+            _build_vqa_group(
+                pairs.filter(pl.col("shard").is_in(group)) if pairs.height else pairs,
+                rows_of(study_labels, "study_key", keys),
+                studies.filter(pl.col("shard").is_in(group)),
+                splits,
+                cfg,
+                templates,
+                ontology,
+                rows_of(entity_mentions, "study_key", keys),
+                rows_of(images, "study_key", keys),
+            )
+        )
     out = pa.concat_tables(tables)
     del tables
     ids = pl.from_arrow(out.column("item_id"))
     if ids.is_duplicated().any():
-        raise VQAInputError("duplicate_item", f"item {ids.filter(ids.is_duplicated())[0]} generated twice "
-                                              "(a study or pair under two shards)")
+        raise VQAInputError(
+            "duplicate_item",
+            f"item {ids.filter(ids.is_duplicated())[0]} generated twice (a study or pair under two shards)",
+        )
     return out
 
 
@@ -938,19 +1120,38 @@ def _build_vqa_group(
         labels = labels.filter(pl.col("state") != "not_mentioned")  # gives no item of any type
         lab = labels.join(studies.select(_STUDY_COLUMNS).filter(pl.col("family").is_not_null()), on="study_key")
         names.check(lab.select("family", "entity_id").unique())
-        base = dict(pair_id=pl.lit(None, pl.Utf8), anchor=pl.col("study_key"),
-                    study_keys=pl.concat_list(pl.col("study_key")))
+        base = dict(
+            pair_id=pl.lit(None, pl.Utf8), anchor=pl.col("study_key"), study_keys=pl.concat_list(pl.col("study_key"))
+        )
         if "presence" in types:
-            parts.append(lab.filter(pl.col("state").is_in(ANSWER_KEYS["presence"])).select(
-                "patient_key", "family", "entity_id", "shard", "study_key", **base,
-                question_type=pl.lit("presence"), answer_key=pl.col("state"),
-                entity_ids=pl.concat_list(pl.col("entity_id"))))
+            parts.append(
+                lab.filter(pl.col("state").is_in(ANSWER_KEYS["presence"])).select(
+                    "patient_key",
+                    "family",
+                    "entity_id",
+                    "shard",
+                    "study_key",
+                    **base,
+                    question_type=pl.lit("presence"),
+                    answer_key=pl.col("state"),
+                    entity_ids=pl.concat_list(pl.col("entity_id")),
+                )
+            )
         if "location" in types:
             loc = names.locatable().join(lab.filter(pl.col("state") == "present"), on=["family", "entity_id"])
-            parts.append(loc.select(
-                "patient_key", "family", "entity_id", "shard", "study_key", **base,
-                question_type=pl.lit("location"), answer_key=pl.col("anatomy_id"),
-                entity_ids=pl.concat_list("entity_id", "anatomy_id")))
+            parts.append(
+                loc.select(
+                    "patient_key",
+                    "family",
+                    "entity_id",
+                    "shard",
+                    "study_key",
+                    **base,
+                    question_type=pl.lit("location"),
+                    answer_key=pl.col("anatomy_id"),
+                    entity_ids=pl.concat_list("entity_id", "anatomy_id"),
+                )
+            )
         if templates["open_ended"]:
             attrs = entity_attributes(lab, entity_mentions, templates["type_keywords"])
             pr_open = None
@@ -964,33 +1165,70 @@ def _build_vqa_group(
         if bad_family:
             raise VQAInputError("unknown_family", f"family {sorted(bad_family)[0]!r} is not in the ontology")
         pr = pairs.select(_PAIR_COLUMNS)
-        base = dict(study_key=pl.lit(None, pl.Utf8), anchor=pl.col("pair_id"),
-                    study_keys=pl.concat_list("prior_study_key", "current_study_key"))
+        base = dict(
+            study_key=pl.lit(None, pl.Utf8),
+            anchor=pl.col("pair_id"),
+            study_keys=pl.concat_list("prior_study_key", "current_study_key"),
+        )
         if "change" in types:
-            ch = pr.explode("change_labels").filter(pl.col("change_labels").is_not_null()).with_columns(
-                entity_id=pl.col("change_labels").struct.field("entity_id"),
-                answer_key=pl.col("change_labels").struct.field("change"))
+            ch = (
+                pr.explode("change_labels")
+                .filter(pl.col("change_labels").is_not_null())
+                .with_columns(
+                    entity_id=pl.col("change_labels").struct.field("entity_id"),
+                    answer_key=pl.col("change_labels").struct.field("change"),
+                )
+            )
             bad = set(ch.get_column("answer_key").unique().to_list()) - (
-                set(types["change"]["options"]) & set(ANSWER_KEYS["change"]))
+                set(types["change"]["options"]) & set(ANSWER_KEYS["change"])
+            )
             if bad:
                 raise VQAInputError("unknown_change", f"pair change label {sorted(bad)[0]!r} has no option text")
             names.check(ch.select("family", "entity_id").unique())
-            parts.append(ch.select("patient_key", "family", "entity_id", "shard", "pair_id", **{
-                k: v for k, v in base.items() if k != "pair_id"}, question_type=pl.lit("change"),
-                answer_key="answer_key", entity_ids=pl.concat_list(pl.col("entity_id"))))
+            parts.append(
+                ch.select(
+                    "patient_key",
+                    "family",
+                    "entity_id",
+                    "shard",
+                    "pair_id",
+                    **{k: v for k, v in base.items() if k != "pair_id"},
+                    question_type=pl.lit("change"),
+                    answer_key="answer_key",
+                    entity_ids=pl.concat_list(pl.col("entity_id")),
+                )
+            )
         if "comparison_presence" in types:
-            both = pr.join(labels.rename({"study_key": "prior_study_key", "state": "prior_state"}),
-                           on="prior_study_key").join(
+            both = pr.join(
+                labels.rename({"study_key": "prior_study_key", "state": "prior_state"}), on="prior_study_key"
+            ).join(
                 labels.rename({"study_key": "current_study_key", "state": "current_state"}),
-                on=["current_study_key", "entity_id"])
+                on=["current_study_key", "entity_id"],
+            )
             key = pl.concat_str("prior_state", "current_state", separator="|").replace_strict(
-                {"present|absent": "prior_only", "absent|present": "current_only", "present|present": "both",
-                 "absent|absent": "neither"}, default=None)
+                {
+                    "present|absent": "prior_only",
+                    "absent|present": "current_only",
+                    "present|present": "both",
+                    "absent|absent": "neither",
+                },
+                default=None,
+            )
             cp = both.with_columns(answer_key=key).filter(pl.col("answer_key").is_not_null())
             names.check(cp.select("family", "entity_id").unique())
-            parts.append(cp.select("patient_key", "family", "entity_id", "shard", "pair_id", **{
-                k: v for k, v in base.items() if k != "pair_id"}, question_type=pl.lit("comparison_presence"),
-                answer_key="answer_key", entity_ids=pl.concat_list(pl.col("entity_id"))))
+            parts.append(
+                cp.select(
+                    "patient_key",
+                    "family",
+                    "entity_id",
+                    "shard",
+                    "pair_id",
+                    **{k: v for k, v in base.items() if k != "pair_id"},
+                    question_type=pl.lit("comparison_presence"),
+                    answer_key="answer_key",
+                    entity_ids=pl.concat_list(pl.col("entity_id")),
+                )
+            )
     parts = [x.select(_ITEM_COLUMNS) for x in parts if x.height]
     open_items = pl.concat(open_parts) if open_parts else pl.DataFrame()
     if not parts and open_items.height == 0:
@@ -1000,17 +1238,23 @@ def _build_vqa_group(
         items = pl.concat(parts)
         items = items.with_columns(item_id=item_ids(items, "anchor", "question_type", "entity_id"))
         items = _questions(items, types, names).with_columns(
-            kind=pl.lit(None, pl.Utf8), answer_format=pl.lit("multiple_choice"), yes_no=pl.lit(False),
-            mention_entities=pl.concat_list("entity_id"))
+            kind=pl.lit(None, pl.Utf8),
+            answer_format=pl.lit("multiple_choice"),
+            yes_no=pl.lit(False),
+            mention_entities=pl.concat_list("entity_id"),
+        )
         frames.append(items)
     if open_items.height:
         names.check(open_items.filter(pl.col("entity_id") != "*").select("family", "entity_id").unique())
-        op = open_items.with_columns(item_id=item_ids(open_items, "anchor", "question_type", "entity_id", "kind"),
-                                     answer_key=pl.lit(None, pl.Utf8))
+        op = open_items.with_columns(
+            item_id=item_ids(open_items, "anchor", "question_type", "entity_id", "kind"),
+            answer_key=pl.lit(None, pl.Utf8),
+        )
         op = _open_questions(op, templates, names).with_columns(
             answer_format=pl.lit("open_ended"),
             yes_no=pl.col("kind").replace_strict({k: v[2] for k, v in OPEN_ANSWERS.items()}, return_dtype=pl.Boolean),
-            mention_entities=pl.col("entity_ids"))
+            mention_entities=pl.col("entity_ids"),
+        )
         frames.append(op.select(frames[0].columns) if frames else op)
     items = pl.concat(frames, how="vertical_relaxed")
     items = items.join(split_of, on="patient_key", how="left")
@@ -1032,7 +1276,8 @@ def _cap(items: pl.DataFrame, cap: int) -> pl.DataFrame:
     type's items in item_id order (multiple-choice and open-ended items are capped separately)."""
     group = ["anchor", "answer_format"] if "answer_format" in items.columns else ["anchor"]
     keep = (  # decided on the key columns alone, then applied to the wide rows
-        items.select(*group, "type_order", "item_id").with_row_index("_row")
+        items.select(*group, "type_order", "item_id")
+        .with_row_index("_row")
         .sort(*group, "type_order", "item_id")
         .with_columns(_round=pl.int_range(pl.len()).over(*group, "type_order"))
         .sort(*group, "_round", "type_order")
@@ -1043,8 +1288,9 @@ def _cap(items: pl.DataFrame, cap: int) -> pl.DataFrame:
     return items[keep]
 
 
-def _finish(items: pl.DataFrame, types: dict, n: int, names: _NameTable,
-            entity_mentions: pl.DataFrame | None) -> pa.Table:
+def _finish(
+    items: pl.DataFrame, types: dict, n: int, names: _NameTable, entity_mentions: pl.DataFrame | None
+) -> pa.Table:
     """Options and letters of the multiple-choice items, empty ones for open-ended items, mentions, schema."""
     mc = items.filter(pl.col("answer_format") == "multiple_choice")
     op = items.filter(pl.col("answer_format") == "open_ended")
@@ -1052,8 +1298,13 @@ def _finish(items: pl.DataFrame, types: dict, n: int, names: _NameTable,
     if mc.height:
         frames.append(_render_options(mc, types, n, names))
     if op.height:
-        frames.append(op.with_columns(option_keys=pl.lit([], pl.List(pl.Utf8)), options=pl.lit([], pl.List(pl.Utf8)),
-                                      answer=pl.lit(None, pl.Utf8)))
+        frames.append(
+            op.with_columns(
+                option_keys=pl.lit([], pl.List(pl.Utf8)),
+                options=pl.lit([], pl.List(pl.Utf8)),
+                answer=pl.lit(None, pl.Utf8),
+            )
+        )
     if not frames:
         return SCHEMA.empty_table()
     out = pl.concat([f.select(frames[0].columns) for f in frames]).sort("shard", "item_id")
@@ -1064,15 +1315,17 @@ def _finish(items: pl.DataFrame, types: dict, n: int, names: _NameTable,
     return out.select(SCHEMA.names).to_arrow().cast(SCHEMA)
 
 
-
 # --------------------------------------------------------------------------------------------- two cases
 
 
 def _describe(state: pl.Expr, severity: pl.Expr, laterality: pl.Expr, name: pl.Expr) -> pl.Expr:
-    """"<severity> <laterality> <entity>" for a present entity, "no <entity>" for an absent one."""
+    """ "<severity> <laterality> <entity>" for a present entity, "no <entity>" for an absent one."""
     present = pl.concat_str(severity.fill_null(""), laterality.fill_null(""), name, separator=" ")
-    return (pl.when(state == "present").then(present.str.replace_all(r"\s+", " ").str.strip_chars())
-            .otherwise(pl.concat_str(pl.lit("no "), name)))
+    return (
+        pl.when(state == "present")
+        .then(present.str.replace_all(r"\s+", " ").str.strip_chars())
+        .otherwise(pl.concat_str(pl.lit("no "), name))
+    )
 
 
 def build_case_comparison_vqa(
@@ -1146,59 +1399,119 @@ def build_case_comparison_vqa(
         return SCHEMA.empty_table()
     names = _NameTable(ontology)
     refs = retrieval_targets.filter((pl.col("rank") == 1) & (pl.col("state") == "present")).select(
-        pl.col("query_study_key").alias("q"), pl.col("candidate_study_key").alias("r"),
-        pl.col("entity_id").alias("link"), "family", "split", pl.col("query_patient_key").alias("patient_key"),
-        "shard")
+        pl.col("query_study_key").alias("q"),
+        pl.col("candidate_study_key").alias("r"),
+        pl.col("entity_id").alias("link"),
+        "family",
+        "split",
+        pl.col("query_patient_key").alias("patient_key"),
+        "shard",
+    )
     st = entity_states(study_labels, entity_mentions, ["present", "absent"]).select(
-        "study_key", "entity_id", "state", "severity", "laterality", "mention_ids")
+        "study_key", "entity_id", "state", "severity", "laterality", "mention_ids"
+    )
     grades = pl.DataFrame({"sev": list(severity_grades), "g": [float(v) for v in severity_grades.values()]})
     groups = shard_groups(refs.get_column("shard").cast(pl.Int64), max_queries) if refs.height else []
     tables = []
     for group in groups:  # items are per (query, reference) anchor: built group by group of the queries' shards
         g_refs = refs.filter(pl.col("shard").is_in(group)) if len(groups) > 1 else refs
-        g_st = st.filter(pl.col("study_key").is_in(pl.concat([g_refs.get_column("q"), g_refs.get_column("r")])
-                                                   .unique().implode())) if len(groups) > 1 else st
+        g_st = (
+            st.filter(
+                pl.col("study_key").is_in(
+                    pl.concat([g_refs.get_column("q"), g_refs.get_column("r")]).unique().implode()
+                )
+            )
+            if len(groups) > 1
+            else st
+        )
         tables.append(_case_items(g_refs, g_st, grades, types, templates, cfg, names))
     tables = [t for t in tables if t.num_rows]
     return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
 
-def _case_items(refs: pl.DataFrame, st: pl.DataFrame, grades: pl.DataFrame, types: dict, templates: dict,
-                cfg: VQAConfig, names: _NameTable) -> pa.Table:
+def _case_items(
+    refs: pl.DataFrame,
+    st: pl.DataFrame,
+    grades: pl.DataFrame,
+    types: dict,
+    templates: dict,
+    cfg: VQAConfig,
+    names: _NameTable,
+) -> pa.Table:
     """Two-case items of ``refs`` (rank-1 references) from the entity states ``st``: :func:`build_case_comparison_vqa`
     on one group of query shards, sorted by ``shard``, then ``item_id``."""
     q_st = st.rename({c: f"q_{c}" for c in st.columns if c not in ("entity_id",)})
     r_st = st.rename({c: f"r_{c}" for c in st.columns if c not in ("entity_id",)})
     parts = []
-    linked = (refs.with_columns(entity_id=pl.col("link"))
-              .join(q_st, left_on=["q", "entity_id"], right_on=["q_study_key", "entity_id"])
-              .join(r_st, left_on=["r", "entity_id"], right_on=["r_study_key", "entity_id"]))
+    linked = (
+        refs.with_columns(entity_id=pl.col("link"))
+        .join(q_st, left_on=["q", "entity_id"], right_on=["q_study_key", "entity_id"])
+        .join(r_st, left_on=["r", "entity_id"], right_on=["r_study_key", "entity_id"])
+    )
     if "case_severity" in types:
-        sev = (linked.join(grades.rename({"sev": "q_severity", "g": "qg"}), on="q_severity")
-               .join(grades.rename({"sev": "r_severity", "g": "rg"}), on="r_severity"))
-        parts.append(sev.with_columns(question_type=pl.lit("case_severity"), answer_key=pl.when(pl.col("qg") > pl.col("rg"))
-                                      .then(pl.lit("more_severe")).when(pl.col("qg") < pl.col("rg"))
-                                      .then(pl.lit("less_severe")).otherwise(pl.lit("same_severity"))))
+        sev = linked.join(grades.rename({"sev": "q_severity", "g": "qg"}), on="q_severity").join(
+            grades.rename({"sev": "r_severity", "g": "rg"}), on="r_severity"
+        )
+        parts.append(
+            sev.with_columns(
+                question_type=pl.lit("case_severity"),
+                answer_key=pl.when(pl.col("qg") > pl.col("rg"))
+                .then(pl.lit("more_severe"))
+                .when(pl.col("qg") < pl.col("rg"))
+                .then(pl.lit("less_severe"))
+                .otherwise(pl.lit("same_severity")),
+            )
+        )
     if "case_laterality" in types:
         sides = ["left", "right", "bilateral"]
         lat = linked.filter(pl.col("q_laterality").is_in(sides) & pl.col("r_laterality").is_in(sides))
-        key = (pl.when(pl.col("q_laterality") == pl.col("r_laterality")).then(pl.lit("same_side"))
-               .when(pl.col("q_laterality") == "bilateral").then(pl.lit("query_bilateral"))
-               .when(pl.col("r_laterality") == "bilateral").then(pl.lit("reference_bilateral"))
-               .otherwise(pl.lit("opposite_side")))
+        key = (
+            pl.when(pl.col("q_laterality") == pl.col("r_laterality"))
+            .then(pl.lit("same_side"))
+            .when(pl.col("q_laterality") == "bilateral")
+            .then(pl.lit("query_bilateral"))
+            .when(pl.col("r_laterality") == "bilateral")
+            .then(pl.lit("reference_bilateral"))
+            .otherwise(pl.lit("opposite_side"))
+        )
         parts.append(lat.with_columns(question_type=pl.lit("case_laterality"), answer_key=key))
     if "case_presence" in types:
         anchors = refs.sort("link").unique(["q", "r"], keep="first", maintain_order=True)
-        both = (anchors.join(q_st, left_on="q", right_on="q_study_key")
-                .join(r_st, left_on=["r", "entity_id"], right_on=["r_study_key", "entity_id"])
-                .filter(pl.col("entity_id") != pl.col("link")))
+        both = (
+            anchors.join(q_st, left_on="q", right_on="q_study_key")
+            .join(r_st, left_on=["r", "entity_id"], right_on=["r_study_key", "entity_id"])
+            .filter(pl.col("entity_id") != pl.col("link"))
+        )
         key = pl.concat_str("q_state", "r_state", separator="|").replace_strict(
-            {"present|absent": "query_only", "absent|present": "reference_only", "present|present": "both",
-             "absent|absent": "neither"}, default=None)
+            {
+                "present|absent": "query_only",
+                "absent|present": "reference_only",
+                "present|present": "both",
+                "absent|absent": "neither",
+            },
+            default=None,
+        )
         parts.append(both.with_columns(question_type=pl.lit("case_presence"), answer_key=key))
-    cols = ["q", "r", "link", "entity_id", "family", "split", "patient_key", "shard", "question_type", "answer_key",
-            "q_state", "r_state", "q_severity", "r_severity", "q_laterality", "r_laterality", "q_mention_ids",
-            "r_mention_ids"]
+    cols = [
+        "q",
+        "r",
+        "link",
+        "entity_id",
+        "family",
+        "split",
+        "patient_key",
+        "shard",
+        "question_type",
+        "answer_key",
+        "q_state",
+        "r_state",
+        "q_severity",
+        "r_severity",
+        "q_laterality",
+        "r_laterality",
+        "q_mention_ids",
+        "r_mention_ids",
+    ]
     parts = [p.select(cols) for p in parts if p.height]
     if not parts:
         return SCHEMA.empty_table()
@@ -1206,25 +1519,38 @@ def _case_items(refs: pl.DataFrame, st: pl.DataFrame, grades: pl.DataFrame, type
     names.check(items.select("family", "entity_id").unique())
     items = items.with_columns(anchor=pl.concat_str("q", "r", separator="|"))
     order = {t: i for i, t in enumerate(types)}
-    items = items.with_columns(item_id=item_ids(items, "anchor", "question_type", "entity_id"),
-                               type_order=pl.col("question_type").replace_strict(order, return_dtype=pl.Int32))
+    items = items.with_columns(
+        item_id=item_ids(items, "anchor", "question_type", "entity_id"),
+        type_order=pl.col("question_type").replace_strict(order, return_dtype=pl.Int32),
+    )
     items = _questions(items, types, names).join(names.names, on=["family", "entity_id"], how="left")
     reason = templates["case_reason"].split("{query}")
     before, rest = reason[0], reason[1].split("{reference}")
-    items = items.with_columns(reason=pl.concat_str(
-        pl.lit(before), _describe(pl.col("q_state"), pl.col("q_severity"), pl.col("q_laterality"), pl.col("entity_name")),
-        pl.lit(rest[0]), _describe(pl.col("r_state"), pl.col("r_severity"), pl.col("r_laterality"), pl.col("entity_name")),
-        pl.lit(rest[1])))
+    items = items.with_columns(
+        reason=pl.concat_str(
+            pl.lit(before),
+            _describe(pl.col("q_state"), pl.col("q_severity"), pl.col("q_laterality"), pl.col("entity_name")),
+            pl.lit(rest[0]),
+            _describe(pl.col("r_state"), pl.col("r_severity"), pl.col("r_laterality"), pl.col("entity_name")),
+            pl.lit(rest[1]),
+        )
+    )
     items = items.filter(~_contains_answer(items))
     items = _cap(items, cfg.max_items_per_pair)
     if items.height == 0:
         return SCHEMA.empty_table()
     items = _render_options(items, types, cfg.n_options, names)
     out = items.with_columns(
-        pair_id=pl.lit(None, pl.Utf8), study_key=pl.col("q"), reference_study_key=pl.col("r"),
-        study_keys=pl.concat_list("r", "q"), answer_format=pl.lit("multiple_choice"),
-        entity_ids=pl.when(pl.col("question_type") == "case_presence").then(pl.concat_list("entity_id", "link"))
+        pair_id=pl.lit(None, pl.Utf8),
+        study_key=pl.col("q"),
+        reference_study_key=pl.col("r"),
+        study_keys=pl.concat_list("r", "q"),
+        answer_format=pl.lit("multiple_choice"),
+        entity_ids=pl.when(pl.col("question_type") == "case_presence")
+        .then(pl.concat_list("entity_id", "link"))
         .otherwise(pl.concat_list("entity_id")),
         mention_ids=pl.concat_list(pl.col("q_mention_ids").fill_null([]), pl.col("r_mention_ids").fill_null([]))
-        .list.unique().list.sort())
+        .list.unique()
+        .list.sort(),
+    )
     return out.sort("shard", "item_id").select(SCHEMA.names).to_arrow().cast(SCHEMA)

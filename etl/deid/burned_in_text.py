@@ -52,8 +52,12 @@ from schemas.errors import ReasonCodedError
 
 TEXT_POLICY_FILE = PROJECT_ROOT / "schemas" / "deid" / "burned_in_text.yaml"
 #: where Debian's tesseract-ocr-eng puts its language data (TESSDATA_PREFIX wins)
-TESSDATA_DIRS = ("/usr/share/tesseract-ocr/5/tessdata", "/usr/share/tesseract-ocr/4.00/tessdata",
-                 "/usr/share/tessdata", "/usr/local/share/tessdata")
+TESSDATA_DIRS = (
+    "/usr/share/tesseract-ocr/5/tessdata",
+    "/usr/share/tesseract-ocr/4.00/tessdata",
+    "/usr/share/tessdata",
+    "/usr/local/share/tessdata",
+)
 _MONTHS = "JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()
 
 
@@ -64,6 +68,7 @@ class BurnedInTextError(ReasonCodedError):
 
 
 # ---- policy ----------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TextPolicy:
@@ -126,30 +131,55 @@ def load_text_policy(path: str | None = None) -> TextPolicy:
     try:
         lay, rec = data["layout"], data["recognition"]
         return TextPolicy(
-            version=str(data["version"]), language=str(data["language"]), psm=int(rec["page_segmentation_mode"]),
-            layout_psm=int(lay["page_segmentation_mode"]), layout_max_side_px=int(lay["max_side_px"]),
-            layout_upscale_below_px=int(lay["upscale_below_px"]), layout_upscale=int(lay["upscale"]),
-            tophat_px=int(data["tophat_px"]), tophat_gain=float(data["tophat_gain"]), min_ink=float(data["min_ink"]), layout_vertical=bool(lay["vertical"]), layout_extend_max=float(lay["extend_max"]),
-            layout_vertical_side_band=float(lay["vertical_side_band"]), display_fallback=bool(rec["display_fallback"]),
-            min_line_px=int(lay["min_line_px"]), max_line_px=int(lay["max_line_px"]), pad_px=int(lay["pad_px"]),
-            pad_fraction=float(lay["pad_fraction"]), target_line_px=int(rec["target_line_px"]),
-            max_upscale=float(rec["max_upscale"]), min_side_px=int(data["min_side_px"]),
-            max_frames_each=int(data["max_frames_each"]), sample_frames=int(data["sample_frames"]),
-            max_pixels=int(data["max_pixels"]), word=dict(data["word"]), line=dict(data["line"]),
-            phi=dict(data["phi"]), join_gap=float(data["join_gap"]),
-            extend_gap=float(data["extend_gap"]), extend_max=float(data["extend_max"]),
-            max_height_ratio=float(data["max_height_ratio"]), min_join_confidence=float(data["min_join_confidence"]),
+            version=str(data["version"]),
+            language=str(data["language"]),
+            psm=int(rec["page_segmentation_mode"]),
+            layout_psm=int(lay["page_segmentation_mode"]),
+            layout_max_side_px=int(lay["max_side_px"]),
+            layout_upscale_below_px=int(lay["upscale_below_px"]),
+            layout_upscale=int(lay["upscale"]),
+            tophat_px=int(data["tophat_px"]),
+            tophat_gain=float(data["tophat_gain"]),
+            min_ink=float(data["min_ink"]),
+            layout_vertical=bool(lay["vertical"]),
+            layout_extend_max=float(lay["extend_max"]),
+            layout_vertical_side_band=float(lay["vertical_side_band"]),
+            display_fallback=bool(rec["display_fallback"]),
+            min_line_px=int(lay["min_line_px"]),
+            max_line_px=int(lay["max_line_px"]),
+            pad_px=int(lay["pad_px"]),
+            pad_fraction=float(lay["pad_fraction"]),
+            target_line_px=int(rec["target_line_px"]),
+            max_upscale=float(rec["max_upscale"]),
+            min_side_px=int(data["min_side_px"]),
+            max_frames_each=int(data["max_frames_each"]),
+            sample_frames=int(data["sample_frames"]),
+            max_pixels=int(data["max_pixels"]),
+            word=dict(data["word"]),
+            line=dict(data["line"]),
+            phi=dict(data["phi"]),
+            join_gap=float(data["join_gap"]),
+            extend_gap=float(data["extend_gap"]),
+            extend_max=float(data["extend_max"]),
+            max_height_ratio=float(data["max_height_ratio"]),
+            min_join_confidence=float(data["min_join_confidence"]),
             margin_px=int(data["margin_px"]),
             margin_fraction=float(data["margin_fraction"]),
-            allow_list=frozenset(_norm(w) for w in data["allow_list"]), verify=dict(data["verify"]),
-            unreadable=dict(data["unreadable"]), max_line_growth=float(data["max_line_growth"]),
-            trim=dict(data["trim"]), bridge=dict(data["bridge"]),
-            value=dict(data["value"]), second_look=dict(data["second_look"]))
+            allow_list=frozenset(_norm(w) for w in data["allow_list"]),
+            verify=dict(data["verify"]),
+            unreadable=dict(data["unreadable"]),
+            max_line_growth=float(data["max_line_growth"]),
+            trim=dict(data["trim"]),
+            bridge=dict(data["bridge"]),
+            value=dict(data["value"]),
+            second_look=dict(data["second_look"]),
+        )
     except (KeyError, TypeError, ValueError) as err:
         raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
 
 
 # ---- OCR engine ------------------------------------------------------------------------------------------
+
 
 def tessdata_dir() -> str | None:
     """The folder holding ``eng.traineddata`` (``TESSDATA_PREFIX`` first, then Debian's paths), or None."""
@@ -167,8 +197,10 @@ def ocr_available() -> str | None:
     except ImportError:
         return "the Python package tesserocr is not installed (pip install tesserocr, see constraints)"
     if tessdata_dir() is None:
-        return ("Tesseract's English language data (eng.traineddata, Debian package tesseract-ocr-eng) is not "
-                "installed: run `make tools`")
+        return (
+            "Tesseract's English language data (eng.traineddata, Debian package tesseract-ocr-eng) is not "
+            "installed: run `make tools`"
+        )
     return None
 
 
@@ -189,8 +221,7 @@ class _Engine:
             # Leptonica's own stderr lines ("Error in pixScanForForeground: invalid box", for an empty crop) are
             # not failures of ours: every outcome is judged from the API's results (process-wide setting)
             tesserocr.set_leptonica_log_level(tesserocr.LeptLogLevel.NONE)
-            api = tesserocr.PyTessBaseAPI(path=tessdata_dir(), lang=policy.language,
-                                          psm=policy.psm)
+            api = tesserocr.PyTessBaseAPI(path=tessdata_dir(), lang=policy.language, psm=policy.psm)
             cls._local.api = api
         return api
 
@@ -220,8 +251,10 @@ def ocr_words(page: np.ndarray, policy: TextPolicy, scale: float, vertical: bool
     img = np.ascontiguousarray(np.rot90(page, -1)) if vertical else page
     im = Image.fromarray(img)
     if scale != 1.0:
-        im = im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale))),
-                       Image.Resampling.BICUBIC if scale > 1 else Image.Resampling.BOX)
+        im = im.resize(
+            (max(1, round(im.width * scale)), max(1, round(im.height * scale))),
+            Image.Resampling.BICUBIC if scale > 1 else Image.Resampling.BOX,
+        )
     api = _Engine.api(policy)
     api.SetPageSegMode(policy.psm)
     api.SetImage(im)
@@ -238,8 +271,12 @@ def ocr_words(page: np.ndarray, policy: TextPolicy, scale: float, vertical: bool
             continue
         if not text or not text.strip() or bb is None:
             continue
-        x0, y0, x1, y1 = (int(np.floor(bb[0] / scale)), int(np.floor(bb[1] / scale)),
-                          int(np.ceil(bb[2] / scale)), int(np.ceil(bb[3] / scale)))
+        x0, y0, x1, y1 = (
+            int(np.floor(bb[0] / scale)),
+            int(np.floor(bb[1] / scale)),
+            int(np.ceil(bb[2] / scale)),
+            int(np.ceil(bb[3] / scale)),
+        )
         if vertical:  # turned clockwise: (r', c') = (c, rows - 1 - r)
             x0, y0, x1, y1 = y0, rows - x1, y1, rows - x0
         out.append(Word(text.strip(), conf, (max(0, x0), max(0, y0), min(cols, x1), min(rows, y1)), vertical))
@@ -273,6 +310,7 @@ def layout_lines(page: np.ndarray, policy: TextPolicy, thresholding: int = 0) ->
 
 
 # ---- display and views -----------------------------------------------------------------------------------
+
 
 def _first(v: Any) -> float:
     try:
@@ -321,6 +359,7 @@ def display_frames(ds, arr: np.ndarray) -> np.ndarray:
 
 # ---- header PHI tokens -----------------------------------------------------------------------------------
 
+
 def _norm(text: str) -> str:
     """Upper case, letters and digits only."""
     return re.sub(r"[^0-9A-Z]", "", text.upper())
@@ -334,9 +373,18 @@ def _date_forms(d: str) -> set[str]:
     if not (1 <= int(m) <= 12):
         return {d}
     mon = _MONTHS[int(m) - 1]
-    forms = {d, m + dd + y, dd + m + y, dd + mon + y, m + dd + y[2:], dd + m + y[2:],
-             str(int(m)) + str(int(dd)) + y[2:], str(int(dd)) + str(int(m)) + y[2:],
-             str(int(m)) + str(int(dd)) + y, dd + mon + y[2:]}
+    forms = {
+        d,
+        m + dd + y,
+        dd + m + y,
+        dd + mon + y,
+        m + dd + y[2:],
+        dd + m + y[2:],
+        str(int(m)) + str(int(dd)) + y[2:],
+        str(int(dd)) + str(int(m)) + y[2:],
+        str(int(m)) + str(int(dd)) + y,
+        dd + mon + y[2:],
+    }
     return {f for f in forms if len(f) >= 4}
 
 
@@ -358,6 +406,7 @@ class PhiTokens:
     def from_dataset(cls, ds, min_chars: int = 2, labels: frozenset[str] = frozenset()) -> PhiTokens:
         """The tokens of ``ds``'s header; ``labels`` (normalised words such as ``DOB``, ``MRN``: the labels of
         PHI fields written before their value, policy ``phi.labels``) match as PHI too."""
+
         def s(kw: str) -> str:
             v = ds.get(kw)
             if v is None:
@@ -365,8 +414,15 @@ class PhiTokens:
             return " ".join(str(x) for x in v) if type(v).__name__ == "MultiValue" else str(v)
 
         toks: set[str] = set()
-        for kw in ("PatientName", "OtherPatientNames", "PatientBirthName", "PatientMotherBirthName",
-                   "ReferringPhysicianName", "PerformingPhysicianName", "OperatorsName"):
+        for kw in (
+            "PatientName",
+            "OtherPatientNames",
+            "PatientBirthName",
+            "PatientMotherBirthName",
+            "ReferringPhysicianName",
+            "PerformingPhysicianName",
+            "OperatorsName",
+        ):
             for part in re.split(r"[\^=\s,]+", s(kw)):
                 toks.add(_norm(part))
         for kw in ("PatientID", "OtherPatientIDs", "AccessionNumber", "StudyID", "IssuerOfPatientID"):
@@ -402,12 +458,18 @@ class PhiTokens:
         digits = re.sub(r"\D", "", w)
         if w in self.tokens or (len(digits) >= 4 and digits in self.tokens):
             return True
-        if len(digits) >= 6 and any(len(t) == len(digits) and t.isdigit()
-                                    and sum(a != b for a, b in zip(t, digits)) <= 2 for t in self.tokens):
+        if len(digits) >= 6 and any(
+            len(t) == len(digits) and t.isdigit() and sum(a != b for a, b in zip(t, digits)) <= 2 for t in self.tokens
+        ):
             return True  # a date or ID with two digits misread (0/8, 1/7, 0/6 ...)
-        if len(digits) >= 5 and len(digits) >= len(w) - 1 and any(
+        if (
+            len(digits) >= 5
+            and len(digits) >= len(w) - 1
+            and any(
                 len(t) >= len(digits) + 2 and t.isdigit() and (t.startswith(digits) or t.endswith(digits))
-                for t in self.tokens):
+                for t in self.tokens
+            )
+        ):
             return True  # a date or ID read in part ("04.21.1" of 04.21.1967: its last glyphs faint or cut)
         if w in self.labels:
             return True  # the label of a PHI field ("DOB", "MRN"): its value follows on the line
@@ -433,10 +495,11 @@ def _one_edit(a: str, b: str) -> bool:
     i = 0
     while i < len(a) and a[i] == b[i]:
         i += 1
-    return a[i + 1:] == b[i + 1:] if len(a) == len(b) else a[i:] == b[i + 1:]
+    return a[i + 1 :] == b[i + 1 :] if len(a) == len(b) else a[i:] == b[i + 1 :]
 
 
 # ---- lines and decisions ---------------------------------------------------------------------------------
+
 
 @dataclass
 class TextLine:
@@ -486,8 +549,12 @@ def group_lines(words: list[Word], join_gap: float, max_height_ratio: float = 1.
     groups = [[words[i] for i in g] for g in components(n, edges)]
     lines = []
     for ws in groups:
-        box = (min(w.box[0] for w in ws), min(w.box[1] for w in ws), max(w.box[2] for w in ws),
-               max(w.box[3] for w in ws))
+        box = (
+            min(w.box[0] for w in ws),
+            min(w.box[1] for w in ws),
+            max(w.box[2] for w in ws),
+            max(w.box[3] for w in ws),
+        )
         lines.append(TextLine(ws, box, ws[0].vertical))
     return lines
 
@@ -507,14 +574,18 @@ def classify(line: TextLine, policy: TextPolicy, phi: PhiTokens, *, verify: bool
     if any(phi.matches(w.text, fuzzy) for w in sure) or any(phi.matches(t, fuzzy) for t in pairs):
         line.reason = "phi"
     elif any(w.conf >= w_conf and len(_norm(w.text)) >= w_chars for w in line.words) or any(
-            w.conf >= policy.word["short_min_confidence"] and len(_norm(w.text)) >= policy.word["short_min_chars"]
-            for w in line.words):
+        w.conf >= policy.word["short_min_confidence"] and len(_norm(w.text)) >= policy.word["short_min_chars"]
+        for w in line.words
+    ):
         line.reason = "word"
     else:
         good = [w for w in line.words if len(_norm(w.text)) >= 2 and w.conf >= policy.line["min_word_confidence"]]
         chars = sum(len(_norm(w.text)) for w in good)
-        if good and chars >= policy.line["min_chars"] and (
-                sum(w.conf for w in good) / len(good)) >= policy.line["min_mean_confidence"]:
+        if (
+            good
+            and chars >= policy.line["min_chars"]
+            and (sum(w.conf for w in good) / len(good)) >= policy.line["min_mean_confidence"]
+        ):
             line.reason = "line"
     sure = [w for w in line.words if _norm(w.text)]
     line.allowed = line.reason != "phi" and bool(sure) and all(_norm(w.text) in policy.allow_list for w in sure)
@@ -557,8 +628,9 @@ def candidate_regions(frame: np.ndarray, policy: TextPolicy, thresholding: int =
         pg = page(ink, policy.min_ink, policy.tophat_gain)
         wr, wc = pg.shape
         boxes, heights = [], []
-        for bx0, by0, bx1, by1 in layout_lines(np.ascontiguousarray(np.rot90(pg, -1)) if vertical else pg, policy,
-                                               thresholding):
+        for bx0, by0, bx1, by1 in layout_lines(
+            np.ascontiguousarray(np.rot90(pg, -1)) if vertical else pg, policy, thresholding
+        ):
             if vertical:  # turned clockwise: back to the page's pixels
                 bx0, by0, bx1, by1 = by0, wr - bx1, by1, wr - bx0
             across = (bx1 - bx0) if vertical else (by1 - by0)
@@ -581,8 +653,14 @@ def candidate_regions(frame: np.ndarray, policy: TextPolicy, thresholding: int =
     return out
 
 
-def _turned_letters_of(box: tuple[int, int, int, int], out: list[Region], laid: list[tuple[int, int, int, int]],
-                       rows: int, cols: int, policy: TextPolicy) -> list[tuple[int, int, int, int]]:
+def _turned_letters_of(
+    box: tuple[int, int, int, int],
+    out: list[Region],
+    laid: list[tuple[int, int, int, int]],
+    rows: int,
+    cols: int,
+    policy: TextPolicy,
+) -> list[tuple[int, int, int, int]]:
     """The horizontal boxes that make a vertical layout line ``box`` [x0, y0, x1, y1] the letters of horizontal
     text laid out turned (so it is not read again). Inside the image, every horizontal region. In a side margin
     (``layout.vertical_side_band`` of the width, left or right), where vertical text is written, only the
@@ -602,12 +680,13 @@ def _overlap_share(box: tuple[int, int, int, int], others: list[tuple[int, int, 
         return 0.0
     cover = np.zeros((y1 - y0, x1 - x0), bool)
     for ox0, oy0, ox1, oy1 in others:
-        cover[max(0, oy0 - y0):max(0, oy1 - y0), max(0, ox0 - x0):max(0, ox1 - x0)] = True
+        cover[max(0, oy0 - y0) : max(0, oy1 - y0), max(0, ox0 - x0) : max(0, ox1 - x0)] = True
     return float(cover.mean())
 
 
-def read_region(frame: np.ndarray, region: Region, policy: TextPolicy
-                ) -> tuple[list[Word], np.ndarray, tuple[int, int]]:
+def read_region(
+    frame: np.ndarray, region: Region, policy: TextPolicy
+) -> tuple[list[Word], np.ndarray, tuple[int, int]]:
     """Recognise one region at full resolution: its top-hat page of the region's polarity (structure
     ``max(tophat_px, 0.8 x line height)``, so thick strokes of large text stay whole; contrast stretched so the
     region's strongest strokes print black, so faint text reads like print), enlarged so its smallest
@@ -627,7 +706,7 @@ def read_region(frame: np.ndarray, region: Region, policy: TextPolicy
     window = frame[wy0:wy1, wx0:wx1].astype(np.float32)
     k = max(policy.tophat_px, int(round(0.8 * region.line_px)) | 1)
     bright_w, dark_w = ink_maps(window, k)
-    inner = np.s_[y0 - wy0:y1 - wy0, x0 - wx0:x1 - wx0]
+    inner = np.s_[y0 - wy0 : y1 - wy0, x0 - wx0 : x1 - wx0]
     crop, ink = window[inner], (bright_w if region.bright else dark_w)[inner]
     top = float(np.percentile(ink, 99.5)) if ink.size else 0.0  # the region's strongest strokes print black
     pg = page(ink, policy.min_ink, max(policy.tophat_gain, 255.0 / max(top - policy.min_ink, 16.0)))
@@ -635,15 +714,18 @@ def read_region(frame: np.ndarray, region: Region, policy: TextPolicy
     scale = float(np.clip(policy.target_line_px / max(height, 1), 1.0, policy.max_upscale))
     words = ocr_words(pg, policy, scale, vertical=region.vertical)
     if policy.display_fallback and not any(
-            w.conf >= policy.word["min_confidence"] and len(_norm(w.text)) >= policy.word["min_chars"] for w in words):
+        w.conf >= policy.word["min_confidence"] and len(_norm(w.text)) >= policy.word["min_chars"] for w in words
+    ):
         # nothing sure on the top-hat page (outlined or shadowed glyphs, strokes wider than the structure):
         # the displayed crop itself, text made dark, stretched between its 1st and 99.5th percentiles
         lo, hi = (float(v) for v in np.percentile(crop, (1, 99.5)))
         shown = np.clip((crop - lo) * (255.0 / max(hi - lo, 8.0)), 0, 255)
-        words += ocr_words((255 - shown if region.bright else shown).astype(np.uint8), policy, scale,
-                           vertical=region.vertical)
-    shifted = [Word(w.text, w.conf, (w.box[0] + x0, w.box[1] + y0, w.box[2] + x0, w.box[3] + y0), w.vertical)
-               for w in words]
+        words += ocr_words(
+            (255 - shown if region.bright else shown).astype(np.uint8), policy, scale, vertical=region.vertical
+        )
+    shifted = [
+        Word(w.text, w.conf, (w.box[0] + x0, w.box[1] + y0, w.box[2] + x0, w.box[3] + y0), w.vertical) for w in words
+    ]
     return shifted, np.maximum(bright_w, dark_w), (wx0, wy0)
 
 
@@ -658,9 +740,17 @@ def _stroke_rows(ink: np.ndarray, floor: float, vertical: bool) -> int:
     return int(np.median(lengths)) if lengths.size else 0
 
 
-def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify: bool = False,
-               unread: list | None = None, blanked: np.ndarray | None = None,
-               thresholding: int = 0, hints: list[Region] | None = None) -> list[TextLine]:
+def read_lines(
+    frame: np.ndarray,
+    policy: TextPolicy,
+    phi: PhiTokens,
+    *,
+    verify: bool = False,
+    unread: list | None = None,
+    blanked: np.ndarray | None = None,
+    thresholding: int = 0,
+    hints: list[Region] | None = None,
+) -> list[TextLine]:
     """Text lines of one displayed frame (rows, cols uint8) that the policy calls text (allowed ones included,
     flagged): :func:`candidate_regions`, then :func:`read_region` on each; words join into lines
     (:func:`group_lines`), are classified (:func:`classify`), and each text line's box is grown along its
@@ -677,13 +767,22 @@ def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify:
     lines: list[TextLine] = []
     for region in list(hints or []) + candidate_regions(frame, policy, thresholding):
         words, ink, (rx0, ry0) = read_region(frame, region, policy)
-        kept = [w for w in words if _norm(w.text) and w.box[2] > w.box[0] and w.box[3] > w.box[1]
-                and (w.conf >= policy.min_join_confidence or (w.conf >= p_conf and phi.matches(w.text, fuzzy)))]
-        found = [classify(ln, policy, phi, verify=verify)
-                 for ln in group_lines(kept, policy.join_gap, policy.max_height_ratio)]
+        kept = [
+            w
+            for w in words
+            if _norm(w.text)
+            and w.box[2] > w.box[0]
+            and w.box[3] > w.box[1]
+            and (w.conf >= policy.min_join_confidence or (w.conf >= p_conf and phi.matches(w.text, fuzzy)))
+        ]
+        found = [
+            classify(ln, policy, phi, verify=verify)
+            for ln in group_lines(kept, policy.join_gap, policy.max_height_ratio)
+        ]
         if policy.second_look["enabled"]:
-            found += _second_look(frame, region, [w for w in words if w not in kept and _norm(w.text)], found,
-                                  policy, phi, verify)
+            found += _second_look(
+                frame, region, [w for w in words if w not in kept and _norm(w.text)], found, policy, phi, verify
+            )
         for ln in found:
             if ln.reason is None:
                 continue
@@ -697,15 +796,21 @@ def read_lines(frame: np.ndarray, policy: TextPolicy, phi: PhiTokens, *, verify:
             ln.bright = region.bright
             lines.append(ln)
         if unread is not None and policy.unreadable["enabled"]:
-            row = unreadable_row(frame, region, [ln.box for ln in found if ln.reason is not None], policy,
-                                 blanked)
+            row = unreadable_row(frame, region, [ln.box for ln in found if ln.reason is not None], policy, blanked)
             if row is not None:
                 unread.append(row)
     return _read_once(lines)
 
 
-def _second_look(frame: np.ndarray, region: Region, unsure: list[Word], found: list[TextLine],
-                 policy: TextPolicy, phi: PhiTokens, verify: bool) -> list[TextLine]:
+def _second_look(
+    frame: np.ndarray,
+    region: Region,
+    unsure: list[Word],
+    found: list[TextLine],
+    policy: TextPolicy,
+    phi: PhiTokens,
+    verify: bool,
+) -> list[TextLine]:
     """Text lines found by reading again, on their own, the words OCR read without confidence beside a text
     line (``second_look`` of the policy).
 
@@ -735,13 +840,22 @@ def _second_look(frame: np.ndarray, region: Region, unsure: list[Word], found: l
         h = grp.height
         p = max(policy.pad_px, int(round(policy.pad_fraction * h)))
         x0, y0, x1, y1 = grp.box
-        sub = Region((max(0, x0 - p), max(0, y0 - p), min(cols, x1 + p), min(rows, y1 + p)), region.bright,
-                     max(policy.min_line_px, min(h, region.line_px)), False)
+        sub = Region(
+            (max(0, x0 - p), max(0, y0 - p), min(cols, x1 + p), min(rows, y1 + p)),
+            region.bright,
+            max(policy.min_line_px, min(h, region.line_px)),
+            False,
+        )
         words, _, _ = read_region(frame, sub, policy)
         words = [w for w in words if _norm(w.text) and w.conf >= policy.min_join_confidence]
-        out += [ln for ln in (classify(g, policy, phi, verify=verify)
-                              for g in group_lines(words, policy.join_gap, policy.max_height_ratio))
-                if ln.reason is not None]
+        out += [
+            ln
+            for ln in (
+                classify(g, policy, phi, verify=verify)
+                for g in group_lines(words, policy.join_gap, policy.max_height_ratio)
+            )
+            if ln.reason is not None
+        ]
     return out
 
 
@@ -750,6 +864,7 @@ def _read_once(lines: list[TextLine]) -> list[TextLine]:
     of 2 or more letters and digits) were all read in a smaller line of the other polarity that it overlaps is
     the same text seen through its negative space (the black top-hat of bright glyphs is their background), and
     its box grew over the ink around it; the smaller line covers the text."""
+
     def words(ln: TextLine) -> set[str]:
         return {t for t in (_norm(w.text) for w in ln.words) if len(t) >= 2}
 
@@ -762,17 +877,33 @@ def _read_once(lines: list[TextLine]) -> list[TextLine]:
     read = [words(ln) for ln in lines]
     keep = []
     for ln, own in zip(lines, read):
-        twice = ln.reason is not None and not ln.allowed and bool(own) and any(
-            m is not ln and m.reason is not None and m.bright != ln.bright and m.vertical == ln.vertical
-            and area(m.box) < area(ln.box) and overlap(m.box, ln.box) and own <= theirs
-            for m, theirs in zip(lines, read))
+        twice = (
+            ln.reason is not None
+            and not ln.allowed
+            and bool(own)
+            and any(
+                m is not ln
+                and m.reason is not None
+                and m.bright != ln.bright
+                and m.vertical == ln.vertical
+                and area(m.box) < area(ln.box)
+                and overlap(m.box, ln.box)
+                and own <= theirs
+                for m, theirs in zip(lines, read)
+            )
+        )
         if not twice:
             keep.append(ln)
     return keep
 
 
-def unreadable_row(frame: np.ndarray, region: Region, text_boxes: list[tuple[int, int, int, int]],
-                   policy: TextPolicy, blanked: np.ndarray | None = None) -> tuple[int, int, int, int] | None:
+def unreadable_row(
+    frame: np.ndarray,
+    region: Region,
+    text_boxes: list[tuple[int, int, int, int]],
+    policy: TextPolicy,
+    blanked: np.ndarray | None = None,
+) -> tuple[int, int, int, int] | None:
     """A row of character-like glyphs (:func:`etl.deid.text_regions.glyph_row`, thresholds ``unreadable`` of
     the policy) in one candidate region of a displayed frame (rows, cols uint8), on the top-hat of the
     region's polarity (structure ``max(tophat_px, 0.8 x line height)``), with the boxes of its text lines
@@ -789,16 +920,25 @@ def unreadable_row(frame: np.ndarray, region: Region, text_boxes: list[tuple[int
     b, d = ink_maps(frame[y0:y1, x0:x1].astype(np.float32), k)
     ink = b if region.bright else d
     for bx0, by0, bx1, by1 in text_boxes:
-        ink[max(0, by0 - y0):max(0, by1 - y0), max(0, bx0 - x0):max(0, bx1 - x0)] = 0
+        ink[max(0, by0 - y0) : max(0, by1 - y0), max(0, bx0 - x0) : max(0, bx1 - x0)] = 0
     if blanked is not None and blanked[y0:y1, x0:x1].any():
         ink[ndi.binary_dilation(blanked[y0:y1, x0:x1], iterations=2)] = 0
     u = policy.unreadable
     if region.vertical:
         ink = np.ascontiguousarray(np.rot90(ink, -1))  # bottom-to-top text read left to right
-    row = glyph_row(ink, policy.min_ink, min_px=int(u["min_glyph_px"]), max_px=int(u["max_glyph_px"]),
-                    min_glyphs=int(u["min_glyphs"]), height_ratio=float(u["height_ratio"]),
-                    baseline_tol=float(u["baseline_tol"]), max_gap=float(u["max_gap"]),
-                    max_stroke=float(u["max_stroke"]), min_fill=float(u["min_fill"]), max_fill=float(u["max_fill"]))
+    row = glyph_row(
+        ink,
+        policy.min_ink,
+        min_px=int(u["min_glyph_px"]),
+        max_px=int(u["max_glyph_px"]),
+        min_glyphs=int(u["min_glyphs"]),
+        height_ratio=float(u["height_ratio"]),
+        baseline_tol=float(u["baseline_tol"]),
+        max_gap=float(u["max_gap"]),
+        max_stroke=float(u["max_stroke"]),
+        min_fill=float(u["min_fill"]),
+        max_fill=float(u["max_fill"]),
+    )
     if row is None:
         return None
     rx0, ry0, rx1, ry1 = row
@@ -821,7 +961,7 @@ def bridges(lines: list[TextLine], rows: int, cols: int, policy: TextPolicy) -> 
     flat = [ln for ln in lines if ln.reason is not None and not ln.allowed and not ln.vertical]
     out: list[tuple[int, int, int, int]] = []
     for i, p in enumerate(flat):
-        for q in flat[i + 1:]:
+        for q in flat[i + 1 :]:
             hp, hq = p.height, q.height
             if max(hp, hq) > policy.max_height_ratio * max(1, min(hp, hq)):
                 continue
@@ -857,8 +997,9 @@ def in_margin(box: tuple[int, int, int, int], rows: int, cols: int, band: float)
     return x1 <= band * cols or x0 >= (1 - band) * cols or y1 <= band * rows or y0 >= (1 - band) * rows
 
 
-def tight_across(ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool,
-                 policy: TextPolicy) -> tuple[int, int, int, int]:
+def tight_across(
+    ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool, policy: TextPolicy
+) -> tuple[int, int, int, int]:
     """A line box no taller than its strokes: when it holds one glyph band and is more than ``max_line_growth`` x
     its height (a run of 4 or more rows holding strokes, pixels of at least half the 99th percentile of the box's
     ``ink``, the top-hat stroke contrast, rows x cols; columns for vertical text), its edges across the reading
@@ -890,8 +1031,9 @@ def tight_across(ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool
     return (x0 + lo, y0, x0 + hi, y1) if vertical else (x0, y0 + lo, x1, y0 + hi)
 
 
-def extend_along_ink(ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool,
-                     policy: TextPolicy, reach: float | None = None) -> tuple[int, int, int, int]:
+def extend_along_ink(
+    ink: np.ndarray, box: tuple[int, int, int, int], vertical: bool, policy: TextPolicy, reach: float | None = None
+) -> tuple[int, int, int, int]:
     """Grow a line box along its reading direction while stroke ink continues it.
 
     ``ink`` (rows, cols uint8) is the top-hat stroke contrast; a column (row, for vertical text) of the line's
@@ -927,15 +1069,18 @@ def extend_along_ink(ink: np.ndarray, box: tuple[int, int, int, int], vertical: 
     return (new_lo, y0, new_hi, y1) if not vertical else (x0, new_lo, x1, new_hi)
 
 
-def grown(box: tuple[int, int, int, int], height: int, policy: TextPolicy, rows: int, cols: int) -> tuple[int, int, int, int]:
+def grown(
+    box: tuple[int, int, int, int], height: int, policy: TextPolicy, rows: int, cols: int
+) -> tuple[int, int, int, int]:
     """A line box grown by the policy margin, clipped to the image."""
     m = max(policy.margin_px, int(round(policy.margin_fraction * height)))
     x0, y0, x1, y1 = box
     return max(0, x0 - m), max(0, y0 - m), min(cols, x1 + m), min(rows, y1 + m)
 
 
-def uncut(frame: np.ndarray, box: tuple[int, int, int, int], height: int, vertical: bool, bright: bool,
-          policy: TextPolicy) -> tuple[int, int, int, int]:
+def uncut(
+    frame: np.ndarray, box: tuple[int, int, int, int], height: int, vertical: bool, bright: bool, policy: TextPolicy
+) -> tuple[int, int, int, int]:
     """A blank box whose edges across the reading direction do not cut through strokes.
 
     A margin that ends inside a neighbouring line (stacked lines of a label block, parallel lines written in a
@@ -975,6 +1120,7 @@ def uncut(frame: np.ndarray, box: tuple[int, int, int, int], height: int, vertic
 
 # ---- the step --------------------------------------------------------------------------------------------
 
+
 @dataclass
 class TextCleaning:
     """What the burned-in text step did to one object.
@@ -1005,8 +1151,11 @@ def _frames_to_read(disp: np.ndarray, policy: TextPolicy) -> list[tuple[Any, np.
     if n <= policy.max_frames_each:
         return [(i if n > 1 else 0, disp[i]) for i in range(n)]
     picks = np.linspace(0, n - 1, policy.sample_frames).round().astype(int)
-    out: list[tuple[Any, np.ndarray]] = [("all", disp.max(axis=0)), ("all", disp.min(axis=0)),
-                                         ("all", np.median(disp, axis=0).astype(np.uint8))]
+    out: list[tuple[Any, np.ndarray]] = [
+        ("all", disp.max(axis=0)),
+        ("all", disp.min(axis=0)),
+        ("all", np.median(disp, axis=0).astype(np.uint8)),
+    ]
     return out + [("all", disp[int(i)]) for i in sorted(set(picks.tolist()))]
 
 
@@ -1018,8 +1167,9 @@ def fill_value(arr: np.ndarray, photometric: str) -> Any:
     return arr.max() if photometric == "MONOCHROME1" else arr.min()
 
 
-def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = None,
-               hints: list[Region] | None = None) -> TextCleaning:
+def clean_text(
+    ds, policy: TextPolicy | None = None, phi: PhiTokens | None = None, hints: list[Region] | None = None
+) -> TextCleaning:
     """Find, blank and verify burned-in text in every frame of ``ds`` (modified in place when text is blanked:
     PixelData re-encoded uncompressed, BurnedInAnnotation NO).
 
@@ -1063,8 +1213,9 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     except NormalisationError:
         raise  # the decoder's own reason (sizes, crashes): the caller quarantines with it
     except Exception as err:  # noqa: BLE001  any decoder failure: the text cannot be checked
-        raise BurnedInTextError("pixel_cleaning_failed",
-                                f"cannot decode pixels to read burned-in text: {type(err).__name__}") from None
+        raise BurnedInTextError(
+            "pixel_cleaning_failed", f"cannot decode pixels to read burned-in text: {type(err).__name__}"
+        ) from None
     photometric = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
     color = int(ds.get("SamplesPerPixel", 1) or 1) > 1
     stacked = arr if (frames > 1 and arr.ndim == (4 if color else 3)) else arr[None]
@@ -1076,7 +1227,9 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
     todo = _frames_to_read(disp, policy)
     out.frames_read = len(todo)
     n, h, w = stacked.shape[:3]
-    boxes: list[tuple[Any, tuple[int, int, int, int], str, np.ndarray, bool]] = []  # label, box, reason, frame, vertical
+    boxes: list[
+        tuple[Any, tuple[int, int, int, int], str, np.ndarray, bool]
+    ] = []  # label, box, reason, frame, vertical
     values: list[tuple[int, int] | None] = []  # per box: (stroke value, line height) of its line, or None
     band = float(policy.unreadable["margin_band"])
     pending: list[tuple[Any, tuple[int, int, int, int]]] = []
@@ -1098,14 +1251,31 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
             boxes.append((label, box, ln.reason or "word", frame, ln.vertical))
             values.append(_line_value(stacked, label, ln.box, frame, ln.height, policy))
             p = max(policy.pad_px, int(round(policy.pad_fraction * ln.height)))
-            out.lines.append(_clipped(Region((ln.box[0] - p, ln.box[1] - p, ln.box[2] + p, ln.box[3] + p),
-                                             ln.bright, max(1, ln.height), ln.vertical), h, w))
+            out.lines.append(
+                _clipped(
+                    Region(
+                        (ln.box[0] - p, ln.box[1] - p, ln.box[2] + p, ln.box[3] + p),
+                        ln.bright,
+                        max(1, ln.height),
+                        ln.vertical,
+                    ),
+                    h,
+                    w,
+                )
+            )
         for row in unread:  # glyphs OCR cannot read: blanked in the image margin, else the verify pass decides
             if in_margin(row, h, w, band):
                 rh = row[3] - row[1]
                 row = along_ink(frame, row, policy)
-                boxes.append((label, uncut(frame, grown(row, rh, policy, h, w), rh, False, True, policy),
-                              "unreadable", frame, False))
+                boxes.append(
+                    (
+                        label,
+                        uncut(frame, grown(row, rh, policy, h, w), rh, False, True, policy),
+                        "unreadable",
+                        frame,
+                        False,
+                    )
+                )
                 values.append(None)
             else:
                 pending.append((label, row))
@@ -1116,17 +1286,28 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
         return out
     from etl.deid.text_regions import trim_to_ink
 
-    wide = [(label, _over_value(stacked, label, box, vertical, lv, policy), reason)
-            for (label, box, reason, _, vertical), lv in zip(boxes, values)]
+    wide = [
+        (label, _over_value(stacked, label, box, vertical, lv, policy), reason)
+        for (label, box, reason, _, vertical), lv in zip(boxes, values)
+    ]
     cleaned, mask = _blank_and_verify(ds, stacked, wide, todo, photometric, policy, phi)  # fail closed here
     chosen = wide
     if policy.trim["enabled"]:  # the same lines blanked tight to their strokes, kept when they verify too
         t = policy.trim
-        tight = [(label, _over_value(stacked, label, box2, vertical, lv, policy), reason)
-                 for (label, box, reason, frame, vertical), lv in zip(boxes, values)
-                 for box2 in trim_to_ink(frame, box, policy.tophat_px, float(t["floor"]), float(t["share"]),
-                                         int(t["margin_px"]), vertical=vertical,
-                                         along_share=float(t["along_share"]))]
+        tight = [
+            (label, _over_value(stacked, label, box2, vertical, lv, policy), reason)
+            for (label, box, reason, frame, vertical), lv in zip(boxes, values)
+            for box2 in trim_to_ink(
+                frame,
+                box,
+                policy.tophat_px,
+                float(t["floor"]),
+                float(t["share"]),
+                int(t["margin_px"]),
+                vertical=vertical,
+                along_share=float(t["along_share"]),
+            )
+        ]
         if tight != wide:
             try:
                 cleaned, mask = _blank_and_verify(ds, stacked, tight, todo, photometric, policy, phi)
@@ -1145,12 +1326,14 @@ def clean_text(ds, policy: TextPolicy | None = None, phi: PhiTokens | None = Non
 def _clipped(region: Region, rows: int, cols: int) -> Region:
     """``region`` with its box clipped to a frame of ``rows`` x ``cols``."""
     x0, y0, x1, y1 = region.box
-    return Region((max(0, x0), max(0, y0), min(cols, x1), min(rows, y1)), region.bright, region.line_px,
-                  region.vertical)
+    return Region(
+        (max(0, x0), max(0, y0), min(cols, x1), min(rows, y1)), region.bright, region.line_px, region.vertical
+    )
 
 
-def _line_value(stacked: np.ndarray, label: Any, box: tuple[int, int, int, int], frame: np.ndarray, height: int,
-                policy: TextPolicy) -> tuple[int, int] | None:
+def _line_value(
+    stacked: np.ndarray, label: Any, box: tuple[int, int, int, int], frame: np.ndarray, height: int, policy: TextPolicy
+) -> tuple[int, int] | None:
     """(stroke value, line height) of one text line of a single grey frame (``value`` of the policy,
     :func:`etl.deid.text_regions.stroke_value`), or None (off, colour, a composite of many frames, no value)."""
     from etl.deid.text_regions import stroke_value
@@ -1158,25 +1341,51 @@ def _line_value(stacked: np.ndarray, label: Any, box: tuple[int, int, int, int],
     v = policy.value
     if not v["enabled"] or label == "all" or stacked.ndim != 3:
         return None
-    found = stroke_value(stacked[int(label)], frame, box, policy.tophat_px,
-                         min_mode_share=float(v["min_mode_share"]), max_frame_share=float(v["max_frame_share"]))
+    found = stroke_value(
+        stacked[int(label)],
+        frame,
+        box,
+        policy.tophat_px,
+        min_mode_share=float(v["min_mode_share"]),
+        max_frame_share=float(v["max_frame_share"]),
+    )
     return None if found is None else (found, height)
 
 
-def _over_value(stacked: np.ndarray, label: Any, box: tuple[int, int, int, int], vertical: bool,
-                lv: tuple[int, int] | None, policy: TextPolicy) -> tuple[int, int, int, int]:
+def _over_value(
+    stacked: np.ndarray,
+    label: Any,
+    box: tuple[int, int, int, int],
+    vertical: bool,
+    lv: tuple[int, int] | None,
+    policy: TextPolicy,
+) -> tuple[int, int, int, int]:
     """``box`` grown over its line's stroke value (:func:`etl.deid.text_regions.extend_over_value`)."""
     if lv is None:
         return box
     from etl.deid.text_regions import extend_over_value
 
-    return extend_over_value(stacked[int(label)], box, lv[0], lv[1], vertical=vertical, gap=policy.extend_gap,
-                             reach=policy.extend_max, margin=int(policy.value["margin_px"]))
+    return extend_over_value(
+        stacked[int(label)],
+        box,
+        lv[0],
+        lv[1],
+        vertical=vertical,
+        gap=policy.extend_gap,
+        reach=policy.extend_max,
+        margin=int(policy.value["margin_px"]),
+    )
 
 
-def _blank_and_verify(ds, stacked: np.ndarray, boxes: list[tuple[Any, tuple[int, int, int, int], str]],
-                      todo: list[tuple[Any, np.ndarray]], photometric: str, policy: TextPolicy,
-                      phi: PhiTokens) -> tuple[np.ndarray, np.ndarray]:
+def _blank_and_verify(
+    ds,
+    stacked: np.ndarray,
+    boxes: list[tuple[Any, tuple[int, int, int, int], str]],
+    todo: list[tuple[Any, np.ndarray]],
+    photometric: str,
+    policy: TextPolicy,
+    phi: PhiTokens,
+) -> tuple[np.ndarray, np.ndarray]:
     """Blank ``boxes`` (frame label, [x0, y0, x1, y1], reason) in a copy of ``stacked`` (frames, rows, cols[, 3]
     stored values) with :func:`fill_value` and read the cleaned frames again (the frames or composites of
     ``todo``). Returns (cleaned stored values, blanked mask (frames, rows, cols) bool).
@@ -1197,19 +1406,22 @@ def _blank_and_verify(ds, stacked: np.ndarray, boxes: list[tuple[Any, tuple[int,
     disp2 = display_frames(ds, cleaned)
     for (label, frame), fmask in zip(_frames_to_read(disp2, policy), _frame_masks(mask, todo)):
         unread: list = []
-        left = [ln for ln in read_lines(frame, policy, phi, verify=True, unread=unread, blanked=fmask)
-                if not ln.allowed]
+        left = [
+            ln for ln in read_lines(frame, policy, phi, verify=True, unread=unread, blanked=fmask) if not ln.allowed
+        ]
         if left:
             raise BurnedInTextError(
                 "burned_in_text_remaining",
-                f"{len(left)} text region(s) still read after blanking ({', '.join(sorted({ln.reason or '' for ln in left}))})")
+                f"{len(left)} text region(s) still read after blanking ({', '.join(sorted({ln.reason or '' for ln in left}))})",
+            )
         if unread:
             _raise_unreadable(label, unread[0])
     return cleaned, mask
 
 
-def _phi_sweep(ds, cleaned: np.ndarray, mask: np.ndarray, todo: list[tuple[Any, np.ndarray]], policy: TextPolicy,
-               phi: PhiTokens) -> None:
+def _phi_sweep(
+    ds, cleaned: np.ndarray, mask: np.ndarray, todo: list[tuple[Any, np.ndarray]], policy: TextPolicy, phi: PhiTokens
+) -> None:
     """Read the frames that ship once more, laid out with Leptonica's tiled adaptive Otsu threshold
     (``verify.phi_sweep_thresholding``), and fail closed on any header PHI value found (``verify`` thresholds).
     Run on every image read: after blanking, and where the first read found no text at all (low-contrast
@@ -1231,10 +1443,13 @@ def _phi_sweep(ds, cleaned: np.ndarray, mask: np.ndarray, todo: list[tuple[Any, 
         return
     frames = _frames_to_read(display_frames(ds, cleaned), policy) if mask.any() else todo  # nothing blanked: as read
     for (label, frame), fmask in zip(frames, _frame_masks(mask, todo)):
-        if any(ln.reason == "phi" and not ln.allowed
-               for ln in read_lines(frame, policy, phi, verify=True, blanked=fmask, thresholding=method)):
-            raise BurnedInTextError("burned_in_text_remaining",
-                                    f"header PHI still read after blanking in frame {label} (adaptive layout)")
+        if any(
+            ln.reason == "phi" and not ln.allowed
+            for ln in read_lines(frame, policy, phi, verify=True, blanked=fmask, thresholding=method)
+        ):
+            raise BurnedInTextError(
+                "burned_in_text_remaining", f"header PHI still read after blanking in frame {label} (adaptive layout)"
+            )
 
 
 def _raise_unreadable(label: Any, box: tuple[int, int, int, int]) -> None:
@@ -1242,7 +1457,8 @@ def _raise_unreadable(label: Any, box: tuple[int, int, int, int]) -> None:
     raise BurnedInTextError(
         "burned_in_text_unreadable",
         f"frame {label}: a row of character-like glyphs at box {list(box)} that OCR cannot read with confidence "
-        "was not blanked")
+        "was not blanked",
+    )
 
 
 def _frame_masks(mask: np.ndarray, todo: list[tuple[Any, np.ndarray]]) -> list[np.ndarray]:

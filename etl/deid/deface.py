@@ -58,11 +58,57 @@ CHECKS: dict[str, Any] = {
     "max_face_tissue_after": 0.0,  # fraction of face-region voxels above the tissue threshold after defacing
 }
 #: anatomy terms that make a series a head (normalised like body_part_families.yaml: A-Z 0-9 words)
-HEAD_TERMS = frozenset({"HEAD", "BRAIN", "SKULL", "HEADNECK", "CEREBRUM", "CEREBELLUM", "CIRCLEOFWILLIS", "FACE",
-                        "ORBIT", "SINUS", "SINUSES", "IAC", "TEMPORALBONE", "MANDIBLE", "MAXILLA", "JAW", "NOSE",
-                        "HEADNECKCHEST", "NECK", "PITUITARY", "SELLA", "ZYGOMA", "TMJ", "EAR", "EYE", "DENTAL"})
-HEAD_WORDS = frozenset({"HEAD", "BRAIN", "SKULL", "FACE", "FACIAL", "ORBIT", "ORBITS", "SINUS", "SINUSES", "NECK",
-                        "CEREBRAL", "CRANIAL", "NEURO", "MAXILLOFACIAL", "DENTAL", "PITUITARY", "IAC"})
+HEAD_TERMS = frozenset(
+    {
+        "HEAD",
+        "BRAIN",
+        "SKULL",
+        "HEADNECK",
+        "CEREBRUM",
+        "CEREBELLUM",
+        "CIRCLEOFWILLIS",
+        "FACE",
+        "ORBIT",
+        "SINUS",
+        "SINUSES",
+        "IAC",
+        "TEMPORALBONE",
+        "MANDIBLE",
+        "MAXILLA",
+        "JAW",
+        "NOSE",
+        "HEADNECKCHEST",
+        "NECK",
+        "PITUITARY",
+        "SELLA",
+        "ZYGOMA",
+        "TMJ",
+        "EAR",
+        "EYE",
+        "DENTAL",
+    }
+)
+HEAD_WORDS = frozenset(
+    {
+        "HEAD",
+        "BRAIN",
+        "SKULL",
+        "FACE",
+        "FACIAL",
+        "ORBIT",
+        "ORBITS",
+        "SINUS",
+        "SINUSES",
+        "NECK",
+        "CEREBRAL",
+        "CRANIAL",
+        "NEURO",
+        "MAXILLOFACIAL",
+        "DENTAL",
+        "PITUITARY",
+        "IAC",
+    }
+)
 #: a series is a volume the face could be rendered from when it has this many slices and extent in every axis (mm)
 MIN_SLICES, MIN_EXTENT_MM = 10, 60.0
 #: tissue wider than this (mm, left-right or front-back) is a body, not a head (content check for unknown anatomy)
@@ -120,11 +166,14 @@ class DefaceReport:
 
     def as_dict(self) -> dict:
         """The figures as a JSON-ready dict (rounded)."""
-        return {k: (round(v, 4) if isinstance(v, float) else [round(s, 4) for s in v] if isinstance(v, list) else v)
-                for k, v in self.__dict__.items()}
+        return {
+            k: (round(v, 4) if isinstance(v, float) else [round(s, 4) for s in v] if isinstance(v, list) else v)
+            for k, v in self.__dict__.items()
+        }
 
 
 # ---- which series ------------------------------------------------------------------------------------------
+
 
 def _words(text: str) -> list[str]:
     import re
@@ -166,6 +215,7 @@ def is_volume(image: sitk.Image) -> bool:
 
 
 # ---- template ---------------------------------------------------------------------------------------------
+
 
 def template_dir() -> Path:
     """Folder of the pydeface template files (``mean_reg2mean.nii.gz``, ``facemask.nii.gz``).
@@ -276,8 +326,10 @@ def looks_like_body(image: sitk.Image, modality: str, rescale: tuple[float, floa
 
 # ---- registration -----------------------------------------------------------------------------------------
 
-def register_template(image: sitk.Image, modality: str, rescale: tuple[float, float] = (1.0, 0.0)
-                      ) -> tuple[sitk.AffineTransform, float, sitk.Image, sitk.Image]:
+
+def register_template(
+    image: sitk.Image, modality: str, rescale: tuple[float, float] = (1.0, 0.0)
+) -> tuple[sitk.AffineTransform, float, sitk.Image, sitk.Image]:
     """Register the template to ``image`` (the series volume in physical LPS space; its values times
     ``rescale[0]`` plus ``rescale[1]`` are HU for CT).
 
@@ -320,8 +372,16 @@ def register_template(image: sitk.Image, modality: str, rescale: tuple[float, fl
     return affine, metric, fixed, fixed_mask
 
 
-def _fit(fixed: sitk.Image, moving: sitk.Image, transform: sitk.Transform, shrink: list[int], sigmas: list[float],
-         iterations: int, step: float, turn: sitk.Transform | None = None) -> float:
+def _fit(
+    fixed: sitk.Image,
+    moving: sitk.Image,
+    transform: sitk.Transform,
+    shrink: list[int],
+    sigmas: list[float],
+    iterations: int,
+    step: float,
+    turn: sitk.Transform | None = None,
+) -> float:
     """Optimise ``transform`` in place (Mattes MI, 32 bins, 10% random samples with a fixed seed, regular-step
     gradient descent with physical-shift scales), followed by the fixed transform ``turn`` when given; returns the
     final metric value."""
@@ -330,8 +390,13 @@ def _fit(fixed: sitk.Image, moving: sitk.Image, transform: sitk.Transform, shrin
     reg.SetMetricSamplingStrategy(reg.RANDOM)
     reg.SetMetricSamplingPercentage(0.10, seed=20240601)
     reg.SetInterpolator(sitk.sitkLinear)
-    reg.SetOptimizerAsRegularStepGradientDescent(learningRate=step, minStep=1e-3, numberOfIterations=iterations,
-                                                 relaxationFactor=0.6, gradientMagnitudeTolerance=1e-6)
+    reg.SetOptimizerAsRegularStepGradientDescent(
+        learningRate=step,
+        minStep=1e-3,
+        numberOfIterations=iterations,
+        relaxationFactor=0.6,
+        gradientMagnitudeTolerance=1e-6,
+    )
     reg.SetOptimizerScalesFromPhysicalShift()
     reg.SetShrinkFactorsPerLevel(shrink)
     reg.SetSmoothingSigmasPerLevel(sigmas)
@@ -379,8 +444,9 @@ class FaceRegion:
         return out
 
 
-def face_mask(image: sitk.Image, modality: str, rescale: tuple[float, float] = (1.0, 0.0)
-              ) -> tuple[FaceRegion, DefaceReport]:
+def face_mask(
+    image: sitk.Image, modality: str, rescale: tuple[float, float] = (1.0, 0.0)
+) -> tuple[FaceRegion, DefaceReport]:
     """Register the template and warp its face mask onto ``image``'s grid; check the registration.
 
     Parameters
@@ -448,8 +514,17 @@ def _full_region(face: sitk.Image, image: sitk.Image, affine: sitk.Transform, fa
     lo = np.maximum(0, (idx.min(axis=0) - 1) * f)
     hi = np.minimum(size, (idx.max(axis=0) + 2) * f)
     origin = image.TransformIndexToPhysicalPoint([int(v) for v in lo[::-1]])
-    sub = sitk.Resample(face, [int(v) for v in (hi - lo)[::-1]], affine, sitk.sitkNearestNeighbor, origin,
-                        image.GetSpacing(), image.GetDirection(), 0, sitk.sitkUInt8)
+    sub = sitk.Resample(
+        face,
+        [int(v) for v in (hi - lo)[::-1]],
+        affine,
+        sitk.sitkNearestNeighbor,
+        origin,
+        image.GetSpacing(),
+        image.GetDirection(),
+        0,
+        sitk.sitkUInt8,
+    )
     s0, s1, s2 = (slice(int(a), int(b)) for a, b in zip(lo, hi, strict=True))
     return FaceRegion((s0, s1, s2), sitk.GetArrayFromImage(sub) > 0)
 
@@ -462,8 +537,11 @@ def _check_registration(r: DefaceReport) -> None:
         ("head_dice", r.head_dice < CHECKS["min_head_dice"], f"{r.head_dice:.3f} < {CHECKS['min_head_dice']}"),
         ("scale", not all(lo <= s <= hi for s in r.scales), f"{[round(s, 2) for s in r.scales]} outside {lo}-{hi}"),
         ("rotation", r.rotation_deg > CHECKS["max_rotation_deg"], f"{r.rotation_deg:.1f} deg"),
-        ("face_position", r.face_voxels == 0 or r.face_ahead_mm < CHECKS["min_face_ahead_mm"],
-         f"face region {r.face_ahead_mm:.0f} mm in front of the head centre"),
+        (
+            "face_position",
+            r.face_voxels == 0 or r.face_ahead_mm < CHECKS["min_face_ahead_mm"],
+            f"face region {r.face_ahead_mm:.0f} mm in front of the head centre",
+        ),
     ]
     for name, bad, what in failed:
         if bad:
@@ -476,6 +554,7 @@ def tissue_threshold(values: np.ndarray, modality: str) -> float:
 
 
 # ---- the face detector figure -----------------------------------------------------------------------------
+
 
 def front_render(image: sitk.Image, threshold: float, mm: float = 1.5) -> np.ndarray:
     """Depth-shaded surface render of a head seen from the front (the patient's anterior side).
@@ -495,8 +574,17 @@ def front_render(image: sitk.Image, threshold: float, mm: float = 1.5) -> np.nda
     pts = corners @ m.T + np.array(image.GetOrigin())
     lo, hi = pts.min(axis=0), pts.max(axis=0)
     n = np.maximum(1, np.ceil((hi - lo) / mm).astype(int) + 1)
-    grid = sitk.Resample(image, n.tolist(), sitk.Transform(), sitk.sitkLinear, lo.tolist(), [mm] * 3,
-                         np.eye(3).ravel().tolist(), float(threshold) - 1e6, sitk.sitkFloat32)
+    grid = sitk.Resample(
+        image,
+        n.tolist(),
+        sitk.Transform(),
+        sitk.sitkLinear,
+        lo.tolist(),
+        [mm] * 3,
+        np.eye(3).ravel().tolist(),
+        float(threshold) - 1e6,
+        sitk.sitkFloat32,
+    )
     vol = sitk.GetArrayViewFromImage(grid) > threshold  # (z: inferior->superior, y: anterior->posterior, x: R->L)
     hit = vol.any(axis=1)
     depth = np.where(hit, vol.argmax(axis=1), vol.shape[1]).astype(np.float32)

@@ -113,6 +113,7 @@ def _frame_geometry(ds: Dataset, name: str) -> list[_Slice] | None:
     shared = ds.get("SharedFunctionalGroupsSequence", [Dataset()])[0]
     out = []
     for i, item in enumerate(ds.PerFrameFunctionalGroupsSequence):
+
         def attr(seq: str, kw: str, item=item):
             for group in (item, shared):
                 if seq in group and len(group[seq].value) and kw in group[seq].value[0]:
@@ -184,8 +185,10 @@ def _volume(datasets: dict[str, Dataset]) -> _Volume:
     for name, ds in datasets.items():
         got = _frame_geometry(ds, name)
         if got is None:
-            raise DefaceError("defacing_failed", "no_geometry: a slice lacks ImagePositionPatient, "
-                              "ImageOrientationPatient or PixelSpacing")
+            raise DefaceError(
+                "defacing_failed",
+                "no_geometry: a slice lacks ImagePositionPatient, ImageOrientationPatient or PixelSpacing",
+            )
         slices += got
     stacked = _stack(slices)
     if stacked is None:
@@ -252,8 +255,9 @@ def _mark(ds: Dataset) -> bytes:
     return buf.getvalue()
 
 
-def deface_series(payloads: dict[str, bytes], body_part: str | None, mode: str = "on",
-                  detector: bool = True) -> SeriesOutcome:
+def deface_series(
+    payloads: dict[str, bytes], body_part: str | None, mode: str = "on", detector: bool = True
+) -> SeriesOutcome:
     """Deface one de-identified series.
 
     Parameters
@@ -295,8 +299,9 @@ def deface_series(payloads: dict[str, bytes], body_part: str | None, mode: str =
     if mode == "off":
         return SeriesOutcome("off")
     if mode == "quarantine":
-        return SeriesOutcome("quarantined", "head_volume_withheld", "config deid.deface is quarantine: head "
-                             "volumes are withheld")
+        return SeriesOutcome(
+            "quarantined", "head_volume_withheld", "config deid.deface is quarantine: head volumes are withheld"
+        )
     figures: dict = {"anatomy": decision, "slices": len(vol.slices)}
     try:
         region, report = face_mask(vol.image, modality, vol.rescale)
@@ -314,18 +319,19 @@ def deface_series(payloads: dict[str, bytes], body_part: str | None, mode: str =
         changed = int((box[inner] != bg_box[inner]).sum())
         box[inner] = bg_box[inner]
         after = float((box > thr_box)[inner].mean()) if inner.any() else 0.0
-        figures.update(face_tissue_before=round(before, 4), face_tissue_after=round(after, 4),
-                       voxels_changed=changed)
+        figures.update(face_tissue_before=round(before, 4), face_tissue_after=round(after, 4), voxels_changed=changed)
         if after > 0:
-            raise DefaceError("defacing_failed", f"face_tissue_after: {after:.4f} of the face region above the "
-                              "tissue threshold")
+            raise DefaceError(
+                "defacing_failed", f"face_tissue_after: {after:.4f} of the face region above the tissue threshold"
+            )
         if detector:
             figures["faces_before"] = faces_before
-            figures["faces_after"] = detect_faces(front_render(vol.image_of(vol.stored),
-                                                               _image_threshold(vol, thr)))
+            figures["faces_after"] = detect_faces(front_render(vol.image_of(vol.stored), _image_threshold(vol, thr)))
             if figures["faces_after"]:
-                raise DefaceError("defacing_failed", "face_detected_after: the frontal-face detector finds a face "
-                                  "on the defaced render")
+                raise DefaceError(
+                    "defacing_failed",
+                    "face_detected_after: the frontal-face detector finds a face on the defaced render",
+                )
         stored = vol.stored
         out = _write_back(datasets, vol, stored)
     except DefaceError as err:
@@ -445,8 +451,16 @@ def deface_written(instances: list[dict], read, write, mode: str = "on", detecto
         except Exception as err:  # noqa: BLE001  anything unforeseen in one series quarantines that series only
             outcome = SeriesOutcome("quarantined", "defacing_failed", f"unexpected: {type(err).__name__}")
         outcomes.append(outcome)
-        done.series.append({"series_key": series_key, "status": outcome.status, "reason": outcome.reason,
-                            "detail": outcome.detail, "files": len(rows), **outcome.figures})
+        done.series.append(
+            {
+                "series_key": series_key,
+                "status": outcome.status,
+                "reason": outcome.reason,
+                "detail": outcome.detail,
+                "files": len(rows),
+                **outcome.figures,
+            }
+        )
         if outcome.status == "quarantined":
             for sop in by_path.values():
                 done.quarantined[sop] = (outcome.reason or "defacing_failed", outcome.detail or "")

@@ -65,19 +65,68 @@ if TYPE_CHECKING:
     from etl.deid.series_text import SeriesSlot
 
 #: values of already de-identified input that are not identifying (and equal our own dummies)
-PLACEHOLDERS = frozenset({"ANONYMIZED", "ANONYMOUS", "ANON", "UNKNOWN", "NONE", "NULL", "REMOVED", "DEIDENTIFIED",
-                          "PATIENT", "TEST", "PHANTOM", "THE", "AND", "FOR", "DOCTOR", "PHYSICIAN", "OPERATOR"})
+PLACEHOLDERS = frozenset(
+    {
+        "ANONYMIZED",
+        "ANONYMOUS",
+        "ANON",
+        "UNKNOWN",
+        "NONE",
+        "NULL",
+        "REMOVED",
+        "DEIDENTIFIED",
+        "PATIENT",
+        "TEST",
+        "PHANTOM",
+        "THE",
+        "AND",
+        "FOR",
+        "DOCTOR",
+        "PHYSICIAN",
+        "OPERATOR",
+    }
+)
 #: LO/SH/AE/UC attributes whose whole value identifies (others are descriptors or codes that legitimately
 #: recur in kept, cleaned text: only person names, UIDs and these are verified absent)
-IDENTIFYING_KEYWORDS = frozenset({
-    "PatientID", "OtherPatientIDs", "IssuerOfPatientID", "AccessionNumber", "StudyID", "RequestedProcedureID",
-    "ScheduledProcedureStepID", "PerformedProcedureStepID", "AdmissionID", "ServiceEpisodeID", "PatientAddress",
-    "PatientTelephoneNumbers", "MilitaryRank", "BranchOfService", "MedicalRecordLocator", "InsurancePlanIdentification",
-    "InstitutionName", "InstitutionAddress", "InstitutionalDepartmentName", "DeviceSerialNumber", "StationName",
-    "DetectorID", "PlateID", "CassetteID", "GantryID", "DeviceUID", "PersonTelephoneNumbers", "PersonAddress",
-    "ResponsibleOrganization", "FillerOrderNumberImagingServiceRequest", "PlacerOrderNumberImagingServiceRequest",
-    "OrderEnteredBy", "OrderCallbackPhoneNumber", "RegionOfResidence", "CountryOfResidence",
-})
+IDENTIFYING_KEYWORDS = frozenset(
+    {
+        "PatientID",
+        "OtherPatientIDs",
+        "IssuerOfPatientID",
+        "AccessionNumber",
+        "StudyID",
+        "RequestedProcedureID",
+        "ScheduledProcedureStepID",
+        "PerformedProcedureStepID",
+        "AdmissionID",
+        "ServiceEpisodeID",
+        "PatientAddress",
+        "PatientTelephoneNumbers",
+        "MilitaryRank",
+        "BranchOfService",
+        "MedicalRecordLocator",
+        "InsurancePlanIdentification",
+        "InstitutionName",
+        "InstitutionAddress",
+        "InstitutionalDepartmentName",
+        "DeviceSerialNumber",
+        "StationName",
+        "DetectorID",
+        "PlateID",
+        "CassetteID",
+        "GantryID",
+        "DeviceUID",
+        "PersonTelephoneNumbers",
+        "PersonAddress",
+        "ResponsibleOrganization",
+        "FillerOrderNumberImagingServiceRequest",
+        "PlacerOrderNumberImagingServiceRequest",
+        "OrderEnteredBy",
+        "OrderCallbackPhoneNumber",
+        "RegionOfResidence",
+        "CountryOfResidence",
+    }
+)
 ASCII_VRS = frozenset({"UI", "DA", "DT", "TM", "AS", "IS", "DS"})
 #: VRs whose value is opaque bytes: an unlisted public element with one is removed unless in :data:`KEPT_BINARY_TAGS`
 BINARY_VRS = frozenset({"OB", "OW", "OF", "OD", "OL", "OV", "UN", "OB or OW", "US or OW", "US or SS or OW"})
@@ -86,13 +135,31 @@ NUMERIC_VRS = frozenset({"US", "SS", "UL", "SL", "FL", "FD", "UV", "SV", "AT", "
 #: binary public elements kept when the profile does not list them: pixel data and what decodes or displays it
 #: (offset tables, LUTs, palettes, ICC profile) and waveform samples. Their bytes are not searched for names
 #: (short name parts occur in pixel bytes by chance).
-KEPT_BINARY_TAGS = frozenset({
-    0x7FE00001, 0x7FE00002, 0x7FE00008, 0x7FE00009, 0x7FE00010,  # offset tables, Float/Double/Pixel Data
-    0x00283006, 0x00281201, 0x00281202, 0x00281203, 0x00281204,  # LUT Data, palette colour LUT data
-    0x00281221, 0x00281222, 0x00281223, 0x00282000,  # segmented palette LUT data, ICC Profile
-    0x00283010, 0x00285000, 0x00286030,  # (sequences/values of LUTs), bi-plane, mask pixel data
-    0x54001010, 0x5400100A, 0x56000020, 0x56000010,  # waveform data and padding value, spectroscopy data
-})
+KEPT_BINARY_TAGS = frozenset(
+    {
+        0x7FE00001,
+        0x7FE00002,
+        0x7FE00008,
+        0x7FE00009,
+        0x7FE00010,  # offset tables, Float/Double/Pixel Data
+        0x00283006,
+        0x00281201,
+        0x00281202,
+        0x00281203,
+        0x00281204,  # LUT Data, palette colour LUT data
+        0x00281221,
+        0x00281222,
+        0x00281223,
+        0x00282000,  # segmented palette LUT data, ICC Profile
+        0x00283010,
+        0x00285000,
+        0x00286030,  # (sequences/values of LUTs), bi-plane, mask pixel data
+        0x54001010,
+        0x5400100A,
+        0x56000020,
+        0x56000010,  # waveform data and padding value, spectroscopy data
+    }
+)
 #: tags of a sequence's structure (items and delimiters): never valid as an element of a dataset
 _STRUCTURAL_GROUP = 0xFFFE
 #: numeric values longer than this (bytes) are not searched for name parts (chance matches in long arrays)
@@ -113,7 +180,9 @@ _PIXEL_DATA = 0x7FE00010
 #: words after which the report scrubber looks for names or organisations (see entity_extraction/phi_patterns.json)
 _SCRUB_TRIGGER = re.compile(
     r"\b(?:dr|doctor|prof|mr|mrs|ms|miss|patient|name|signed|by|md|hospital|clinic|infirmary|cent(?:er|re)|"
-    r"health|imaging|radiology|@|www|http)\b|@", re.IGNORECASE)
+    r"health|imaging|radiology|@|www|http)\b|@",
+    re.IGNORECASE,
+)
 #: InstitutionName, InstitutionAddress, InstitutionalDepartmentName: whole values are verified absent
 INSTITUTION_TAGS = frozenset({0x00080080, 0x00080081, 0x00081040})
 #: Manufacturer: kept by the profile and searched like every kept value; only an institution value that is
@@ -168,6 +237,7 @@ class DeidResult:
 
 # ---- dates ---------------------------------------------------------------------------------------
 
+
 def _shift_ymd(y: int, m: int, d: int, days: int) -> dt.date:
     return dt.date(y, m, d) + dt.timedelta(days=days)
 
@@ -219,6 +289,7 @@ def check_time(value: str) -> str:
 
 # ---- the walk ------------------------------------------------------------------------------------
 
+
 def _id_like(v: str) -> bool:
     """An identifier worth verifying: has a digit, and is long enough not to occur in numbers by chance
     (pure digits: 6 or more; mixed: 4 or more)."""
@@ -240,8 +311,15 @@ def _text(elem: DataElement | pydicom.dataelem.RawDataElement) -> list[str]:
 
 
 class _Walker:
-    def __init__(self, policy: Policy, key: PseudonymKey, shift: int, patient_key: str, institution_key: str,
-                 scrub_known: list[str]):
+    def __init__(
+        self,
+        policy: Policy,
+        key: PseudonymKey,
+        shift: int,
+        patient_key: str,
+        institution_key: str,
+        scrub_known: list[str],
+    ):
         self.p = policy
         self.key = key
         self.shift = shift
@@ -268,8 +346,11 @@ class _Walker:
                 self.phi.add(("institution", v))
             elif vr == "PN":
                 for part in re.split(r"[\^=,\s]+", v):
-                    if (len(part.rstrip(".")) >= 3 and sum(ch.isalpha() for ch in part) >= 2
-                            and part.upper().strip(".") not in PLACEHOLDERS):
+                    if (
+                        len(part.rstrip(".")) >= 3
+                        and sum(ch.isalpha() for ch in part) >= 2
+                        and part.upper().strip(".") not in PLACEHOLDERS
+                    ):
                         self.phi.add(("name", part))
             elif vr == "UI":
                 if v.count(".") >= 2 and len(v) >= 8:
@@ -298,8 +379,10 @@ class _Walker:
                 # an item or delimiter where an element belongs: a sequence length that does not match its items
                 # (e.g. a length field of 0) leaves the items' bytes here, unparsed and unvetted: fail closed
                 raise DeidentificationError(
-                    "malformed_structure", "a sequence item or delimiter stands where a data element belongs "
-                    "(a sequence's length does not match its items)")
+                    "malformed_structure",
+                    "a sequence item or delimiter stands where a data element belongs "
+                    "(a sequence's length does not match its items)",
+                )
             if tag & 0xFFFF == 0 or (group & 0xFF00) in removed_groups:
                 self._remove(ds, tag, elem)
                 continue
@@ -355,8 +438,11 @@ class _Walker:
     @staticmethod
     def _collects(vr: str, tag) -> bool:
         """Whether :meth:`_collect` would keep anything of such an element (saves decoding the rest)."""
-        return (vr in ("PN", "UI", "ST", "LT", "UT") or tag in INSTITUTION_TAGS
-                or (vr in ("LO", "SH", "AE", "UC") and keyword_for(tag) in IDENTIFYING_KEYWORDS))
+        return (
+            vr in ("PN", "UI", "ST", "LT", "UT")
+            or tag in INSTITUTION_TAGS
+            or (vr in ("LO", "SH", "AE", "UC") and keyword_for(tag) in IDENTIFYING_KEYWORDS)
+        )
 
     def _collect_sequence(self, elem: DataElement) -> None:
         for item in elem.value or []:
@@ -365,16 +451,20 @@ class _Walker:
                     if sub.tag not in self.p.keep_uid_tags:
                         self._collect("UI", [v for v in _text(sub) if v.strip("\x00 ") not in UID_dictionary])
                 elif sub.VR in TEXT_VRS:
-                    self._collect(sub.VR, _text(sub), "institution" if sub.tag in INSTITUTION_TAGS else None,
-                                  sub.keyword)
+                    self._collect(
+                        sub.VR, _text(sub), "institution" if sub.tag in INSTITUTION_TAGS else None, sub.keyword
+                    )
 
     def _private(self, ds: Dataset, tag, elem, depth: int) -> None:
         if self.p.safe_private and tag.element >= 0x1000:
             creator_tag = (tag.group << 16) | (tag.element >> 8)
             creator = ds.get(creator_tag)
             vr = elem.VR
-            if (creator is not None and vr not in ("SQ", "UN", None)
-                    and (str(creator.value).strip().upper(), tag.group, tag.element & 0xFF, vr) in self.p.safe_private):
+            if (
+                creator is not None
+                and vr not in ("SQ", "UN", None)
+                and (str(creator.value).strip().upper(), tag.group, tag.element & 0xFF, vr) in self.p.safe_private
+            ):
                 self.audit["kept"] += 1
                 return
         if self.p.safe_private and 0x0010 <= tag.element <= 0x00FF:
@@ -514,8 +604,10 @@ class _Walker:
         cleaned = []
         for v in values:
             if len(v) > MAX_DICOM_TEXT_CHARS:  # never run the scrubber's patterns on megabytes of header text
-                raise DeidentificationError("value_too_long", f"a text value to clean has {len(v)} characters, "
-                                            f"more than the limit of {MAX_DICOM_TEXT_CHARS}")
+                raise DeidentificationError(
+                    "value_too_long",
+                    f"a text value to clean has {len(v)} characters, more than the limit of {MAX_DICOM_TEXT_CHARS}",
+                )
             if self._needs_scrub(v):
                 v, _ = deidentify_text(v, known_phi=self.scrub_known, date_shift_days=self.shift)
             cleaned.append(v)
@@ -568,6 +660,7 @@ def dictionary_VR_or_none(tag) -> str | None:
 
 
 # ---- charset, burned-in text, pixel cleaning ------------------------------------------------------
+
 
 def _drop_undecodable_text(ds: Dataset, encodings: list[str], audit: Counter) -> None:
     """Remove kept text values whose bytes do not decode under the declared character set (fail closed),
@@ -624,10 +717,12 @@ def matching_cleaning_rule(ds: Dataset, rules: list[PixelCleaningRule]) -> Pixel
     manufacturer = str(ds.get("Manufacturer", "") or "")
     model = str(ds.get("ManufacturerModelName", "") or "")
     for rule in rules:
-        if (re.fullmatch(rule.manufacturer, manufacturer, re.IGNORECASE)
-                and re.fullmatch(rule.model, model, re.IGNORECASE)
-                and (rule.rows is None or rule.rows == ds.get("Rows"))
-                and (rule.columns is None or rule.columns == ds.get("Columns"))):
+        if (
+            re.fullmatch(rule.manufacturer, manufacturer, re.IGNORECASE)
+            and re.fullmatch(rule.model, model, re.IGNORECASE)
+            and (rule.rows is None or rule.rows == ds.get("Rows"))
+            and (rule.columns is None or rule.columns == ds.get("Columns"))
+        ):
             return rule
     return None
 
@@ -646,9 +741,13 @@ def clean_pixels(ds: Dataset, rule: PixelCleaningRule) -> int:
     except NormalisationError as err:
         if err.reason in CONTAINED_DECODE_REASONS:
             raise DeidentificationError(err.reason, str(err)) from None
-        raise DeidentificationError("pixel_cleaning_failed", f"cannot decode pixels to clean them: {err.reason}") from None
+        raise DeidentificationError(
+            "pixel_cleaning_failed", f"cannot decode pixels to clean them: {err.reason}"
+        ) from None
     except Exception as err:  # noqa: BLE001  any decoder failure: the text cannot be removed
-        raise DeidentificationError("pixel_cleaning_failed", f"cannot decode pixels to clean them: {type(err).__name__}") from None
+        raise DeidentificationError(
+            "pixel_cleaning_failed", f"cannot decode pixels to clean them: {type(err).__name__}"
+        ) from None
     frames = int(ds.get("NumberOfFrames", 1) or 1)
     rows, cols = int(ds.Rows), int(ds.Columns)
     blanked = 0
@@ -667,6 +766,7 @@ def clean_pixels(ds: Dataset, rule: PixelCleaningRule) -> int:
 
 # ---- entry point ---------------------------------------------------------------------------------
 
+
 def _identity(ds: Dataset) -> tuple[str, str]:
     patient_id = str(ds.get("PatientID", "") or "").strip()
     issuer = str(ds.get("IssuerOfPatientID", "") or "").strip()
@@ -680,12 +780,16 @@ def _output_header(payload: bytes, ds: Dataset) -> bytes:
     if isinstance(value, (bytes, bytearray)) and len(value) >= 256:
         i = payload.find(bytes(value[:256]))
         if i >= 0:
-            return payload[:i] + payload[i + len(value):]
+            return payload[:i] + payload[i + len(value) :]
     return payload
 
 
-def _text_bytes(ds: Dataset, free: list[bytes] | None = None, own: AbstractSet[bytes] = frozenset(),
-                binary: list[bytes] | None = None) -> bytes:
+def _text_bytes(
+    ds: Dataset,
+    free: list[bytes] | None = None,
+    own: AbstractSet[bytes] = frozenset(),
+    binary: list[bytes] | None = None,
+) -> bytes:
     """Raw bytes of every value where a person name could be written, joined by NUL: character string VRs, UI,
     the values of sequences at any depth, kept numeric values up to 4 KiB.
 
@@ -705,8 +809,9 @@ def _text_bytes(ds: Dataset, free: list[bytes] | None = None, own: AbstractSet[b
     return b"\x00".join(parts)
 
 
-def _collect_text_bytes(ds: Dataset, parts: list[bytes], free: list[bytes], own: AbstractSet[bytes],
-                        binary: list[bytes]) -> None:
+def _collect_text_bytes(
+    ds: Dataset, parts: list[bytes], free: list[bytes], own: AbstractSet[bytes], binary: list[bytes]
+) -> None:
     for tag, elem in ds.items():  # raw elements are read as bytes, not converted
         if tag == 0x00120064:  # DeidentificationMethodCodeSequence: our own constant codes
             continue
@@ -728,8 +833,10 @@ def _collect_text_bytes(ds: Dataset, parts: list[bytes], free: list[bytes], own:
             if vr in TEXT_VRS:
                 if _CONTROL_BYTES.search(b.rstrip(b"\x00")):
                     raise DeidentificationError(
-                        "malformed_structure", f"a kept {vr} value holds control bytes (another element's bytes "
-                        "swallowed after a length fault)")
+                        "malformed_structure",
+                        f"a kept {vr} value holds control bytes (another element's bytes "
+                        "swallowed after a length fault)",
+                    )
                 if b not in own:
                     free.append(b)
         elif vr in NUMERIC_VRS and int(tag) not in KEPT_BINARY_TAGS:
@@ -760,9 +867,15 @@ _DIGIT_RUN = re.compile(rb"\d{5,}")
 BINARY_NAME_MIN = 4
 
 
-def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str],
-                  manufacturer: bytes = b"", text: bytes | None = None, free: bytes = b"",
-                  binary: bytes = b"") -> list[str]:
+def verify_output(
+    header: bytes,
+    phi: set[tuple[str, str]],
+    encodings: list[str],
+    manufacturer: bytes = b"",
+    text: bytes | None = None,
+    free: bytes = b"",
+    binary: bytes = b"",
+) -> list[str]:
     """Identifying values of the input found in the output header bytes (their kinds only).
 
     Name parts match as whole words, case-insensitively, in the text values (``text``; default: the whole
@@ -802,9 +915,9 @@ def verify_output(header: bytes, phi: set[tuple[str, str]], encodings: list[str]
         for b in forms:
             if kind == "name":  # person-name parts: whole words, in text values (longer ones in binary values too)
                 word = rb"(?<![A-Za-z])" + re.escape(b) + rb"(?![A-Za-z])"
-                if ((b.lower() in lowered and re.search(word, names_in, re.IGNORECASE))
-                        or (len(b) >= BINARY_NAME_MIN and b.lower() in binary_lowered
-                            and re.search(word, binary, re.IGNORECASE))):
+                if (b.lower() in lowered and re.search(word, names_in, re.IGNORECASE)) or (
+                    len(b) >= BINARY_NAME_MIN and b.lower() in binary_lowered and re.search(word, binary, re.IGNORECASE)
+                ):
                     found.append(kind)
                     break
             elif kind == "uid":
@@ -871,8 +984,11 @@ def deidentify_dataset(
     """
     policy = policy or build_policy()
     if _ascii(ds, 0x00080016).startswith(ENCAPSULATED_DOCUMENT_PREFIX):
-        raise DeidentificationError("encapsulated_document", "an Encapsulated Document (PDF, CDA, 3D model): its "
-                                    "content is not DICOM attributes and cannot be de-identified or verified")
+        raise DeidentificationError(
+            "encapsulated_document",
+            "an Encapsulated Document (PDF, CDA, 3D model): its "
+            "content is not DICOM attributes and cannot be de-identified or verified",
+        )
     cut = last_element_cut(ds)
     if cut is not None:  # a file cut before its pixel data reads as a complete, pixel-less object
         raise DeidentificationError("truncated_file", f"the file ends inside element {cut}: it is cut short")
@@ -880,20 +996,31 @@ def deidentify_dataset(
     if not patient_id:
         raise DeidentificationError("missing_patient_id", "PatientID is empty or absent")
     uids = {}
-    for kw, tag in (("StudyInstanceUID", 0x0020000D), ("SeriesInstanceUID", 0x0020000E), ("SOPInstanceUID", 0x00080018)):
+    for kw, tag in (
+        ("StudyInstanceUID", 0x0020000D),
+        ("SeriesInstanceUID", 0x0020000E),
+        ("SOPInstanceUID", 0x00080018),
+    ):
         uids[kw] = _ascii(ds, tag)  # read raw: no conversion of values the walk replaces anyway
         if not uids[kw]:
             raise DeidentificationError("missing_uid", f"{kw} is empty or absent")
     sop_class = _ascii(ds, 0x00080016)
-    if ((sop_class in PHOTOGRAPHIC_SOP_CLASSES or _ascii(ds, 0x00280302).upper() == "YES")
-            and institution not in policy.visual_features_allowed):  # a photograph or video of a face
-        raise DeidentificationError("recognizable_visual_features", "a VL/Video Photographic image or "
-                                    "RecognizableVisualFeatures YES, and config deid.recognizable_visual_features_"
-                                    "allowed does not list this institution")
+    if (
+        sop_class in PHOTOGRAPHIC_SOP_CLASSES or _ascii(ds, 0x00280302).upper() == "YES"
+    ) and institution not in policy.visual_features_allowed:  # a photograph or video of a face
+        raise DeidentificationError(
+            "recognizable_visual_features",
+            "a VL/Video Photographic image or "
+            "RecognizableVisualFeatures YES, and config deid.recognizable_visual_features_"
+            "allowed does not list this institution",
+        )
     raw_pixels = ds.get_item(_PIXEL_DATA)
-    if (raw_pixels is not None and isinstance(raw_pixels.value, (bytes, bytearray))
-            and getattr(raw_pixels, "length", 0) not in (0, 0xFFFFFFFF)
-            and len(raw_pixels.value) < getattr(raw_pixels, "length", 0)):
+    if (
+        raw_pixels is not None
+        and isinstance(raw_pixels.value, (bytes, bytearray))
+        and getattr(raw_pixels, "length", 0) not in (0, 0xFFFFFFFF)
+        and len(raw_pixels.value) < getattr(raw_pixels, "length", 0)
+    ):
         # the file ends inside the pixel data: rewriting it would hide the truncation from normalisation
         raise DeidentificationError("truncated_file", "the file ends before the end of its Pixel Data")
     audit: Counter = Counter()
@@ -904,15 +1031,19 @@ def deidentify_dataset(
     accession = str(ds.get("AccessionNumber", "") or "").strip()
     accession_key = key.pseudonym("accession", f"{institution}|{accession}") if accession else None
     # identifying header values the descriptor scrubber removes (read before the walk changes them)
-    known = [str(ds.get(k, "") or "") for k in ("PatientName", "OtherPatientIDs", "ReferringPhysicianName",
-                                                 "PatientAddress") if k in ds and policy.cleans_text] + [patient_id, accession]
+    known = [
+        str(ds.get(k, "") or "")
+        for k in ("PatientName", "OtherPatientIDs", "ReferringPhysicianName", "PatientAddress")
+        if k in ds and policy.cleans_text
+    ] + [patient_id, accession]
     charset = ds.get("SpecificCharacterSet", "ISO_IR 6") or "ISO_IR 6"
     try:
         encodings = convert_encodings(charset)
     except (LookupError, ValueError):
         encodings = ["latin-1"]
-    walker = _Walker(policy, key, shift, patient_key, key.pseudonym("institution", institution, 12),
-                     [k for k in known if k.strip()])
+    walker = _Walker(
+        policy, key, shift, patient_key, key.pseudonym("institution", institution, 12), [k for k in known if k.strip()]
+    )
     walker.top = policy.top_level_actions(_ascii(ds, 0x00080016))
     try:
         walker.walk(ds)
@@ -931,18 +1062,25 @@ def deidentify_dataset(
     except Exception as err:  # noqa: BLE001  any failure while de-identifying quarantines the file
         raise DeidentificationError("deidentification_error", f"{type(err).__name__} while de-identifying") from None
     maker = ds.get_item(MANUFACTURER_TAG) if MANUFACTURER_TAG in ds else None
-    manufacturer = (b"" if maker is None else bytes(maker.value or b"") if isinstance(maker.value, (bytes, bytearray))
-                    else str(ds[MANUFACTURER_TAG].value).encode("utf-8", "ignore"))
+    manufacturer = (
+        b""
+        if maker is None
+        else bytes(maker.value or b"")
+        if isinstance(maker.value, (bytes, bytearray))
+        else str(ds[MANUFACTURER_TAG].value).encode("utf-8", "ignore")
+    )
     own = {walker.patient_key.encode(), f"INSTITUTION-{walker.institution_key}".encode()}
     free: list[bytes] = []
     binary: list[bytes] = []
     text = _text_bytes(ds, free, own, binary) + b"\x00" + _text_bytes(ds.file_meta, free, own, binary)
-    hits = verify_output(_output_header(payload, ds), walker.phi, encodings, manufacturer, text, b"\x00".join(free),
-                         b"\x00".join(binary))
+    hits = verify_output(
+        _output_header(payload, ds), walker.phi, encodings, manufacturer, text, b"\x00".join(free), b"\x00".join(binary)
+    )
     if hits:
         raise DeidentificationError(
-            "verification_failed", f"{len(hits)} identifying value(s) of the input remain in the output "
-            f"({', '.join(sorted(set(hits)))})")
+            "verification_failed",
+            f"{len(hits)} identifying value(s) of the input remain in the output ({', '.join(sorted(set(hits)))})",
+        )
     walker.audit.update(audit)
     walker.audit["verified"] += 1
     return DeidResult(
@@ -959,8 +1097,14 @@ def deidentify_dataset(
     )
 
 
-def _burned_in_text(ds: Dataset, policy: Policy, institution: str, rules: list[PixelCleaningRule] | None,
-                    audit: Counter, series_text: SeriesSlot | None = None) -> list[dict]:
+def _burned_in_text(
+    ds: Dataset,
+    policy: Policy,
+    institution: str,
+    rules: list[PixelCleaningRule] | None,
+    audit: Counter,
+    series_text: SeriesSlot | None = None,
+) -> list[dict]:
     """Burned-in text of one instance (before its header is de-identified): the device's region rule when one
     matches (the fast path), then OCR of every frame (:func:`etl.deid.burned_in_text.clean_text`) unless the
     config turns it off for this institution and modality; without OCR, files at header risk
@@ -1022,8 +1166,9 @@ def _burned_in_text(ds: Dataset, policy: Policy, institution: str, rules: list[P
                 except NormalisationError as known:
                     raise DeidentificationError(known.reason, str(known)) from None
                 raise DeidentificationError(fault.reason, str(fault)) from None
-            raise BurnedInTextError("pixel_cleaning_failed", f"cannot decode pixels to read burned-in text: "
-                                    f"{fault.reason}") from None
+            raise BurnedInTextError(
+                "pixel_cleaning_failed", f"cannot decode pixels to read burned-in text: {fault.reason}"
+            ) from None
     except BurnedInTextError as err:
         if err.reason == "pixel_cleaning_failed":
             if risk:  # cannot be read, and the header says text is likely: as before, quarantined
@@ -1078,8 +1223,9 @@ def _method_code_sequence(codes: tuple[tuple[str, str], ...], implicit_vr: bool,
     return fp.getvalue()
 
 
-def _finish(ds: Dataset, policy: Policy, transfer_syntax: str | None, walker: _Walker,
-            pixels_cleaned: bool = False) -> None:
+def _finish(
+    ds: Dataset, policy: Policy, transfer_syntax: str | None, walker: _Walker, pixels_cleaned: bool = False
+) -> None:
     if policy.safe_private:
         _prune_private_creators(ds)
     ignore = pydicom_config.IGNORE
@@ -1093,12 +1239,15 @@ def _finish(ds: Dataset, policy: Policy, transfer_syntax: str | None, walker: _W
     # DeidentificationMethodCodeSequence: the same items in every file, encoded once per transfer syntax
     seq = _method_code_sequence(codes, implicit, little)
     ds[0x00120064] = RawDataElement(Tag(0x00120064), "SQ", len(seq), seq, 0, implicit, little)
-    ds[0x00280303] = DataElement(0x00280303, "CS", "MODIFIED" if policy.modified_dates else "REMOVED",
-                                 validation_mode=ignore)  # LongitudinalTemporalInformationModified
+    ds[0x00280303] = DataElement(
+        0x00280303, "CS", "MODIFIED" if policy.modified_dates else "REMOVED", validation_mode=ignore
+    )  # LongitudinalTemporalInformationModified
     sop_class_item = ds.get_item(0x00080016)
-    sop_class = (bytes(sop_class_item.value).decode("ascii", "replace").rstrip("\x00 ")
-                 if sop_class_item is not None and isinstance(sop_class_item.value, bytes)
-                 else str(ds.get("SOPClassUID", "1.2.840.10008.5.1.4.1.1.7")))
+    sop_class = (
+        bytes(sop_class_item.value).decode("ascii", "replace").rstrip("\x00 ")
+        if sop_class_item is not None and isinstance(sop_class_item.value, bytes)
+        else str(ds.get("SOPClassUID", "1.2.840.10008.5.1.4.1.1.7"))
+    )
     meta = FileMetaDataset()
     meta.add(DataElement(0x00020002, "UI", sop_class, validation_mode=ignore))
     meta.add(DataElement(0x00020003, "UI", _ascii(ds, 0x00080018), validation_mode=ignore))

@@ -106,22 +106,37 @@ def instance_row(result: DeidResult, inst: Institution, body_part: str | None, p
     except ValueError:
         raise DeidentificationError("invalid_value", "StudyDate/StudyTime is not a valid date and time") from None
     return {
-        "sop_key": result.sop_key, "series_key": result.series_key, "study_key": result.study_key,
-        "patient_key": result.patient_key, "accession_key": result.accession_key,
-        "institution": inst.id, "country": inst.country, "modality": modality, "body_part": body_part,
+        "sop_key": result.sop_key,
+        "series_key": result.series_key,
+        "study_key": result.study_key,
+        "patient_key": result.patient_key,
+        "accession_key": result.accession_key,
+        "institution": inst.id,
+        "country": inst.country,
+        "modality": modality,
+        "body_part": body_part,
         "family": modality_family(modality, body_part),
         "view_position": str(out.get("ViewPosition", "") or "").strip().upper() or None,
         "study_datetime": when,
         "instance_number": int(number) if number else None,
         "manufacturer": str(out.get("Manufacturer", "") or "") or None,
         "model": str(out.get("ManufacturerModelName", "") or "") or None,
-        "transfer_syntax": str(out.file_meta.TransferSyntaxUID), "dicom_path": path, "shard": shard,
+        "transfer_syntax": str(out.file_meta.TransferSyntaxUID),
+        "dicom_path": path,
+        "shard": shard,
     }
 
 
-def deidentify_file(data: bytes, key: PseudonymKey, inst: Institution, policy: Policy, dicom_dir: str, shard: int,
-                    pixel_cleaning: list[PixelCleaningRule] | None = None,
-                    series_text: SeriesSlot | None = None) -> DeidOutcome:
+def deidentify_file(
+    data: bytes,
+    key: PseudonymKey,
+    inst: Institution,
+    policy: Policy,
+    dicom_dir: str,
+    shard: int,
+    pixel_cleaning: list[PixelCleaningRule] | None = None,
+    series_text: SeriesSlot | None = None,
+) -> DeidOutcome:
     """De-identify one source file (its bytes) for institution ``inst``; never raises for a bad file.
 
     Parameters
@@ -154,8 +169,15 @@ def deidentify_file(data: bytes, key: PseudonymKey, inst: Institution, policy: P
                     str(ds.get("BodyPartExamined", "") or ""),
                     [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")],
                 )
-                result = deidentify_dataset(ds, key, inst.id, policy, pixel_cleaning=pixel_cleaning,
-                                            default_issuer=inst.patient_id_issuer, series_text=series_text)
+                result = deidentify_dataset(
+                    ds,
+                    key,
+                    inst.id,
+                    policy,
+                    pixel_cleaning=pixel_cleaning,
+                    default_issuer=inst.patient_id_issuer,
+                    series_text=series_text,
+                )
             payload = result.to_bytes()
         row = instance_row(result, inst, body_part, f"{dicom_dir}/{result.sop_key}.dcm", shard)
     except (DeidentificationError, RecordLimitError, SourceBoundsError) as err:

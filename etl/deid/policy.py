@@ -120,8 +120,9 @@ class Policy:
         out = self._typed_cache.get(uid)
         if out is None:
             types = load_iod_types().types_for(uid)
-            out = {tag: action_for_type(basic, types.get(kw), self.actions[tag])
-                   for tag, (basic, kw) in self.typed.items()}
+            out = {
+                tag: action_for_type(basic, types.get(kw), self.actions[tag]) for tag, (basic, kw) in self.typed.items()
+            }
             self._typed_cache[uid] = out
         return out
 
@@ -218,8 +219,12 @@ def _build_policy_cached(cfg_json: str) -> Policy:
     profile = yaml.safe_load(PROFILE_FILE.read_text())
     from etl.deid.types import load_iod_types
 
-    typed_keywords = {kw for types in (*load_iod_types().by_sop_class.values(), load_iod_types().default)
-                      for kw, t in types.items() if t in ("2", "2C")}
+    typed_keywords = {
+        kw
+        for types in (*load_iod_types().by_sop_class.values(), load_iod_types().default)
+        for kw, t in types.items()
+        if t in ("2", "2C")
+    }
     actions: dict[int, str] = {}
     typed: dict[int, tuple[str, str]] = {}
     masks = []
@@ -229,8 +234,11 @@ def _build_policy_cached(cfg_json: str) -> Policy:
         if mask == 0xFFFFFFFF:
             actions[value] = action
             basic = profile.get("overrides", {}).get(row["keyword"], row["basic"])
-            if _option_action(row, cfg, profile) is None and row["keyword"] and (
-                    "/" in basic or (basic == "X" and row["keyword"] in typed_keywords)):
+            if (
+                _option_action(row, cfg, profile) is None
+                and row["keyword"]
+                and ("/" in basic or (basic == "X" and row["keyword"] in typed_keywords))
+            ):
                 typed[value] = (basic, row["keyword"])
         else:
             masks.append((mask, value, action))

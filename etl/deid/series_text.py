@@ -81,14 +81,18 @@ def load_series_policy(path: str | None = None) -> SeriesPolicy:
         s = data["series"]
         likely, read = s["text_likely"], s["targeted_read"]
         out = SeriesPolicy(
-            enabled=bool(s["enabled"]), sample_slices=int(s["sample_slices"]),
+            enabled=bool(s["enabled"]),
+            sample_slices=int(s["sample_slices"]),
             image_types=frozenset(str(v).upper() for v in likely["image_type"]),
             sop_class_prefixes=tuple(str(v) for v in likely["sop_class_prefixes"]),
             modalities=frozenset(str(v).upper() for v in likely["modalities"]),
             burned_in_annotation_yes=bool(likely["burned_in_annotation_yes"]),
-            precheck=PrecheckPolicy.from_dict(s["precheck"]), pad=float(read["pad"]),
-            word_min_chars=int(read["word_min_chars"]), long_word_chars=int(read["long_word_chars"]),
-            long_word_confidence=float(read["long_word_confidence"]))
+            precheck=PrecheckPolicy.from_dict(s["precheck"]),
+            pad=float(read["pad"]),
+            word_min_chars=int(read["word_min_chars"]),
+            long_word_chars=int(read["long_word_chars"]),
+            long_word_confidence=float(read["long_word_confidence"]),
+        )
     except (KeyError, TypeError, ValueError) as err:
         raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
     if out.sample_slices < 3:
@@ -111,6 +115,7 @@ def sample_positions(n: int, k: int) -> list[int]:
 
 def text_likely(ds, sp: SeriesPolicy) -> str | None:
     """Why the header of ``ds`` makes burned-in text likely (``text_likely`` of the policy), or None."""
+
     def value(kw: str) -> str:
         v = ds.get(kw)
         return "" if v is None else str(v).strip().upper()
@@ -118,8 +123,11 @@ def text_likely(ds, sp: SeriesPolicy) -> str | None:
     if sp.burned_in_annotation_yes and value("BurnedInAnnotation") == "YES":
         return "BurnedInAnnotation"
     image_type = ds.get("ImageType")
-    parts = ({str(x).strip().upper() for x in image_type} if type(image_type).__name__ == "MultiValue"
-             else {p.strip().upper() for p in str(image_type or "").split("\\")})
+    parts = (
+        {str(x).strip().upper() for x in image_type}
+        if type(image_type).__name__ == "MultiValue"
+        else {p.strip().upper() for p in str(image_type or "").split("\\")}
+    )
     if parts & sp.image_types:
         return "ImageType"
     if value("Modality") in sp.modalities:
@@ -207,8 +215,9 @@ def row_has_text(frame: np.ndarray, row: GlyphRow, policy: TextPolicy, phi: PhiT
     x0, y0, x1, y1 = row.box
     p = max(policy.pad_px, int(round(sp.pad * row.height)))
     line_px = int(np.clip(row.height, policy.min_line_px, policy.max_line_px))
-    region = Region((max(0, x0 - p), max(0, y0 - p), min(cols, x1 + p), min(rows, y1 + p)), row.bright, line_px,
-                    row.vertical)
+    region = Region(
+        (max(0, x0 - p), max(0, y0 - p), min(cols, x1 + p), min(rows, y1 + p)), row.bright, line_px, row.vertical
+    )
     words, _, _ = read_region(frame, region, policy)
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     for w in words:
@@ -270,8 +279,7 @@ def clean_slice(ds, policy: TextPolicy, phi: PhiTokens, slot: SeriesSlot) -> tup
     """
     sp = slot.policy
     likely = text_likely(ds, sp)
-    why = ("sample" if slot.sampled else "series_text" if slot.state.has_text
-           else f"header:{likely}" if likely else None)
+    why = "sample" if slot.sampled else "series_text" if slot.state.has_text else f"header:{likely}" if likely else None
     if why is None:
         disp = _displayed(ds, policy)
         if disp is None:
@@ -291,4 +299,3 @@ def clean_slice(ds, policy: TextPolicy, phi: PhiTokens, slot: SeriesSlot) -> tup
 def audit_key(why: str) -> str:
     """The audit count a slice's outcome adds to (``text_series_<why>``, the header keyword dropped)."""
     return "text_series_" + why.split(":", 1)[0]
-

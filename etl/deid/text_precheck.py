@@ -49,12 +49,22 @@ class PrecheckPolicy:
     @classmethod
     def from_dict(cls, d: dict) -> PrecheckPolicy:
         """From the policy file's mapping. Raises KeyError / TypeError / ValueError for a missing or bad field."""
-        return cls(min_ink=tuple(float(v) for v in d["min_ink"]), tophat_px=tuple(int(k) for k in d["tophat_px"]),
-                   max_side_px=int(d["max_side_px"]), min_glyph_px=int(d["min_glyph_px"]),
-                   max_glyph_px=int(d["max_glyph_px"]), max_width=float(d["max_width"]),
-                   min_fill=float(d["min_fill"]), max_fill=float(d["max_fill"]),
-                   height_ratio=float(d["height_ratio"]), align=float(d["align"]), both_edges=bool(d["both_edges"]),
-                   max_gap=float(d["max_gap"]), min_glyphs=int(d["min_glyphs"]), max_glyphs=int(d["max_glyphs"]))
+        return cls(
+            min_ink=tuple(float(v) for v in d["min_ink"]),
+            tophat_px=tuple(int(k) for k in d["tophat_px"]),
+            max_side_px=int(d["max_side_px"]),
+            min_glyph_px=int(d["min_glyph_px"]),
+            max_glyph_px=int(d["max_glyph_px"]),
+            max_width=float(d["max_width"]),
+            min_fill=float(d["min_fill"]),
+            max_fill=float(d["max_fill"]),
+            height_ratio=float(d["height_ratio"]),
+            align=float(d["align"]),
+            both_edges=bool(d["both_edges"]),
+            max_gap=float(d["max_gap"]),
+            min_glyphs=int(d["min_glyphs"]),
+            max_glyphs=int(d["max_glyphs"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -90,8 +100,13 @@ def _glyphs(boxes: np.ndarray, area: np.ndarray, p: PrecheckPolicy, scale: float
     h, w = boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]
     fill = area / np.maximum(h * w, 1.0)
     hf = h / scale
-    keep = ((hf >= p.min_glyph_px) & (hf <= p.max_glyph_px) & (w <= p.max_width * h)
-            & (fill >= p.min_fill) & (fill <= p.max_fill))
+    keep = (
+        (hf >= p.min_glyph_px)
+        & (hf <= p.max_glyph_px)
+        & (w <= p.max_width * h)
+        & (fill >= p.min_fill)
+        & (fill <= p.max_fill)
+    )
     return boxes[keep]
 
 
@@ -115,8 +130,9 @@ def _rows(g: np.ndarray, p: PrecheckPolicy) -> list[tuple[Box, int]]:
     out = []
     for grp in _groups(n, i.tolist(), j.tolist()):
         if len(grp) >= p.min_glyphs:
-            out.append(((int(x0[grp].min()), int(y0[grp].min()), int(x1[grp].max()), int(y1[grp].max())),
-                        int(h[grp].max())))
+            out.append(
+                ((int(x0[grp].min()), int(y0[grp].min()), int(x1[grp].max()), int(y1[grp].max())), int(h[grp].max()))
+            )
     return out
 
 
@@ -177,8 +193,11 @@ def glyph_rows(frame: np.ndarray, p: PrecheckPolicy) -> list[GlyphRow]:
                 for vertical in (False, True):  # along the rows, then along the columns (text written upwards)
                     for box, height in _rows(g[:, [1, 0, 3, 2]] if vertical else g, p):
                         x0, y0, x1, y1 = (box[1], box[0], box[3], box[2]) if vertical else box
-                        out.append(GlyphRow((x0 * d, y0 * d, min(cols, x1 * d), min(rows, y1 * d)), bright,
-                                            vertical, height * d))
+                        out.append(
+                            GlyphRow(
+                                (x0 * d, y0 * d, min(cols, x1 * d), min(rows, y1 * d)), bright, vertical, height * d
+                            )
+                        )
     return _merged(out)
 
 
@@ -187,7 +206,14 @@ def _merged(rows: list[GlyphRow]) -> list[GlyphRow]:
     polarity and direction left out: each place is recognised once."""
     out: list[GlyphRow] = []
     for r in sorted(rows, key=lambda r: -(r.box[2] - r.box[0]) * (r.box[3] - r.box[1])):
-        if not any(o.bright == r.bright and o.vertical == r.vertical and o.box[0] <= r.box[0] and o.box[1] <= r.box[1]
-                   and o.box[2] >= r.box[2] and o.box[3] >= r.box[3] for o in out):
+        if not any(
+            o.bright == r.bright
+            and o.vertical == r.vertical
+            and o.box[0] <= r.box[0]
+            and o.box[1] <= r.box[1]
+            and o.box[2] >= r.box[2]
+            and o.box[3] >= r.box[3]
+            for o in out
+        ):
             out.append(r)
     return out

@@ -107,18 +107,42 @@ def merge_lines(boxes: list[Box], heights: list[int], join_gap: float) -> list[t
             overlap_y = min(ay1, by1) - max(ay0, by0)
             overlap_x = min(ax1, bx1) - max(ax0, bx0)
             h = max(heights[i], heights[j])
-            same_line = (overlap_y >= 0.5 * min(heights[i], heights[j])
-                         and -overlap_x <= join_gap * h and h <= 2 * min(heights[i], heights[j]))
+            same_line = (
+                overlap_y >= 0.5 * min(heights[i], heights[j])
+                and -overlap_x <= join_gap * h
+                and h <= 2 * min(heights[i], heights[j])
+            )
             if (overlap_x > 0 and overlap_y > 0) or same_line:
                 edges.append((i, j))
     groups = components(len(boxes), edges)
-    return [((min(boxes[i][0] for i in g), min(boxes[i][1] for i in g), max(boxes[i][2] for i in g),
-              max(boxes[i][3] for i in g)), g) for g in groups]
+    return [
+        (
+            (
+                min(boxes[i][0] for i in g),
+                min(boxes[i][1] for i in g),
+                max(boxes[i][2] for i in g),
+                max(boxes[i][3] for i in g),
+            ),
+            g,
+        )
+        for g in groups
+    ]
 
 
-def glyph_row(ink: np.ndarray, floor: float, *, min_px: int = 6, max_px: int = 60, min_glyphs: int = 4,
-              height_ratio: float = 1.5, baseline_tol: float = 0.1, max_gap: float = 0.8,
-              max_stroke: float = 0.4, min_fill: float = 0.12, max_fill: float = 0.7) -> Box | None:
+def glyph_row(
+    ink: np.ndarray,
+    floor: float,
+    *,
+    min_px: int = 6,
+    max_px: int = 60,
+    min_glyphs: int = 4,
+    height_ratio: float = 1.5,
+    baseline_tol: float = 0.1,
+    max_gap: float = 0.8,
+    max_stroke: float = 0.4,
+    min_fill: float = 0.12,
+    max_fill: float = 0.7,
+) -> Box | None:
     """The longest row of character-like connected components in a stroke-contrast map, or None.
 
     ``ink`` (rows, cols float) is a top-hat (stroke contrast, display levels) of one text polarity; strokes are
@@ -161,7 +185,7 @@ def glyph_row(ink: np.ndarray, floor: float, *, min_px: int = 6, max_px: int = 6
     best: list[Box] = []
     for s in range(len(glyphs)):  # greedy chains from each start, in reading order
         row = [glyphs[s]]
-        for g in glyphs[s + 1:]:
+        for g in glyphs[s + 1 :]:
             last = row[-1]
             hs = sorted(b[3] - b[1] for b in row)
             hm = hs[len(hs) // 2]
@@ -171,9 +195,12 @@ def glyph_row(ink: np.ndarray, floor: float, *, min_px: int = 6, max_px: int = 6
                 if g[0] - last[2] > 3 * max_px:
                     break
                 continue
-            if (gap >= -0.1 * hm and max(gh, hm) <= height_ratio * min(gh, hm)
-                    and abs(g[3] - row[0][3]) <= max(1.0, baseline_tol * hm)
-                    and abs(g[1] - row[0][1]) <= max(1.0, baseline_tol * hm)):
+            if (
+                gap >= -0.1 * hm
+                and max(gh, hm) <= height_ratio * min(gh, hm)
+                and abs(g[3] - row[0][3]) <= max(1.0, baseline_tol * hm)
+                and abs(g[1] - row[0][1]) <= max(1.0, baseline_tol * hm)
+            ):
                 row.append(g)
         if len(row) > len(best):
             best = row
@@ -182,8 +209,17 @@ def glyph_row(ink: np.ndarray, floor: float, *, min_px: int = 6, max_px: int = 6
     return (min(b[0] for b in best), min(b[1] for b in best), max(b[2] for b in best), max(b[3] for b in best))
 
 
-def trim_to_ink(frame: np.ndarray, box: Box, k: int, floor: float, share: float, margin: int, *,
-                vertical: bool = False, along_share: float | None = None) -> list[Box]:
+def trim_to_ink(
+    frame: np.ndarray,
+    box: Box,
+    k: int,
+    floor: float,
+    share: float,
+    margin: int,
+    *,
+    vertical: bool = False,
+    along_share: float | None = None,
+) -> list[Box]:
     """A blank box shrunk to the text lines inside it, each plus ``margin`` pixels, never grown.
 
     ``frame`` (rows, cols uint8) is the displayed frame, ``box`` [x0, y0, x1, y1] in its pixels, ``vertical``
@@ -204,7 +240,7 @@ def trim_to_ink(frame: np.ndarray, box: Box, k: int, floor: float, share: float,
         return [box]
     wx0, wy0, wx1, wy1 = max(0, x0 - k), max(0, y0 - k), min(cols, x1 + k), min(rows, y1 + k)
     window = frame[wy0:wy1, wx0:wx1].astype(np.float32)
-    ink = np.abs(window - ndi.median_filter(window, size=(k, k)))[y0 - wy0:y1 - wy0, x0 - wx0:x1 - wx0]
+    ink = np.abs(window - ndi.median_filter(window, size=(k, k)))[y0 - wy0 : y1 - wy0, x0 - wx0 : x1 - wx0]
     if vertical:
         ink = ink.T  # (across, along)
     top = float(np.percentile(ink, 99.5))
@@ -227,8 +263,9 @@ def trim_to_ink(frame: np.ndarray, box: Box, k: int, floor: float, share: float,
     return out or [box]
 
 
-def stroke_value(stored: np.ndarray, frame: np.ndarray, box: Box, k: int, *, min_mode_share: float,
-                 max_frame_share: float) -> int | None:
+def stroke_value(
+    stored: np.ndarray, frame: np.ndarray, box: Box, k: int, *, min_mode_share: float, max_frame_share: float
+) -> int | None:
     """The one stored value a text line is drawn in, or None when it has none.
 
     Burned-in annotations are rendered in one colour: the cores of their glyphs hold one stored value, the
@@ -248,7 +285,7 @@ def stroke_value(stored: np.ndarray, frame: np.ndarray, box: Box, k: int, *, min
         return None
     wx0, wy0, wx1, wy1 = max(0, x0 - k), max(0, y0 - k), min(cols, x1 + k), min(rows, y1 + k)
     window = frame[wy0:wy1, wx0:wx1].astype(np.float32)
-    ink = np.abs(window - ndi.median_filter(window, size=(k, k)))[y0 - wy0:y1 - wy0, x0 - wx0:x1 - wx0]
+    ink = np.abs(window - ndi.median_filter(window, size=(k, k)))[y0 - wy0 : y1 - wy0, x0 - wx0 : x1 - wx0]
     top = float(np.percentile(ink, 99))
     if top <= 0:
         return None
@@ -262,8 +299,9 @@ def stroke_value(stored: np.ndarray, frame: np.ndarray, box: Box, k: int, *, min
     return int(v)
 
 
-def extend_over_value(stored: np.ndarray, box: Box, value: int, height: int, *, vertical: bool, gap: float,
-                      reach: float, margin: int) -> Box:
+def extend_over_value(
+    stored: np.ndarray, box: Box, value: int, height: int, *, vertical: bool, gap: float, reach: float, margin: int
+) -> Box:
     """A text line's box grown over the pixels of its stroke value (:func:`stroke_value`) that continue it.
 
     Along the reading direction, the box's band of rows (columns, for vertical text) grows while its columns

@@ -52,16 +52,23 @@ def template_head() -> tuple[sitk.Image, sitk.Image]:
     return head, face
 
 
-def answer_key(volume: sitk.Image, face: sitk.Image, brain_depth_mm: float = 20.0,
-               face_margin_mm: float = 10.0) -> sitk.Image:
+def answer_key(
+    volume: sitk.Image, face: sitk.Image, brain_depth_mm: float = 20.0, face_margin_mm: float = 10.0
+) -> sitk.Image:
     """Labels of a head: 1 = face region (``face`` > 0), 2 = brain and inner skull (tissue at least
     ``brain_depth_mm`` inside the head surface and ``face_margin_mm`` away from the face region), 0 = the rest."""
     arr = sitk.GetArrayViewFromImage(volume)
     head = sitk.BinaryFillhole(sitk.BinaryThreshold(volume, _threshold(volume), 1e30, 1, 0))
     depth = sitk.GetArrayFromImage(sitk.SignedMaurerDistanceMap(head, insideIsPositive=True, useImageSpacing=True))
     face_arr = sitk.GetArrayFromImage(face) > 0
-    away = sitk.GetArrayFromImage(sitk.SignedMaurerDistanceMap(
-        sitk.Cast(face > 0, sitk.sitkUInt8), insideIsPositive=False, useImageSpacing=True)) >= face_margin_mm
+    away = (
+        sitk.GetArrayFromImage(
+            sitk.SignedMaurerDistanceMap(
+                sitk.Cast(face > 0, sitk.sitkUInt8), insideIsPositive=False, useImageSpacing=True
+            )
+        )
+        >= face_margin_mm
+    )
     out = np.zeros(arr.shape, np.uint8)
     out[(depth >= brain_depth_mm) & away] = 2
     out[face_arr] = 1
@@ -108,10 +115,21 @@ def _rotation(axis: str, degrees: float) -> np.ndarray:
     return m
 
 
-def head_series(volume: sitk.Image, *, plane: str = "axial", position: str = "HFS", spacing=(1.5, 1.5, 2.0),
-                size=(128, 128, 96), oblique_deg: float = 0.0, tilt_deg: float = 0.0, crop_front_mm: float = 0.0,
-                modality: str = "MR", body_part: str | None = "HEAD", seed: int = 1,
-                labels: sitk.Image | None = None) -> HeadSeries:
+def head_series(
+    volume: sitk.Image,
+    *,
+    plane: str = "axial",
+    position: str = "HFS",
+    spacing=(1.5, 1.5, 2.0),
+    size=(128, 128, 96),
+    oblique_deg: float = 0.0,
+    tilt_deg: float = 0.0,
+    crop_front_mm: float = 0.0,
+    modality: str = "MR",
+    body_part: str | None = "HEAD",
+    seed: int = 1,
+    labels: sitk.Image | None = None,
+) -> HeadSeries:
     """DICOM series of ``volume`` (LPS, float32; CT in HU) on a new slice grid.
 
     Parameters
@@ -155,12 +173,35 @@ def head_series(volume: sitk.Image, *, plane: str = "axial", position: str = "HF
     moving.SetCenter(centre.tolist())
     moving.SetRotation(0, 0, np.radians(tilt_deg))
     background = -1000.0 if modality == "CT" else 0.0
-    grid = sitk.Resample(volume, [int(n) for n in size], moving, sitk.sitkLinear, origin.tolist(),
-                         [float(s) for s in spacing], direction.ravel().tolist(), background, sitk.sitkFloat32)
+    grid = sitk.Resample(
+        volume,
+        [int(n) for n in size],
+        moving,
+        sitk.sitkLinear,
+        origin.tolist(),
+        [float(s) for s in spacing],
+        direction.ravel().tolist(),
+        background,
+        sitk.sitkFloat32,
+    )
     arr = sitk.GetArrayFromImage(grid)
-    key = None if labels is None else sitk.GetArrayFromImage(sitk.Resample(
-        labels, [int(n) for n in size], moving, sitk.sitkNearestNeighbor, origin.tolist(), [float(s) for s in spacing],
-        direction.ravel().tolist(), 0, sitk.sitkUInt8))
+    key = (
+        None
+        if labels is None
+        else sitk.GetArrayFromImage(
+            sitk.Resample(
+                labels,
+                [int(n) for n in size],
+                moving,
+                sitk.sitkNearestNeighbor,
+                origin.tolist(),
+                [float(s) for s in spacing],
+                direction.ravel().tolist(),
+                0,
+                sitk.sitkUInt8,
+            )
+        )
+    )
     study, series, frame_of_ref = generate_uid(), generate_uid(), generate_uid()
     files = []
     for k in range(arr.shape[0]):
@@ -194,8 +235,9 @@ def _head_front(volume: sitk.Image) -> float:
     return float(np.percentile(_points(volume, _threshold(volume))[:, 1], 0.5))
 
 
-def _slice_dataset(pixels: np.ndarray, modality: str, body_part: str | None, position: str, row, col, ipp,
-                   spacing, k: int) -> Dataset:
+def _slice_dataset(
+    pixels: np.ndarray, modality: str, body_part: str | None, position: str, row, col, ipp, spacing, k: int
+) -> Dataset:
     ds = Dataset()
     ds.file_meta = FileMetaDataset()
     ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian

@@ -29,9 +29,15 @@ AXIAL_GLOB = "longitudinal-chest-ct-covid19-ny-sbu/*/axial/*.dcm"
 #: a real CT localizer (Philips surview, ImageType ORIGINAL\PRIMARY\LOCALIZER)
 SURVIEW = "ct-other/fodicom_GH342_philips_ct_surview.dcm"
 #: fictional header values of the built series (never a real person)
-PATIENT = {"PatientName": "QUENNELL^MARGIT", "PatientID": "4829173", "AccessionNumber": "A1234567",
-           "PatientBirthDate": "19760616", "StudyDate": "20120109", "StudyTime": "143205",
-           "InstitutionName": "St. Aldric Memorial Hospital"}
+PATIENT = {
+    "PatientName": "QUENNELL^MARGIT",
+    "PatientID": "4829173",
+    "AccessionNumber": "A1234567",
+    "PatientBirthDate": "19760616",
+    "StudyDate": "20120109",
+    "StudyTime": "143205",
+    "InstitutionName": "St. Aldric Memorial Hospital",
+}
 
 
 class SeriesDataError(ReasonCodedError, FileNotFoundError):
@@ -43,8 +49,11 @@ class SeriesDataError(ReasonCodedError, FileNotFoundError):
 
 def real_axial_slices(root: Path = SHARED_DICOM) -> list[Path]:
     """The real axial chest CT slices (sorted paths). Raises SeriesDataError when none is there."""
-    out = sorted(p for p in root.glob(AXIAL_GLOB)
-                 if "ORIGINAL" in list(pydicom.dcmread(p, stop_before_pixels=True).get("ImageType", [])))
+    out = sorted(
+        p
+        for p in root.glob(AXIAL_GLOB)
+        if "ORIGINAL" in list(pydicom.dcmread(p, stop_before_pixels=True).get("ImageType", []))
+    )
     if not out:
         raise SeriesDataError(f"no real axial CT slice under {root}/{AXIAL_GLOB}")
     return out
@@ -53,7 +62,8 @@ def real_axial_slices(root: Path = SHARED_DICOM) -> list[Path]:
 def _hu(ds: pydicom.Dataset) -> np.ndarray:
     """Hounsfield units (float32, rows x cols) of a CT slice."""
     return ds.pixel_array.astype(np.float32) * float(ds.get("RescaleSlope", 1) or 1) + float(
-        ds.get("RescaleIntercept", 0) or 0)
+        ds.get("RescaleIntercept", 0) or 0
+    )
 
 
 def _store(template: pydicom.Dataset, hu: np.ndarray) -> np.ndarray:
@@ -89,8 +99,9 @@ def ct_series(n: int, spacing_mm: float = 2.5, root: Path = SHARED_DICOM) -> lis
         ds.ImagePositionPatient = [-250.0, -250.0, -i * spacing_mm]
         ds.SliceLocation = -i * spacing_mm
         ds.SliceThickness = spacing_mm
-        ds.set_pixel_data(_store(template, _hu(src)), "MONOCHROME2", int(template.BitsStored),
-                          generate_instance_uid=False)
+        ds.set_pixel_data(
+            _store(template, _hu(src)), "MONOCHROME2", int(template.BitsStored), generate_instance_uid=False
+        )
         out.append(ds)
     return out
 

@@ -176,9 +176,7 @@ def _candidates(family: str, us_subtype: str | None) -> list[str]:
     if family == "2D-Ultrasound":
         sub = book["us_subtypes"].get(us_subtype or "")
         if sub is None:
-            raise DemoReportError(
-                "unknown_us_subtype", f"{us_subtype!r} is not one of {sorted(book['us_subtypes'])}"
-            )
+            raise DemoReportError("unknown_us_subtype", f"{us_subtype!r} is not one of {sorted(book['us_subtypes'])}")
         ids = [
             i
             for i in ids
@@ -473,9 +471,7 @@ def render_report(rng: random.Random, ctx: ReportContext, mentions: list[Planned
         phi.append(("id", ctx.mrn))
         if rng.random() < 0.6:
             pre.append(rng.choice(hdr["dob"]).format(dob=date_text(ctx.birth_date)))
-        pre.append(
-            rng.choice(hdr["exam"]).format(exam=ctx.exam_name.upper(), date=date_text(ctx.study_datetime))
-        )
+        pre.append(rng.choice(hdr["exam"]).format(exam=ctx.exam_name.upper(), date=date_text(ctx.study_datetime)))
         for a in ctx.exam_mentions:
             truth[a] = ("present", "none")
         if ctx.accession and rng.random() < 0.7:
@@ -509,9 +505,7 @@ def render_report(rng: random.Random, ctx: ReportContext, mentions: list[Planned
 
     # COMPARISON
     if ctx.prior_date is not None and ctx.prior_exam is not None:
-        comp = rng.choice(book["comparison"]["prior"]).format(
-            exam=ctx.prior_exam, date=date_text(ctx.prior_date)
-        )
+        comp = rng.choice(book["comparison"]["prior"]).format(exam=ctx.prior_exam, date=date_text(ctx.prior_date))
         comp = _cap(comp)
     else:
         comp = rng.choice(book["comparison"]["none"])
@@ -520,9 +514,7 @@ def render_report(rng: random.Random, ctx: ReportContext, mentions: list[Planned
     # FINDINGS
     onto = load_ontology()
     busy_anatomy = {
-        onto.concepts[m.entity_id].anatomy_id
-        for m in mentions
-        if m.assertion != "absent" or m.change == "resolved"
+        onto.concepts[m.entity_id].anatomy_id for m in mentions if m.assertion != "absent" or m.change == "resolved"
     }
     sentences: list[str] = []
     absent_plain = [m for m in mentions if m.assertion == "absent" and m.change == "none"]

@@ -38,8 +38,9 @@ def pending_files_per_shard(plan: pa.Table) -> dict[int, int]:
     return dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True))
 
 
-def balanced_shard_batches(files_per_shard: Mapping[int, int], shard_count: int,
-                           max_map_length: int) -> list[list[int]]:
+def balanced_shard_batches(
+    files_per_shard: Mapping[int, int], shard_count: int, max_map_length: int
+) -> list[list[int]]:
     """Split shard ids ``0..shard_count-1`` into ``min(shard_count, max_map_length)`` batches of near-equal files.
 
     Longest processing time first (Graham 1969, "Bounds on multiprocessing timing anomalies", SIAM J. Appl.

@@ -31,7 +31,9 @@ def inputs_digest(*parts: object) -> str:
 
 def deid_inputs(ctx: BuildContext, shard: int) -> pl.DataFrame:
     """The run plan's pending DICOM files of one shard."""
-    return read_plan(ctx).filter((pl.col("kind") == "dicom") & (pl.col("status") == "pending") & (pl.col("shard") == shard))
+    return read_plan(ctx).filter(
+        (pl.col("kind") == "dicom") & (pl.col("status") == "pending") & (pl.col("shard") == shard)
+    )
 
 
 def deid_digest(ctx: BuildContext, shard: int, inputs: pl.DataFrame | None = None) -> str:
@@ -82,6 +84,8 @@ def resume(ctx: BuildContext, stage: str, shard: int, digest: str) -> dict | Non
 
 def record(ctx: BuildContext, stage: str, shard: int, digest: str, result: dict) -> dict:
     """Record a shard's digest after every output of the stage is written (the stage's commit point)."""
-    ctx.storage.write_text(ctx.stage_state_path(stage, shard),
-                           json.dumps({"digest": digest, "run_id": ctx.run_id, "result": result}, sort_keys=True))
+    ctx.storage.write_text(
+        ctx.stage_state_path(stage, shard),
+        json.dumps({"digest": digest, "run_id": ctx.run_id, "result": result}, sort_keys=True),
+    )
     return {**result, "skipped": False}

@@ -35,5 +35,10 @@ def check_delivery(ctx: BuildContext, institution: str) -> dict:
     changed = bool(new or removed)
     if changed:
         ctx.storage.write_text(path, json.dumps({"run_id": ctx.run_id, "sha256": current}))
-    return {"institution": institution, "files": len(current), "new_files": len(new),
-            "removed_files": len(removed), "changed": changed}
+    return {
+        "institution": institution,
+        "files": len(current),
+        "new_files": len(new),
+        "removed_files": len(removed),
+        "changed": changed,
+    }

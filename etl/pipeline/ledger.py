@@ -88,15 +88,28 @@ def build_ledger(run_id: str, plan: pa.Table, events: pa.Table, *, clean_view: b
     rows = []
     for p in sorted(plan.cast(PLAN_SCHEMA).to_pylist(), key=lambda r: r["source_uri"]):
         row = {
-            "run_id": run_id, "source_uri": p["source_uri"], "sha256": p["sha256"], "bytes": p["bytes"],
-            "institution": p["institution"], "kind": p["kind"], "shard": p["shard"], "status": p["status"],
-            "stage": "discover", "reason": p["reason"], "detail": p["detail"], "duplicate_of": p["duplicate_of"],
+            "run_id": run_id,
+            "source_uri": p["source_uri"],
+            "sha256": p["sha256"],
+            "bytes": p["bytes"],
+            "institution": p["institution"],
+            "kind": p["kind"],
+            "shard": p["shard"],
+            "status": p["status"],
+            "stage": "discover",
+            "reason": p["reason"],
+            "detail": p["detail"],
+            "duplicate_of": p["duplicate_of"],
         }
         if p["status"] == "pending":
             e = outcome.get(p["source_uri"])
             if e is None:
-                row.update(status="quarantined", stage="ledger", reason="no_outcome_recorded",
-                           detail="no stage recorded an outcome for this file")
+                row.update(
+                    status="quarantined",
+                    stage="ledger",
+                    reason="no_outcome_recorded",
+                    detail="no stage recorded an outcome for this file",
+                )
             else:
                 row.update(status=e["status"], stage=e["stage"], reason=e["reason"], detail=e["detail"])
         if not clean_view and p["seen_run"] and row["status"] != "skipped":
@@ -104,8 +117,13 @@ def build_ledger(run_id: str, plan: pa.Table, events: pa.Table, *, clean_view: b
                 note = f"same sha256 as a file of run {p['seen_run']}"
                 row["detail"] = f"{row['detail']}; {note}" if row["detail"] else note
             elif not (row["status"] == "ingested" and p["seen_status"] not in (None, "ingested")):
-                row.update(status="duplicate", stage="discover", reason=SEEN_REASON, duplicate_of=p["seen_uri"],
-                           detail=f"same sha256 as a file recorded in run {p['seen_run']}")
+                row.update(
+                    status="duplicate",
+                    stage="discover",
+                    reason=SEEN_REASON,
+                    duplicate_of=p["seen_uri"],
+                    detail=f"same sha256 as a file recorded in run {p['seen_run']}",
+                )
         rows.append(row)
     return table_from_rows(rows, ledger_schema.SCHEMA)
 
@@ -188,10 +206,9 @@ def balance(ledger: pa.Table) -> dict:
     statuses = Counter(ledger["status"].to_pylist())
     unique_files = len(set(ledger["source_uri"].to_pylist()))
     out = {"files_seen": unique_files, **{s: statuses.get(s, 0) for s in ledger_schema.STATUSES}}
-    out["balanced"] = (
-        unique_files == ledger.num_rows == sum(out[s] for s in ledger_schema.STATUSES)
-        and set(statuses) <= set(ledger_schema.STATUSES)
-    )
+    out["balanced"] = unique_files == ledger.num_rows == sum(out[s] for s in ledger_schema.STATUSES) and set(
+        statuses
+    ) <= set(ledger_schema.STATUSES)
     return out
 
 
@@ -210,8 +227,11 @@ def finalise(ctx: BuildContext) -> dict:
         when files seen != sum of statuses.
     """
     plan = ctx.storage.read_table(ctx.plan_path(), schema=PLAN_SCHEMA)
-    parts = [ctx.storage.read_table(p, schema=EVENT_SCHEMA)
-             for p in ctx.storage.list_files(f"{ctx.run_dir}/events") if p.endswith(".parquet")]
+    parts = [
+        ctx.storage.read_table(p, schema=EVENT_SCHEMA)
+        for p in ctx.storage.list_files(f"{ctx.run_dir}/events")
+        if p.endswith(".parquet")
+    ]
     events = pa.concat_tables(parts) if parts else EVENT_SCHEMA.empty_table()
     review = load_review(ctx.storage)
     ledger, review_counts = apply_review(build_ledger(ctx.run_id, plan, events), review)
@@ -222,7 +242,9 @@ def finalise(ctx: BuildContext) -> dict:
     ctx.storage.delete(ctx.quarantine_dir)
     decided = {d["sha256"][:12]: d for d in review}
     for r in ledger.filter(pa.compute.equal(ledger["status"], "quarantined")).to_pylist():
-        record = {k: r[k] for k in ("run_id", "source_uri", "sha256", "institution", "kind", "stage", "reason", "detail")}
+        record = {
+            k: r[k] for k in ("run_id", "source_uri", "sha256", "institution", "kind", "stage", "reason", "detail")
+        }
         d = decided.get(r["sha256"].lower()[:12])
         if d is not None:
             record["review"] = {"decision": d["decision"], "decided_at": d.get("decided_at")}
@@ -237,7 +259,9 @@ def finalise(ctx: BuildContext) -> dict:
     result["files_by_institution"] = {i.id: per_institution.get(i.id, 0) for i in ctx.cfg.institutions}
     result["withheld_report_records"] = len(withheld)
     result["review"] = review_counts
-    reasons = Counter(r for r, s in zip(ledger["reason"].to_pylist(), ledger["status"].to_pylist()) if s == "quarantined")
+    reasons = Counter(
+        r for r, s in zip(ledger["reason"].to_pylist(), ledger["status"].to_pylist()) if s == "quarantined"
+    )
     result["quarantine_reasons"] = dict(sorted(reasons.items()))
     ctx.storage.write_text(f"{ctx.run_dir}/ledger_balance.json", json.dumps(result, indent=1, sort_keys=True))
     if not result["balanced"]:

@@ -92,12 +92,18 @@ class BuildLock:
     # ---- record -----------------------------------------------------------------------------
     def _record(self) -> bytes:
         now = _now()
-        return json.dumps({
-            "owner": self.owner, "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-            "kind": self.holder_kind,
-            "acquired_at": now.isoformat(timespec="milliseconds"),
-            "expires_at": (now + dt.timedelta(seconds=self.ttl_s)).isoformat(timespec="milliseconds"),
-        }, sort_keys=True).encode()
+        return json.dumps(
+            {
+                "owner": self.owner,
+                "token": self.token,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "kind": self.holder_kind,
+                "acquired_at": now.isoformat(timespec="milliseconds"),
+                "expires_at": (now + dt.timedelta(seconds=self.ttl_s)).isoformat(timespec="milliseconds"),
+            },
+            sort_keys=True,
+        ).encode()
 
     def holder(self) -> dict | None:
         """The current lock record, or None when the root is not locked."""
@@ -233,12 +239,21 @@ def dag_run_token(run_id: str) -> str:
 
 def _dag_lock(storage, run_id: str, endpoint_url: str | None, region: str) -> BuildLock:
     ttl = float(os.environ.get(DAG_LOCK_TTL_ENV) or DAG_LOCK_TTL_S)
-    return BuildLock(storage, owner=f"DAG run {run_id}", ttl_s=ttl, endpoint_url=endpoint_url, region=region,
-                     heartbeat=False, token=dag_run_token(run_id), holder_kind="dag_run")
+    return BuildLock(
+        storage,
+        owner=f"DAG run {run_id}",
+        ttl_s=ttl,
+        endpoint_url=endpoint_url,
+        region=region,
+        heartbeat=False,
+        token=dag_run_token(run_id),
+        holder_kind="dag_run",
+    )
 
 
-def acquire_for_run(storage, run_id: str, *, adopt_token: str | None = None, endpoint_url: str | None = None,
-                    region: str = "us-east-1") -> dict:
+def acquire_for_run(
+    storage, run_id: str, *, adopt_token: str | None = None, endpoint_url: str | None = None, region: str = "us-east-1"
+) -> dict:
     """Take a storage root's build lock for one DAG run (the build DAG's first task).
 
     Parameters

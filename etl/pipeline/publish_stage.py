@@ -30,9 +30,14 @@ def run_locations(ctx: BuildContext) -> dict:
     st = ctx.storage
     report_path = zones.quality_report(ctx.run_id)
     results = json.loads(st.read_text(report_path)).get("results", []) if st.is_file(report_path) else []
-    warnings = sorted(({"table": r["table"], "check": r["check"], "message": r["message"]} for r in results
-                       if r.get("severity") == "warning" and not r.get("passed")),
-                      key=lambda w: (w["table"], w["check"]))
+    warnings = sorted(
+        (
+            {"table": r["table"], "check": r["check"], "message": r["message"]}
+            for r in results
+            if r.get("severity") == "warning" and not r.get("passed")
+        ),
+        key=lambda w: (w["table"], w["check"]),
+    )
     withheld_path = zones.run_withheld_reports(ctx.run_id)
     withheld = json.loads(st.read_text(withheld_path)) if st.is_file(withheld_path) else []
     by_reason: dict[str, int] = {}
@@ -79,8 +84,12 @@ def publish_stage(ctx: BuildContext) -> dict:
     if balance["files_seen"] == 0:
         return _nothing_published(ctx, balance)
     release = publish(
-        st, config_hash=ctx.cfg.config_hash(), ontology_version=load_ontology().version, run_id=ctx.run_id,
-        key_fingerprint=ctx.key.fingerprint(), deid_method_codes=build_policy(ctx.cfg.deid).release_method_codes,
+        st,
+        config_hash=ctx.cfg.config_hash(),
+        ontology_version=load_ontology().version,
+        run_id=ctx.run_id,
+        key_fingerprint=ctx.key.fingerprint(),
+        deid_method_codes=build_policy(ctx.cfg.deid).release_method_codes,
     )
     summary = {
         "run_id": ctx.run_id,

@@ -76,8 +76,18 @@ from schemas.ontology import modality_family
 from schemas.tables import metadata_columns
 
 __all__ = [
-    "assemble_shard", "check_delivery", "deidentify_shard", "discover", "entities_shard", "finalise", "normalise_shard",
-    "plan", "preflight", "publish_stage", "reports", "retrieval",
+    "assemble_shard",
+    "check_delivery",
+    "deidentify_shard",
+    "discover",
+    "entities_shard",
+    "finalise",
+    "normalise_shard",
+    "plan",
+    "preflight",
+    "publish_stage",
+    "reports",
+    "retrieval",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,7 +96,9 @@ DEID_AUDIT_COUNTS = deid_audit_schema.COUNTS
 
 def _read_events(ctx: BuildContext, stage: str, shard: int | None = None) -> pa.Table:
     path = ctx.events_path(stage, shard)
-    return ctx.storage.read_table(path, schema=EVENT_SCHEMA) if ctx.storage.is_file(path) else EVENT_SCHEMA.empty_table()
+    return (
+        ctx.storage.read_table(path, schema=EVENT_SCHEMA) if ctx.storage.is_file(path) else EVENT_SCHEMA.empty_table()
+    )
 
 
 #: tables stored partitioned by institution and modality inside each shard (large binary payloads):
@@ -104,8 +116,9 @@ def _shard_files(ctx: BuildContext, table: str, shard: int) -> list[str]:
     return [f for f in ctx.storage.list_files(zones.curated_table(table)) if f.endswith(suffix)]
 
 
-def _shard_table(ctx: BuildContext, table: str, schema: pa.Schema, shard: int,
-                 columns: list[str] | None = None) -> pa.Table:
+def _shard_table(
+    ctx: BuildContext, table: str, schema: pa.Schema, shard: int, columns: list[str] | None = None
+) -> pa.Table:
     files = _shard_files(ctx, table, shard)
     if not files:
         return schema.empty_table() if columns is None else schema.empty_table().select(columns)
@@ -137,7 +150,9 @@ def write_partition(ctx: BuildContext, table: str, schema: pa.Schema, shard: int
     df = pl.from_arrow(t)
     for (institution, modality), part in sorted(df.group_by(["institution", "modality"]), key=lambda kv: kv[0]):
         path = zones.curated_modality_partition(table, institution, modality, shard)
-        ctx.storage.write_table(path, _sorted(part.to_arrow().cast(schema), schema), row_group_size=PAYLOAD_ROW_GROUP_ROWS)
+        ctx.storage.write_table(
+            path, _sorted(part.to_arrow().cast(schema), schema), row_group_size=PAYLOAD_ROW_GROUP_ROWS
+        )
         stale.discard(path)
     for path in sorted(stale):
         ctx.storage.delete(path)
@@ -145,6 +160,7 @@ def write_partition(ctx: BuildContext, table: str, schema: pa.Schema, shard: int
 
 
 # ---- discover / plan -----------------------------------------------------------------------------
+
 
 def preflight(ctx: BuildContext) -> list[str]:
     """Before any work: every configured source there and readable
@@ -179,6 +195,7 @@ def plan(ctx: BuildContext) -> list[list[int]]:
 
 
 # ---- de-identification ---------------------------------------------------------------------------
+
 
 def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     """De-identify every pending DICOM file of one shard.
@@ -215,8 +232,16 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
         except Exception as err:  # noqa: BLE001  an unreadable source file is quarantined, never a failed task
             data, outcome = b"", DeidOutcome(reason="unreadable_dicom", detail=f"{type(err).__name__} while reading")
         else:
-            outcome = deidentify_file(data, ctx.key, inst, policy, ctx.dicom_dir(shard), shard,
-                                      pixel_cleaning=ctx.cfg.deid.pixel_cleaning, series_text=gate.slot(uri))
+            outcome = deidentify_file(
+                data,
+                ctx.key,
+                inst,
+                policy,
+                ctx.dicom_dir(shard),
+                shard,
+                pixel_cleaning=ctx.cfg.deid.pixel_cleaning,
+                series_text=gate.slot(uri),
+            )
         if not outcome.ingested:
             events.append({**event, "status": "quarantined", "reason": outcome.reason, "detail": outcome.detail})
             audit[f"quarantined:{outcome.reason}"] += 1
@@ -226,23 +251,43 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
         gate.record(uri, result.text_regions)
         path = instance["dicom_path"]
         if result.sop_key in written:
-            events.append({**event, "status": "quarantined", "reason": "duplicate_sop_instance_uid",
-                           "detail": "another file of this run has the same SOPInstanceUID"})
+            events.append(
+                {
+                    **event,
+                    "status": "quarantined",
+                    "reason": "duplicate_sop_instance_uid",
+                    "detail": "another file of this run has the same SOPInstanceUID",
+                }
+            )
             audit["quarantined:duplicate_sop_instance_uid"] += 1
             continue
         written.add(result.sop_key)
-        audit_rows.append({"sop_key": result.sop_key, "study_key": result.study_key, "institution": inst.id,
-                           **{k: int(result.audit.get(k, 0)) for k in DEID_AUDIT_COUNTS},
-                           "text_regions": json.dumps(result.text_regions) if result.text_regions else None,
-                           "shard": shard})
+        audit_rows.append(
+            {
+                "sop_key": result.sop_key,
+                "study_key": result.study_key,
+                "institution": inst.id,
+                **{k: int(result.audit.get(k, 0)) for k in DEID_AUDIT_COUNTS},
+                "text_regions": json.dumps(result.text_regions) if result.text_regions else None,
+                "shard": shard,
+            }
+        )
         if result.audit.get("text_images_blanked"):  # the dashboard's count per modality and device
             device = " ".join(v for v in (instance.get("manufacturer"), instance.get("model")) if v) or "unknown"
             audit[f"text_images_blanked_by_modality_device:{instance['modality']} {device}"] += 1
         ctx.storage.write_bytes(path, payload)
         audit.update(result.audit)
         instances.append(instance)
-        events.append({**event, "status": "ingested", "reason": None, "detail": None,
-                       "sop_key": result.sop_key, "study_key": result.study_key})
+        events.append(
+            {
+                **event,
+                "status": "ingested",
+                "reason": None,
+                "detail": None,
+                "sop_key": result.sop_key,
+                "study_key": result.study_key,
+            }
+        )
     _deface(ctx, shard, instances, audit_rows, events, written, audit)
     # remove de-identified files of this shard that this run did not write (re-runs with fewer inputs)
     for stale in ctx.storage.list_files(ctx.dicom_dir(shard)):
@@ -253,13 +298,24 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     write_partition(ctx, "deid_audit", deid_audit_schema.SCHEMA, shard, audit_rows)
     ctx.storage.write_table(ctx.events_path("deidentify", shard), table_from_rows(events, EVENT_SCHEMA))
     ctx.storage.write_text(ctx.audit_path("deidentify", shard), json.dumps(dict(sorted(audit.items()))))
-    return record(ctx, "deidentify", shard, digest,
-                   {"shard": shard, "instances": n, "quarantined": sum(e["status"] == "quarantined" for e in events)})
+    return record(
+        ctx,
+        "deidentify",
+        shard,
+        digest,
+        {"shard": shard, "instances": n, "quarantined": sum(e["status"] == "quarantined" for e in events)},
+    )
 
 
-
-def _deface(ctx: BuildContext, shard: int, instances: list[dict], audit_rows: list[dict], events: list[dict],
-            written: set[str], audit: Counter) -> None:
+def _deface(
+    ctx: BuildContext,
+    shard: int,
+    instances: list[dict],
+    audit_rows: list[dict],
+    events: list[dict],
+    written: set[str],
+    audit: Counter,
+) -> None:
     """Deface the shard's head CT/MR series in the files just written (config ``deid.deface``,
     :func:`etl.deid.deface_series.deface_written`); the files of a series that fails are withheld: their rows
     leave ``instances`` and ``deid_audit``, their events become ``quarantined`` with the reason, and the caller's
@@ -284,6 +340,7 @@ def _deface(ctx: BuildContext, shard: int, instances: list[dict], audit_rows: li
 
 
 # ---- normalisation -------------------------------------------------------------------------------
+
 
 def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     """Decode and normalise one shard's de-identified instances into ``images`` and ``series`` partitions.
@@ -324,32 +381,59 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
             return err
 
     level = ctx.cfg.normalisation.nifti_gzip_level
-    result = normalise_shard_guarded(list(inst.sort("sop_key").iter_rows(named=True)), read, ctx.cfg.normalisation,
-                                volume_sink=lambda r: externalise_volume(ctx.storage, r, level))
+    result = normalise_shard_guarded(
+        list(inst.sort("sop_key").iter_rows(named=True)),
+        read,
+        ctx.cfg.normalisation,
+        volume_sink=lambda r: externalise_volume(ctx.storage, r, level),
+    )
     n_img = write_partition(ctx, "images", images_schema.SCHEMA, shard, [img.row for img in result.images])
-    integrity = verify_image_files(ctx.storage, _shard_files(ctx, "images", shard))  # read back, one row group at a time
+    integrity = verify_image_files(
+        ctx.storage, _shard_files(ctx, "images", shard)
+    )  # read back, one row group at a time
     if integrity.mismatches or integrity.rows != n_img:
-        raise PayloadIntegrityError("payload_sha256_mismatch",
-                                    f"shard {shard}: {len(integrity.mismatches)} of {n_img} written payloads do not "
-                                    f"hash to payload_sha256 ({integrity.rows} rows read back)")
+        raise PayloadIntegrityError(
+            "payload_sha256_mismatch",
+            f"shard {shard}: {len(integrity.mismatches)} of {n_img} written payloads do not "
+            f"hash to payload_sha256 ({integrity.rows} rows read back)",
+        )
     write_partition(ctx, "series", series_schema.SCHEMA, shard, result.series_rows(shard))
     events = []
     for failure in result.failures:
         for k in failure.sop_keys:
             uri, sha = source_of[k]
-            events.append({"source_uri": uri, "sha256": sha, "stage": "normalise", "status": "quarantined",
-                           "reason": failure.reason, "detail": failure.detail, "sop_key": k})
+            events.append(
+                {
+                    "source_uri": uri,
+                    "sha256": sha,
+                    "stage": "normalise",
+                    "status": "quarantined",
+                    "reason": failure.reason,
+                    "detail": failure.detail,
+                    "sop_key": k,
+                }
+            )
     quarantined_keys = {e["sop_key"] for e in events}
     for k, (uri, sha) in sorted(source_of.items()):
         if k not in quarantined_keys:
             events.append({"source_uri": uri, "sha256": sha, "stage": "normalise", "status": "ingested", "sop_key": k})
     ctx.storage.write_table(ctx.events_path("normalise", shard), table_from_rows(events, EVENT_SCHEMA))
-    return record(ctx, "normalise", shard, digest,
-                   {"shard": shard, "images": n_img, "quarantined": sum(e["status"] == "quarantined" for e in events),
-                    "payload_integrity": integrity.to_dict()})
+    return record(
+        ctx,
+        "normalise",
+        shard,
+        digest,
+        {
+            "shard": shard,
+            "images": n_img,
+            "quarantined": sum(e["status"] == "quarantined" for e in events),
+            "payload_integrity": integrity.to_dict(),
+        },
+    )
 
 
 # ---- reports -------------------------------------------------------------------------------------
+
 
 def reports(ctx: BuildContext) -> dict:
     """Ingest every report file of the run: parse, link to studies, de-identify, split into sections.
@@ -382,12 +466,28 @@ def reports(ctx: BuildContext) -> dict:
         try:
             data = read_uri(f["source_uri"], endpoint_url=ctx.cfg.storage.s3_endpoint_url)
         except Exception as err:  # noqa: BLE001  an unreadable file quarantines the file, not the task
-            events.append({"source_uri": f["source_uri"], "sha256": f["sha256"], "stage": "reports",
-                           "status": "quarantined", "reason": "malformed_report_record",
-                           "detail": f"{type(err).__name__} while reading the report file"})
+            events.append(
+                {
+                    "source_uri": f["source_uri"],
+                    "sha256": f["sha256"],
+                    "stage": "reports",
+                    "status": "quarantined",
+                    "reason": "malformed_report_record",
+                    "detail": f"{type(err).__name__} while reading the report file",
+                }
+            )
             continue
-        event, rows, held = read_report_file(data, f["source_uri"], f["sha256"], ctx.cfg.institution(f["institution"]),
-                                             key, index, header_phi_of, shard_count, seen_ids)
+        event, rows, held = read_report_file(
+            data,
+            f["source_uri"],
+            f["sha256"],
+            ctx.cfg.institution(f["institution"]),
+            key,
+            index,
+            header_phi_of,
+            shard_count,
+            seen_ids,
+        )
         events.append(event)
         withheld += [{"run_id": ctx.run_id, **w} for w in held]
         for row in rows:
@@ -431,27 +531,57 @@ def entities_shard(ctx: BuildContext, shard: int) -> dict:
     mentions, labels = [], []
     labelled: set[str] = set()
     for r in reps.sort("report_id").iter_rows(named=True):
-        family = family_of.get(r["study_key"]) if r["study_key"] else ctx.cfg.institution(r["institution"]).report_family
+        family = (
+            family_of.get(r["study_key"]) if r["study_key"] else ctx.cfg.institution(r["institution"]).report_family
+        )
         if family is None:
             continue
         found = _extractor(r["language"]).extract(r["text"], family)
         for m in found:
-            mid = hashlib.sha256(f"{r['report_id']}|{m['span_start']}|{m['span_end']}|{m['entity_id']}".encode()).hexdigest()[:16]
-            mentions.append({**m, "mention_id": mid, "report_id": r["report_id"], "study_key": r["study_key"],
-                             "patient_key": r["patient_key"], "shard": shard})
+            mid = hashlib.sha256(
+                f"{r['report_id']}|{m['span_start']}|{m['span_end']}|{m['entity_id']}".encode()
+            ).hexdigest()[:16]
+            mentions.append(
+                {
+                    **m,
+                    "mention_id": mid,
+                    "report_id": r["report_id"],
+                    "study_key": r["study_key"],
+                    "patient_key": r["patient_key"],
+                    "shard": shard,
+                }
+            )
         if r["study_key"] and r["study_key"] not in labelled:
             labelled.add(r["study_key"])
             for lab in study_labels(found, family, ontology):
-                labels.append({**lab, "study_key": r["study_key"], "patient_key": r["patient_key"],
-                               "family": family, "shard": shard})
-    n_m = write_partition(ctx, "entity_mentions", entity_mentions_schema.SCHEMA, shard,
-                          [{k: m.get(k) for k in entity_mentions_schema.SCHEMA.names} for m in mentions])
-    n_l = write_partition(ctx, "study_labels", study_labels_schema.SCHEMA, shard,
-                          [{k: m.get(k) for k in study_labels_schema.SCHEMA.names} for m in labels])
+                labels.append(
+                    {
+                        **lab,
+                        "study_key": r["study_key"],
+                        "patient_key": r["patient_key"],
+                        "family": family,
+                        "shard": shard,
+                    }
+                )
+    n_m = write_partition(
+        ctx,
+        "entity_mentions",
+        entity_mentions_schema.SCHEMA,
+        shard,
+        [{k: m.get(k) for k in entity_mentions_schema.SCHEMA.names} for m in mentions],
+    )
+    n_l = write_partition(
+        ctx,
+        "study_labels",
+        study_labels_schema.SCHEMA,
+        shard,
+        [{k: m.get(k) for k in study_labels_schema.SCHEMA.names} for m in labels],
+    )
     return record(ctx, "entities", shard, digest, {"shard": shard, "entity_mentions": n_m, "study_labels": n_l})
 
 
 # ---- studies, pairs, splits, VQA ----------------------------------------------------------------
+
 
 def _studies(inst: pl.DataFrame, images: pl.DataFrame, reps: pl.DataFrame, shard: int) -> list[dict]:
     n_img = Counter(images["study_key"].to_list())
@@ -466,14 +596,24 @@ def _studies(inst: pl.DataFrame, images: pl.DataFrame, reps: pl.DataFrame, shard
         modality = min(modalities, key=lambda kv: (-kv[1], kv[0]))[0]
         dts = [d for d in g["study_datetime"].to_list() if d is not None]
         sdt = min(dts) if dts else None
-        out.append({
-            "study_key": study_key[0], "patient_key": first["patient_key"], "accession_key": first["accession_key"],
-            "institution": first["institution"], "country": first["country"], "modality": modality,
-            "body_part": first["body_part"], "family": modality_family(modality, first["body_part"]),
-            "study_datetime": sdt, "study_date_shifted": sdt.date() if sdt else None,
-            "n_series": g["series_key"].n_unique(), "n_images": n_img.get(study_key[0], 0),
-            "report_id": report_of.get(study_key[0]), "shard": shard,
-        })
+        out.append(
+            {
+                "study_key": study_key[0],
+                "patient_key": first["patient_key"],
+                "accession_key": first["accession_key"],
+                "institution": first["institution"],
+                "country": first["country"],
+                "modality": modality,
+                "body_part": first["body_part"],
+                "family": modality_family(modality, first["body_part"]),
+                "study_datetime": sdt,
+                "study_date_shifted": sdt.date() if sdt else None,
+                "n_series": g["series_key"].n_unique(),
+                "n_images": n_img.get(study_key[0], 0),
+                "report_id": report_of.get(study_key[0]),
+                "shard": shard,
+            }
+        )
     return out
 
 
@@ -505,11 +645,25 @@ def assemble_shard(ctx: BuildContext, shard: int) -> dict:
     write_partition(ctx, "pairs", pairs_schema.SCHEMA, shard, pairs)
     templates = load_templates(_config_file(ctx, ctx.cfg.vqa.templates))
     mentions = pl.from_arrow(_shard_table(ctx, "entity_mentions", entity_mentions_schema.SCHEMA, shard))
-    vqa = build_vqa(pl.from_arrow(pairs), labels, studies, pl.from_arrow(splits), ctx.cfg.vqa, templates, load_ontology(),
-                    entity_mentions=mentions, images=images)
+    vqa = build_vqa(
+        pl.from_arrow(pairs),
+        labels,
+        studies,
+        pl.from_arrow(splits),
+        ctx.cfg.vqa,
+        templates,
+        load_ontology(),
+        entity_mentions=mentions,
+        images=images,
+    )
     write_partition(ctx, "vqa", vqa_schema.SCHEMA, shard, vqa)
-    return record(ctx, "assemble", shard, digest,
-                   {"shard": shard, "studies": len(studies_rows), "pairs": pairs.num_rows, "vqa": vqa.num_rows})
+    return record(
+        ctx,
+        "assemble",
+        shard,
+        digest,
+        {"shard": shard, "studies": len(studies_rows), "pairs": pairs.num_rows, "vqa": vqa.num_rows},
+    )
 
 
 def _config_file(ctx: BuildContext, name: str) -> str:
@@ -523,6 +677,7 @@ def _config_file(ctx: BuildContext, name: str) -> str:
 
 
 # ---- retrieval targets and the split check (cross-patient: after every shard is assembled) ---------------
+
 
 def retrieval(ctx: BuildContext) -> dict:
     """Build the cross-patient ``retrieval_targets`` table and prove the splits leak-free.
@@ -559,9 +714,17 @@ def retrieval(ctx: BuildContext) -> dict:
     from etl.assemble.vqa import build_case_comparison_vqa, load_templates
     from schemas.ontology import load_ontology
 
-    case_vqa = pl.from_arrow(build_case_comparison_vqa(
-        targets, labels, mentions, ctx.cfg.vqa, load_templates(_config_file(ctx, ctx.cfg.vqa.templates)),
-        load_ontology(), similarity["severity"]["ordinal"]))
+    case_vqa = pl.from_arrow(
+        build_case_comparison_vqa(
+            targets,
+            labels,
+            mentions,
+            ctx.cfg.vqa,
+            load_templates(_config_file(ctx, ctx.cfg.vqa.templates)),
+            load_ontology(),
+            similarity["severity"]["ordinal"],
+        )
+    )
     for shard in range(ctx.cfg.shard_count):
         part = _sorted(case_vqa.filter(pl.col("shard") == shard).to_arrow().cast(vqa_schema.SCHEMA), vqa_schema.SCHEMA)
         ctx.storage.write_table(ctx.table_path("vqa", shard).replace("part-0.parquet", "part-1.parquet"), part)
@@ -574,5 +737,9 @@ def retrieval(ctx: BuildContext) -> dict:
         retrieval_targets=targets,
         vqa=_all_shards(ctx, "vqa", vqa_schema.SCHEMA, ["patient_key", "split", "reference_study_key"]),
     )
-    return {"retrieval_targets": total, "queries": targets.select("query_study_key", "entity_id").n_unique()
-            if targets.height else 0, "case_vqa": n_case_vqa, **counts}
+    return {
+        "retrieval_targets": total,
+        "queries": targets.select("query_study_key", "entity_id").n_unique() if targets.height else 0,
+        "case_vqa": n_case_vqa,
+        **counts,
+    }

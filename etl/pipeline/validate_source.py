@@ -86,28 +86,36 @@ class DeliveryCheck:
 
     def as_dict(self) -> dict:
         """JSON-ready summary (sorted keys in the counters)."""
-        return {"institution": self.institution, "source": self.source, "ok": self.ok,
-                "files": dict(sorted(self.files.items())), "statuses": dict(sorted(self.statuses.items())),
-                "records": dict(sorted(self.records.items())), "problems": len(self.problems),
-                "findings": self.findings}
+        return {
+            "institution": self.institution,
+            "source": self.source,
+            "ok": self.ok,
+            "files": dict(sorted(self.files.items())),
+            "statuses": dict(sorted(self.statuses.items())),
+            "records": dict(sorted(self.records.items())),
+            "problems": len(self.problems),
+            "findings": self.findings,
+        }
 
 
 def _root_without_writes(cfg: PipelineConfig) -> Storage:
     """The configured storage root as a :class:`Storage` (to resolve a relative ``source_uri``), without
     :meth:`Storage.open`'s folder creation."""
-    fs, root = open_filesystem(cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url,
-                               region=cfg.storage.s3_region, base_dir=cfg.base_dir)
+    fs, root = open_filesystem(
+        cfg.storage.root, endpoint_url=cfg.storage.s3_endpoint_url, region=cfg.storage.s3_region, base_dir=cfg.base_dir
+    )
     local = isinstance(fs, pafs.LocalFileSystem)
     return Storage(fs=fs, root=root, uri=root if local else f"s3://{root}")
 
 
 def _relative(uri: str, src: Storage) -> str:
     base = src.full_uri("").rstrip("/")
-    return uri[len(base) + 1:] if uri.startswith(base + "/") else uri
+    return uri[len(base) + 1 :] if uri.startswith(base + "/") else uri
 
 
-def validate_delivery(cfg: PipelineConfig, institution: str, *, key: PseudonymKey | None = None,
-                      deidentify: bool = True) -> DeliveryCheck:
+def validate_delivery(
+    cfg: PipelineConfig, institution: str, *, key: PseudonymKey | None = None, deidentify: bool = True
+) -> DeliveryCheck:
     """Check one institution's delivery with the build's checks (see the module docstring); writes nothing.
 
     Parameters
@@ -146,8 +154,9 @@ def validate_delivery(cfg: PipelineConfig, institution: str, *, key: PseudonymKe
         inst = cfg.institution(institution)
     except KeyError:
         known = ", ".join(i.id for i in cfg.institutions)
-        raise ValidateSourceError("unknown_institution", f"no institution {institution!r} in the config "
-                                  f"(known: {known})") from None
+        raise ValidateSourceError(
+            "unknown_institution", f"no institution {institution!r} in the config (known: {known})"
+        ) from None
     root = _root_without_writes(cfg)
     src = source_storage(cfg, inst, root)  # resolved as `medreco run` does (lexically: the root may not exist yet)
     try:
@@ -163,8 +172,16 @@ def validate_delivery(cfg: PipelineConfig, institution: str, *, key: PseudonymKe
     check.files.update(r["kind"] for r in rows)
 
     def find(row: dict, stage: str, outcome: str, reason: str | None, detail: str | None) -> None:
-        check.findings.append({"path": _relative(row["source_uri"], src), "kind": row["kind"], "stage": stage,
-                               "outcome": outcome, "reason": reason, "detail": detail})
+        check.findings.append(
+            {
+                "path": _relative(row["source_uri"], src),
+                "kind": row["kind"],
+                "stage": stage,
+                "outcome": outcome,
+                "reason": reason,
+                "detail": detail,
+            }
+        )
 
     policy = build_policy(cfg.deid)
     instances, ingested, written = [], [], set()
@@ -179,23 +196,37 @@ def validate_delivery(cfg: PipelineConfig, institution: str, *, key: PseudonymKe
         if not deidentify:
             status[r["source_uri"]] = "ingested"
             continue
-        outcome = deidentify_file(src.read_bytes(_relative(r["source_uri"], src)), key, inst, policy,
-                                  "validate", int(r["shard"]), pixel_cleaning=cfg.deid.pixel_cleaning)
+        outcome = deidentify_file(
+            src.read_bytes(_relative(r["source_uri"], src)),
+            key,
+            inst,
+            policy,
+            "validate",
+            int(r["shard"]),
+            pixel_cleaning=cfg.deid.pixel_cleaning,
+        )
         if outcome.result is None or outcome.instance is None:
             status[r["source_uri"]] = "quarantined"
             find(r, "deidentify", "quarantined", outcome.reason, outcome.detail)
             continue
         if outcome.result.sop_key in written:  # as the deidentify stage: one de-identified file per SOP instance
             status[r["source_uri"]] = "quarantined"
-            find(r, "deidentify", "quarantined", "duplicate_sop_instance_uid",
-                 "another file of this run has the same SOPInstanceUID")
+            find(
+                r,
+                "deidentify",
+                "quarantined",
+                "duplicate_sop_instance_uid",
+                "another file of this run has the same SOPInstanceUID",
+            )
             continue
         written.add(outcome.result.sop_key)
         instances.append(outcome.instance)
         ingested.append({"study_key": outcome.result.study_key, "source_uri": r["source_uri"]})
         status[r["source_uri"]] = "ingested"
-    index = StudyIndex.build(pl.from_arrow(table_from_rows(instances, instances_schema.SCHEMA)),
-                             pl.DataFrame(ingested, schema={"study_key": pl.Utf8, "source_uri": pl.Utf8}))
+    index = StudyIndex.build(
+        pl.from_arrow(table_from_rows(instances, instances_schema.SCHEMA)),
+        pl.DataFrame(ingested, schema={"study_key": pl.Utf8, "source_uri": pl.Utf8}),
+    )
     phi_cache: dict[str, list[str]] = {}
 
     def header_phi_of(uri: str) -> list[str]:
@@ -208,8 +239,16 @@ def validate_delivery(cfg: PipelineConfig, institution: str, *, key: PseudonymKe
         if r["kind"] != "report" or r["status"] != "pending":
             continue
         event, report_rows, withheld = read_report_file(
-            src.read_bytes(_relative(r["source_uri"], src)), r["source_uri"], r["sha256"], inst, key, index,
-            header_phi_of, cfg.shard_count, seen_ids)
+            src.read_bytes(_relative(r["source_uri"], src)),
+            r["source_uri"],
+            r["sha256"],
+            inst,
+            key,
+            index,
+            header_phi_of,
+            cfg.shard_count,
+            seen_ids,
+        )
         status[r["source_uri"]] = event["status"]
         if event["status"] != "ingested":
             find(r, "reports", event["status"], event.get("reason"), event.get("detail"))

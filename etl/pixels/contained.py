@@ -102,10 +102,11 @@ def _check_rle(frame: bytes, segments: int) -> None:
         raise NormalisationError("decode_error", "an RLE frame is shorter than its 64-byte header")
     header = struct.unpack_from("<16I", frame, 0)
     n = header[0]
-    offsets = header[1:1 + n] if 1 <= n <= 15 else ()
+    offsets = header[1 : 1 + n] if 1 <= n <= 15 else ()
     if not offsets or n != segments:
-        raise NormalisationError("declared_size_mismatch", f"an RLE frame declares {n} segments, the Image Pixel "
-                                 f"module implies {segments}")
+        raise NormalisationError(
+            "declared_size_mismatch", f"an RLE frame declares {n} segments, the Image Pixel module implies {segments}"
+        )
     if offsets[0] != 64 or any(b <= a for a, b in zip(offsets, offsets[1:])) or offsets[-1] >= len(frame):
         raise NormalisationError("decode_error", "an RLE frame's segment offsets are not increasing within it")
 
@@ -136,8 +137,9 @@ def preflight(ds: Dataset, ts: UID, index: int | None = None, limit: int = MAX_D
     frames = max(_int(ds, 0x00280008, 1), 1)
     size = rows * cols * samples * -(-bits // 8) * (1 if index is not None else frames)
     if size > limit:
-        raise NormalisationError("image_too_large", f"decoding would produce {size} bytes, more than the limit of "
-                                 f"{limit}")
+        raise NormalisationError(
+            "image_too_large", f"decoding would produce {size} bytes, more than the limit of {limit}"
+        )
     if not ts.is_compressed:
         return
     tag = next((t for t in _PIXEL_TAGS if t in ds), None)
@@ -160,13 +162,16 @@ def preflight(ds: Dataset, ts: UID, index: int | None = None, limit: int = MAX_D
             if declared is None:
                 raise NormalisationError("decode_error", f"frame {i}'s codestream declares no image size")
             if declared != (rows, cols):
-                raise NormalisationError("declared_size_mismatch", f"frame {i}'s codestream declares "
-                                         f"{declared[0]} x {declared[1]}, the header {rows} x {cols}")
+                raise NormalisationError(
+                    "declared_size_mismatch",
+                    f"frame {i}'s codestream declares {declared[0]} x {declared[1]}, the header {rows} x {cols}",
+                )
     except NormalisationError:
         raise
     except Exception as err:  # noqa: BLE001  pydicom raises several types for broken encapsulation
-        raise NormalisationError("decode_error", f"the encapsulated pixel data cannot be split into frames: "
-                                 f"{type(err).__name__}") from None
+        raise NormalisationError(
+            "decode_error", f"the encapsulated pixel data cannot be split into frames: {type(err).__name__}"
+        ) from None
 
 
 class DecoderWorker:
@@ -182,8 +187,13 @@ class DecoderWorker:
         if self.proc is None or self.proc.poll() is not None or self.pid != os.getpid():
             self.pid = os.getpid()
             self.proc = subprocess.Popen(  # noqa: S603  our own script, no shell
-                [sys.executable, str(_WORKER), str(self.memory)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+                [sys.executable, str(_WORKER), str(self.memory)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                start_new_session=True,
+            )
         return self.proc
 
     def stop(self) -> None:
@@ -229,8 +239,9 @@ class DecoderWorker:
                 answer = pickle.loads(self._read(proc, n, deadline))  # noqa: S301  our own worker's answer
             except TimeoutError:
                 self.stop()
-                raise NormalisationError("decoder_crashed", f"the {ts.name} decoder ran longer than "
-                                         f"{self.seconds:g} s: stopped") from None
+                raise NormalisationError(
+                    "decoder_crashed", f"the {ts.name} decoder ran longer than {self.seconds:g} s: stopped"
+                ) from None
             except (EOFError, OSError, struct.error, pickle.UnpicklingError):
                 try:
                     code = proc.wait(timeout=5)
@@ -238,8 +249,11 @@ class DecoderWorker:
                     self.stop()
                     code = proc.returncode
                 self.proc = None
-                how = (f"signal {signal.Signals(-code).name}" if code is not None and code < 0
-                       and -code in signal.Signals._value2member_map_ else f"exit status {code}")
+                how = (
+                    f"signal {signal.Signals(-code).name}"
+                    if code is not None and code < 0 and -code in signal.Signals._value2member_map_
+                    else f"exit status {code}"
+                )
                 raise NormalisationError("decoder_crashed", f"the {ts.name} decoder's process died ({how})") from None
             except BaseException:
                 self.stop()  # interrupted mid-answer (a time limit of the caller): the next call starts afresh

@@ -438,20 +438,14 @@ def decode_image(
             "n_frames": frames,
         }
     ]
-    per_frame_axis = arr.ndim == (
-        3 if photometric.startswith("MONOCHROME") or photometric == "PALETTE COLOR" else 4
-    )
+    per_frame_axis = arr.ndim == (3 if photometric.startswith("MONOCHROME") or photometric == "PALETTE COLOR" else 4)
 
     if photometric == "PALETTE COLOR":
         try:
             arr = apply_color_lut(arr, ds)
         except Exception as exc:  # noqa: BLE001
             raise NormalisationError("decode_error", f"cannot apply the palette: {_safe(exc)}") from None
-        bits = (
-            int(ds.RedPaletteColorLookupTableDescriptor[2])
-            if "RedPaletteColorLookupTableDescriptor" in ds
-            else 8
-        )
+        bits = int(ds.RedPaletteColorLookupTableDescriptor[2]) if "RedPaletteColorLookupTableDescriptor" in ds else 8
         bits = 8 if arr.dtype == np.uint8 else bits
         steps.append({"step": "palette_color_lut", "bits": bits})
         return DecodedImage(arr.astype(np.float32), "RGB", (0.0, float(2**bits - 1)), steps)

@@ -92,8 +92,9 @@ def verify_image_files(storage: Storage, files: Iterable[str]) -> PayloadIntegri
             for i in range(pf.num_row_groups):
                 rg = pf.read_row_group(i, columns=cols).to_pydict()
                 uris = rg.get("payload_uri") or [None] * len(rg["image_key"])
-                for key, payload, digest, uri in zip(rg["image_key"], rg["payload"], rg["payload_sha256"], uris,
-                                                     strict=True):
+                for key, payload, digest, uri in zip(
+                    rg["image_key"], rg["payload"], rg["payload_sha256"], uris, strict=True
+                ):
                     out.rows += 1
                     if uri:
                         out.objects += 1

@@ -30,5 +30,6 @@ def check_not_mosaic(ds: Dataset) -> None:
         ``unsupported_mosaic`` when :func:`is_mosaic`; the message quotes no value of the file.
     """
     if is_mosaic(ds):
-        raise NormalisationError("unsupported_mosaic",
-                                 "Siemens MOSAIC image (tiles of several slices): unpacking is not supported")
+        raise NormalisationError(
+            "unsupported_mosaic", "Siemens MOSAIC image (tiles of several slices): unpacking is not supported"
+        )

@@ -54,8 +54,12 @@ class NiftiVolume:
 
 
 def _geometry(spacing_mm: Any, origin_mm: Any, direction: Any) -> tuple[tuple, tuple, tuple, str]:
-    known = (spacing_mm is not None and all(v is not None for v in spacing_mm) and origin_mm is not None
-             and direction is not None)
+    known = (
+        spacing_mm is not None
+        and all(v is not None for v in spacing_mm)
+        and origin_mm is not None
+        and direction is not None
+    )
     sp = [float(v) if v is not None else 1.0 for v in (spacing_mm or [1.0, 1.0, 1.0])]
     spacing = (sp[1], sp[0], sp[2])  # SimpleITK (x, y, z) = (col, row, slice)
     origin = tuple(float(v) for v in origin_mm) if origin_mm is not None else (0.0, 0.0, 0.0)
@@ -63,8 +67,9 @@ def _geometry(spacing_mm: Any, origin_mm: Any, direction: Any) -> tuple[tuple, t
     return spacing, origin, dirs, "row" if known else "partly unknown: unit spacing / zero origin / identity"
 
 
-def encode_nifti(volume: np.ndarray, spacing_mm: Any, origin_mm: Any, direction: Any, modality: str,
-                 gzip_level: int = 1) -> NiftiVolume:
+def encode_nifti(
+    volume: np.ndarray, spacing_mm: Any, origin_mm: Any, direction: Any, modality: str, gzip_level: int = 1
+) -> NiftiVolume:
     """Encode a normalised volume as a gzipped NIfTI-1 object.
 
     Parameters
@@ -101,8 +106,10 @@ def encode_nifti(volume: np.ndarray, spacing_mm: Any, origin_mm: Any, direction:
             raise ValueError("CT values outside the int16 range")
         stored = rounded.astype(np.int16)
         del rounded
-        rounding = {"rounding": "nearest, half to even (numpy.rint), after resampling and clipping",
-                    "max_abs_error_hu": CT_MAX_ROUNDING_HU}
+        rounding = {
+            "rounding": "nearest, half to even (numpy.rint), after resampling and clipping",
+            "max_abs_error_hu": CT_MAX_ROUNDING_HU,
+        }
     else:
         stored = np.ascontiguousarray(volume, dtype=np.float32)
         rounding = {}
@@ -118,9 +125,17 @@ def encode_nifti(volume: np.ndarray, spacing_mm: Any, origin_mm: Any, direction:
         del image
         data = gzip.compress(path.read_bytes(), compresslevel=int(gzip_level), mtime=0)
     dtype = "int16" if modality == "CT" else "float32"
-    step = {"step": "store", "format": "nifti1", "by": "SimpleITK.WriteImage", "dtype": dtype, **rounding,
-            "gzip_level": int(gzip_level), "axes": "x=col,y=row,z=slice", "coordinates": "RAS affine from LPS",
-            "geometry": source}
+    step = {
+        "step": "store",
+        "format": "nifti1",
+        "by": "SimpleITK.WriteImage",
+        "dtype": dtype,
+        **rounding,
+        "gzip_level": int(gzip_level),
+        "axes": "x=col,y=row,z=slice",
+        "coordinates": "RAS affine from LPS",
+        "geometry": source,
+    }
     return NiftiVolume(data, hashlib.sha256(data).hexdigest(), dtype, step)
 
 

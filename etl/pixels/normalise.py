@@ -141,9 +141,7 @@ def check_image_has_pixels(ds: Dataset) -> None:
 
 
 def _recipe(kind: str, steps: list[dict[str, Any]]) -> str:
-    return json.dumps(
-        {"kind": kind, "steps": steps, "version": RECIPE_VERSION}, sort_keys=True, separators=(",", ":")
-    )
+    return json.dumps({"kind": kind, "steps": steps, "version": RECIPE_VERSION}, sort_keys=True, separators=(",", ":"))
 
 
 def _floats(value: Any) -> list[float] | None:
@@ -213,7 +211,11 @@ def _window_to_unit(arr: np.ndarray, ds: Dataset, frame: int | None) -> tuple[np
                     x = arr.astype(np.float64, copy=False)
                     unit = ((x - (c - 0.5)) / (w - 1.0) + 0.5) if function == "LINEAR" else ((x - c) / w + 0.5)
                     return np.clip(unit, 0.0, 1.0, out=unit), {
-                        "step": "voi", "window_center": c, "window_width": w, "function": function}
+                        "step": "voi",
+                        "window_center": c,
+                        "window_width": w,
+                        "function": function,
+                    }
                 out = apply_voi_lut(arr.astype(np.float64), view, prefer_lut=False)
                 ends = apply_voi_lut(np.array([-np.inf, np.inf]), view, prefer_lut=False)
                 lo, hi = float(ends[0]), float(ends[1])
@@ -251,9 +253,7 @@ def _resize(unit: np.ndarray, size: tuple[int, int], keep_aspect: bool) -> tuple
     channels = [unit] if unit.ndim == 2 else [unit[..., c] for c in range(unit.shape[2])]
     resized = [
         np.asarray(
-            Image.fromarray(np.ascontiguousarray(ch, dtype=np.float32)).resize(
-                (new_c, new_r), Image.Resampling.LANCZOS
-            )
+            Image.fromarray(np.ascontiguousarray(ch, dtype=np.float32)).resize((new_c, new_r), Image.Resampling.LANCZOS)
         )
         for ch in channels
     ]
@@ -314,9 +314,7 @@ def load_payload(payload: bytes, payload_format: str) -> np.ndarray:
     return decode_payload(payload, payload_format)
 
 
-def _result(
-    payload: bytes, fmt: str, kind: str, steps: list[dict[str, Any]], **fields: Any
-) -> dict[str, Any]:
+def _result(payload: bytes, fmt: str, kind: str, steps: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
     return {
         **fields,
         "kind": kind,
@@ -451,9 +449,7 @@ def _check_consistent(slices: list[dict[str, Any]]) -> str:
     if any(s["modality"] != modality for s in slices):
         raise NormalisationError("inconsistent_series", "slices of more than one modality")
     if modality not in _VOLUME_MODALITIES:
-        raise NormalisationError(
-            "unsupported_modality", f"volumes are built for CT and MR, not {modality or 'none'}"
-        )
+        raise NormalisationError("unsupported_modality", f"volumes are built for CT and MR, not {modality or 'none'}")
     if any(not s["photometric"].startswith("MONOCHROME") for s in slices):
         raise NormalisationError("inconsistent_series", "a volume slice is not MONOCHROME1/MONOCHROME2")
     oris = [s["orientation"] for s in slices]
@@ -487,9 +483,7 @@ def _order_by_instance(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ordered = sorted(slices, key=lambda s: (s["instance"] or 0, s["index"], s["frame"] or 0))
         keys = [(s["instance"], s["frame"]) for s in ordered]
         if len(set(keys)) != len(keys):
-            raise NormalisationError(
-                "inconsistent_series", "slices share an InstanceNumber and have no position"
-            )
+            raise NormalisationError("inconsistent_series", "slices share an InstanceNumber and have no position")
         return ordered
     raise NormalisationError(
         "inconsistent_series", "cannot order slices: neither ImagePositionPatient nor InstanceNumber on all"
@@ -520,7 +514,9 @@ def _decode_stack(
         decoded = decode_image(s["ds"], s["frame"], out=row, checked=s["ts"])  # checked in _slices
         if decoded.array is not row:
             if decoded.array.shape != row.shape:
-                raise NormalisationError("inconsistent_series", "a slice decodes to another shape than its Rows x Columns")
+                raise NormalisationError(
+                    "inconsistent_series", "a slice decodes to another shape than its Rows x Columns"
+                )
             row[...] = decoded.array
         if clip is not None:
             np.clip(row, clip[0], clip[1], out=row)
@@ -559,7 +555,7 @@ class _StreamedStack:
             raise IndexError("a streamed stack is read in slice order")
         while self._next <= j:
             slot = self._next % 2
-            _decode_stack([self.ordered[self._next]], self._steps, self._ring[slot:slot + 1], None)
+            _decode_stack([self.ordered[self._next]], self._steps, self._ring[slot : slot + 1], None)
             self._next += 1
         return self._ring[j % 2]
 
@@ -573,8 +569,10 @@ class _StreamedStack:
             for params in st.get("distinct", []) if st["step"] == "modality_lut" else []:
                 if params not in luts:
                     luts.append(params)
-        return [{"step": "decode", "transfer_syntax": syntaxes, "n_slices": self.shape[0]},
-                {"step": "modality_lut", "distinct": luts}]
+        return [
+            {"step": "decode", "transfer_syntax": syntaxes, "n_slices": self.shape[0]},
+            {"step": "modality_lut", "distinct": luts},
+        ]
 
 
 def _intensity(
@@ -686,8 +684,15 @@ def normalise_volume(
     in_place = not (duplicates or regularised or resampled)
     # an axis-aligned series resampled as it is (no duplicates to drop, nothing to regularise) is decoded slice by
     # slice as the separable resampling reads it: the native stack never exists, only the resampled payload
-    streamed = (resampled and geo is not None and not duplicates and not regularised and rows > 1 and cols > 1
-                and is_axis_aligned(geo["matrix"].reshape(-1)))
+    streamed = (
+        resampled
+        and geo is not None
+        and not duplicates
+        and not regularised
+        and rows > 1
+        and cols > 1
+        and is_axis_aligned(geo["matrix"].reshape(-1))
+    )
     payload_buffer = NpyPayload((n, rows, cols)) if in_place else None
     stack = payload_buffer.array if payload_buffer is not None else None
     clip = (float(cfg.ct_hu_window[0]), float(cfg.ct_hu_window[1])) if in_place and modality == "CT" else None
@@ -723,8 +728,12 @@ def normalise_volume(
                 assert clip is None, "regularisation must see unclipped values"
                 volume = regularise(volume, info["along"], info["offsets"], tuple(in_plane), info["step_mm"])
                 steps.append(
-                    {"step": "regularise", "interpolation": "linear", "step_mm": info["step_mm"],
-                     "n_slices": int(volume.shape[0])}
+                    {
+                        "step": "regularise",
+                        "interpolation": "linear",
+                        "step_mm": info["step_mm"],
+                        "n_slices": int(volume.shape[0]),
+                    }
                 )
             slice_from = "positions"
         else:
@@ -754,16 +763,22 @@ def normalise_volume(
             out = payload_buffer.array if payload_buffer is not None else None
             streamed_stack = volume if isinstance(volume, _StreamedStack) else None
             ct_window = (float(cfg.ct_hu_window[0]), float(cfg.ct_hu_window[1])) if modality == "CT" else None
-            volume, geometry, method = resample(volume, geometry, (target[0], target[1], target[2]), default, out=out,
-                                                clip=ct_window)
+            volume, geometry, method = resample(
+                volume, geometry, (target[0], target[1], target[2]), default, out=out, clip=ct_window
+            )
             if ct_window is not None and method == "separable":
                 clip = ct_window  # clipped slice by slice as it was resampled
             if streamed_stack is not None:
                 steps[decode_at:decode_at] = streamed_stack.finish()
             spacing = geometry.spacing_mm
             steps.append(
-                {"step": "resample", "by": method, "interpolation": "linear",
-                 "target_mm": target, "shape": list(volume.shape)}
+                {
+                    "step": "resample",
+                    "by": method,
+                    "interpolation": "linear",
+                    "target_mm": target,
+                    "shape": list(volume.shape),
+                }
             )
 
     volume, intensity_step = _intensity(volume, modality, cfg, clipped=clip is not None)

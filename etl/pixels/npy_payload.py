@@ -116,7 +116,7 @@ class NpyPayload:
         payload, address = made
         whole = np.asarray(_Owner(payload, address, len(header) + size))
         whole[: len(header)] = np.frombuffer(header, dtype=np.uint8)
-        self.array = whole[len(header):].view(dtype).reshape(shape)
+        self.array = whole[len(header) :].view(dtype).reshape(shape)
         self._payload = payload
 
     def finish(self, volume: np.ndarray) -> bytes:
@@ -154,9 +154,7 @@ def _bytes_builder() -> Callable[[int], tuple[bytes, int] | None] | None:
     if platform.python_implementation() != "CPython":
         return None
     api = ctypes.pythonapi
-    create = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t)(
-        ("PyBytes_FromStringAndSize", api)
-    )
+    create = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t)(("PyBytes_FromStringAndSize", api))
     address_of = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(("PyBytes_AsString", api))
     madvise: Any = None
     if sys.platform.startswith("linux"):

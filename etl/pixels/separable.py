@@ -89,8 +89,9 @@ def axis_map(n: int, spacing_mm: float, target_mm: float, m: int) -> AxisMap:
     return AxisMap(lower, upper, xc - lower, inside)
 
 
-def resampled_size(shape: Sequence[int], spacing_mm: Sequence[float],
-                   target_mm: Sequence[float]) -> tuple[int, int, int]:
+def resampled_size(
+    shape: Sequence[int], spacing_mm: Sequence[float], target_mm: Sequence[float]
+) -> tuple[int, int, int]:
     """Output (slices, rows, cols) of :func:`etl.pixels.volumes.resample`: floor(extent / target) + 1 per axis
     with extent = (n - 1) x spacing, so that every output voxel lies inside the input grid.
 
@@ -224,7 +225,7 @@ def resample_separable(
     # outside the input along any axis: the default value (only the high end can be outside: x >= 0)
     if clip is not None:
         default = min(max(float(default), clip[0]), clip[1])
-    out[zmap.inside:] = default
-    out[:, ymap.inside:] = default
-    out[:, :, xmap.inside:] = default
+    out[zmap.inside :] = default
+    out[:, ymap.inside :] = default
+    out[:, :, xmap.inside :] = default
     return out

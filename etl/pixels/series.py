@@ -85,12 +85,22 @@ class ShardPixels:
         rows = []
         for key, m in sorted(self.series.items()):
             img = first.get(key)
-            rows.append({
-                "series_key": key, "study_key": m["study_key"], "patient_key": m["patient_key"],
-                "institution": m["institution"], "modality": m["modality"], "view_position": m["view_position"],
-                "orientation": img.orientation if img else None, "spacing_mm": img.row["spacing_mm"] if img else None,
-                "n_instances": m["n"], "manufacturer": m["manufacturer"], "model": m["model"], "shard": shard,
-            })
+            rows.append(
+                {
+                    "series_key": key,
+                    "study_key": m["study_key"],
+                    "patient_key": m["patient_key"],
+                    "institution": m["institution"],
+                    "modality": m["modality"],
+                    "view_position": m["view_position"],
+                    "orientation": img.orientation if img else None,
+                    "spacing_mm": img.row["spacing_mm"] if img else None,
+                    "n_instances": m["n"],
+                    "manufacturer": m["manufacturer"],
+                    "model": m["model"],
+                    "shard": shard,
+                }
+            )
         return rows
 
 
@@ -113,17 +123,29 @@ def image_row(instance: dict[str, Any], res: dict[str, Any], image_key: str, kin
     kind : {"2d", "3d"}
     """
     row = {
-        "image_key": image_key, "series_key": instance["series_key"], "study_key": instance["study_key"],
-        "patient_key": instance["patient_key"], "institution": instance["institution"],
+        "image_key": image_key,
+        "series_key": instance["series_key"],
+        "study_key": instance["study_key"],
+        "patient_key": instance["patient_key"],
+        "institution": instance["institution"],
         "modality": instance["modality"],
-        "view": res.get("view") or (res.get("orientation") if kind == "3d" else None), "kind": kind,
-        "rows": res["rows"], "cols": res["cols"], "n_slices": res.get("n_slices", 1),
-        "spacing_mm": res.get("spacing_mm"), "payload_format": res["payload_format"], "payload": res["payload"],
+        "view": res.get("view") or (res.get("orientation") if kind == "3d" else None),
+        "kind": kind,
+        "rows": res["rows"],
+        "cols": res["cols"],
+        "n_slices": res.get("n_slices", 1),
+        "spacing_mm": res.get("spacing_mm"),
+        "payload_format": res["payload_format"],
+        "payload": res["payload"],
         "payload_sha256": res.get("payload_sha256") or hashlib.sha256(res["payload"]).hexdigest(),
         "payload_bytes": len(res["payload"]),
-        "shape": res.get("shape"), "dtype": res.get("dtype"), "origin_mm": res.get("origin_mm"),
+        "shape": res.get("shape"),
+        "dtype": res.get("dtype"),
+        "origin_mm": res.get("origin_mm"),
         "direction": res.get("direction"),
-        "recipe": res["recipe"], "transfer_syntax": instance["transfer_syntax"], "shard": instance["shard"],
+        "recipe": res["recipe"],
+        "transfer_syntax": instance["transfer_syntax"],
+        "shard": instance["shard"],
     }
     return NormalisedImage(row, res.get("orientation"))
 
@@ -135,8 +157,13 @@ def _as_2d(out: ShardPixels, instance: dict[str, Any], ds: Dataset, cfg: Normali
         out.fail([instance["sop_key"]], err, err.reason)
 
 
-def _series(out: ShardPixels, series_key: str, members: list[tuple[dict[str, Any], Dataset]],
-            cfg: NormalisationConfig, volume_sink: VolumeSink | None = None) -> None:
+def _series(
+    out: ShardPixels,
+    series_key: str,
+    members: list[tuple[dict[str, Any], Dataset]],
+    cfg: NormalisationConfig,
+    volume_sink: VolumeSink | None = None,
+) -> None:
     sops = [r["sop_key"] for r, _ in members]
     if len(members) == 1 and n_frames(members[0][1]) < 2:  # one classic slice
         _as_2d(out, members[0][0], members[0][1], cfg)
@@ -163,8 +190,11 @@ def _series(out: ShardPixels, series_key: str, members: list[tuple[dict[str, Any
         _as_2d(out, r, d, cfg)
 
 
-def normalise_instances(items: Iterable[tuple[dict[str, Any], Dataset | Exception]],
-                        cfg: NormalisationConfig, volume_sink: VolumeSink | None = None) -> ShardPixels:
+def normalise_instances(
+    items: Iterable[tuple[dict[str, Any], Dataset | Exception]],
+    cfg: NormalisationConfig,
+    volume_sink: VolumeSink | None = None,
+) -> ShardPixels:
     """Normalise a shard's de-identified instances into image rows (the rules of the module docstring).
 
     Parameters
@@ -229,8 +259,13 @@ def normalise_shard_guarded(rows: list[dict], read, cfg, volume_sink=None):
         try:
             part = normalise_instances(((row, read(row)) for row in members), cfg, volume_sink=volume_sink)
         except Exception as err:  # noqa: BLE001  this series is quarantined, the others go on
-            out.failures.append(PixelFailure(tuple(r["sop_key"] for r in members), "normalisation_error",
-                                             f"{type(err).__name__} while normalising the series"))
+            out.failures.append(
+                PixelFailure(
+                    tuple(r["sop_key"] for r in members),
+                    "normalisation_error",
+                    f"{type(err).__name__} while normalising the series",
+                )
+            )
             continue
         out.images.extend(part.images)
         out.failures.extend(part.failures)

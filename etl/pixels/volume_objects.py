@@ -47,14 +47,22 @@ def externalise_volume(storage: Storage, row: dict[str, Any], gzip_level: int = 
     if row.get("payload_format") != "npy":
         return row
     volume = read_npy(row["payload"])
-    obj = encode_nifti(volume, row.get("spacing_mm"), row.get("origin_mm"), row.get("direction"), row["modality"],
-                       gzip_level)
+    obj = encode_nifti(
+        volume, row.get("spacing_mm"), row.get("origin_mm"), row.get("direction"), row["modality"], gzip_level
+    )
     del volume
     uri = zones.curated_volume(obj.sha256)
     if not storage.is_file(uri):
         storage.write_bytes(uri, obj.data)
     recipe = json.loads(row["recipe"])
     recipe["steps"] = [s for s in recipe.get("steps", []) if s.get("step") != "encode"] + [obj.step]
-    return {**row, "payload": None, "payload_format": NIFTI_FORMAT, "payload_uri": uri, "payload_sha256": obj.sha256,
-            "payload_bytes": len(obj.data), "dtype": obj.dtype,
-            "recipe": json.dumps(recipe, sort_keys=True, separators=(",", ":"))}
+    return {
+        **row,
+        "payload": None,
+        "payload_format": NIFTI_FORMAT,
+        "payload_uri": uri,
+        "payload_sha256": obj.sha256,
+        "payload_bytes": len(obj.data),
+        "dtype": obj.dtype,
+        "recipe": json.dumps(recipe, sort_keys=True, separators=(",", ":")),
+    }

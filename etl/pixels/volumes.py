@@ -380,8 +380,11 @@ def resample(
         if out is None or out.shape != size:
             out = None
         src = volume if volume.dtype == np.float32 else volume.astype(np.float32)
-        return (resample_separable(src, geometry.spacing_mm, spacing, size, default, out, clip), out_geometry,
-                "separable")
+        return (
+            resample_separable(src, geometry.spacing_mm, spacing, size, default, out, clip),
+            out_geometry,
+            "separable",
+        )
     return resample_sitk(volume, geometry, target_spacing_mm, default), out_geometry, "SimpleITK.Resample"
 
 

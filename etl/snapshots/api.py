@@ -42,8 +42,14 @@ class Snapshot(ReaderSnapshot):
         return verify(self.storage, self.version)
 
 
-def load_snapshot(root_or_storage: str | Storage, version: str = "latest", *, endpoint_url: str | None = None,
-                  region: str = "us-east-1", verify_files: bool = False) -> Snapshot:
+def load_snapshot(
+    root_or_storage: str | Storage,
+    version: str = "latest",
+    *,
+    endpoint_url: str | None = None,
+    region: str = "us-east-1",
+    verify_files: bool = False,
+) -> Snapshot:
     """Open a published release.
 
     Parameters

@@ -44,26 +44,40 @@ def card_facts(tables: dict[str, pa.Table], inputs: dict | None = None) -> dict:
     """
     empty = pa.table({})
     get = lambda name: tables.get(name, empty)  # noqa: E731
-    studies, images, reports, pairs, vqa, splits = (get(n) for n in ("studies", "images", "reports", "pairs",
-                                                                      "vqa", "splits"))
+    studies, images, reports, pairs, vqa, splits = (
+        get(n) for n in ("studies", "images", "reports", "pairs", "vqa", "splits")
+    )
 
     def merge(**measures: dict[str, int]) -> dict[str, dict[str, int]]:
         values = sorted({v for m in measures.values() for v in m})
         return {v: {name: m.get(v, 0) for name, m in measures.items()} for v in values}
 
-    split_of = dict(zip(splits["patient_key"].to_pylist(), splits["split"].to_pylist(), strict=True)) \
-        if splits.num_rows else {}
+    split_of = (
+        dict(zip(splits["patient_key"].to_pylist(), splits["split"].to_pylist(), strict=True))
+        if splits.num_rows
+        else {}
+    )
     labels, mentions = get("study_labels"), get("entity_mentions")
     present = labels.filter(pc.equal(labels["state"], "present")) if labels.num_rows else labels
-    entity = merge(studies_present=_counts(present, "entity_id", distinct="study_key"),
-                   mentions=_counts(mentions, "entity_id"))
+    entity = merge(
+        studies_present=_counts(present, "entity_id", distinct="study_key"), mentions=_counts(mentions, "entity_id")
+    )
     return {
-        "institution": merge(patients=_counts(splits, "institution"), studies=_counts(studies, "institution"),
-                             images=_counts(images, "institution"), reports=_counts(reports, "institution")),
-        "modality": merge(studies=_counts(studies, "modality"), images=_counts(images, "modality"),
-                          pairs=_counts(pairs, "modality")),
-        "split": merge(patients=_counts(splits, "split"), studies=_by_split(studies, split_of),
-                       pairs=_by_split(pairs, split_of), vqa_items=_counts(vqa, "split")),
+        "institution": merge(
+            patients=_counts(splits, "institution"),
+            studies=_counts(studies, "institution"),
+            images=_counts(images, "institution"),
+            reports=_counts(reports, "institution"),
+        ),
+        "modality": merge(
+            studies=_counts(studies, "modality"), images=_counts(images, "modality"), pairs=_counts(pairs, "modality")
+        ),
+        "split": merge(
+            patients=_counts(splits, "split"),
+            studies=_by_split(studies, split_of),
+            pairs=_by_split(pairs, split_of),
+            vqa_items=_counts(vqa, "split"),
+        ),
         "entity": entity,
         "report_links": _counts(reports, "link_status"),
         "inputs": inputs,
@@ -85,8 +99,7 @@ def _grid(title: str, rows: dict[str, dict[str, int]], first: str) -> list[str]:
     if not rows:
         return ["", f"## {title}", "", "(none)"]
     measures = list(next(iter(rows.values())))
-    out = ["", f"## {title}", "", "| " + " | ".join([first, *measures]) + " |",
-           "|---|" + "---:|" * len(measures)]
+    out = ["", f"## {title}", "", "| " + " | ".join([first, *measures]) + " |", "|---|" + "---:|" * len(measures)]
     out += ["| " + " | ".join([k, *(str(v[m]) for m in measures)]) + " |" for k, v in rows.items()]
     return out
 
@@ -125,63 +138,99 @@ def dataset_card(manifest: dict, facts: dict) -> str:
         "",
         "Load it: `pip install ./reader` (the MedReCo-DB reader: pyarrow, polars, deltalake, numpy, nibabel, "
         "Pillow; `./reader[torch]` adds the torch Datasets), then `from medreco_reader import load_snapshot; "
-        f"snap = load_snapshot(ROOT, version=\"{manifest['version']}\"); snap.table(\"pairs\")` (polars "
+        f'snap = load_snapshot(ROOT, version="{manifest["version"]}"); snap.table("pairs")` (polars '
         f"LazyFrame). Check it: `medreco snapshot verify {manifest['version']} --root ROOT`. Hand it over: "
         f"`medreco snapshot export {manifest['version']} DEST --root ROOT` writes a self-contained folder with "
-        "train/val/test splits that `datasets.load_dataset(DEST, \"pairs\", split=\"train\")` reads.",
+        'train/val/test splits that `datasets.load_dataset(DEST, "pairs", split="train")` reads.',
         "",
         "## Tables",
         "",
         "| table | rows | schema | key | files |",
         "|---|---:|---|---|---:|",
     ]
-    lines += [f"| {t} | {v['rows']} | {v['schema_version']} | {', '.join(v.get('key', []))} | "
-              f"{len(v.get('files', []))} |" for t, v in manifest["tables"].items()]
+    lines += [
+        f"| {t} | {v['rows']} | {v['schema_version']} | {', '.join(v.get('key', []))} | {len(v.get('files', []))} |"
+        for t, v in manifest["tables"].items()
+    ]
     lines += _grid("Counts per institution", facts.get("institution", {}), "institution")
     lines += _grid("Counts per modality", facts.get("modality", {}), "modality")
     lines += _grid("Counts per split", facts.get("split", {}), "split")
     names = _entity_names()
-    entity = {f"{e} {names[e][0]} ({names[e][1]}, {names[e][2]})" if e in names else e: v
-              for e, v in facts.get("entity", {}).items()}
+    entity = {
+        f"{e} {names[e][0]} ({names[e][1]}, {names[e][2]})" if e in names else e: v
+        for e, v in facts.get("entity", {}).items()
+    }
     lines += _grid("Entities (studies labelled present, mentions in reports)", entity, "entity")
-    lines += ["", "Each entity belongs to the modality families in brackets (chest radiograph, CT, brain MRI, "
-              "ultrasound): the same name under two ids is the same finding in two families, labelled apart. "
-              "`mentions` counts every mention in the reports, whatever its assertion; `studies` counts the studies "
-              "labelled present (a study_labels row with state present). An entity with mentions and no study is "
-              "mentioned only as absent, uncertain or historical, or only in reports not linked to a study of this "
-              "release."]
-    lines += ["", "## De-identification", "",
-              "DICOM PS3.15 Annex E, DeidentificationMethodCodeSequence (CID 7050, scheme DCM):", ""]
+    lines += [
+        "",
+        "Each entity belongs to the modality families in brackets (chest radiograph, CT, brain MRI, "
+        "ultrasound): the same name under two ids is the same finding in two families, labelled apart. "
+        "`mentions` counts every mention in the reports, whatever its assertion; `studies` counts the studies "
+        "labelled present (a study_labels row with state present). An entity with mentions and no study is "
+        "mentioned only as absent, uncertain or historical, or only in reports not linked to a study of this "
+        "release.",
+    ]
+    lines += [
+        "",
+        "## De-identification",
+        "",
+        "DICOM PS3.15 Annex E, DeidentificationMethodCodeSequence (CID 7050, scheme DCM):",
+        "",
+    ]
     lines += [f"- `{c}` {m}" for c, m in codes] or ["- (not recorded)"]
-    lines += ["", "Pseudonyms are keyed HMAC-SHA256 values; UIDs are remapped to `2.25.<keyed hash>`; report "
-              "text is scrubbed by the rule-based text de-identifier."]
+    lines += [
+        "",
+        "Pseudonyms are keyed HMAC-SHA256 values; UIDs are remapped to `2.25.<keyed hash>`; report "
+        "text is scrubbed by the rule-based text de-identifier.",
+    ]
     inputs = facts.get("inputs")
     limits = list(KNOWN_LIMITATIONS)
     if inputs:
-        lines += ["", "## Inputs", "", f"{inputs['files_seen']} input files in the run ledger "
-                  f"(input ledger sha256 `{inputs['input_ledger_sha256']}`):", ""]
+        lines += [
+            "",
+            "## Inputs",
+            "",
+            f"{inputs['files_seen']} input files in the run ledger "
+            f"(input ledger sha256 `{inputs['input_ledger_sha256']}`):",
+            "",
+        ]
         lines += [f"- {s}: {n}" for s, n in inputs["by_status"].items()]
         if inputs["quarantined_by_reason"]:
-            limits.append("Quarantined inputs are not in this release: " + ", ".join(
-                f"{r} {n}" for r, n in inputs["quarantined_by_reason"].items()) + ".")
+            limits.append(
+                "Quarantined inputs are not in this release: "
+                + ", ".join(f"{r} {n}" for r, n in inputs["quarantined_by_reason"].items())
+                + "."
+            )
     if codes and "113102" not in {c for c, _ in codes}:
-        limits.append("Head CT and MR volumes were not defaced (config deid.deface is off or quarantine): with off "
-                      "they keep the patient's face, with quarantine they are withheld.")
+        limits.append(
+            "Head CT and MR volumes were not defaced (config deid.deface is off or quarantine): with off "
+            "they keep the patient's face, with quarantine they are withheld."
+        )
     links = {k: v for k, v in facts.get("report_links", {}).items() if k != "linked"}
     if links:
-        limits.append("Reports without an image study in this release: " + ", ".join(
-            f"{k} {v}" for k, v in links.items()) + ".")
+        limits.append(
+            "Reports without an image study in this release: " + ", ".join(f"{k} {v}" for k, v in links.items()) + "."
+        )
     if facts.get("empty_tables"):
         limits.append("Tables with no rows in this release: " + ", ".join(facts["empty_tables"]) + ".")
     lines += ["", "## Known limitations", ""] + [f"- {x}" for x in limits]
-    lines += ["", "## Licence and terms of use", "",
-              "Derived from clinical data of the contributing institutions under their data use agreement: use is "
-              "limited to the research purposes and people that agreement names; no attempt to re-identify any "
-              "person; no redistribution outside it. The Hugging Face card's `license: other` refers to this "
-              "section.", "", "## Citation", "", "```bibtex",
-              "@misc{medreco_db_" + manifest["version"].replace(".", "_") + ",",
-              "  title  = {MedReCo-DB: a de-identified comparative imaging dataset, release " + manifest["version"]
-              + "},",
-              "  note   = {content hash " + manifest["content_hash"] + "}",
-              "}", "```", ""]
+    lines += [
+        "",
+        "## Licence and terms of use",
+        "",
+        "Derived from clinical data of the contributing institutions under their data use agreement: use is "
+        "limited to the research purposes and people that agreement names; no attempt to re-identify any "
+        "person; no redistribution outside it. The Hugging Face card's `license: other` refers to this "
+        "section.",
+        "",
+        "## Citation",
+        "",
+        "```bibtex",
+        "@misc{medreco_db_" + manifest["version"].replace(".", "_") + ",",
+        "  title  = {MedReCo-DB: a de-identified comparative imaging dataset, release " + manifest["version"] + "},",
+        "  note   = {content hash " + manifest["content_hash"] + "}",
+        "}",
+        "```",
+        "",
+    ]
     return "\n".join(lines)

@@ -33,6 +33,7 @@ ROW_GROUP_BYTES = 8 * 2**20
 #: Delta table properties: never drop old commit files (releases pin old versions: time travel must work)
 DELTA_CONFIGURATION = {"delta.enableExpiredLogCleanup": "false"}
 
+
 @dataclass(frozen=True)
 class DataFile:
     """One Parquet data file of a table: its name in the Delta table folder, bytes, sha256 and rows."""
@@ -41,7 +42,6 @@ class DataFile:
     data: bytes = field(repr=False)
     sha256: str
     rows: int
-
 
 
 def _row_group_rows(table: pa.Table) -> int:
@@ -145,8 +145,13 @@ def _plain_type(t: pa.DataType) -> pa.DataType:
 def same_schema(a: pa.Schema, b: pa.Schema) -> bool:
     """True when two Arrow schemas hold the same columns, types, nullability and metadata (list element field
     names aside: a Parquet round trip names them ``element``)."""
-    return a.names == b.names and a.metadata == b.metadata and all(
-        fa.nullable == fb.nullable and _plain_type(fa.type).equals(_plain_type(fb.type)) for fa, fb in zip(a, b))
+    return (
+        a.names == b.names
+        and a.metadata == b.metadata
+        and all(
+            fa.nullable == fb.nullable and _plain_type(fa.type).equals(_plain_type(fb.type)) for fa, fb in zip(a, b)
+        )
+    )
 
 
 def partition_files(storage: Storage, table: str) -> list[PartitionFile]:
@@ -171,9 +176,16 @@ def partition_files(storage: Storage, table: str) -> list[PartitionFile]:
     if storage.exists(base):
         sel = pafs.FileSelector(storage.path(base), recursive=True, allow_not_found=True)
         prefix = storage.path(base).rstrip("/") + "/"
-        infos = sorted((i for i in storage.fs.get_file_info(sel) if i.type == pafs.FileType.File
-                        and i.path.endswith(".parquet") and not posixpath.basename(i.path).startswith(".tmp-")),
-                       key=lambda i: i.path)
+        infos = sorted(
+            (
+                i
+                for i in storage.fs.get_file_info(sel)
+                if i.type == pafs.FileType.File
+                and i.path.endswith(".parquet")
+                and not posixpath.basename(i.path).startswith(".tmp-")
+            ),
+            key=lambda i: i.path,
+        )
     out: list[PartitionFile] = []
     new_cache: dict[str, dict] = {}
     for info in infos:
@@ -187,14 +199,19 @@ def partition_files(storage: Storage, table: str) -> list[PartitionFile]:
             with storage.fs.open_input_file(storage.path(rel)) as f:
                 pf = pq.ParquetFile(f)
                 rows, same = pf.metadata.num_rows, same_schema(pf.schema_arrow, schema)
-            entry = {**stamp, "rows": int(rows), "schema_ok": bool(same),
-                     "sha256": sha256_file(storage, rel) if same else None}
+            entry = {
+                **stamp,
+                "rows": int(rows),
+                "schema_ok": bool(same),
+                "sha256": sha256_file(storage, rel) if same else None,
+            }
         new_cache[part] = entry
         if not entry["rows"]:
             continue
         if entry["schema_ok"]:
-            out.append(PartitionFile(part, data_file_name(entry["sha256"]), entry["sha256"], entry["rows"],
-                                     entry["size"], rel))
+            out.append(
+                PartitionFile(part, data_file_name(entry["sha256"]), entry["sha256"], entry["rows"], entry["size"], rel)
+            )
         else:  # an older curated file: re-encoded once per publish (rare: a schema change rebuilds every shard)
             t = storage.read_table(rel, schema=schema)
             t = t.sort_by([(k, "ascending") for k in key_columns(schema)])
@@ -205,8 +222,10 @@ def partition_files(storage: Storage, table: str) -> list[PartitionFile]:
         out.append(PartitionFile("", data_file_name(df.sha256), df.sha256, 0, len(df.data), "", df.data))
     dup = [n for n, c in Counter(f.name for f in out).items() if c > 1]
     if dup:
-        raise SnapshotError(f"{table}: partitions {', '.join(f.partition for f in out if f.name in dup)} of "
-                            f"{storage.full_uri(base)} hold identical content")
+        raise SnapshotError(
+            f"{table}: partitions {', '.join(f.partition for f in out if f.name in dup)} of "
+            f"{storage.full_uri(base)} hold identical content"
+        )
     if new_cache != cache:
         storage.write_text(zones.publish_hash_cache(table), json.dumps({"files": new_cache}, sort_keys=True))
     return out
@@ -247,7 +266,6 @@ def table_data_sha256(files: Sequence[dict]) -> str:
     return hashlib.sha256("\n".join(f["sha256"] for f in files).encode()).hexdigest()
 
 
-
 def _is_delta_table(storage: Storage, table: str) -> bool:
     # checked through Storage (pyarrow), not DeltaTable.is_deltatable: the latter's listing hangs against
     # moto's S3 server (deltalake 1.6.6, moto 5.2.5), while opening a table works
@@ -277,7 +295,10 @@ def delta_table_id(table: str, key_fingerprint: str) -> str:
 
 def _protocol_action(p: dict) -> dict:
     """A Delta ``protocol`` action in a fixed key order (feature lists sorted; only where the versions allow)."""
-    out: dict[str, Any] = {"minReaderVersion": int(p["minReaderVersion"]), "minWriterVersion": int(p["minWriterVersion"])}
+    out: dict[str, Any] = {
+        "minReaderVersion": int(p["minReaderVersion"]),
+        "minWriterVersion": int(p["minWriterVersion"]),
+    }
     if out["minReaderVersion"] >= 3:
         out["readerFeatures"] = sorted(p.get("readerFeatures") or [])
     if out["minWriterVersion"] >= 7:
@@ -295,8 +316,9 @@ def _delta_table_template(table: str) -> tuple[dict, dict]:
     from deltalake import DeltaTable
 
     with tempfile.TemporaryDirectory(prefix="medreco-delta-") as tmp:
-        DeltaTable.create(tmp, SCHEMAS[table], name=table, description=f"MedReCo-DB table {table}",
-                          configuration=DELTA_CONFIGURATION)
+        DeltaTable.create(
+            tmp, SCHEMAS[table], name=table, description=f"MedReCo-DB table {table}", configuration=DELTA_CONFIGURATION
+        )
         with open(posixpath.join(tmp, "_delta_log", f"{0:020d}.json"), encoding="utf-8") as f:
             actions = {k: v for line in f if line.strip() for k, v in json.loads(line).items()}
     return _protocol_action(actions["protocol"]), actions["metaData"]
@@ -304,25 +326,36 @@ def _delta_table_template(table: str) -> tuple[dict, dict]:
 
 def _metadata_action(template: dict, table_id: str | int, created_ms: int) -> dict:
     """A Delta ``metaData`` action in a fixed key order from ``deltalake``'s (``id``/``createdTime`` replaced)."""
-    return {"id": table_id, "name": template.get("name"), "description": template.get("description"),
-            "format": {"provider": "parquet", "options": {}}, "schemaString": template["schemaString"],
-            "partitionColumns": list(template.get("partitionColumns") or []), "createdTime": created_ms,
-            "configuration": dict(sorted((template.get("configuration") or {}).items()))}
+    return {
+        "id": table_id,
+        "name": template.get("name"),
+        "description": template.get("description"),
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": template["schemaString"],
+        "partitionColumns": list(template.get("partitionColumns") or []),
+        "createdTime": created_ms,
+        "configuration": dict(sorted((template.get("configuration") or {}).items())),
+    }
 
 
 def _protocol_needed(current: dict, wanted: dict) -> dict | None:
     """The protocol to commit so the table supports ``wanted``'s features; None when ``current`` does."""
     features = lambda p, k: set(p.get(k) or [])  # noqa: E731
-    if (wanted["minReaderVersion"] <= current["minReaderVersion"]
-            and wanted["minWriterVersion"] <= current["minWriterVersion"]
-            and features(wanted, "readerFeatures") <= features(current, "readerFeatures")
-            and features(wanted, "writerFeatures") <= features(current, "writerFeatures")):
+    if (
+        wanted["minReaderVersion"] <= current["minReaderVersion"]
+        and wanted["minWriterVersion"] <= current["minWriterVersion"]
+        and features(wanted, "readerFeatures") <= features(current, "readerFeatures")
+        and features(wanted, "writerFeatures") <= features(current, "writerFeatures")
+    ):
         return None
-    return _protocol_action({
-        "minReaderVersion": max(current["minReaderVersion"], wanted["minReaderVersion"]),
-        "minWriterVersion": max(current["minWriterVersion"], wanted["minWriterVersion"]),
-        "readerFeatures": features(current, "readerFeatures") | features(wanted, "readerFeatures"),
-        "writerFeatures": features(current, "writerFeatures") | features(wanted, "writerFeatures")})
+    return _protocol_action(
+        {
+            "minReaderVersion": max(current["minReaderVersion"], wanted["minReaderVersion"]),
+            "minWriterVersion": max(current["minWriterVersion"], wanted["minWriterVersion"]),
+            "readerFeatures": features(current, "readerFeatures") | features(wanted, "readerFeatures"),
+            "writerFeatures": features(current, "writerFeatures") | features(wanted, "writerFeatures"),
+        }
+    )
 
 
 def delta_log_path(table: str, version: int) -> str:
@@ -333,8 +366,10 @@ def _write_commit(storage: Storage, table: str, version: int, actions: list[dict
     """Write one Delta commit file: newline-delimited JSON actions (compact, keys in the order given)."""
     data = "\n".join(json.dumps(a, separators=(",", ":"), ensure_ascii=False) for a in actions).encode()
     if not put_if_absent(storage, delta_log_path(table, version), data):
-        raise SnapshotError(f"{table}: another writer committed Delta version {version} of "
-                            f"{table_uri(storage, table)} during the publish")
+        raise SnapshotError(
+            f"{table}: another writer committed Delta version {version} of "
+            f"{table_uri(storage, table)} during the publish"
+        )
 
 
 def _commit_info(operation: str, parameters: dict, epoch_ms: int, release: str, read_version: int | None) -> dict:
@@ -345,8 +380,9 @@ def _commit_info(operation: str, parameters: dict, epoch_ms: int, release: str, 
     return {"commitInfo": info}
 
 
-def commit_table(storage: Storage, table: str, files: Sequence[PartitionFile], release: str, epoch_ms: int,
-                  key_fingerprint: str) -> int:
+def commit_table(
+    storage: Storage, table: str, files: Sequence[PartitionFile], release: str, epoch_ms: int, key_fingerprint: str
+) -> int:
     """Commit ``files`` as the whole content of a table's Delta table; return the new Delta version.
 
     The commit files are written here, not by ``deltalake``, so that their bytes depend only on the
@@ -370,38 +406,81 @@ def commit_table(storage: Storage, table: str, files: Sequence[PartitionFile], r
     schema_string = template["schemaString"]
     extra: list[dict] = []
     if not _is_delta_table(storage, table):
-        _write_commit(storage, table, 0, [
-            _commit_info("CREATE TABLE", {"mode": "ErrorIfExists"}, epoch_ms, release, None),
-            {"protocol": protocol},
-            {"metaData": _metadata_action(template, delta_table_id(table, key_fingerprint), epoch_ms)}])
+        _write_commit(
+            storage,
+            table,
+            0,
+            [
+                _commit_info("CREATE TABLE", {"mode": "ErrorIfExists"}, epoch_ms, release, None),
+                {"protocol": protocol},
+                {"metaData": _metadata_action(template, delta_table_id(table, key_fingerprint), epoch_ms)},
+            ],
+        )
         before, current = 0, []
     else:
         dtab = DeltaTable(uri, storage_options=opts)
         before = dtab.version()
         current = sorted(posixpath.basename(u) for u in dtab.file_uris())
         p = dtab.protocol()
-        needed = _protocol_needed({"minReaderVersion": p.min_reader_version, "minWriterVersion": p.min_writer_version,
-                                   "readerFeatures": p.reader_features, "writerFeatures": p.writer_features}, protocol)
+        needed = _protocol_needed(
+            {
+                "minReaderVersion": p.min_reader_version,
+                "minWriterVersion": p.min_writer_version,
+                "readerFeatures": p.reader_features,
+                "writerFeatures": p.writer_features,
+            },
+            protocol,
+        )
         if needed:
             extra.append({"protocol": needed})
         if json.loads(dtab.schema().to_json()) != json.loads(schema_string):
             meta = dtab.metadata()
-            extra.append({"metaData": _metadata_action(
-                {"name": meta.name, "description": meta.description, "schemaString": schema_string,
-                 "partitionColumns": meta.partition_columns, "configuration": meta.configuration},
-                meta.id, epoch_ms)})
+            extra.append(
+                {
+                    "metaData": _metadata_action(
+                        {
+                            "name": meta.name,
+                            "description": meta.description,
+                            "schemaString": schema_string,
+                            "partitionColumns": meta.partition_columns,
+                            "configuration": meta.configuration,
+                        },
+                        meta.id,
+                        epoch_ms,
+                    )
+                }
+            )
     wanted = {f.name: f for f in files}
     actions = [_commit_info("WRITE", {"mode": "Overwrite", "partitionBy": "[]"}, epoch_ms, release, before), *extra]
     for name in current:
         if name not in wanted:
             size = storage.fs.get_file_info(storage.path(f"{TABLES_DIR}/{table}/{name}")).size
-            actions.append({"remove": {"path": name, "deletionTimestamp": epoch_ms, "dataChange": True,
-                                       "extendedFileMetadata": True, "partitionValues": {}, "size": size}})
+            actions.append(
+                {
+                    "remove": {
+                        "path": name,
+                        "deletionTimestamp": epoch_ms,
+                        "dataChange": True,
+                        "extendedFileMetadata": True,
+                        "partitionValues": {},
+                        "size": size,
+                    }
+                }
+            )
     for name in sorted(set(wanted) - set(current)):
         f = wanted[name]
-        actions.append({"add": {"path": name, "partitionValues": {}, "size": f.size, "modificationTime": epoch_ms,
-                                "dataChange": True,
-                                "stats": json.dumps({"numRecords": f.rows}, separators=(",", ":"))}})
+        actions.append(
+            {
+                "add": {
+                    "path": name,
+                    "partitionValues": {},
+                    "size": f.size,
+                    "modificationTime": epoch_ms,
+                    "dataChange": True,
+                    "stats": json.dumps({"numRecords": f.rows}, separators=(",", ":")),
+                }
+            }
+        )
     _write_commit(storage, table, before + 1, actions)
     version, names = delta_files(storage, table)
     if version != before + 1 or names != sorted(wanted):

@@ -33,12 +33,20 @@ class TableDiff:
 
     def to_dict(self) -> dict:
         """JSON-ready form (key tuples become lists)."""
-        return {"table": self.table, "key": list(self.key), "status": self.status, "schema": self.schema,
-                "added": [list(k) for k in self.added], "removed": [list(k) for k in self.removed],
-                "changed": [list(k) for k in self.changed]}
+        return {
+            "table": self.table,
+            "key": list(self.key),
+            "status": self.status,
+            "schema": self.schema,
+            "added": [list(k) for k in self.added],
+            "removed": [list(k) for k in self.removed],
+            "changed": [list(k) for k in self.changed],
+        }
+
 
 def _row_digests(table: pa.Table, key: list[str], columns: list[str]) -> dict[tuple, bytes]:
     """key tuple -> sha256 of the row's other columns (canonical JSON; bytes values by their sha256)."""
+
     def enc(v: Any) -> Any:
         if isinstance(v, bytes):
             return "sha256:" + hashlib.sha256(v).hexdigest()
@@ -84,11 +92,25 @@ def diff(storage: Storage, old: str, new: str) -> dict[str, TableDiff]:
         key = tuple((b or a)["key"])
         if a is None or b is None:
             present = b or a
-            keys = list(zip(*(read_snapshot_table(storage, m_new["version"] if b else m_old["version"], t,
-                                                   columns=list(key))[k].to_pylist() for k in key), strict=True))
-            out[t] = TableDiff(t, key, "added_table" if b else "removed_table",
-                               added=sorted(keys) if b else [], removed=[] if b else sorted(keys),
-                               schema=(None, present["schema_version"]) if b else (present["schema_version"], None))
+            keys = list(
+                zip(
+                    *(
+                        read_snapshot_table(storage, m_new["version"] if b else m_old["version"], t, columns=list(key))[
+                            k
+                        ].to_pylist()
+                        for k in key
+                    ),
+                    strict=True,
+                )
+            )
+            out[t] = TableDiff(
+                t,
+                key,
+                "added_table" if b else "removed_table",
+                added=sorted(keys) if b else [],
+                removed=[] if b else sorted(keys),
+                schema=(None, present["schema_version"]) if b else (present["schema_version"], None),
+            )
             continue
         schema = (a["schema_version"], b["schema_version"]) if a["schema_version"] != b["schema_version"] else None
         if a["sha256"] == b["sha256"]:

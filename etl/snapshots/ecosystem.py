@@ -38,16 +38,37 @@ VIEWS = "views"
 #: the one Hugging Face split of every config (the patient-level split is a column: ``splits.split``, ``vqa.split``)
 HF_SPLIT = "full"
 #: columns read to build the views
-VIEW_INPUTS = {"images": ["image_key", "study_key", "kind", "modality", "view"],
-               "pairs": ["pair_id", "patient_key", "prior_study_key", "current_study_key", "modality", "view"],
-               "vqa": ["item_id", "pair_id", "study_key", "study_keys"]}
+VIEW_INPUTS = {
+    "images": ["image_key", "study_key", "kind", "modality", "view"],
+    "pairs": ["pair_id", "patient_key", "prior_study_key", "current_study_key", "modality", "view"],
+    "vqa": ["item_id", "pair_id", "study_key", "study_keys"],
+}
 VIEW_SCHEMAS = {
-    "pair_images": pa.schema([(c, pa.string()) for c in (
-        "pair_id", "patient_key", "modality", "view", "prior_study_key", "current_study_key", "prior_image_key",
-        "current_image_key")], metadata={b"medreco.key": b"pair_id"}),
-    "vqa_images": pa.schema([("item_id", pa.string()), ("pair_id", pa.string()),
-                             ("study_keys", pa.list_(pa.string())), ("image_keys", pa.list_(pa.string()))],
-                            metadata={b"medreco.key": b"item_id"}),
+    "pair_images": pa.schema(
+        [
+            (c, pa.string())
+            for c in (
+                "pair_id",
+                "patient_key",
+                "modality",
+                "view",
+                "prior_study_key",
+                "current_study_key",
+                "prior_image_key",
+                "current_image_key",
+            )
+        ],
+        metadata={b"medreco.key": b"pair_id"},
+    ),
+    "vqa_images": pa.schema(
+        [
+            ("item_id", pa.string()),
+            ("pair_id", pa.string()),
+            ("study_keys", pa.list_(pa.string())),
+            ("image_keys", pa.list_(pa.string())),
+        ],
+        metadata={b"medreco.key": b"item_id"},
+    ),
 }
 #: image columns per table: PNG bytes (2D rows; null for volumes, which are NIfTI objects at ``payload_uri``)
 IMAGE_COLUMNS = {"images": ("payload",)}
@@ -60,13 +81,20 @@ def _pick(wanted: pl.DataFrame, images: pl.DataFrame, by: list[str]) -> pl.DataF
     view mismatch, not 2D, image_key); ``tests/snapshots/test_ecosystem.py`` checks both agree."""
     joined = wanted.join(images, on="study_key", how="left")
     ranked = joined.with_columns(
-        (pl.col("want_modality").is_not_null() & (pl.col("modality").is_null()
-                                                   | (pl.col("modality") != pl.col("want_modality")))).alias("_m"),
-        (pl.col("want_view").is_not_null() & (pl.col("view").is_null()
-                                               | (pl.col("view") != pl.col("want_view")))).alias("_v"),
-        (pl.col("kind") != "2d").fill_null(True).alias("_k"))
-    return (ranked.group_by(by).agg(pl.col("image_key").sort_by(["_m", "_v", "_k", "image_key"], nulls_last=True)
-                                    .first()).sort(by))
+        (
+            pl.col("want_modality").is_not_null()
+            & (pl.col("modality").is_null() | (pl.col("modality") != pl.col("want_modality")))
+        ).alias("_m"),
+        (
+            pl.col("want_view").is_not_null() & (pl.col("view").is_null() | (pl.col("view") != pl.col("want_view")))
+        ).alias("_v"),
+        (pl.col("kind") != "2d").fill_null(True).alias("_k"),
+    )
+    return (
+        ranked.group_by(by)
+        .agg(pl.col("image_key").sort_by(["_m", "_v", "_k", "image_key"], nulls_last=True).first())
+        .sort(by)
+    )
 
 
 def build_views(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
@@ -80,46 +108,80 @@ def build_views(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
         ``pair_images`` (sorted by ``pair_id``) and ``vqa_images`` (sorted by ``item_id``), schemas
         :data:`VIEW_SCHEMAS`.
     """
+
     def get(name: str) -> pl.DataFrame:
         table = tables.get(name)
         cols = [c for c in VIEW_INPUTS[name] if table is not None and c in table.column_names]
         if table is None or not table.num_rows:
-            return pl.DataFrame({c: pl.Series([], dtype=pl.List(pl.String) if c == "study_keys" else pl.String)
-                                 for c in VIEW_INPUTS[name]})
+            return pl.DataFrame(
+                {
+                    c: pl.Series([], dtype=pl.List(pl.String) if c == "study_keys" else pl.String)
+                    for c in VIEW_INPUTS[name]
+                }
+            )
         frame = pl.from_arrow(table.select(cols))
         assert isinstance(frame, pl.DataFrame)
-        return frame if "study_keys" in frame.columns or name != "vqa" else frame.with_columns(
-            pl.lit(None, dtype=pl.List(pl.String)).alias("study_keys"))
+        return (
+            frame
+            if "study_keys" in frame.columns or name != "vqa"
+            else frame.with_columns(pl.lit(None, dtype=pl.List(pl.String)).alias("study_keys"))
+        )
 
     images = get("images").select("image_key", "study_key", "kind", "modality", "view")
     pairs = get("pairs").sort("pair_id")
-    sides = pl.concat([pairs.select("pair_id", pl.lit(side).alias("side"), pl.col(f"{side}_study_key").alias("study_key"),
-                                    pl.col("modality").alias("want_modality"), pl.col("view").alias("want_view"))
-                       for side in ("prior", "current")])
+    sides = pl.concat(
+        [
+            pairs.select(
+                "pair_id",
+                pl.lit(side).alias("side"),
+                pl.col(f"{side}_study_key").alias("study_key"),
+                pl.col("modality").alias("want_modality"),
+                pl.col("view").alias("want_view"),
+            )
+            for side in ("prior", "current")
+        ]
+    )
     picked = _pick(sides, images, ["pair_id", "side"])
-    pair_view = pairs.join(picked.filter(pl.col("side") == "prior").select("pair_id", prior_image_key="image_key"),
-                           on="pair_id", how="left")
-    pair_view = pair_view.join(picked.filter(pl.col("side") == "current")
-                               .select("pair_id", current_image_key="image_key"), on="pair_id", how="left")
+    pair_view = pairs.join(
+        picked.filter(pl.col("side") == "prior").select("pair_id", prior_image_key="image_key"),
+        on="pair_id",
+        how="left",
+    )
+    pair_view = pair_view.join(
+        picked.filter(pl.col("side") == "current").select("pair_id", current_image_key="image_key"),
+        on="pair_id",
+        how="left",
+    )
     pair_table = pair_view.select(VIEW_SCHEMAS["pair_images"].names).to_arrow().cast(VIEW_SCHEMAS["pair_images"])
 
     vqa = get("vqa").sort("item_id")
     p = pairs.select("pair_id", "prior_study_key", "current_study_key", "modality", "view")
     items = vqa.join(p, on="pair_id", how="left").with_columns(
-        pl.when(pl.col("study_keys").list.len() > 0).then(pl.col("study_keys"))
+        pl.when(pl.col("study_keys").list.len() > 0)
+        .then(pl.col("study_keys"))
         .when(pl.col("prior_study_key").is_not_null())
         .then(pl.concat_list("prior_study_key", "current_study_key"))
-        .when(pl.col("study_key").is_not_null()).then(pl.concat_list("study_key"))
-        .otherwise(pl.lit([], dtype=pl.List(pl.String))).alias("studies"),
-        pl.col("modality").alias("want_modality"), pl.col("view").alias("want_view"))
-    wanted = (items.select("item_id", "studies", "want_modality", "want_view")
-              .with_columns(pl.int_ranges(0, pl.col("studies").list.len()).alias("pos"))
-              .explode(["studies", "pos"]).drop_nulls("pos").rename({"studies": "study_key"}))
+        .when(pl.col("study_key").is_not_null())
+        .then(pl.concat_list("study_key"))
+        .otherwise(pl.lit([], dtype=pl.List(pl.String)))
+        .alias("studies"),
+        pl.col("modality").alias("want_modality"),
+        pl.col("view").alias("want_view"),
+    )
+    wanted = (
+        items.select("item_id", "studies", "want_modality", "want_view")
+        .with_columns(pl.int_ranges(0, pl.col("studies").list.len()).alias("pos"))
+        .explode(["studies", "pos"])
+        .drop_nulls("pos")
+        .rename({"studies": "study_key"})
+    )
     per_study = _pick(wanted, images, ["item_id", "pos"]).sort(["item_id", "pos"])
     keys = per_study.group_by("item_id", maintain_order=True).agg(pl.col("image_key").alias("image_keys"))
-    vqa_view = (items.select("item_id", "pair_id", pl.col("studies").alias("study_keys"))
-                .join(keys, on="item_id", how="left")
-                .with_columns(pl.col("image_keys").fill_null(pl.lit([], dtype=pl.List(pl.String)))))
+    vqa_view = (
+        items.select("item_id", "pair_id", pl.col("studies").alias("study_keys"))
+        .join(keys, on="item_id", how="left")
+        .with_columns(pl.col("image_keys").fill_null(pl.lit([], dtype=pl.List(pl.String))))
+    )
     vqa_table = vqa_view.select(VIEW_SCHEMAS["vqa_images"].names).to_arrow().cast(VIEW_SCHEMAS["vqa_images"])
     return {"pair_images": pair_table, "vqa_images": vqa_table}
 
@@ -158,9 +220,20 @@ def _hf_type(typ: pa.DataType, image: bool = False) -> dict[str, Any]:
         return {"list": _hf_type(inner)["dtype"]} if "dtype" in _hf_type(inner) else {"list": _hf_type(inner)}
     if pa.types.is_struct(typ):
         return {"struct": [hf_feature(typ.field(i).name, typ.field(i).type) for i in range(typ.num_fields)]}
-    names = {pa.string(): "string", pa.large_string(): "large_string", pa.int8(): "int8", pa.int16(): "int16",
-             pa.int32(): "int32", pa.int64(): "int64", pa.float32(): "float32", pa.float64(): "float64",
-             pa.bool_(): "bool", pa.binary(): "binary", pa.large_binary(): "large_binary", pa.date32(): "date32"}
+    names = {
+        pa.string(): "string",
+        pa.large_string(): "large_string",
+        pa.int8(): "int8",
+        pa.int16(): "int16",
+        pa.int32(): "int32",
+        pa.int64(): "int64",
+        pa.float32(): "float32",
+        pa.float64(): "float64",
+        pa.bool_(): "bool",
+        pa.binary(): "binary",
+        pa.large_binary(): "large_binary",
+        pa.date32(): "date32",
+    }
     if typ in names:
         return {"dtype": names[typ]}
     if pa.types.is_timestamp(typ):
@@ -197,18 +270,32 @@ def hf_card(manifest: dict, schemas: dict[str, pa.Schema], card_md: str) -> str:
         if not paths:
             continue
         configs.append({"config_name": t, "data_files": [{"split": HF_SPLIT, "path": paths}]})
-        infos.append({"config_name": t, "features": [
-            hf_feature(f.name, f.type, image=f.name in IMAGE_COLUMNS.get(t, ())) for f in schemas[t]]})
+        infos.append(
+            {
+                "config_name": t,
+                "features": [hf_feature(f.name, f.type, image=f.name in IMAGE_COLUMNS.get(t, ())) for f in schemas[t]],
+            }
+        )
     for name, entry in manifest.get("views", {}).items():
         configs.append({"config_name": name, "data_files": [{"split": HF_SPLIT, "path": [entry["path"]]}]})
         infos.append({"config_name": name, "features": [hf_feature(f.name, f.type) for f in VIEW_SCHEMAS[name]]})
-    front = {"pretty_name": f"MedReCo-DB {manifest['version']}", "license": "other",
-             "tags": ["medical", "radiology", "dicom", "longitudinal", "vqa"], "configs": configs,
-             "dataset_info": infos}
+    front = {
+        "pretty_name": f"MedReCo-DB {manifest['version']}",
+        "license": "other",
+        "tags": ["medical", "radiology", "dicom", "longitudinal", "vqa"],
+        "configs": configs,
+        "dataset_info": infos,
+    }
     # JSON is YAML (flow style): what the Hub and `datasets` parse with yaml.safe_load, written 20x faster than
     # PyYAML's pure-Python dumper and byte-stable wherever libyaml is or is not installed
-    return ("---\n" + json.dumps(front, indent=1) + "\n---\n\n" + card_md.rstrip("\n")
-            + "\n\n" + READ_ME.format(version=manifest["version"], split=HF_SPLIT))
+    return (
+        "---\n"
+        + json.dumps(front, indent=1)
+        + "\n---\n\n"
+        + card_md.rstrip("\n")
+        + "\n\n"
+        + READ_ME.format(version=manifest["version"], split=HF_SPLIT)
+    )
 
 
 def _context() -> dict:
@@ -237,14 +324,23 @@ def _cr_fields(record: str, schema: pa.Schema, source: dict, images: tuple[str, 
         typ, repeated = f.type, False
         if pa.types.is_list(typ):
             typ, repeated = typ.value_type, True
-        field: dict[str, Any] = {"@type": "cr:Field", "@id": f"{record}/{f.name}", "name": f.name,
-                                 "source": {**source, "extract": {"column": f.name}}}
+        field: dict[str, Any] = {
+            "@type": "cr:Field",
+            "@id": f"{record}/{f.name}",
+            "name": f.name,
+            "source": {**source, "extract": {"column": f.name}},
+        }
         if pa.types.is_struct(typ):
-            field["subField"] = [{"@type": "cr:Field", "@id": f"{record}/{f.name}/{typ.field(i).name}",
-                                  "name": typ.field(i).name, "dataType": _cr_type(typ.field(i).type, False),
-                                  "source": {**source, "extract": {"column": f.name},
-                                             "transform": {"jsonPath": typ.field(i).name}}}
-                                 for i in range(typ.num_fields)]
+            field["subField"] = [
+                {
+                    "@type": "cr:Field",
+                    "@id": f"{record}/{f.name}/{typ.field(i).name}",
+                    "name": typ.field(i).name,
+                    "dataType": _cr_type(typ.field(i).type, False),
+                    "source": {**source, "extract": {"column": f.name}, "transform": {"jsonPath": typ.field(i).name}},
+                }
+                for i in range(typ.num_fields)
+            ]
         else:
             field["dataType"] = _cr_type(typ, f.name in images)
         if repeated:
@@ -261,37 +357,73 @@ def croissant(manifest: dict, schemas: dict[str, pa.Schema]) -> dict:
     version = manifest["version"]
     distribution: list[dict] = []
     records: list[dict] = []
-    sources = [(t, _relative(manifest, t), [f["sha256"] for f in manifest["tables"][t]["files"]], schemas[t],
-                IMAGE_COLUMNS.get(t, ())) for t in manifest["tables"]]
+    sources = [
+        (
+            t,
+            _relative(manifest, t),
+            [f["sha256"] for f in manifest["tables"][t]["files"]],
+            schemas[t],
+            IMAGE_COLUMNS.get(t, ()),
+        )
+        for t in manifest["tables"]
+    ]
     sources += [(n, [e["path"]], [e["sha256"]], VIEW_SCHEMAS[n], ()) for n, e in manifest.get("views", {}).items()]
     for name, paths, shas, schema, images in sources:
         if not paths:
             continue
-        objects = [{"@type": "cr:FileObject", "@id": f"{name}/file-{i}", "name": f"{name}-file-{i}",
-                    "contentUrl": path, "encodingFormat": "application/x-parquet", "sha256": sha}
-                   for i, (path, sha) in enumerate(zip(paths, shas, strict=True))]
+        objects = [
+            {
+                "@type": "cr:FileObject",
+                "@id": f"{name}/file-{i}",
+                "name": f"{name}-file-{i}",
+                "contentUrl": path,
+                "encodingFormat": "application/x-parquet",
+                "sha256": sha,
+            }
+            for i, (path, sha) in enumerate(zip(paths, shas, strict=True))
+        ]
         distribution += objects
         if len(objects) == 1:  # fields read from the one file
             source = {"fileObject": {"@id": objects[0]["@id"]}}
         else:  # fields read from the table's files together
             fileset = f"{name}-files"
-            distribution.append({"@type": "cr:FileSet", "@id": fileset, "name": fileset,
-                                 "containedIn": [{"@id": o["@id"]} for o in objects],
-                                 "encodingFormat": "application/x-parquet", "includes": "*.parquet"})
+            distribution.append(
+                {
+                    "@type": "cr:FileSet",
+                    "@id": fileset,
+                    "name": fileset,
+                    "containedIn": [{"@id": o["@id"]} for o in objects],
+                    "encodingFormat": "application/x-parquet",
+                    "includes": "*.parquet",
+                }
+            )
             source = {"fileSet": {"@id": fileset}}
-        records.append({"@type": "cr:RecordSet", "@id": name, "name": name,
-                        "description": f"table {name} of MedReCo-DB {version}" + (
-                            f" (key: {', '.join(manifest['tables'][name]['key'])})" if name in manifest["tables"]
-                            else " (view)"),
-                        "field": _cr_fields(name, schema, source, images)})
+        records.append(
+            {
+                "@type": "cr:RecordSet",
+                "@id": name,
+                "name": name,
+                "description": f"table {name} of MedReCo-DB {version}"
+                + (
+                    f" (key: {', '.join(manifest['tables'][name]['key'])})" if name in manifest["tables"] else " (view)"
+                ),
+                "field": _cr_fields(name, schema, source, images),
+            }
+        )
     return {
-        "@context": _context(), "@type": "sc:Dataset", "name": "MedReCo-DB",
+        "@context": _context(),
+        "@type": "sc:Dataset",
+        "name": "MedReCo-DB",
         "conformsTo": "http://mlcommons.org/croissant/1.0",
         "description": "De-identified, entity-labelled, longitudinally paired comparative imaging dataset "
-                       f"(release {version}, content hash {manifest['content_hash']}).",
-        "version": version, "datePublished": manifest["created_at"], "license": "other",
-        "url": "https://github.com/medreco/medreco-db", "citeAs": f"MedReCo-DB {version}",
-        "distribution": distribution, "recordSet": records,
+        f"(release {version}, content hash {manifest['content_hash']}).",
+        "version": version,
+        "datePublished": manifest["created_at"],
+        "license": "other",
+        "url": "https://github.com/medreco/medreco-db",
+        "citeAs": f"MedReCo-DB {version}",
+        "distribution": distribution,
+        "recordSet": records,
     }
 
 

@@ -52,8 +52,10 @@ def _split_column(table: pa.Table, split_of: dict[str, str]) -> pa.Array:
     if "split" in table.column_names:
         return pc.fill_null(table["split"], NO_SPLIT)
     if "patient_key" in table.column_names:
-        return pa.array([split_of.get(k, NO_SPLIT) if k is not None else NO_SPLIT
-                         for k in table["patient_key"].to_pylist()], pa.string())
+        return pa.array(
+            [split_of.get(k, NO_SPLIT) if k is not None else NO_SPLIT for k in table["patient_key"].to_pylist()],
+            pa.string(),
+        )
     return pa.array([NO_SPLIT] * table.num_rows, pa.string())
 
 
@@ -70,8 +72,9 @@ class _SplitWriter:
             part = table.filter(pc.equal(table["split"], split))
             if split not in self.writers:
                 self.folder.mkdir(parents=True, exist_ok=True)
-                self.writers[split] = pq.ParquetWriter(self.folder / f"{split}-00000-of-00001.parquet", self.schema,
-                                                       compression="zstd")
+                self.writers[split] = pq.ParquetWriter(
+                    self.folder / f"{split}-00000-of-00001.parquet", self.schema, compression="zstd"
+                )
             self.writers[split].write_table(part.select(self.schema.names).cast(self.schema))
             self.rows[split] = self.rows.get(split, 0) + part.num_rows
 
@@ -96,19 +99,33 @@ def _sha256(path: Path) -> str:
 def _card(manifest: dict, splits: dict[str, dict[str, int]], schemas: dict[str, pa.Schema], card_md: str) -> str:
     configs, infos = [], []
     for name, per_split in splits.items():
-        configs.append({"config_name": name, "data_files": [
-            {"split": s, "path": f"data/{name}/{s}-*.parquet"} for s in per_split]})
-        infos.append({"config_name": name, "features": [
-            hf_feature(f.name, f.type, image=f.name in IMAGE_COLUMNS.get(name, ())) for f in schemas[name]],
-            "splits": [{"name": s, "num_examples": n} for s, n in per_split.items()]})
-    front = {"pretty_name": f"MedReCo-DB {manifest['version']}", "license": "other",
-             "license_name": "medreco-db-data-use-agreement", "license_link": "DATASET_CARD.md",
-             "tags": ["medical", "radiology", "dicom", "longitudinal", "vqa"], "configs": configs,
-             "dataset_info": infos}
-    body = (f"Exported release {manifest['version']} (content hash `{manifest['content_hash']}`): every table as "
-            "Parquet per split under `data/`, volumes under `curated/volumes/` (`images.payload_uri` is relative to "
-            "this folder). `datasets.load_dataset(THIS_FOLDER, \"pairs\", split=\"train\")`; splits are patient "
-            "level (`external_test`: whole institutions held out; `full`: rows of no patient).")
+        configs.append(
+            {"config_name": name, "data_files": [{"split": s, "path": f"data/{name}/{s}-*.parquet"} for s in per_split]}
+        )
+        infos.append(
+            {
+                "config_name": name,
+                "features": [
+                    hf_feature(f.name, f.type, image=f.name in IMAGE_COLUMNS.get(name, ())) for f in schemas[name]
+                ],
+                "splits": [{"name": s, "num_examples": n} for s, n in per_split.items()],
+            }
+        )
+    front = {
+        "pretty_name": f"MedReCo-DB {manifest['version']}",
+        "license": "other",
+        "license_name": "medreco-db-data-use-agreement",
+        "license_link": "DATASET_CARD.md",
+        "tags": ["medical", "radiology", "dicom", "longitudinal", "vqa"],
+        "configs": configs,
+        "dataset_info": infos,
+    }
+    body = (
+        f"Exported release {manifest['version']} (content hash `{manifest['content_hash']}`): every table as "
+        "Parquet per split under `data/`, volumes under `curated/volumes/` (`images.payload_uri` is relative to "
+        'this folder). `datasets.load_dataset(THIS_FOLDER, "pairs", split="train")`; splits are patient '
+        "level (`external_test`: whole institutions held out; `full`: rows of no patient)."
+    )
     return "---\n" + json.dumps(front, indent=1) + "\n---\n\n" + body + "\n\n" + card_md.rstrip("\n") + "\n"
 
 
@@ -167,8 +184,11 @@ def export_release(storage: Storage, version: str, dest: str | os.PathLike) -> d
                 schema = _with_split(part.schema.remove_metadata())
                 writer = _SplitWriter(out / "data" / name, schema)
             split = _split_column(part, split_of)
-            part = (part.set_column(part.column_names.index("split"), "split", split) if "split" in part.column_names
-                    else part.append_column("split", split))
+            part = (
+                part.set_column(part.column_names.index("split"), "split", split)
+                if "split" in part.column_names
+                else part.append_column("split", split)
+            )
             if "payload_uri" in part.column_names:
                 volumes |= {u for u in part["payload_uri"].to_pylist() if u}
             assert writer is not None

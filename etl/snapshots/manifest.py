@@ -48,7 +48,6 @@ class Release:
     created: bool
 
 
-
 def _vkey(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in v.split("."))
 
@@ -87,7 +86,8 @@ def change_kind(parent_tables: dict, tables: dict) -> str:
     """
     common = set(parent_tables) & set(tables)
     if set(parent_tables) - set(tables) or any(
-            parent_tables[t]["schema_version"] != tables[t]["schema_version"] for t in common):
+        parent_tables[t]["schema_version"] != tables[t]["schema_version"] for t in common
+    ):
         return "major"
     if set(tables) - set(parent_tables) or any(parent_tables[t]["sha256"] != tables[t]["sha256"] for t in common):
         return "minor"
@@ -104,9 +104,14 @@ def content_hash(manifest: dict) -> str:
     """
     body = {
         "format": manifest.get("format"),
-        "tables": {t: {"schema_version": v["schema_version"], "rows": v["rows"],
-                       "files": [[f["sha256"], f["rows"]] for f in v.get("files", [])]}
-                   for t, v in sorted(manifest["tables"].items())},
+        "tables": {
+            t: {
+                "schema_version": v["schema_version"],
+                "rows": v["rows"],
+                "files": [[f["sha256"], f["rows"]] for f in v.get("files", [])],
+            }
+            for t, v in sorted(manifest["tables"].items())
+        },
         "config_hash": manifest["config_hash"],
         "ontology_version": manifest["ontology_version"],
         "code_version": manifest.get("code_version"),
@@ -125,7 +130,6 @@ def code_version() -> str:
         return "0+unknown"
 
 
-
 def table_uri(storage: Storage, table: str) -> str:
     """URI of a table's Delta folder (local path or ``s3://...``)."""
     return storage.full_uri(f"{TABLES_DIR}/{table}")
@@ -139,7 +143,6 @@ def sha256_file(storage: Storage, rel: str, chunk: int = 8 * 2**20) -> str:
 def parquet_rows(storage: Storage, rel: str) -> int:
     with storage.fs.open_input_file(storage.path(rel)) as f:
         return pq.ParquetFile(f).metadata.num_rows
-
 
 
 def latest_ledger_run(storage: Storage) -> str | None:
@@ -178,11 +181,16 @@ def input_ledger_summary(storage: Storage, run_id: str | None) -> dict | None:
     rows = sorted(zip(*(t[c].to_pylist() for c in cols), strict=True), key=lambda r: tuple(str(x) for x in r))
     digest = hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
     statuses = Counter(t["status"].to_pylist())
-    reasons = Counter(r for r, s in zip(t["reason"].to_pylist(), t["status"].to_pylist(), strict=True)
-                      if s == "quarantined")
-    return {"ledger_run_id": run_id, "input_ledger_sha256": digest, "files_seen": t.num_rows,
-            "by_status": dict(sorted(statuses.items())), "quarantined_by_reason": dict(sorted(reasons.items()))}
-
+    reasons = Counter(
+        r for r, s in zip(t["reason"].to_pylist(), t["status"].to_pylist(), strict=True) if s == "quarantined"
+    )
+    return {
+        "ledger_run_id": run_id,
+        "input_ledger_sha256": digest,
+        "files_seen": t.num_rows,
+        "by_status": dict(sorted(statuses.items())),
+        "quarantined_by_reason": dict(sorted(reasons.items())),
+    }
 
 
 def read_snapshot_table(storage: Storage, version: str, table: str, columns: list[str] | None = None) -> pa.Table:
@@ -194,8 +202,10 @@ def read_snapshot_table(storage: Storage, version: str, table: str, columns: lis
     SnapshotError
         for an unknown release or table.
     """
-    parts = [pq.read_table(io.BytesIO(storage.read_bytes(p)), columns=columns)
-             for p in release_files(storage, version, table)]
+    parts = [
+        pq.read_table(io.BytesIO(storage.read_bytes(p)), columns=columns)
+        for p in release_files(storage, version, table)
+    ]
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 

@@ -49,15 +49,20 @@ from schemas.tables import SCHEMAS, SNAPSHOT_TABLES
 
 #: the columns the dataset card counts (:func:`etl.snapshots.card.card_facts`); nothing else is read for it
 CARD_COLUMNS = {
-    "studies": ["institution", "modality", "patient_key"], "images": ["institution", "modality"],
-    "reports": ["institution", "link_status"], "pairs": ["modality", "patient_key"], "vqa": ["split"],
-    "splits": ["institution", "split", "patient_key"], "study_labels": ["entity_id", "study_key", "state"],
+    "studies": ["institution", "modality", "patient_key"],
+    "images": ["institution", "modality"],
+    "reports": ["institution", "link_status"],
+    "pairs": ["modality", "patient_key"],
+    "vqa": ["split"],
+    "splits": ["institution", "split", "patient_key"],
+    "study_labels": ["entity_id", "study_key", "state"],
     "entity_mentions": ["entity_id"],
 }
 
 
-def _card_tables(storage: Storage, files: dict[str, list[PartitionFile]],
-                 wanted: dict[str, list[str]] | None = None) -> dict:
+def _card_tables(
+    storage: Storage, files: dict[str, list[PartitionFile]], wanted: dict[str, list[str]] | None = None
+) -> dict:
     """The card's columns of every table (or the ``wanted`` ones), read from the curated partition files (no
     payload column is read)."""
     import pyarrow as pa
@@ -122,9 +127,18 @@ def read_publish_log(storage: Storage, version: str) -> dict | None:
     return json.loads(storage.read_text(rel)) if storage.is_file(rel) else None
 
 
-def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id: str, key_fingerprint: str,
-            deid_method_codes: Sequence[Sequence[str]] = (), ledger_run_id: str | None = None,
-            run_ids: Sequence[str] | None = None, source_date_epoch: int | str | None = None) -> Release:
+def publish(
+    storage: Storage,
+    *,
+    config_hash: str,
+    ontology_version: str,
+    run_id: str,
+    key_fingerprint: str,
+    deid_method_codes: Sequence[Sequence[str]] = (),
+    ledger_run_id: str | None = None,
+    run_ids: Sequence[str] | None = None,
+    source_date_epoch: int | str | None = None,
+) -> Release:
     """Publish the curated tables as a release, or return the latest one if the content is unchanged.
 
     The release's bytes (``manifest.json``, hence ``manifest.sha256``, ``DATASET_CARD.md``, data files and
@@ -171,24 +185,35 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
     if parent:
         problems = verify(storage, parent, deep=False)
         if problems:
-            raise SnapshotError(f"latest snapshot {parent} failed verification, refusing to publish on top of it: "
-                                + "; ".join(problems))
+            raise SnapshotError(
+                f"latest snapshot {parent} failed verification, refusing to publish on top of it: "
+                + "; ".join(problems)
+            )
     # (checked first: on local disk a release's data files are hard links of curated files)
     files = {t: partition_files(storage, t) for t in SNAPSHOT_TABLES}
     tables: dict[str, dict] = {}
     for t, fs in files.items():
-        entries = [{"path": f.name, "sha256": f.sha256, "rows": f.rows, "bytes": f.size,
-                    "partition": f.partition} for f in fs]
-        tables[t] = {"uri": f"{TABLES_DIR}/{t}", "schema_version": schema_version(SCHEMAS[t]),
-                     "key": key_columns(SCHEMAS[t]), "rows": sum(f.rows for f in fs),
-                     "sha256": table_data_sha256(entries), "files": entries}
+        entries = [
+            {"path": f.name, "sha256": f.sha256, "rows": f.rows, "bytes": f.size, "partition": f.partition} for f in fs
+        ]
+        tables[t] = {
+            "uri": f"{TABLES_DIR}/{t}",
+            "schema_version": schema_version(SCHEMAS[t]),
+            "key": key_columns(SCHEMAS[t]),
+            "rows": sum(f.rows for f in fs),
+            "sha256": table_data_sha256(entries),
+            "files": entries,
+        }
     if ledger_run_id is None:
         ledger_run_id = run_id if storage.is_file(zones.ledger_file(run_id)) else latest_ledger_run(storage)
     inputs = input_ledger_summary(storage, ledger_run_id)
     lineage = {k: v for k, v in (inputs or {"input_ledger_sha256": None}).items() if k != "ledger_run_id"}
     manifest: dict[str, Any] = {
-        "format": FORMAT, "config_hash": config_hash, "ontology_version": ontology_version,
-        "code_version": code_version(), "key_fingerprint": key_fingerprint,
+        "format": FORMAT,
+        "config_hash": config_hash,
+        "ontology_version": ontology_version,
+        "code_version": code_version(),
+        "key_fingerprint": key_fingerprint,
         "deid_method_codes": [list(c) for c in deid_method_codes],
         "schema_versions": {t: v["schema_version"] for t, v in tables.items()},
         "lineage": lineage,
@@ -216,9 +241,14 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
         tables[t]["delta_version"] = delta_version
         tables[t]["delta_log"] = {"path": log.removeprefix(f"{TABLES_DIR}/{t}/"), "sha256": sha256_file(storage, log)}
 
-    manifest.update(version=version, parent=parent, change=change, source_date_epoch=epoch,
-                    created_at=dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds"),
-                    table_format="delta")
+    manifest.update(
+        version=version,
+        parent=parent,
+        change=change,
+        source_date_epoch=epoch,
+        created_at=dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds"),
+        table_format="delta",
+    )
     base = zones.release_dir(version)
     card = dataset_card(manifest, card_facts(_card_tables(storage, files), inputs)).encode()
     manifest["card_sha256"] = hashlib.sha256(card).hexdigest()
@@ -230,16 +260,25 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
     for name, view in build_views(view_inputs).items():
         data = parquet_bytes(view)
         extras[f"{VIEWS}/{name}.parquet"] = data
-        manifest["views"][name] = {"path": f"{VIEWS}/{name}.parquet", "rows": view.num_rows,
-                                   "sha256": hashlib.sha256(data).hexdigest()}
+        manifest["views"][name] = {
+            "path": f"{VIEWS}/{name}.parquet",
+            "rows": view.num_rows,
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
     extras.update(release_extras(manifest, SCHEMAS, card.decode()))
     manifest["release_files"] = {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(extras.items())}
     for rel, data in extras.items():
         storage.write_bytes(f"{base}/{rel}", data)
-    log_record = {"version": version, "published_at": published_at.isoformat(timespec="seconds"),
-                  "publish_run_id": run_id, "run_ids": list(run_ids or [run_id]), "ledger_run_id": ledger_run_id,
-                  "source_date_epoch": epoch, "source_date_epoch_from": epoch_origin,
-                  "data_bytes_added": placed}
+    log_record = {
+        "version": version,
+        "published_at": published_at.isoformat(timespec="seconds"),
+        "publish_run_id": run_id,
+        "run_ids": list(run_ids or [run_id]),
+        "ledger_run_id": ledger_run_id,
+        "source_date_epoch": epoch,
+        "source_date_epoch_from": epoch_origin,
+        "data_bytes_added": placed,
+    }
     storage.write_text(f"{base}/{PUBLISH_LOG}", json.dumps(log_record, indent=1, sort_keys=True))
     text = json.dumps(manifest, indent=1, sort_keys=True).encode()
     storage.write_bytes(f"{base}/{MANIFEST}", text)
@@ -248,8 +287,9 @@ def publish(storage: Storage, *, config_hash: str, ontology_version: str, run_id
         pinned = [f"{base}/{n}" for n in (CARD, PUBLISH_LOG, MANIFEST, MANIFEST_SHA, *manifest["release_files"])]
         for t, v in tables.items():
             pinned += [f"{TABLES_DIR}/{t}/{f['path']}" for f in v["files"]]
-            pinned += [delta_log_path(t, n) for n in range(v["delta_version"] + 1)
-                       if storage.is_file(delta_log_path(t, n))]
+            pinned += [
+                delta_log_path(t, n) for n in range(v["delta_version"] + 1) if storage.is_file(delta_log_path(t, n))
+            ]
         for rel in pinned:
             os.chmod(storage.path(rel), 0o444)
     return Release(version, storage.full_uri(base), manifest, created=True)

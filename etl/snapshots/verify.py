@@ -55,8 +55,10 @@ def verify(storage: Storage, version: str, *, deep: bool = True) -> list[str]:
     elif storage.read_text(f"{base}/{MANIFEST_SHA}").strip() != hashlib.sha256(text).hexdigest():
         problems.append(f"{base}/{MANIFEST} does not match {MANIFEST_SHA} (manifest edited)")
     if manifest.get("format") not in READ_FORMATS:
-        return problems + [f"{base}/{MANIFEST}: unsupported manifest format {manifest.get('format')!r} "
-                           f"(this code reads {', '.join(READ_FORMATS)})"]
+        return problems + [
+            f"{base}/{MANIFEST}: unsupported manifest format {manifest.get('format')!r} "
+            f"(this code reads {', '.join(READ_FORMATS)})"
+        ]
     for t, v in manifest["tables"].items():
         folder = v["uri"]
         for f in v["files"]:

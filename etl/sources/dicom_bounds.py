@@ -47,7 +47,7 @@ def _file_meta(data: bytes) -> tuple[list[tuple[int, bytes, bytes]], int] | None
         group, element = struct.unpack_from("<HH", data, pos)
         if group != 0x0002:
             break
-        vr = data[pos + 4:pos + 6]
+        vr = data[pos + 4 : pos + 6]
         if vr in _LONG_VRS:
             if pos + 12 > len(data):
                 return None
@@ -58,7 +58,7 @@ def _file_meta(data: bytes) -> tuple[list[tuple[int, bytes, bytes]], int] | None
             start = pos + 8
         if length == 0xFFFFFFFF or start + length > len(data):
             return None
-        elems.append(((group << 16) | element, vr, data[start:start + length]))
+        elems.append(((group << 16) | element, vr, data[start : start + length]))
         pos = start + length
     return elems, pos
 
@@ -70,8 +70,11 @@ def _meta_bytes(elems: list[tuple[int, bytes, bytes]]) -> bytes:
         if tag == 0x00020000:
             continue
         head = struct.pack("<HH", tag >> 16, tag & 0xFFFF) + vr
-        body += head + (b"\x00\x00" + struct.pack("<I", len(value)) if vr in _LONG_VRS
-                        else struct.pack("<H", len(value))) + value
+        body += (
+            head
+            + (b"\x00\x00" + struct.pack("<I", len(value)) if vr in _LONG_VRS else struct.pack("<H", len(value)))
+            + value
+        )
     return struct.pack("<HH", 2, 0) + b"UL" + struct.pack("<HI", 4, len(body)) + body
 
 
@@ -105,8 +108,9 @@ def inflate_bounded(data: bytes, limit: int = MAX_INFLATED_BYTES) -> bytes:
     except zlib.error:
         raise SourceBoundsError("inflate_error", "the Deflated dataset is not a valid DEFLATE stream") from None
     if len(body) > limit or inflater.unconsumed_tail:
-        raise SourceBoundsError("inflated_too_large", f"the Deflated dataset inflates to more than {limit} bytes "
-                                f"(the limit)")
+        raise SourceBoundsError(
+            "inflated_too_large", f"the Deflated dataset inflates to more than {limit} bytes (the limit)"
+        )
     value = EXPLICIT_LE + b"\x00"  # UI values are padded to even length with NUL
     elems = [(t, vr, value if t == 0x00020010 else v) for t, vr, v in elems]
     return data[:132] + _meta_bytes(elems) + body
@@ -131,6 +135,7 @@ def bounded_source(data: bytes, max_items: int = MAX_SEQUENCE_ITEMS, inflate_lim
     data = inflate_bounded(data, inflate_limit)
     n = count_items(data)
     if n > max_items:
-        raise SourceBoundsError("too_many_sequence_items", f"the file holds {n} sequence items, more than the limit "
-                                f"of {max_items}")
+        raise SourceBoundsError(
+            "too_many_sequence_items", f"the file holds {n} sequence items, more than the limit of {max_items}"
+        )
     return data

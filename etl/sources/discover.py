@@ -35,8 +35,23 @@ from etl.storage import Storage, StorageError, escape_name
 from schemas.config import Institution, PipelineConfig
 
 #: extensions that are never pipeline input in a delivery folder (documentation, manifests, previews)
-NON_INPUT_EXTENSIONS = (".md", ".txt", ".csv", ".json", ".yaml", ".yml", ".png", ".jpg", ".jpeg", ".pdf",
-                        ".xml", ".html", ".zip", ".py", ".log")
+NON_INPUT_EXTENSIONS = (
+    ".md",
+    ".txt",
+    ".csv",
+    ".json",
+    ".yaml",
+    ".yml",
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".pdf",
+    ".xml",
+    ".html",
+    ".zip",
+    ".py",
+    ".log",
+)
 REPORT_GLOBS = {"jsonl": "*.jsonl", "csv": "*.csv", "text": "*.txt", "hl7": "*.hl7", "none": ""}
 
 PLAN_SCHEMA = pa.schema(
@@ -125,9 +140,7 @@ def classify_dicom(data: bytes, uids: dict | None = None) -> tuple[str | None, s
     return pid, None, None
 
 
-def discover_institution(
-    cfg: PipelineConfig, inst: Institution, root: Storage, key: PseudonymKey
-) -> pa.Table:
+def discover_institution(cfg: PipelineConfig, inst: Institution, root: Storage, key: PseudonymKey) -> pa.Table:
     """Plan rows (:data:`PLAN_SCHEMA`) for every path in one institution's source, sorted by source_uri.
 
     Reports are sharded later, per record; DICOM files get the shard of their patient pseudonym.
@@ -166,8 +179,9 @@ def discover_institution(
         row = {
             "source_uri": uri,
             "institution": inst.id,
-            "sha256": hashlib.sha256(data).hexdigest() if problem is None else
-            hashlib.sha256(f"unreadable:{uri}".encode()).hexdigest(),
+            "sha256": hashlib.sha256(data).hexdigest()
+            if problem is None
+            else hashlib.sha256(f"unreadable:{uri}".encode()).hexdigest(),
             "bytes": len(data),
             "kind": "other",
             "shard": None,
@@ -202,8 +216,12 @@ def discover_institution(
                 row.update(
                     shard=key.shard(patient_key, cfg.shard_count),
                     patient_key=patient_key,
-                    study_uid_key=key.pseudonym("study", uids["StudyInstanceUID"]) if uids["StudyInstanceUID"] else None,
-                    series_uid_key=key.pseudonym("series", uids["SeriesInstanceUID"]) if uids["SeriesInstanceUID"] else None,
+                    study_uid_key=key.pseudonym("study", uids["StudyInstanceUID"])
+                    if uids["StudyInstanceUID"]
+                    else None,
+                    series_uid_key=key.pseudonym("series", uids["SeriesInstanceUID"])
+                    if uids["SeriesInstanceUID"]
+                    else None,
                     sop_uid_key=key.pseudonym("sop", uids["SOPInstanceUID"]) if uids["SOPInstanceUID"] else None,
                 )
         rows.append(row)
@@ -229,7 +247,9 @@ def mark_duplicates(plan: pa.Table) -> pa.Table:
         if seen is None:
             first[r["sha256"]] = r["source_uri"]
         else:
-            r.update(status="duplicate", reason="same_content", duplicate_of=seen, detail="same sha256 as an earlier file")
+            r.update(
+                status="duplicate", reason="same_content", duplicate_of=seen, detail="same sha256 as an earlier file"
+            )
     _mark_uid_collisions(rows)
     return pa.Table.from_pylist(rows, schema=PLAN_SCHEMA)
 
@@ -303,8 +323,16 @@ def update_seen_index(seen: pa.Table, inputs: pa.Table, run_id: str) -> pa.Table
         if k in rows:
             rows[k].update(outcome)
         else:
-            rows[k] = {"source_uri": r["source_uri"], "sha256": r["sha256"], "institution": r["institution"],
-                       "bytes": r["bytes"], "kind": r["kind"], "first_run_id": run_id, "seq": seq, **outcome}
+            rows[k] = {
+                "source_uri": r["source_uri"],
+                "sha256": r["sha256"],
+                "institution": r["institution"],
+                "bytes": r["bytes"],
+                "kind": r["kind"],
+                "first_run_id": run_id,
+                "seq": seq,
+                **outcome,
+            }
     return pa.Table.from_pylist([rows[k] for k in sorted(rows)], schema=SEEN_SCHEMA)
 
 
@@ -313,8 +341,11 @@ def _mark_uid_collisions(rows: list[dict]) -> None:
     sop_owner: dict[str, str] = {}
     for r in pending:
         if r["sop_uid_key"] in sop_owner:
-            r.update(status="quarantined", reason="duplicate_sop_instance_uid",
-                     detail="another file of this run has the same SOPInstanceUID and different content")
+            r.update(
+                status="quarantined",
+                reason="duplicate_sop_instance_uid",
+                detail="another file of this run has the same SOPInstanceUID and different content",
+            )
         elif r["sop_uid_key"]:
             sop_owner[r["sop_uid_key"]] = r["source_uri"]
     for uid_col, owner_col, reason, what in (

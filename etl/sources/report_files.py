@@ -15,8 +15,9 @@ import json
 from etl.limits import MAX_REPORT_CHARS, REPORT_TIME_LIMIT_S, RecordLimitError, check_length, time_limit
 
 
-def read_report_file(data: bytes, source_uri: str, sha256: str, inst, key, index, header_phi_of, shard_count: int,
-                     seen_ids: set[str]) -> tuple[dict, list[dict], list[dict]]:
+def read_report_file(
+    data: bytes, source_uri: str, sha256: str, inst, key, index, header_phi_of, shard_count: int, seen_ids: set[str]
+) -> tuple[dict, list[dict], list[dict]]:
     """The reports stage on one report file: parse, link, de-identify every record; never raises.
 
     Parameters
@@ -47,15 +48,32 @@ def read_report_file(data: bytes, source_uri: str, sha256: str, inst, key, index
     except ReportSourceError as err:
         return {**event, "status": "quarantined", "reason": err.reason, "detail": str(err)[:300]}, [], []
     except Exception as err:  # noqa: BLE001  an unforeseen parse failure quarantines the file, not the task
-        return {**event, "status": "quarantined", "reason": "malformed_report_record",
-                "detail": f"{type(err).__name__} while reading the report file"}, [], []
+        return (
+            {
+                **event,
+                "status": "quarantined",
+                "reason": "malformed_report_record",
+                "detail": f"{type(err).__name__} while reading the report file",
+            },
+            [],
+            [],
+        )
     records = [r for r in items if not isinstance(r, ReportSourceError)]
     errors = [r for r in items if isinstance(r, ReportSourceError)]
-    withheld = [{"source_uri": source_uri, "record": None, "reason": bad.reason, "detail": str(bad)[:300]}
-                for bad in errors]
+    withheld = [
+        {"source_uri": source_uri, "record": None, "reason": bad.reason, "detail": str(bad)[:300]} for bad in errors
+    ]
     if items and not records:  # the precise reason of the file, not only of its records
-        return {**event, "status": "quarantined", "reason": "malformed_report_record",
-                "detail": unreadable_file_detail(errors)}, [], withheld
+        return (
+            {
+                **event,
+                "status": "quarantined",
+                "reason": "malformed_report_record",
+                "detail": unreadable_file_detail(errors),
+            },
+            [],
+            withheld,
+        )
     rows = []
     for rec in records:
         report_id = key.pseudonym("report", f"{inst.id}|{rec['report_id']}")
@@ -72,13 +90,23 @@ def read_report_file(data: bytes, source_uri: str, sha256: str, inst, key, index
             withheld.append({**held, "reason": err.reason, "detail": err.detail})
             continue
         except Exception as err:  # noqa: BLE001  the exception's text may quote report text: type only
-            withheld.append({**held, "reason": "report_processing_error",
-                             "detail": f"{type(err).__name__} while de-identifying the report"})
+            withheld.append(
+                {
+                    **held,
+                    "reason": "report_processing_error",
+                    "detail": f"{type(err).__name__} while de-identifying the report",
+                }
+            )
             continue
         if row is None:
             # fail closed: the report is withheld and a PHI-free quarantine record names it
-            withheld.append({**held, "reason": "verification_failed",
-                             "detail": "a date of the source text survived text de-identification"})
+            withheld.append(
+                {
+                    **held,
+                    "reason": "verification_failed",
+                    "detail": "a date of the source text survived text de-identification",
+                }
+            )
             continue
         rows.append(row)
     return {**event, "status": "ingested"}, rows, withheld
@@ -127,19 +155,28 @@ def report_record_row(rec: dict, inst, report_id: str, key, index, header_phi_of
     # and its pack loaded before the time limit starts: loading happens once per process
     decided = prepare_language(rec["text"], rec.get("language") or inst.language)
     with time_limit(REPORT_TIME_LIMIT_S, "report_timeout", "report's de-identification"):
-        language, text, counts = deidentify_report(rec["text"], prior=decided.language, known_phi=known_phi,
-                                                   date_shift_days=shift, day_first=inst.reads_day_first,
-                                                   decision=decided)
+        language, text, counts = deidentify_report(
+            rec["text"],
+            prior=decided.language,
+            known_phi=known_phi,
+            date_shift_days=shift,
+            day_first=inst.reads_day_first,
+            decision=decided,
+        )
         if surviving_source_dates(rec["text"], text):
             return None
         sections = split_sections(text, section_rules_path(language.language))
     rdate = parse_report_datetime(rec.get("report_datetime"))
     return {
-        "report_id": report_id, "study_key": link.study_key,
-        "patient_key": patient_key, "institution": inst.id, "language": language.language,
+        "report_id": report_id,
+        "study_key": link.study_key,
+        "patient_key": patient_key,
+        "institution": inst.id,
+        "language": language.language,
         "link_status": link.link_status,
         **{k: sections.get(k) or None for k in ("indication", "comparison", "findings", "impression")},
-        "text": text, "redactions": int(sum(counts.values())),
+        "text": text,
+        "redactions": int(sum(counts.values())),
         "redaction_counts": json.dumps(dict(sorted(counts.items()))),
         "report_date_shifted": (rdate + dt.timedelta(days=shift)) if (rdate and shift is not None) else None,
         "shard": key.shard(patient_key or report_id, shard_count),

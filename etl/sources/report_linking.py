@@ -29,9 +29,19 @@ from schemas.config import PROJECT_ROOT, Institution
 
 #: header elements whose values are PHI to redact from the text of a report linked to that study
 REPORT_PHI_KEYWORDS = (
-    "PatientName", "OtherPatientNames", "PatientBirthName", "PatientMotherBirthName", "PatientID",
-    "OtherPatientIDs", "AccessionNumber", "ReferringPhysicianName", "PerformingPhysicianName", "OperatorsName",
-    "PatientAddress", "PatientTelephoneNumbers", "InstitutionName",
+    "PatientName",
+    "OtherPatientNames",
+    "PatientBirthName",
+    "PatientMotherBirthName",
+    "PatientID",
+    "OtherPatientIDs",
+    "AccessionNumber",
+    "ReferringPhysicianName",
+    "PerformingPhysicianName",
+    "OperatorsName",
+    "PatientAddress",
+    "PatientTelephoneNumbers",
+    "InstitutionName",
 )
 #: the quality gate's PHI patterns; the ``date_*`` ones verify report text (data shared with ``quality/``)
 SOURCE_DATE_PATTERNS_FILE = PROJECT_ROOT / "quality" / "expectations.yaml"
@@ -62,8 +72,10 @@ class StudyIndex:
         by_study = {r["study_key"]: r for r in instances.unique("study_key", keep="first").iter_rows(named=True)}
         by_accession = {
             (r["institution"], r["accession_key"]): r
-            for r in instances.filter(pl.col("accession_key").is_not_null()).sort("study_key")
-            .unique(["institution", "accession_key"], keep="first").iter_rows(named=True)
+            for r in instances.filter(pl.col("accession_key").is_not_null())
+            .sort("study_key")
+            .unique(["institution", "accession_key"], keep="first")
+            .iter_rows(named=True)
         }
         ingested = ingested.sort("source_uri")
         study_source = dict(zip(ingested["study_key"].to_list(), ingested["source_uri"].to_list()))
@@ -100,8 +112,9 @@ def link_report(record: dict[str, Any], inst: Institution, key: PseudonymKey, in
     if study is not None:
         return ReportLink(study, study["patient_key"], "linked")
     if record.get("patient_id"):
-        return ReportLink(None, patient_key_for(key, inst.id, str(record["patient_id"]), inst.patient_id_issuer),
-                          "no_study")
+        return ReportLink(
+            None, patient_key_for(key, inst.id, str(record["patient_id"]), inst.patient_id_issuer), "no_study"
+        )
     return ReportLink(None, None, "report_only_source" if not inst.dicom else "no_study")
 
 
@@ -116,7 +129,7 @@ def header_phi(data: bytes) -> list[str]:
         v = ds.get(kw)
         if v in (None, ""):
             continue
-        for item in (v if isinstance(v, (list, pydicom.multival.MultiValue)) else [v]):
+        for item in v if isinstance(v, (list, pydicom.multival.MultiValue)) else [v]:
             if str(item).strip():
                 out.append(str(item).strip())
     return out
@@ -125,8 +138,11 @@ def header_phi(data: bytes) -> list[str]:
 @lru_cache(maxsize=1)
 def _source_date_patterns() -> tuple[re.Pattern[str], ...]:
     doc = yaml.safe_load(SOURCE_DATE_PATTERNS_FILE.read_text(encoding="utf-8"))
-    return tuple(re.compile(p["regex"], re.IGNORECASE) for p in doc["phi"]["patterns"]
-                 if p["name"].startswith("date_") and "regex" in p)
+    return tuple(
+        re.compile(p["regex"], re.IGNORECASE)
+        for p in doc["phi"]["patterns"]
+        if p["name"].startswith("date_") and "regex" in p
+    )
 
 
 def surviving_source_dates(source: str, deidentified: str) -> int:

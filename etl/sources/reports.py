@@ -68,8 +68,12 @@ REQUIRED_FIELDS = ("report_id", "text")
 FORMATS = ("jsonl", "csv", "text", "hl7")
 #: Open-i / Indiana University CXR CSV layout (Demner-Fushman et al., JAMIA 2016;23(2):304-310).
 OPENI_COLUMNS = ("uid", "MeSH", "Problems", "image", "indication", "comparison", "findings", "impression")
-OPENI_SECTIONS = (("indication", "INDICATION"), ("comparison", "COMPARISON"), ("findings", "FINDINGS"),
-                  ("impression", "IMPRESSION"))
+OPENI_SECTIONS = (
+    ("indication", "INDICATION"),
+    ("comparison", "COMPARISON"),
+    ("findings", "FINDINGS"),
+    ("impression", "IMPRESSION"),
+)
 
 
 class ReportSourceError(ReasonCodedError, ValueError):
@@ -113,8 +117,10 @@ def _record(raw: Mapping[str, object], where: str) -> dict[str, str | None]:
         # field is named by the known field it resembles (difflib ratio >= 0.8), which is our text, not the sender's
         near = sorted({m for k in unknown for m in difflib.get_close_matches(k, RECORD_FIELDS, n=1, cutoff=0.8)})
         hint = f"; did you mean {', '.join(f'`{m}`' for m in near)}?" if near else ""
-        raise ReportSourceError("malformed_report_record", f"{where}: {len(unknown)} unknown field(s){hint} "
-                                f"(known fields: {', '.join(RECORD_FIELDS)})")
+        raise ReportSourceError(
+            "malformed_report_record",
+            f"{where}: {len(unknown)} unknown field(s){hint} (known fields: {', '.join(RECORD_FIELDS)})",
+        )
     rec = {k: _clean_value(raw.get(k), k, where) for k in RECORD_FIELDS}
     for k in REQUIRED_FIELDS:
         if rec[k] is None:
@@ -192,16 +198,17 @@ def _iter_csv(text: str, source_name: str) -> Iterator[dict | ReportSourceError]
             continue
         where = f"{source_name} line {start_line}"
         end_line = reader.line_num
-        if end_line > start_line and any(_looks_like_a_row(lines[n - 1], len(header))
-                                         for n in range(start_line + 1, min(end_line, len(lines)) + 1)):
+        if end_line > start_line and any(
+            _looks_like_a_row(lines[n - 1], len(header)) for n in range(start_line + 1, min(end_line, len(lines)) + 1)
+        ):
             yield ReportSourceError(
-                "malformed_report_record", f"{source_name} lines {start_line}-{end_line}: a quoted field runs over "
-                "a line that reads as a row of its own (unbalanced quote): the rows are withheld")
+                "malformed_report_record",
+                f"{source_name} lines {start_line}-{end_line}: a quoted field runs over "
+                "a line that reads as a row of its own (unbalanced quote): the rows are withheld",
+            )
             continue
         if len(row) != len(header):
-            yield ReportSourceError(
-                "malformed_report_record", f"{where}: {len(row)} fields, header has {len(header)}"
-            )
+            yield ReportSourceError("malformed_report_record", f"{where}: {len(row)} fields, header has {len(header)}")
             continue
         values = dict(zip(header, row))
         try:
@@ -255,7 +262,7 @@ def _hl7_unescape(value: str, esc: str, seps: dict[str, str]) -> str:
             out.append(value[pos:])
             break
         out.append(value[pos:start])
-        seq = value[start + 1:end]
+        seq = value[start + 1 : end]
         pos = end + 1
         if seq in seps:
             out.append(seps[seq])
@@ -289,8 +296,9 @@ def _hl7_ts_to_iso(value: str) -> str | None:
         return None
     g = m.groupdict()
     try:
-        dt.datetime(int(g["Y"]), int(g["m"] or 1), int(g["d"] or 1), int(g["H"] or 0), int(g["M"] or 0),
-                    int(g["S"] or 0))
+        dt.datetime(
+            int(g["Y"]), int(g["m"] or 1), int(g["d"] or 1), int(g["H"] or 0), int(g["M"] or 0), int(g["S"] or 0)
+        )
     except ValueError:
         return None
     iso = g["Y"] + "".join(f"-{g[k]}" for k in ("m", "d") if g[k])
@@ -344,8 +352,13 @@ class _Hl7Message:
         names = []
         for rep in self.repetitions(seg, n):
             family = _hl7_unescape(rep.split(self.comp)[0].split(self.sub)[0], self.esc, self.seps).strip()
-            parts = [family, self.component(rep, 2), self.component(rep, 3), self.component(rep, 5),
-                     self.component(rep, 4)]
+            parts = [
+                family,
+                self.component(rep, 2),
+                self.component(rep, 3),
+                self.component(rep, 5),
+                self.component(rep, 4),
+            ]
             if parts[0] or parts[1]:
                 names.append((self.component(rep, 7).upper() == "L", "^".join(parts).rstrip("^")))
         legal = [pn for is_legal, pn in names if is_legal]
@@ -451,10 +464,21 @@ def _hl7_records(message: _Hl7Message, where: str) -> list[dict]:
             field = "OBR-22" if message.first(obr, 22) else "OBR-7"
             raise ReportSourceError("malformed_report_record", f"{gwhere}: {field} is not an HL7 date/time")
         report_id = control_id if len(groups) == 1 else f"{control_id}-{i}"
-        records.append(_record({"report_id": report_id, "patient_id": group["pid"], "patient_name": group["name"],
-                                "accession_number": accession,
-                                "study_instance_uid": uid, "report_datetime": iso, "language": language,
-                                "text": text}, gwhere))
+        records.append(
+            _record(
+                {
+                    "report_id": report_id,
+                    "patient_id": group["pid"],
+                    "patient_name": group["name"],
+                    "accession_number": accession,
+                    "study_instance_uid": uid,
+                    "report_datetime": iso,
+                    "language": language,
+                    "text": text,
+                },
+                gwhere,
+            )
+        )
     return records
 
 
@@ -474,10 +498,13 @@ def _iter_hl7(data: bytes, source_name: str) -> Iterator[dict | ReportSourceErro
             continue
         header = text.split("\r", 1)[0]
         fs = header[3:4]
-        encoding_chars = header[4:header.find(fs, 4)] if fs and header.find(fs, 4) > 0 else ""
+        encoding_chars = header[4 : header.find(fs, 4)] if fs and header.find(fs, 4) > 0 else ""
         specials = fs + encoding_chars
-        if (not 2 <= len(encoding_chars) <= 5 or len(set(specials)) != len(specials)
-                or any(c.isalnum() or c.isspace() for c in specials)):
+        if (
+            not 2 <= len(encoding_chars) <= 5
+            or len(set(specials)) != len(specials)
+            or any(c.isalnum() or c.isspace() for c in specials)
+        ):
             yield ReportSourceError("malformed_report_record", f"{where}: MSH-1/MSH-2 separators are malformed")
             continue
         for segno, seg in enumerate(text.split("\r")[1:], start=1):

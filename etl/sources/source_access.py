@@ -94,7 +94,9 @@ def check_source(inst: Institution, src: Storage) -> None:
             with os.scandir(path) as it:
                 next(it, None)
         except OSError as err:
-            raise SourceUnavailableError("source_unreadable", f"{where} cannot be listed ({type(err).__name__})") from None
+            raise SourceUnavailableError(
+                "source_unreadable", f"{where} cannot be listed ({type(err).__name__})"
+            ) from None
         if not os.access(path, os.R_OK | os.X_OK):
             raise SourceUnavailableError("source_unreadable", where + " cannot be read (permissions)")
         return
@@ -103,8 +105,9 @@ def check_source(inst: Institution, src: Storage) -> None:
     except OSError as err:
         raise SourceUnavailableError("source_unreadable", f"{where} cannot be listed ({type(err).__name__})") from None
     if info.type == pafs.FileType.NotFound:
-        raise SourceUnavailableError("source_not_found", where + " holds no object (an empty source needs a folder "
-                                     "marker object)")
+        raise SourceUnavailableError(
+            "source_not_found", where + " holds no object (an empty source needs a folder marker object)"
+        )
     if info.type == pafs.FileType.File:
         raise SourceUnavailableError("source_not_a_folder", where + " is an object, not a prefix")
 

@@ -21,7 +21,9 @@ from schemas.config import PROJECT_ROOT
 
 plain_usage()
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="MedReCo-DB builder")
-snapshot_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="list, show, diff, verify and publish snapshots")
+snapshot_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="list, show, diff, verify and publish snapshots"
+)
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(cli_reports.app, name="reports")
 app.add_typer(cli_eval.app, name="eval")
@@ -30,8 +32,10 @@ app.add_typer(training_cli.app, name="train")
 DEMO_DIR = PROJECT_ROOT / ".demo"
 DEMO_CONFIG = PROJECT_ROOT / "config" / "demo.yaml"
 CONFIG_HELP = "pipeline YAML config (default: $MEDRECO_CONFIG, else the checkout's config/demo.yaml)"
-ROOT_HELP = ("the storage root the releases live under (a folder or s3://bucket/prefix; S3 endpoint from "
-             "AWS_ENDPOINT_URL): read releases with no pipeline config at all")
+ROOT_HELP = (
+    "the storage root the releases live under (a folder or s3://bucket/prefix; S3 endpoint from "
+    "AWS_ENDPOINT_URL): read releases with no pipeline config at all"
+)
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -86,7 +90,9 @@ def summary_lines(summary: dict) -> list[str]:
     if summary.get("ledger_file"):
         lines.append(f"  ledger file: {summary['ledger_file']}")
     if summary.get("quarantined_by_reason"):
-        lines.append("quarantined by reason: " + ", ".join(f"{k}={v}" for k, v in summary["quarantined_by_reason"].items()))
+        lines.append(
+            "quarantined by reason: " + ", ".join(f"{k}={v}" for k, v in summary["quarantined_by_reason"].items())
+        )
     empty = [i for i, n in (led.get("files_by_institution") or {}).items() if n == 0]
     if empty:
         lines.append("no files: " + ", ".join(empty) + " (source there and readable, but empty)")
@@ -95,16 +101,21 @@ def summary_lines(summary: dict) -> list[str]:
     if "withheld_reports_by_reason" in summary:
         withheld = led.get("withheld_report_records", sum(summary["withheld_reports_by_reason"].values()))
         by_reason = ", ".join(f"{k}={v}" for k, v in summary["withheld_reports_by_reason"].items())
-        lines.append(f"withheld report records: {withheld}" + (f" ({by_reason}; listed under the quarantine "
-                                                               "records' reports/)" if withheld else ""))
+        lines.append(
+            f"withheld report records: {withheld}"
+            + (f" ({by_reason}; listed under the quarantine records' reports/)" if withheld else "")
+        )
     if "quality_warnings" in summary:
         warns = summary["quality_warnings"]
         shown = ", ".join(f"{w['table']}/{w['check']}" for w in warns[:5]) + (", ..." if len(warns) > 5 else "")
-        lines.append(f"quality warnings: {len(warns)}" + (f" ({shown}; {summary.get('quality_report', '')})"
-                                                          if warns else ""))
+        lines.append(
+            f"quality warnings: {len(warns)}" + (f" ({shown}; {summary.get('quality_report', '')})" if warns else "")
+        )
     if summary.get("published", True):
-        lines.append(f"snapshot: {summary['version']} ({'new' if summary['created'] else 'unchanged content, existing release'})"
-                     f" at {summary['uri']}")
+        lines.append(
+            f"snapshot: {summary['version']} ({'new' if summary['created'] else 'unchanged content, existing release'})"
+            f" at {summary['uri']}"
+        )
         lines.append(f"content hash: {summary['content_hash']}")
     else:
         lines.append(f"snapshot: none ({summary['reason']}; latest release: {summary.get('latest_existing_version')})")
@@ -142,9 +153,14 @@ def demo_corpus(
 @app.command()
 def run(
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
-    workers: int = typer.Option(os.cpu_count() or 1, "--workers", "-w", min=1,
-                                help="task processes: 1 runs dag.test() in this process; N > 1 runs the DAG under "
-                                     "a real scheduler with the LocalExecutor (N workers) on the same database"),
+    workers: int = typer.Option(
+        os.cpu_count() or 1,
+        "--workers",
+        "-w",
+        min=1,
+        help="task processes: 1 runs dag.test() in this process; N > 1 runs the DAG under "
+        "a real scheduler with the LocalExecutor (N workers) on the same database",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress display: print the summary only"),
 ) -> None:
     """Run the build DAG on the embedded default (Airflow on SQLite): dag.test() with --workers 1, else a
@@ -172,9 +188,14 @@ def demo(
     seed: int = typer.Option(0, help="demo corpus seed"),
     patients: int = typer.Option(48, help="demo corpus patients"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no corpus line, no progress display: the summaries only"),
-    workers: int = typer.Option(1, "--workers", "-w", min=1,
-                                help="task processes (as `medreco run`); 1 by default: on the small demo corpus "
-                                     "the scheduler's start-up and per-task warm-up cost more than they save"),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        "-w",
+        min=1,
+        help="task processes (as `medreco run`); 1 by default: on the small demo corpus "
+        "the scheduler's start-up and per-task warm-up cost more than they save",
+    ),
     train: bool = typer.Option(True, "--train/--no-train", help="then run the training DAG on the snapshot"),
 ) -> None:
     """Generate the demo corpus (once), create a local demo key (demo only), run the build, then the training
@@ -190,8 +211,10 @@ def demo(
         if not quiet:
             typer.echo(f"demo corpus: {json.dumps(corpus, sort_keys=True)}")
     elif not quiet:
-        typer.echo(f"demo corpus: reusing {root / 'sources'} (--seed/--patients apply to a new corpus; "
-                   "`make clean` removes it)")
+        typer.echo(
+            f"demo corpus: reusing {root / 'sources'} (--seed/--patients apply to a new corpus; "
+            "`make clean` removes it)"
+        )
     from etl.sources.source_access import SourceUnavailableError
 
     os.environ[ENV_VAR] = demo_key(DEMO_DIR / "demo.key")
@@ -210,16 +233,21 @@ def demo(
     existing = zones.training_record(version)
     storage = BuildContext.from_config_file(str(DEMO_CONFIG), run_id="demo-training").storage
     try:
-        record = (json.loads(storage.read_text(existing)) if not summary["created"] and storage.is_file(existing)
-                  else run_training(DEMO_CONFIG, version))
+        record = (
+            json.loads(storage.read_text(existing))
+            if not summary["created"] and storage.is_file(existing)
+            else run_training(DEMO_CONFIG, version)
+        )
     except BuildFailedError as err:
         _fail(str(err))
     _print_training(record, summary["tables"].get("splits"))
 
 
 #: printed under the demo's training metrics: what they are, and what they are not
-DEMO_METRICS_NOTE = ("note: demo metrics mean nothing: a tiny CPU model trained for a few steps on {n} patients is a "
-                     "smoke test of snapshot -> training -> lineage, not a model (figures near 0 are expected)")
+DEMO_METRICS_NOTE = (
+    "note: demo metrics mean nothing: a tiny CPU model trained for a few steps on {n} patients is a "
+    "smoke test of snapshot -> training -> lineage, not a model (figures near 0 are expected)"
+)
 
 
 def _print_training(record: dict, n_patients: int | None = None) -> None:
@@ -227,9 +255,13 @@ def _print_training(record: dict, n_patients: int | None = None) -> None:
     for job, h in sorted(record["jobs"].items()):
         lin = h.get("lineage_record") or {}
         metrics = (lin.get("metrics") or {}).get("eval") or {}
-        shown = ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in _flat(metrics)
-                          if k.endswith(("micro.R@1", "micro.R@5", "mc_accuracy", "open_exact_match", "bleu1", "n_queries",
-                                         "n_items")))
+        shown = ", ".join(
+            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in _flat(metrics)
+            if k.endswith(
+                ("micro.R@1", "micro.R@5", "mc_accuracy", "open_exact_match", "bleu1", "n_queries", "n_items")
+            )
+        )
         lines.append(f"  {job:<8} {h.get('status')}  {shown}")
         if lin.get("checkpoint"):
             lines.append(f"           checkpoint {lin['checkpoint']}")
@@ -250,7 +282,9 @@ def _flat(d: dict, prefix: str = "") -> list[tuple[str, object]]:
 @app.command()
 def deid(
     src: Path = typer.Argument(..., metavar="SRC", exists=True, file_okay=False, help="folder of DICOM files"),
-    out: Path = typer.Argument(..., metavar="OUT", help="output folder: de-identified files, ledger.parquet, quarantine/"),
+    out: Path = typer.Argument(
+        ..., metavar="OUT", help="output folder: de-identified files, ledger.parquet, quarantine/"
+    ),
     institution: str = typer.Option("local", help="institution id the PatientIDs belong to"),
     config: Path | None = typer.Option(None, "--config", "-c", help="take the deid: options from this config"),
 ) -> None:
@@ -322,8 +356,10 @@ def logs(
 
 
 @snapshot_app.command("list")
-def snapshot_list(config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
-    root: str | None = typer.Option(None, "--root", help=ROOT_HELP)) -> None:
+def snapshot_list(
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
+    root: str | None = typer.Option(None, "--root", help=ROOT_HELP),
+) -> None:
     """Published releases, oldest first, one per line under a header: version, created_at, change, content hash
     (first 16 hex digits) and the rows of the tables users load first (studies, images, pairs, vqa; "-" where a
     release has no such table). ``snapshot show V`` prints every table's rows."""
@@ -342,9 +378,11 @@ def snapshot_list(config: Path | None = typer.Option(None, "--config", "-c", hel
 
 
 @snapshot_app.command("show")
-def snapshot_show(version: str = typer.Argument(..., metavar="VERSION", help="MAJOR.MINOR.PATCH or 'latest'"),
-                  config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
-    root: str | None = typer.Option(None, "--root", help=ROOT_HELP)) -> None:
+def snapshot_show(
+    version: str = typer.Argument(..., metavar="VERSION", help="MAJOR.MINOR.PATCH or 'latest'"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
+    root: str | None = typer.Option(None, "--root", help=ROOT_HELP),
+) -> None:
     """Print a release's manifest (JSON)."""
     from etl.snapshots import SnapshotError, read_manifest, resolve_version
 
@@ -388,9 +426,11 @@ def snapshot_diff(
 
 
 @snapshot_app.command("verify")
-def snapshot_verify(version: str = typer.Argument(..., metavar="VERSION", help="MAJOR.MINOR.PATCH or 'latest'"),
-                    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
-    root: str | None = typer.Option(None, "--root", help=ROOT_HELP)) -> None:
+def snapshot_verify(
+    version: str = typer.Argument(..., metavar="VERSION", help="MAJOR.MINOR.PATCH or 'latest'"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
+    root: str | None = typer.Option(None, "--root", help=ROOT_HELP),
+) -> None:
     """Re-hash every file of a release; fail (exit 1, one line) naming each tampered or missing file."""
     from etl.snapshots import SnapshotError, resolve_version, verify
 
@@ -428,8 +468,11 @@ def snapshot_export(
 @snapshot_app.command("publish")
 def snapshot_publish(
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
-    run_id: str | None = typer.Option(None, "--run-id", help="lineage: the run whose ledger describes the inputs "
-                                      "(default: the most recent run ledger)"),
+    run_id: str | None = typer.Option(
+        None,
+        "--run-id",
+        help="lineage: the run whose ledger describes the inputs (default: the most recent run ledger)",
+    ),
 ) -> None:
     """Publish the current curated tables as a release (no new version if the content is unchanged)."""
     from etl.deid.policy import build_policy
@@ -439,21 +482,32 @@ def snapshot_publish(
 
     cfg, st = _storage(config)
     try:
-        rel = publish(st, config_hash=cfg.config_hash(), ontology_version=load_ontology().version,
-                      run_id=run_id or "cli", ledger_run_id=run_id,
-                      key_fingerprint=load_key(allow_airflow=False).fingerprint(),
-                      deid_method_codes=build_policy(cfg.deid).release_method_codes)
+        rel = publish(
+            st,
+            config_hash=cfg.config_hash(),
+            ontology_version=load_ontology().version,
+            run_id=run_id or "cli",
+            ledger_run_id=run_id,
+            key_fingerprint=load_key(allow_airflow=False).fingerprint(),
+            deid_method_codes=build_policy(cfg.deid).release_method_codes,
+        )
     except (MissingKeyError, SnapshotError) as err:
         _fail(str(err))
-    typer.echo(f"{rel.version}\t{'created' if rel.created else 'unchanged'}\t{rel.manifest['content_hash']}\t{rel.path}")
+    typer.echo(
+        f"{rel.version}\t{'created' if rel.created else 'unchanged'}\t{rel.manifest['content_hash']}\t{rel.path}"
+    )
 
 
 @app.command("validate-source")
 def validate_source(
     institution: str = typer.Option(..., "--institution", "-i", help="institution id of the config"),
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
-    deidentify: bool = typer.Option(True, "--deid/--no-deid", help="de-identify the DICOM files in memory "
-                                    "(as the build); --no-deid checks headers, duplicates and reports only"),
+    deidentify: bool = typer.Option(
+        True,
+        "--deid/--no-deid",
+        help="de-identify the DICOM files in memory "
+        "(as the build); --no-deid checks headers, duplicates and reports only",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the whole result as JSON"),
 ) -> None:
     """Check one institution's delivery with the build's own checks before a run; writes nothing.
@@ -484,14 +538,25 @@ def validate_source(
         files = ", ".join(f"{k} {v}" for k, v in sorted(check.files.items()))
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(check.statuses.items()))
         records = ", ".join(f"{k} {v}" for k, v in sorted(check.records.items())) or "none"
-        lines = [f"delivery {check.institution} ({check.source}): {files}",
-                 f"the build would record: {statuses}", f"report records: {records}"]
-        lines += [f"{f['outcome']:<11} {f['stage']:<10} {f['reason']}  {f['path']}: {f['detail']}"
-                  for f in check.findings if f["outcome"] != "skipped"]
+        lines = [
+            f"delivery {check.institution} ({check.source}): {files}",
+            f"the build would record: {statuses}",
+            f"report records: {records}",
+        ]
+        lines += [
+            f"{f['outcome']:<11} {f['stage']:<10} {f['reason']}  {f['path']}: {f['detail']}"
+            for f in check.findings
+            if f["outcome"] != "skipped"
+        ]
         n = len(check.problems)
-        lines.append(("OK: the build would ingest every file and record" if check.ok else
-                      f"FAIL: {n} problem{'s' if n != 1 else ''} (quarantined files, withheld records)")
-                     + ("" if deidentify else " (--no-deid: de-identification and report links not checked)"))
+        lines.append(
+            (
+                "OK: the build would ingest every file and record"
+                if check.ok
+                else f"FAIL: {n} problem{'s' if n != 1 else ''} (quarantined files, withheld records)"
+            )
+            + ("" if deidentify else " (--no-deid: de-identification and report links not checked)")
+        )
         typer.echo("\n".join(lines))
     if not check.ok:
         raise typer.Exit(1)
@@ -500,8 +565,12 @@ def validate_source(
 @app.command()
 def dashboard(
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
-    serve: bool = typer.Option(False, "--serve", help="serve it with the review app on http://127.0.0.1:PORT "
-                               "(needs $MEDRECO_REVIEW_TOKEN: curators log in with it)"),
+    serve: bool = typer.Option(
+        False,
+        "--serve",
+        help="serve it with the review app on http://127.0.0.1:PORT "
+        "(needs $MEDRECO_REVIEW_TOKEN: curators log in with it)",
+    ),
     port: int = typer.Option(8765),
 ) -> None:
     """Print the dashboard path (built by each run), or serve it with the quarantine review app on localhost."""
@@ -527,11 +596,17 @@ def dashboard(
         auth = TokenAuth(token_from_env())
     except ReviewAuthError as err:
         _fail(str(err))
-    typer.echo(f"serving {st.full_uri('reports')} on http://127.0.0.1:{port}/ (dashboard, Data Docs, "
-               f"quarantine review at /review; log in with your name and the token of $MEDRECO_REVIEW_TOKEN; "
-               f"Ctrl-C to stop)")
-    uvicorn.run(create_app(st, authenticate=auth, guard=RequestGuard(allowed_hosts_from_env())), host="127.0.0.1",
-                port=port, log_level="warning")
+    typer.echo(
+        f"serving {st.full_uri('reports')} on http://127.0.0.1:{port}/ (dashboard, Data Docs, "
+        f"quarantine review at /review; log in with your name and the token of $MEDRECO_REVIEW_TOKEN; "
+        f"Ctrl-C to stop)"
+    )
+    uvicorn.run(
+        create_app(st, authenticate=auth, guard=RequestGuard(allowed_hosts_from_env())),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+    )
 
 
 def main() -> int:  # pragma: no cover

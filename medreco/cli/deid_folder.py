@@ -82,8 +82,9 @@ def _entries(src: Path) -> list[tuple[Path, str | None]]:
     return out
 
 
-def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str = "local",
-                      deid_cfg: DeidConfig | None = None) -> dict:
+def deidentify_folder(
+    src: Path, out: Path, key: PseudonymKey, institution: str = "local", deid_cfg: DeidConfig | None = None
+) -> dict:
     """De-identify every file under ``src`` into ``out``; returns the ledger balance dict. Burned-in text is
     read per series (:class:`etl.deid.series_text.SeriesTextGate`): each series' sample first.
 
@@ -113,8 +114,16 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
             except OSError as err:
                 problem = f"the file cannot be read ({type(err).__name__})"
         sha = hashlib.sha256(data if problem is None else f"unreadable:{uri}".encode()).hexdigest()
-        row = {"run_id": "deid-cli", "source_uri": uri, "sha256": sha, "bytes": len(data),
-               "institution": institution, "kind": "dicom", "stage": "deidentify", "status": "ingested"}
+        row = {
+            "run_id": "deid-cli",
+            "source_uri": uri,
+            "sha256": sha,
+            "bytes": len(data),
+            "institution": institution,
+            "kind": "dicom",
+            "stage": "deidentify",
+            "status": "ingested",
+        }
         if problem is not None:
             row.update(kind="other", status="quarantined", reason="unreadable_file", detail=problem, stage="discover")
         elif path.name.lower().endswith(NON_INPUT_EXTENSIONS):
@@ -136,26 +145,38 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
         uri = str(member)
         row, path = pending[uri]
         try:
-            with warnings.catch_warnings(), time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout",
-                                                       "file's de-identification"):
+            with (
+                warnings.catch_warnings(),
+                time_limit(FILE_TIME_LIMIT_S, "deidentification_timeout", "file's de-identification"),
+            ):
                 warnings.simplefilter("ignore")
                 data = bounded_source(path.read_bytes())  # deflated inflated with a cap, items counted
                 ds = pydicom.dcmread(io.BytesIO(data), force=True)
                 body_part = infer_body_part(  # from the source descriptors, before they are cleaned
                     str(ds.get("BodyPartExamined", "") or ""),
-                    [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")])
-                result = deidentify_dataset(ds, key, institution, policy, pixel_cleaning=cfg.pixel_cleaning,
-                                            series_text=gate.slot(uri))
+                    [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")],
+                )
+                result = deidentify_dataset(
+                    ds, key, institution, policy, pixel_cleaning=cfg.pixel_cleaning, series_text=gate.slot(uri)
+                )
                 gate.record(uri, result.text_regions)
                 if result.sop_key in written:
                     raise DeidentificationError(
                         "duplicate_sop_instance_uid",
-                        "another file of this folder has the same SOPInstanceUID and different content")
+                        "another file of this folder has the same SOPInstanceUID and different content",
+                    )
                 (out / "files" / f"{result.sop_key}.dcm").write_bytes(result.to_bytes())
                 written[result.sop_key] = str(uri)
-                heads.append({"sop_key": result.sop_key, "series_key": result.series_key,
-                              "modality": str(result.dataset.get("Modality", "") or ""), "body_part": body_part,
-                              "dicom_path": str(out / "files" / f"{result.sop_key}.dcm"), "row": row})
+                heads.append(
+                    {
+                        "sop_key": result.sop_key,
+                        "series_key": result.series_key,
+                        "modality": str(result.dataset.get("Modality", "") or ""),
+                        "body_part": body_part,
+                        "dicom_path": str(out / "files" / f"{result.sop_key}.dcm"),
+                        "row": row,
+                    }
+                )
         except (DeidentificationError, RecordLimitError, SourceBoundsError) as err:
             row.update(status="quarantined", reason=err.reason, detail=str(err))
         except Exception as err:  # noqa: BLE001  fail closed on anything pydicom cannot handle
@@ -163,7 +184,9 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
         except BaseException as err:  # a native library's panic (pyo3 PanicException): not an interrupt
             if isinstance(err, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                 raise
-            row.update(status="quarantined", reason="decoder_crashed", detail=f"{type(err).__name__} in a native library")
+            row.update(
+                status="quarantined", reason="decoder_crashed", detail=f"{type(err).__name__} in a native library"
+            )
     # defacing (config deid.deface): head CT/MR series, one at a time, in the files just written
     done = deface_written(heads, lambda p: Path(p).read_bytes(), lambda p, b: Path(p).write_bytes(b), cfg.deface)
     for head in heads:
@@ -176,8 +199,9 @@ def deidentify_folder(src: Path, out: Path, key: PseudonymKey, institution: str 
     for row in rows:
         if row["status"] == "quarantined":  # restricted (names source paths): owner-only
             (out / "quarantine").mkdir(mode=0o700, exist_ok=True)
-            _write_private(out / "quarantine" / f"{row['sha256']}.json",
-                           json.dumps(row, indent=1, sort_keys=True).encode())
+            _write_private(
+                out / "quarantine" / f"{row['sha256']}.json", json.dumps(row, indent=1, sort_keys=True).encode()
+            )
     ledger = table_from_rows(rows, ledger_schema.SCHEMA)
     buf = io.BytesIO()
     pq.write_table(ledger, buf)

@@ -100,8 +100,12 @@ def run_build(config_path: str | Path, workers: int = 1, progress=None) -> dict:
     pre = BuildContext.from_config(load_config(cfg_path), run_id="precheck")
     check_sources(pre.cfg, pre.storage)
     pre.check_key()
-    lock = BuildLock(pre.storage, owner=f"medreco build of {cfg_path}", endpoint_url=pre.cfg.storage.s3_endpoint_url,
-                     region=pre.cfg.storage.s3_region)
+    lock = BuildLock(
+        pre.storage,
+        owner=f"medreco build of {cfg_path}",
+        endpoint_url=pre.cfg.storage.s3_endpoint_url,
+        region=pre.cfg.storage.s3_region,
+    )
     try:
         lock.acquire()
     except BuildLockHeldError as err:
@@ -134,8 +138,11 @@ def _failed_tasks(dag_id: str, run_id: str) -> list[str]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        rows = session.query(TaskInstance.task_id, TaskInstance.state).filter(
-            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id).all()
+        rows = (
+            session.query(TaskInstance.task_id, TaskInstance.state)
+            .filter(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)
+            .all()
+        )
     return sorted({t for t, s in rows if str(s).endswith(("failed", "upstream_failed"))})
 
 

@@ -31,8 +31,12 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  help="evaluate entity extraction against labelled report sets")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="evaluate entity extraction against labelled report sets",
+)
 
 
 class LabelChoice(StrEnum):
@@ -45,18 +49,25 @@ class LabelChoice(StrEnum):
 
 @app.command("entities")
 def entities(
-    openi: Path | None = typer.Option(None, "--openi", help="directory in the Open-i layout (indiana_reports.csv, "
-                                                            "optional negbio_openi_gold14_labels.csv)"),
+    openi: Path | None = typer.Option(
+        None,
+        "--openi",
+        help="directory in the Open-i layout (indiana_reports.csv, optional negbio_openi_gold14_labels.csv)",
+    ),
     labels: LabelChoice = typer.Option(LabelChoice.both, "--labels", help="gold label set(s) to score (--openi)"),
     negex: Path | None = typer.Option(None, "--negex", help="file in the NegEx/ConText annotated test-kit layout"),
-    ct_extractions: Path | None = typer.Option(None, "--ct-extractions",
-                                               help="directory in the ct-report-extractions layout"),
-    chexpert: Path | None = typer.Option(None, "--chexpert",
-                                         help="CSV in the CheXpert labelled-report layout (Reports + 14 observations)"),
-    trigger_probe: bool = typer.Option(False, "--trigger-probe",
-                                       help="score the NegEx trigger probe (frames of the published trigger list)"),
-    folds: bool = typer.Option(True, "--folds/--no-folds",
-                               help="also print each figure on the tuned and held-out folds (eval_folds.yaml)"),
+    ct_extractions: Path | None = typer.Option(
+        None, "--ct-extractions", help="directory in the ct-report-extractions layout"
+    ),
+    chexpert: Path | None = typer.Option(
+        None, "--chexpert", help="CSV in the CheXpert labelled-report layout (Reports + 14 observations)"
+    ),
+    trigger_probe: bool = typer.Option(
+        False, "--trigger-probe", help="score the NegEx trigger probe (frames of the published trigger list)"
+    ),
+    folds: bool = typer.Option(
+        True, "--folds/--no-folds", help="also print each figure on the tuned and held-out folds (eval_folds.yaml)"
+    ),
 ) -> None:
     """Score entity extraction on labelled report sets: Open-i labels, the NegEx kit, CT extractions, the trigger probe."""
     from entity_extraction.evaluate import NEGBIO_FILE, EvaluationDataError, evaluate_by_fold, render_table
@@ -74,8 +85,9 @@ def entities(
     from entity_extraction.trigger_probe import build_probe, render_probe, score_probe
 
     if openi is None and negex is None and ct_extractions is None and chexpert is None and not trigger_probe:
-        typer.echo("error: give at least one of --openi, --negex, --ct-extractions, --chexpert, --trigger-probe",
-                   err=True)
+        typer.echo(
+            "error: give at least one of --openi, --negex, --ct-extractions, --chexpert, --trigger-probe", err=True
+        )
         raise typer.Exit(1)
     blocks: list[str] = []
     try:
@@ -86,27 +98,39 @@ def entities(
             if labels is LabelChoice.both and openi.is_dir() and not (openi / NEGBIO_FILE).is_file():
                 sets = ("mesh",)  # NegBio labels are optional in the layout; asked for explicitly they are required
             results = evaluate_by_fold(openi, sets, plans["openi"], extractor=extractor)
-            hedged = evaluate_by_fold(openi, sets, plans["openi"], extractor=extractor,
-                                      states=("present", "uncertain")) if folds else {}
+            hedged = (
+                evaluate_by_fold(openi, sets, plans["openi"], extractor=extractor, states=("present", "uncertain"))
+                if folds
+                else {}
+            )
             for s in sets:
                 block = render_table(results[s]["all"])
                 if folds:
-                    block += "\n" + render_fold_line(plans["openi"], f"{s} micro F1, present",
-                                                      {p: r.micro[2] for p, r in results[s].items()},
-                                                      {p: r.n_reports - r.n_excluded for p, r in results[s].items()})
-                    block += "\n" + render_fold_line(plans["openi"], f"{s} micro F1, present or uncertain",
-                                                      {p: r.micro[2] for p, r in hedged[s].items()},
-                                                      {p: r.n_reports - r.n_excluded for p, r in hedged[s].items()})
+                    block += "\n" + render_fold_line(
+                        plans["openi"],
+                        f"{s} micro F1, present",
+                        {p: r.micro[2] for p, r in results[s].items()},
+                        {p: r.n_reports - r.n_excluded for p, r in results[s].items()},
+                    )
+                    block += "\n" + render_fold_line(
+                        plans["openi"],
+                        f"{s} micro F1, present or uncertain",
+                        {p: r.micro[2] for p, r in hedged[s].items()},
+                        {p: r.n_reports - r.n_excluded for p, r in hedged[s].items()},
+                    )
                 blocks.append(block)
         if negex is not None:
             items = load_negex_kit(negex)
             block = render_negex(evaluate_negex(items, extractor), f"NegEx kit {negex.name}")
             if folds:
                 plan = plans["negex-kit"]
-                kit_parts = {p: [it for i, it in enumerate(items) if plan.part(str(i)) == p] for p in ("tuned", "held-out")}
+                kit_parts = {
+                    p: [it for i, it in enumerate(items) if plan.part(str(i)) == p] for p in ("tuned", "held-out")
+                }
                 f1 = {p: evaluate_negex(v, extractor).all.prf[2] for p, v in kit_parts.items()}
-                block += "\n" + render_fold_line(plan, "negation F1, all targets", f1,
-                                                  {p: len(v) for p, v in kit_parts.items()})
+                block += "\n" + render_fold_line(
+                    plan, "negation F1, all targets", f1, {p: len(v) for p, v in kit_parts.items()}
+                )
             blocks.append(block)
         if ct_extractions is not None:
             reports = load_ct_extractions(ct_extractions)
@@ -114,28 +138,49 @@ def entities(
             block = render_ct(result)
             if folds:
                 plan = plans["ct-extractions"]
-                ct_parts = {p: evaluate_ct([r for r in reports if plan.part(r.id) == p], extractor)
-                         for p in ("tuned", "held-out")}
+                ct_parts = {
+                    p: evaluate_ct([r for r in reports if plan.part(r.id) == p], extractor)
+                    for p in ("tuned", "held-out")
+                }
                 n = {p: r.n_reports for p, r in ct_parts.items()}
-                block += "\n" + render_fold_line(plan, "findings found", {p: r.found / max(r.items, 1)
-                                                                         for p, r in ct_parts.items()}, n)
-                block += "\n" + render_fold_line(plan, "mention assertion accuracy",
-                                                  {p: r.mention_right / max(r.found, 1) for p, r in ct_parts.items()}, n)
-                block += "\n" + render_fold_line(plan, "study-level assertion accuracy",
-                                                  {p: r.pairs_right / max(r.pairs_found, 1) for p, r in ct_parts.items()}, n)
+                block += "\n" + render_fold_line(
+                    plan, "findings found", {p: r.found / max(r.items, 1) for p, r in ct_parts.items()}, n
+                )
+                block += "\n" + render_fold_line(
+                    plan,
+                    "mention assertion accuracy",
+                    {p: r.mention_right / max(r.found, 1) for p, r in ct_parts.items()},
+                    n,
+                )
+                block += "\n" + render_fold_line(
+                    plan,
+                    "study-level assertion accuracy",
+                    {p: r.pairs_right / max(r.pairs_found, 1) for p, r in ct_parts.items()},
+                    n,
+                )
             blocks.append(block)
         if chexpert is not None:
             labelled = load_chexpert_labelled(chexpert)
-            block = render_chexpert(evaluate_chexpert(labelled, extractor), f"CheXpert labelled reports {chexpert.name}")
+            block = render_chexpert(
+                evaluate_chexpert(labelled, extractor), f"CheXpert labelled reports {chexpert.name}"
+            )
             if folds:
                 plan = plans["chexpert"]
-                cx_parts = {p: evaluate_chexpert([r for r in labelled if plan.part(str(r.index)) == p], extractor)
-                         for p in ("tuned", "held-out")}
+                cx_parts = {
+                    p: evaluate_chexpert([r for r in labelled if plan.part(str(r.index)) == p], extractor)
+                    for p in ("tuned", "held-out")
+                }
                 n = {p: sum(1 for r in labelled if plan.part(str(r.index)) == p) for p in cx_parts}
                 for fig in ("mention", "negation", "uncertain"):
-                    block += "\n" + render_fold_line(plan, f"{fig} F1", {
-                        p: r.scores[fig].prf[2] if r.scores[fig].tp + r.scores[fig].fp + r.scores[fig].fn else None
-                        for p, r in cx_parts.items()}, n)
+                    block += "\n" + render_fold_line(
+                        plan,
+                        f"{fig} F1",
+                        {
+                            p: r.scores[fig].prf[2] if r.scores[fig].tp + r.scores[fig].fp + r.scores[fig].fn else None
+                            for p, r in cx_parts.items()
+                        },
+                        n,
+                    )
             blocks.append(block)
         if trigger_probe:
             frames = build_probe()
@@ -143,9 +188,12 @@ def entities(
             if folds:
                 plan = plans["negex-probe"]
                 probe_parts = {p: [f for f in frames if plan.part(f.trigger) == p] for p in ("tuned", "held-out")}
-                block += "\n" + render_fold_line(plan, "probe accuracy",
-                                                  {p: score_probe(v, extractor).accuracy for p, v in probe_parts.items()},
-                                                  {p: len(v) for p, v in probe_parts.items()})
+                block += "\n" + render_fold_line(
+                    plan,
+                    "probe accuracy",
+                    {p: score_probe(v, extractor).accuracy for p, v in probe_parts.items()},
+                    {p: len(v) for p, v in probe_parts.items()},
+                )
             blocks.append(block)
     except (EvaluationDataError, FoldsError) as err:
         typer.echo(f"error: {err}", err=True)
@@ -160,8 +208,9 @@ def deid(
     held_out: str = typer.Option("3,4", "--held-out", help="folds never looked at while rules are written"),
     synthetic: int = typer.Option(0, "--synthetic", help="also score N generated notes (Faker, held-out templates)"),
     seed: int = typer.Option(1, "--seed", help="seed of the generated notes"),
-    language: str = typer.Option("en", "--language",
-                                 help="language of the gold's texts: en, or a language pack (de, fr, es)"),
+    language: str = typer.Option(
+        "en", "--language", help="language of the gold's texts: en, or a language pack (de, fr, es)"
+    ),
 ) -> None:
     """Strict recall per PHI type and non-PHI tokens lost of report text de-identification on FILE, by fold, and on
     generated notes."""
@@ -188,16 +237,21 @@ def deid(
         try:
             notes = load_gold(gold)
             held = tuple(int(f) for f in held_out.split(",") if f.strip())
-            blocks.append(render_fold_table(evaluate_folds(notes, folds, held)) if folds
-                          else render_deid_table(evaluate_deid(notes)))
+            blocks.append(
+                render_fold_table(evaluate_folds(notes, folds, held))
+                if folds
+                else render_deid_table(evaluate_deid(notes))
+            )
         except (OSError, GoldFormatError, ValueError) as err:
             typer.echo(f"error: {gold}: {err}", err=True)
             raise typer.Exit(1) from None
     if synthetic:
         from entity_extraction.deid.synthetic import generate_notes
 
-        blocks.append(f"generated notes (seed {seed}, held-out templates):\n"
-                      + render_deid_table(evaluate_deid(generate_notes(synthetic, seed=seed))))
+        blocks.append(
+            f"generated notes (seed {seed}, held-out templates):\n"
+            + render_deid_table(evaluate_deid(generate_notes(synthetic, seed=seed)))
+        )
     typer.echo("\n\n".join(blocks))
 
 
@@ -209,8 +263,9 @@ def _deid_language(gold: Path, language: str) -> None:
     from entity_extraction.languages.local_deid import available_languages, deidentify_local
 
     if language not in available_languages():
-        typer.echo(f"error: --language {language!r}: no language pack (en, {', '.join(available_languages())})",
-                   err=True)
+        typer.echo(
+            f"error: --language {language!r}: no language pack (en, {', '.join(available_languages())})", err=True
+        )
         raise typer.Exit(1)
     try:
         docs = load_gold_with_ignore(gold)
@@ -218,8 +273,16 @@ def _deid_language(gold: Path, language: str) -> None:
         typer.echo(f"error: {gold}: {err}", err=True)
         raise typer.Exit(1) from None
     score = score_deid(docs, lambda t: deidentify_local(t, language, known_phi=[], date_shift_days=None)[0])
-    typer.echo(render_deid_table(DeidScore(per_type=score.per_type, non_phi_tokens=score.non_phi_tokens,
-                                           non_phi_lost=score.non_phi_lost, notes=score.docs)))
+    typer.echo(
+        render_deid_table(
+            DeidScore(
+                per_type=score.per_type,
+                non_phi_tokens=score.non_phi_tokens,
+                non_phi_lost=score.non_phi_lost,
+                notes=score.docs,
+            )
+        )
+    )
 
 
 @app.callback()

@@ -20,7 +20,17 @@ import warnings
 from typing import Any
 
 #: the project's top-level packages: their warnings are never filtered
-OWN_PACKAGES = ("medreco", "etl", "schemas", "entity_extraction", "quality", "training", "dags", "plugins", "medreco_reader")
+OWN_PACKAGES = (
+    "medreco",
+    "etl",
+    "schemas",
+    "entity_extraction",
+    "quality",
+    "training",
+    "dags",
+    "plugins",
+    "medreco_reader",
+)
 #: a module regex matching every module outside :data:`OWN_PACKAGES`
 LIBRARY_MODULES = r"(?!(" + "|".join(OWN_PACKAGES) + r")(\.|$))"
 #: the categories ignored from libraries

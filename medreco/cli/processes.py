@@ -56,8 +56,15 @@ class ProcessGroups:
     def start(self, name: str, args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen:
         """Start ``args`` as a new session (its pid is its process-group and session id)."""
         with open(self.log_dir / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                args,
+                env=env,
+                cwd=cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.procs[name] = proc
         return proc
 

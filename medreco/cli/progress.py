@@ -20,8 +20,22 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 #: the build DAG's tasks in the order they run (others are shown after them, in the order they appear)
-STAGE_ORDER = ("build_lock", "institutions", "discover", "plan", "deidentify", "normalise", "reports", "entities",
-               "assemble", "retrieval", "ledger", "quality", "snapshot", "release_lock")
+STAGE_ORDER = (
+    "build_lock",
+    "institutions",
+    "discover",
+    "plan",
+    "deidentify",
+    "normalise",
+    "reports",
+    "entities",
+    "assemble",
+    "retrieval",
+    "ledger",
+    "quality",
+    "snapshot",
+    "release_lock",
+)
 #: task-instance states after which a task does not run again in this run
 FINISHED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 #: stages whose work is counted in files (the plan's DICOM files)
@@ -134,13 +148,18 @@ def stage_progress(rows: Iterable[TaskRow], files: dict[tuple[str, int], int]) -
         done_files = sum(files.get((stage, t.map_index), 0) for t in finished)
         starts = [t.start for t in tis if t.start is not None]
         ends = [t.end for t in finished if t.end is not None]
-        out.append(StageProgress(
-            stage=stage, tasks_done=len(finished), tasks_total=len(tis),
-            failed=sum(_short(t.state) in ("failed", "upstream_failed") for t in tis),
-            files_done=done_files if counted else None,
-            files_total=sum(known) if counted and len(known) == len(tis) and expanded else None,
-            started=min(starts) if starts else None, ended=max(ends) if ends else None,
-        ))
+        out.append(
+            StageProgress(
+                stage=stage,
+                tasks_done=len(finished),
+                tasks_total=len(tis),
+                failed=sum(_short(t.state) in ("failed", "upstream_failed") for t in tis),
+                files_done=done_files if counted else None,
+                files_total=sum(known) if counted and len(known) == len(tis) and expanded else None,
+                started=min(starts) if starts else None,
+                ended=max(ends) if ends else None,
+            )
+        )
     return out
 
 
@@ -148,8 +167,11 @@ def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
-        f"{seconds // 60}:{seconds % 60:02d}"
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
 
 
 def _files(p: StageProgress) -> str:
@@ -180,11 +202,21 @@ def read_task_rows(dag_id: str, run_id: str) -> list[TaskRow]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        rows = session.query(TaskInstance.task_id, TaskInstance.map_index, TaskInstance.state,
-                             TaskInstance.start_date, TaskInstance.end_date).filter(
-            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id).all()
-    return [TaskRow(t, int(m), None if s is None else str(s), a.timestamp() if a else None, b.timestamp() if b else None)
-            for t, m, s, a, b in rows]
+        rows = (
+            session.query(
+                TaskInstance.task_id,
+                TaskInstance.map_index,
+                TaskInstance.state,
+                TaskInstance.start_date,
+                TaskInstance.end_date,
+            )
+            .filter(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)
+            .all()
+        )
+    return [
+        TaskRow(t, int(m), None if s is None else str(s), a.timestamp() if a else None, b.timestamp() if b else None)
+        for t, m, s, a, b in rows
+    ]
 
 
 def find_run_id(dag_id: str, build_lock_token: str) -> str | None:
@@ -262,10 +294,16 @@ class BuildProgress:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn
 
-            self._rich = Progress(TextColumn("{task.description:<13}"), BarColumn(),
-                                  TextColumn("{task.fields[tasks]:>12}"), TextColumn("{task.fields[files]:>16}"),
-                                  TextColumn("{task.fields[rate]:>15}"), TextColumn("{task.fields[eta]}"),
-                                  console=Console(file=self.stream), transient=False)
+            self._rich = Progress(
+                TextColumn("{task.description:<13}"),
+                BarColumn(),
+                TextColumn("{task.fields[tasks]:>12}"),
+                TextColumn("{task.fields[files]:>16}"),
+                TextColumn("{task.fields[rate]:>15}"),
+                TextColumn("{task.fields[eta]}"),
+                console=Console(file=self.stream),
+                transient=False,
+            )
             self._rich.start()
 
     def poll(self, dag_id: str, run_id: str) -> None:
@@ -296,17 +334,19 @@ class BuildProgress:
 
     def _update_rich(self, p: StageProgress, now: float) -> None:
         rate, eta = p.rate(now), p.eta(now)
-        fields = {"tasks": f"{p.tasks_done}/{p.tasks_total} tasks", "files": _files(p),
-                  "rate": f"{rate[0]:.3g} {rate[1]}" if rate else "",
-                  "eta": "done" if p.done else (f"{_duration(eta)} left" if eta is not None else "")}
+        fields = {
+            "tasks": f"{p.tasks_done}/{p.tasks_total} tasks",
+            "files": _files(p),
+            "rate": f"{rate[0]:.3g} {rate[1]}" if rate else "",
+            "eta": "done" if p.done else (f"{_duration(eta)} left" if eta is not None else ""),
+        }
         total = p.files_total if p.files_total else p.tasks_total
         completed = p.files_done if p.files_total else p.tasks_done
         label = p.stage + (" FAILED" if p.failed else "")
         if p.stage not in self._rich_tasks:
             self._rich_tasks[p.stage] = self._rich.add_task(label, total=total, completed=completed, **fields)
         else:
-            self._rich.update(self._rich_tasks[p.stage], description=label, total=total, completed=completed,
-                              **fields)
+            self._rich.update(self._rich_tasks[p.stage], description=label, total=total, completed=completed, **fields)
 
     def watch_thread(self, dag_id: str, build_lock_token: str, interval_s: float = 1.0) -> _Watcher:
         """Poll from a thread while this thread runs ``dag.test()``; the run is found by its lock token."""

@@ -45,22 +45,34 @@ def _progress(total: int, quiet: bool):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    return Progress(TextColumn("annotating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    console=Console(stderr=True), transient=True,
-                    disable=quiet or total < PROGRESS_MIN_LINES)
+    return Progress(
+        TextColumn("annotating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=quiet or total < PROGRESS_MIN_LINES,
+    )
 
 
 @app.command()
 def annotate(
     in_path: Path = typer.Argument(..., metavar="IN.jsonl", help='input: one JSON object {"id", "input"} per line'),
     out_path: Path = typer.Argument(..., metavar="OUT.jsonl", help="output: one annotated JSON object per report"),
-    family: str = typer.Option(DEFAULT_FAMILY, "--family",
-                               help=f"family of lines without 'family'/'modality'/'body_part' ({', '.join(FAMILIES)})"),
+    family: str = typer.Option(
+        DEFAULT_FAMILY,
+        "--family",
+        help=f"family of lines without 'family'/'modality'/'body_part' ({', '.join(FAMILIES)})",
+    ),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="list bad lines in <OUT>.errors.jsonl instead of failing"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar, no summary line"),
-    language: str = typer.Option("en", "--language",
-                                 help="the site's report language (ISO 639-1): a default for texts too short or mixed "
-                                      "to tell, not a fact; each report's language is identified"),
+    language: str = typer.Option(
+        "en",
+        "--language",
+        help="the site's report language (ISO 639-1): a default for texts too short or mixed "
+        "to tell, not a fact; each report's language is identified",
+    ),
 ) -> None:
     """De-identify, section and extract ontology entities from every report of a JSONL file.
 
@@ -125,6 +137,7 @@ def annotate(
     if not quiet:
         skipped = f", {len(bad)} bad line(s) listed in {errors_path(out_path)}" if skip_bad else ""
         held = sum(withheld.values())
-        held_note = (f", {held} withheld (" + ", ".join(f"{k}={v}" for k, v in sorted(withheld.items())) + ")"
-                     if held else "")
+        held_note = (
+            f", {held} withheld (" + ", ".join(f"{k}={v}" for k, v in sorted(withheld.items())) + ")" if held else ""
+        )
         typer.echo(f"annotated {written - held} report(s) -> {out_path}{held_note}{skipped}")

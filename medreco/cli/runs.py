@@ -83,18 +83,31 @@ def list_runs(storage: Any = None, dag_id: str = BUILD_DAG, limit: int = 20) -> 
 
     out = []
     with create_session() as session:
-        runs = (session.query(DagRun).filter(DagRun.dag_id == dag_id)
-                .order_by(DagRun.start_date.desc()).limit(limit).all())
+        runs = (
+            session.query(DagRun).filter(DagRun.dag_id == dag_id).order_by(DagRun.start_date.desc()).limit(limit).all()
+        )
         for r in runs:
-            states = [_state(s) for (s,) in session.query(TaskInstance.state).filter(
-                TaskInstance.dag_id == dag_id, TaskInstance.run_id == r.run_id).all()]
+            states = [
+                _state(s)
+                for (s,) in session.query(TaskInstance.state)
+                .filter(TaskInstance.dag_id == dag_id, TaskInstance.run_id == r.run_id)
+                .all()
+            ]
             files: dict[str, int] = {}
             summary = zones.run_summary(safe_run_id(r.run_id))
             if storage is not None and storage.is_file(summary):
                 led = json.loads(storage.read_text(summary)).get("ledger", {})
                 files = {k: int(led.get(k, 0)) for k in ("ingested", "quarantined", "duplicate", "skipped")}
-            out.append(RunRow(r.run_id, _state(r.state), r.start_date, r.end_date,
-                              {s: states.count(s) for s in sorted(set(states))}, files))
+            out.append(
+                RunRow(
+                    r.run_id,
+                    _state(r.state),
+                    r.start_date,
+                    r.end_date,
+                    {s: states.count(s) for s in sorted(set(states))},
+                    files,
+                )
+            )
     return out
 
 
@@ -114,8 +127,16 @@ def run_tasks(run_id: str, dag_id: str = BUILD_DAG) -> list[TaskRow]:
         if not session.query(DagRun).filter(DagRun.dag_id == dag_id, DagRun.run_id == run_id).count():
             raise RunHistoryError("unknown_run", f"no run {run_id!r} of {dag_id} (medreco runs lists them)")
         tis = session.query(TaskInstance).filter(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id).all()
-        rows = [TaskRow(ti.task_id, int(ti.map_index), _state(ti.state), int(ti.try_number or 0),
-                        float(ti.duration) if ti.duration is not None else None) for ti in tis]
+        rows = [
+            TaskRow(
+                ti.task_id,
+                int(ti.map_index),
+                _state(ti.state),
+                int(ti.try_number or 0),
+                float(ti.duration) if ti.duration is not None else None,
+            )
+            for ti in tis
+        ]
         order = {ti.task_id: ti.start_date for ti in tis}
     far = datetime.max.replace(tzinfo=None)
     return sorted(rows, key=lambda t: (_naive(order.get(t.task_id)) or far, t.task_id, t.map_index))
@@ -125,8 +146,7 @@ def _naive(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=None) if value is not None else None
 
 
-def task_logs(airflow_home: str | Path, run_id: str, task_id: str | None = None,
-              dag_id: str = BUILD_DAG) -> list[Path]:
+def task_logs(airflow_home: str | Path, run_id: str, task_id: str | None = None, dag_id: str = BUILD_DAG) -> list[Path]:
     """Log files of a run (or of one of its tasks), in path order: Airflow's per-task files, else the run's whole
     log (``run.log``, a ``dag.test()`` run).
 
@@ -145,8 +165,11 @@ def task_logs(airflow_home: str | Path, run_id: str, task_id: str | None = None,
         if not per_task and (folder / RUN_LOG).is_file():
             return [folder / RUN_LOG]  # one log for the whole dag.test() run
         known = sorted({p.parts[len(folder.parts)].removeprefix("task_id=") for p in per_task})
-        raise RunHistoryError("unknown_task", f"no log of task {task_id!r} in run {run_id}"
-                              + (f" (tasks with logs: {', '.join(known)})" if known else ""))
+        raise RunHistoryError(
+            "unknown_task",
+            f"no log of task {task_id!r} in run {run_id}"
+            + (f" (tasks with logs: {', '.join(known)})" if known else ""),
+        )
     if per_task:
         return per_task
     if (folder / RUN_LOG).is_file():
@@ -187,15 +210,35 @@ def format_runs(rows: list[RunRow]) -> list[str]:
     lines = ["\t".join(("run_id", "state", "start_utc", "duration_s", "tasks", "ingested", "quarantined"))]
     for r in rows:
         tasks = ", ".join(f"{s} {n}" for s, n in r.tasks.items()) or "-"
-        lines.append("\t".join((r.run_id, r.state, r.start.strftime("%Y-%m-%d %H:%M:%S") if r.start else "-",
-                                f"{r.duration_s:.1f}" if r.duration_s is not None else "-", tasks,
-                                str(r.files.get("ingested", "-")), str(r.files.get("quarantined", "-")))))
+        lines.append(
+            "\t".join(
+                (
+                    r.run_id,
+                    r.state,
+                    r.start.strftime("%Y-%m-%d %H:%M:%S") if r.start else "-",
+                    f"{r.duration_s:.1f}" if r.duration_s is not None else "-",
+                    tasks,
+                    str(r.files.get("ingested", "-")),
+                    str(r.files.get("quarantined", "-")),
+                )
+            )
+        )
     return lines
 
 
 def format_tasks(rows: list[TaskRow]) -> list[str]:
     """``medreco runs RUN``: a header and one line per task instance."""
     lines = ["\t".join(("task_id", "map_index", "state", "try", "duration_s"))]
-    lines += ["\t".join((t.task_id, str(t.map_index), t.state, str(t.try_number),
-                         f"{t.duration_s:.1f}" if t.duration_s is not None else "-")) for t in rows]
+    lines += [
+        "\t".join(
+            (
+                t.task_id,
+                str(t.map_index),
+                t.state,
+                str(t.try_number),
+                f"{t.duration_s:.1f}" if t.duration_s is not None else "-",
+            )
+        )
+        for t in rows
+    ]
     return lines

@@ -67,30 +67,32 @@ def component_env(workers: int, api_port: int, config_path: str) -> dict[str, st
     """
     env = dict(os.environ)
     path = [str(PROJECT_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    env.update({
-        "PYTHONPATH": os.pathsep.join(dict.fromkeys(path)),
-        CONFIG_ENV: config_path,
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": str(workers),
-        "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(workers),
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(api_port),
-        "AIRFLOW__API__WORKERS": "1",
-        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),  # shared by the token issuer and the API only
-        "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
-        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-        # a task's supervisor (in the worker) often sees its task's sockets close before the process is
-        # reaped, then waits in a select() on no socket for up to this many seconds before it notices the
-        # exit, and the worker takes no other task meanwhile: at the default 5, 10 of 18 tasks of a build kept
-        # their worker 5.1 s past their end (LocalExecutor; Airflow 3.3.2, task SDK 1.3.2). 1 s is the least
-        # the setting takes (an integer); it is also the interval of the tasks' heartbeats to the API.
-        "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": str(MIN_HEARTBEAT_INTERVAL_S),
-        # the scheduler sleeps this long after a loop that queued and finished nothing: the latency from a
-        # task's end to the queuing of the next (the barrier between two stages)
-        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": str(SCHEDULER_IDLE_SLEEP_S),
-    })
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys(path)),
+            CONFIG_ENV: config_path,
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(workers),
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(workers),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(api_port),
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),  # shared by the token issuer and the API only
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            # a task's supervisor (in the worker) often sees its task's sockets close before the process is
+            # reaped, then waits in a select() on no socket for up to this many seconds before it notices the
+            # exit, and the worker takes no other task meanwhile: at the default 5, 10 of 18 tasks of a build kept
+            # their worker 5.1 s past their end (LocalExecutor; Airflow 3.3.2, task SDK 1.3.2). 1 s is the least
+            # the setting takes (an integer); it is also the interval of the tasks' heartbeats to the API.
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": str(MIN_HEARTBEAT_INTERVAL_S),
+            # the scheduler sleeps this long after a loop that queued and finished nothing: the latency from a
+            # task's end to the queuing of the next (the barrier between two stages)
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": str(SCHEDULER_IDLE_SLEEP_S),
+        }
+    )
     return env
 
 
@@ -140,8 +142,12 @@ def unfinished_runs(dag_id: str) -> list[str]:
     from airflow.utils.state import DagRunState
 
     with create_session() as session:
-        return [r.run_id for r in session.query(DagRun).filter(
-            DagRun.dag_id == dag_id, DagRun.state.in_([DagRunState.RUNNING, DagRunState.QUEUED]))]
+        return [
+            r.run_id
+            for r in session.query(DagRun).filter(
+                DagRun.dag_id == dag_id, DagRun.state.in_([DagRunState.RUNNING, DagRunState.QUEUED])
+            )
+        ]
 
 
 def fail_run(dag_id: str, run_id: str) -> None:
@@ -152,8 +158,13 @@ def fail_run(dag_id: str, run_id: str) -> None:
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState, TaskInstanceState
 
-    finished = [TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, TaskInstanceState.SKIPPED,
-                TaskInstanceState.UPSTREAM_FAILED, TaskInstanceState.REMOVED]
+    finished = [
+        TaskInstanceState.SUCCESS,
+        TaskInstanceState.FAILED,
+        TaskInstanceState.SKIPPED,
+        TaskInstanceState.UPSTREAM_FAILED,
+        TaskInstanceState.REMOVED,
+    ]
     with create_session() as session:
         run = session.query(DagRun).filter(DagRun.dag_id == dag_id, DagRun.run_id == run_id).one_or_none()
         if run is None or str(run.state).rsplit(".", 1)[-1] in ("success", "failed"):
@@ -172,8 +183,15 @@ def _api_up(port: int) -> bool:
         return False
 
 
-def run_scheduled(dag_id: str, conf: dict, workers: int, config_path: str, log_dir: Path,
-                  on_poll: Callable[[str], None] | None = None, timeout_s: float | None = None) -> tuple[str, str]:
+def run_scheduled(
+    dag_id: str,
+    conf: dict,
+    workers: int,
+    config_path: str,
+    log_dir: Path,
+    on_poll: Callable[[str], None] | None = None,
+    timeout_s: float | None = None,
+) -> tuple[str, str]:
     """Trigger one run of ``dag_id`` and let a real scheduler (LocalExecutor, ``workers`` processes) run it.
 
     Parameters
@@ -219,25 +237,43 @@ def run_scheduled(dag_id: str, conf: dict, workers: int, config_path: str, log_d
         raise ScheduledRunError(
             f"{dag_id} has runs still marked running or queued in the metadata database ({', '.join(stale)}): a "
             f"scheduled run would wait behind them (max_active_runs=1). If no build is running, mark them failed "
-            f"(`airflow dags list-runs {dag_id}`, then the UI or the REST API) or use --workers 1")
+            f"(`airflow dags list-runs {dag_id}`, then the UI or the REST API) or use --workers 1"
+        )
     run_id = f"manual__medreco_run_{time.strftime('%Y%m%dT%H%M%S')}_{secrets.token_hex(3)}"
     was_paused = _set_paused(dag_id, False)
     state: str | None = None
     try:
-        groups.start("api-server", [*airflow, "api-server", "--host", "127.0.0.1", "--port", str(api_port),
-                                    "--workers", "1", "--apps", "execution"], env)
+        groups.start(
+            "api-server",
+            [
+                *airflow,
+                "api-server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(api_port),
+                "--workers",
+                "1",
+                "--apps",
+                "execution",
+            ],
+            env,
+        )
         # warm: the LocalExecutor's workers and their task runners are forks of the scheduler (medreco.cli.warm_scheduler)
-        groups.start("scheduler", [sys.executable, "-m", "medreco.cli.warm_scheduler", "scheduler", "--skip-serve-logs"],
-                     env)
+        groups.start(
+            "scheduler", [sys.executable, "-m", "medreco.cli.warm_scheduler", "scheduler", "--skip-serve-logs"], env
+        )
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not _api_up(api_port):
             _check_alive(groups)
             if time.monotonic() > deadline:
-                raise ScheduledRunError(f"the api-server did not answer within {STARTUP_TIMEOUT_S:.0f} s; "
-                                        f"log: {log_dir / 'api-server.log'}")
+                raise ScheduledRunError(
+                    f"the api-server did not answer within {STARTUP_TIMEOUT_S:.0f} s; log: {log_dir / 'api-server.log'}"
+                )
             time.sleep(0.5)
-        trigger_dag(dag_id, run_id=run_id, conf=conf, triggered_by=DagRunTriggeredByType.CLI,
-                    triggering_user_name="medreco run")
+        trigger_dag(
+            dag_id, run_id=run_id, conf=conf, triggered_by=DagRunTriggeredByType.CLI, triggering_user_name="medreco run"
+        )
         t0 = time.monotonic()
         while True:
             state = _run_state(dag_id, run_id)
@@ -259,8 +295,10 @@ def run_scheduled(dag_id: str, conf: dict, workers: int, config_path: str, log_d
             if state is None or state.rsplit(".", 1)[-1] not in ("success", "failed"):
                 fail_run(dag_id, run_id)  # interrupted or a component failed: do not leave it "running"
         if left:
-            raise ScheduledRunError("processes survived the stop: " + "; ".join(
-                f"{name}: pids {', '.join(map(str, pids))}" for name, pids in left.items()))
+            raise ScheduledRunError(
+                "processes survived the stop: "
+                + "; ".join(f"{name}: pids {', '.join(map(str, pids))}" for name, pids in left.items())
+            )
     return run_id, state.rsplit(".", 1)[-1]
 
 
@@ -268,5 +306,7 @@ def _check_alive(groups: ProcessGroups) -> None:
     dead = groups.exited()
     if dead:
         name, code = next(iter(dead.items()))
-        raise ScheduledRunError(f"airflow {name} exited with status {code}; last lines of "
-                                f"{groups.log_dir / (name + '.log')}:\n{groups.log_tail(name)}")
+        raise ScheduledRunError(
+            f"airflow {name} exited with status {code}; last lines of "
+            f"{groups.log_dir / (name + '.log')}:\n{groups.log_tail(name)}"
+        )

@@ -13,7 +13,9 @@ import typer
 
 from schemas.config import default_config_path
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="train the encoder or the VLM on a snapshot")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="train the encoder or the VLM on a snapshot"
+)
 
 
 def _run(kind: str, snapshot: str | None, config: Path | None, launcher: str | None, pipeline_config: Path) -> None:
@@ -25,32 +27,58 @@ def _run(kind: str, snapshot: str | None, config: Path | None, launcher: str | N
         typer.echo(f"error: {type(err).__name__}: {err}", err=True)
         raise typer.Exit(1) from None
     if handle["status"] == "failed":
-        typer.echo(f"error: {kind} job failed: {' | '.join(handle.get('stderr_tail') or [handle.get('reason', '')])}",
-                   err=True)
+        typer.echo(
+            f"error: {kind} job failed: {' | '.join(handle.get('stderr_tail') or [handle.get('reason', '')])}", err=True
+        )
         raise typer.Exit(1)
     if handle["status"] in ("succeeded", "disabled"):
         record_runs(pipeline_config, [handle])
-    typer.echo(json.dumps({k: handle.get(k) for k in ("job", "launcher", "status", "snapshot_version", "content_hash",
-                                                      "name", "lineage", "summary")}, sort_keys=True))
+    typer.echo(
+        json.dumps(
+            {
+                k: handle.get(k)
+                for k in ("job", "launcher", "status", "snapshot_version", "content_hash", "name", "lineage", "summary")
+            },
+            sort_keys=True,
+        )
+    )
 
 
 _SNAPSHOT = typer.Option(None, "--snapshot", help="snapshot version (default: the latest)")
-_CONFIG = typer.Option(None, "--config", exists=True, dir_okay=False,
-                       help="job config YAML (default: the pipeline's training.<job>_config)")
+_CONFIG = typer.Option(
+    None,
+    "--config",
+    exists=True,
+    dir_okay=False,
+    help="job config YAML (default: the pipeline's training.<job>_config)",
+)
 _LAUNCHER = typer.Option(None, "--launcher", help="local | kubernetes | sagemaker (default: configured)")
-_PIPELINE = typer.Option(default_config_path(), "--pipeline-config", exists=True, dir_okay=False,
-                         help="pipeline config (storage root, launcher)")
+_PIPELINE = typer.Option(
+    default_config_path(),
+    "--pipeline-config",
+    exists=True,
+    dir_okay=False,
+    help="pipeline config (storage root, launcher)",
+)
 
 
 @app.command("encoder")
-def encoder(snapshot: str | None = _SNAPSHOT, config: Path | None = _CONFIG, launcher: str | None = _LAUNCHER,
-            pipeline_config: Path = _PIPELINE) -> None:
+def encoder(
+    snapshot: str | None = _SNAPSHOT,
+    config: Path | None = _CONFIG,
+    launcher: str | None = _LAUNCHER,
+    pipeline_config: Path = _PIPELINE,
+) -> None:
     """Train the entity-aware image encoder on a snapshot."""
     _run("encoder", snapshot, config, launcher, pipeline_config)
 
 
 @app.command("vlm")
-def vlm(snapshot: str | None = _SNAPSHOT, config: Path | None = _CONFIG, launcher: str | None = _LAUNCHER,
-        pipeline_config: Path = _PIPELINE) -> None:
+def vlm(
+    snapshot: str | None = _SNAPSHOT,
+    config: Path | None = _CONFIG,
+    launcher: str | None = _LAUNCHER,
+    pipeline_config: Path = _PIPELINE,
+) -> None:
     """Train the comparative vision-language model on a snapshot."""
     _run("vlm", snapshot, config, launcher, pipeline_config)

@@ -28,8 +28,13 @@ def main(argv: list[str]) -> int:
         if not m or r["private_disposition"].strip().lower() != "k" or vr in ("SQ", "UN", "PN", ""):
             continue
         group, creator, element = m.group(1).upper(), m.group(2).strip(), m.group(3).upper()
-        rows[(creator.upper(), group, element)] = {"private_creator": creator, "group": group, "element": element,
-                                                   "vr": vr, "name": r["tag_name"].strip()}
+        rows[(creator.upper(), group, element)] = {
+            "private_creator": creator,
+            "group": group,
+            "element": element,
+            "vr": vr,
+            "name": r["tag_name"].strip(),
+        }
     out = HERE / "safe_private_tcia.csv"
     with out.open("w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=["private_creator", "group", "element", "vr", "name"])

@@ -61,8 +61,9 @@ class OntologyError(ReasonCodedError, ValueError):
     """A language file does not fit the ontology (``reason``: ``invalid_synonyms``)."""
 
 
-def language_search_path(search_path: str | Path | list | tuple | None = None,
-                         packaged: Path | None = None) -> tuple[Path, ...]:
+def language_search_path(
+    search_path: str | Path | list | tuple | None = None, packaged: Path | None = None
+) -> tuple[Path, ...]:
     """Directories searched, in order, for per-language data files (``synonyms_<lang>.json``,
     ``context_rules_<lang>.json``, ``section_rules_<lang>.json``, ``descriptor_rules_<lang>.json``).
 
@@ -146,14 +147,15 @@ def _load_ontology(path: str | None, search_path: tuple[Path, ...]) -> Ontology:
     seen: set[str] = set()
     for d in search_path:
         for file in sorted(d.glob("synonyms_*.json")):
-            lang = file.stem[len("synonyms_"):]
+            lang = file.stem[len("synonyms_") :]
             if lang in seen or not _LANGUAGE_CODE.match(lang):
                 continue
             seen.add(lang)
             try:
                 extra = json.loads(file.read_text(encoding="utf-8"))
                 if not isinstance(extra, dict) or not all(
-                        isinstance(v, list) and all(isinstance(x, str) for x in v) for v in extra.values()):
+                    isinstance(v, list) and all(isinstance(x, str) for x in v) for v in extra.values()
+                ):
                     raise ValueError("expected {concept_id: [phrase, ...]}")
             except ValueError as exc:
                 raise OntologyError("invalid_synonyms", f"{file}: {exc}") from exc
@@ -191,8 +193,10 @@ def _body_part_rules() -> list[tuple[str, re.Pattern[str]]]:
     import yaml
 
     rules = yaml.safe_load(BODY_PART_KEYWORDS_FILE.read_text())
-    return [(code, re.compile(r"(?<![a-z])(?:" + "|".join(map(re.escape, words)) + r")(?![a-z])", re.IGNORECASE))
-            for code, words in rules.items()]
+    return [
+        (code, re.compile(r"(?<![a-z])(?:" + "|".join(map(re.escape, words)) + r")(?![a-z])", re.IGNORECASE))
+        for code, words in rules.items()
+    ]
 
 
 def infer_body_part(body_part_examined: str | None, descriptions: list[str | None]) -> str | None:
@@ -232,9 +236,16 @@ def _family_rules() -> tuple[tuple[str, frozenset[str], bool, bool, frozenset[st
     for family, r in data["families"].items():
         if family not in FAMILIES:
             raise ValueError(f"{BODY_PART_FAMILIES_FILE.name}: unknown family {family}")
-        rules.append((family, frozenset(m.upper() for m in r["modalities"]), bool(r.get("empty_body_part")),
-                      bool(r.get("any_body_part")), frozenset(_normalise_body_part(t) for t in r.get("terms", [])),
-                      frozenset(w.upper() for w in r.get("words", []))))
+        rules.append(
+            (
+                family,
+                frozenset(m.upper() for m in r["modalities"]),
+                bool(r.get("empty_body_part")),
+                bool(r.get("any_body_part")),
+                frozenset(_normalise_body_part(t) for t in r.get("terms", [])),
+                frozenset(w.upper() for w in r.get("words", [])),
+            )
+        )
     return tuple(rules)
 
 

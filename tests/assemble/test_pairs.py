@@ -47,9 +47,7 @@ def frontal(*keys: str) -> pl.DataFrame:
 
 
 def keys(table) -> list[tuple[str, str]]:
-    return sorted(
-        zip(table["prior_study_key"].to_pylist(), table["current_study_key"].to_pylist(), strict=True)
-    )
+    return sorted(zip(table["prior_study_key"].to_pylist(), table["current_study_key"].to_pylist(), strict=True))
 
 
 def test_single_study_gives_no_pair():
@@ -66,9 +64,7 @@ def test_empty_frames_give_empty_table_of_schema():
 
 
 def test_three_studies_give_two_consecutive_pairs():
-    s = studies(
-        ("s1", "p1", "2D-CXR", "CR", 0), ("s2", "p1", "2D-CXR", "DX", 10), ("s3", "p1", "2D-CXR", "DX", 30)
-    )
+    s = studies(("s1", "p1", "2D-CXR", "CR", 0), ("s2", "p1", "2D-CXR", "DX", 10), ("s3", "p1", "2D-CXR", "DX", 30))
     t = build_pairs(s, NO_LABELS, frontal("s1", "s2", "s3"), CFG)
     assert keys(t) == [("s1", "s2"), ("s2", "s3")]
     rows = {r["current_study_key"]: r for r in t.to_pylist()}
@@ -103,9 +99,7 @@ def test_same_time_studies_do_not_pair_with_min_gap_zero():
 
 
 def test_lateral_only_cxr_excluded_and_view_choice():
-    s = studies(
-        ("s1", "p1", "2D-CXR", "DX", 0), ("s2", "p1", "2D-CXR", "DX", 5), ("s3", "p1", "2D-CXR", "DX", 9)
-    )
+    s = studies(("s1", "p1", "2D-CXR", "DX", 0), ("s2", "p1", "2D-CXR", "DX", 5), ("s3", "p1", "2D-CXR", "DX", 9))
     img = images(("s1", "PA"), ("s1", "LATERAL"), ("s2", "LATERAL"), ("s3", "LATERAL"), ("s3", "AP"))
     t = build_pairs(s, NO_LABELS, img, CFG)
     assert keys(t) == [("s1", "s3")]
@@ -178,9 +172,7 @@ def test_stated_and_derived_changes_and_conflicts():
         ("F016", "new", "state_difference"),
         ("F024", "unchanged", "state_difference"),
     }
-    assert [c["entity_id"] for c in row["change_labels"]] == sorted(
-        c["entity_id"] for c in row["change_labels"]
-    )
+    assert [c["entity_id"] for c in row["change_labels"]] == sorted(c["entity_id"] for c in row["change_labels"])
     assert row["n_conflicts"] == 2
 
 
@@ -277,9 +269,7 @@ def test_patient_in_two_shards_raises():
 
 
 def test_null_datetime_falls_back_to_shifted_date():
-    s = studies(
-        ("s1", "p1", "2D-CXR", "DX", 0), ("s2", "p1", "2D-CXR", "DX", 12), ("s3", "p1", "2D-CXR", "DX", 30)
-    )
+    s = studies(("s1", "p1", "2D-CXR", "DX", 0), ("s2", "p1", "2D-CXR", "DX", 12), ("s3", "p1", "2D-CXR", "DX", 30))
     s = s.with_columns(
         study_datetime=pl.when(pl.col("study_key") == "s2").then(None).otherwise(pl.col("study_datetime")),
         study_date_shifted=pl.Series([None, (T0 + timedelta(days=12)).date(), None], dtype=pl.Date),
@@ -305,16 +295,22 @@ def _real_studies(folders: list[Path]) -> pl.DataFrame:
     rows = {}
     for f in sorted(p for d in folders for p in d.rglob("*.dcm")):
         ds = pydicom.dcmread(f, stop_before_pixels=True)
-        bp = infer_body_part(str(ds.get("BodyPartExamined", "") or ""),
-                             [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")])
-        rows.setdefault(ds.StudyInstanceUID, (ds.StudyInstanceUID, ds.PatientID, modality_family(ds.Modality, bp),
-                                              ds.Modality, _study_datetime(ds), 0))
+        bp = infer_body_part(
+            str(ds.get("BodyPartExamined", "") or ""),
+            [str(ds.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")],
+        )
+        rows.setdefault(
+            ds.StudyInstanceUID,
+            (ds.StudyInstanceUID, ds.PatientID, modality_family(ds.Modality, bp), ds.Modality, _study_datetime(ds), 0),
+        )
     return pl.DataFrame(list(rows.values()), schema=STUDY_SCHEMA, orient="row")
 
 
 def test_real_longitudinal_chest_ct_pairs_and_intervals():
     """COVID-19-NY-SBU (6 patients x 2 chest CT dates) and the Orthanc patient with 2 studies 4.5 years apart."""
-    st = _real_studies([SHARED / "longitudinal-chest-ct-covid19-ny-sbu", SHARED / "chest-ct" / "patient_with_2_studies"])
+    st = _real_studies(
+        [SHARED / "longitudinal-chest-ct-covid19-ny-sbu", SHARED / "chest-ct" / "patient_with_2_studies"]
+    )
     assert st.height == 14 and set(st["family"].to_list()) == {"3D-CT"}
     t = build_pairs(st, NO_LABELS, images(), CFG)
     gaps = dict(zip(t["patient_key"].to_pylist(), t["gap_days"].to_pylist(), strict=True))
@@ -342,10 +338,29 @@ def test_hand_made_archive_with_exact_pairs():
         ("m2", "p4", "2D-CXR", "CR", 40),  # lateral only: not a frontal study
         ("m3", "p4", "2D-CXR", "CR", 100),
     )
-    img = images(("solo", "PA"), ("d1", "AP"), ("d2", "PA"), ("d3", "PA"), ("d3", "LATERAL"), ("o1", None),
-                 ("o2", None), ("o3", None), ("m1", "PA"), ("m1", "LATERAL"), ("m2", "LATERAL"), ("m3", "AP"),
-                 ("m3", "LATERAL"))
+    img = images(
+        ("solo", "PA"),
+        ("d1", "AP"),
+        ("d2", "PA"),
+        ("d3", "PA"),
+        ("d3", "LATERAL"),
+        ("o1", None),
+        ("o2", None),
+        ("o3", None),
+        ("m1", "PA"),
+        ("m1", "LATERAL"),
+        ("m2", "LATERAL"),
+        ("m3", "AP"),
+        ("m3", "LATERAL"),
+    )
     t = build_pairs(s, NO_LABELS, img, CFG)
-    got = sorted(zip(t["prior_study_key"].to_pylist(), t["current_study_key"].to_pylist(), t["gap_days"].to_pylist(),
-                     t["view"].to_pylist(), strict=True))
+    got = sorted(
+        zip(
+            t["prior_study_key"].to_pylist(),
+            t["current_study_key"].to_pylist(),
+            t["gap_days"].to_pylist(),
+            t["view"].to_pylist(),
+            strict=True,
+        )
+    )
     assert got == [("d2", "d3", 2, "PA"), ("m1", "m3", 100, "AP"), ("o2", "o3", 90, None)]

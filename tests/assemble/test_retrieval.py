@@ -19,23 +19,43 @@ from schemas.retrieval_targets import SCHEMA
 
 SIM = load_similarity()
 CFG = RetrievalConfig()
-LAB = {"study_key": pl.Utf8, "patient_key": pl.Utf8, "family": pl.Utf8, "entity_id": pl.Utf8, "state": pl.Utf8,
-       "change": pl.Utf8, "shard": pl.Int32}
-MEN = {"mention_id": pl.Utf8, "study_key": pl.Utf8, "entity_id": pl.Utf8, "assertion": pl.Utf8,
-       "temporality": pl.Utf8, "section": pl.Utf8, "laterality": pl.Utf8, "severity": pl.Utf8,
-       "anatomy_id": pl.Utf8, "span_start": pl.Int32}
+LAB = {
+    "study_key": pl.Utf8,
+    "patient_key": pl.Utf8,
+    "family": pl.Utf8,
+    "entity_id": pl.Utf8,
+    "state": pl.Utf8,
+    "change": pl.Utf8,
+    "shard": pl.Int32,
+}
+MEN = {
+    "mention_id": pl.Utf8,
+    "study_key": pl.Utf8,
+    "entity_id": pl.Utf8,
+    "assertion": pl.Utf8,
+    "temporality": pl.Utf8,
+    "section": pl.Utf8,
+    "laterality": pl.Utf8,
+    "severity": pl.Utf8,
+    "anatomy_id": pl.Utf8,
+    "span_start": pl.Int32,
+}
 
 
 def labels(*rows):
     """rows: (study_key, patient_key, state, change); family 2D-CXR, entity F029, shard = patient number."""
-    return pl.DataFrame([(s, p, "2D-CXR", "F029", st, ch, int(p[1:])) for s, p, st, ch in rows], schema=LAB,
-                        orient="row")
+    return pl.DataFrame(
+        [(s, p, "2D-CXR", "F029", st, ch, int(p[1:])) for s, p, st, ch in rows], schema=LAB, orient="row"
+    )
 
 
 def mentions(*rows):
     """rows: (mention_id, study_key, assertion, section, laterality, severity, span_start)."""
-    return pl.DataFrame([(m, s, "F029", a, "current", sec, lat, sev, "A009", pos)
-                         for m, s, a, sec, lat, sev, pos in rows], schema=MEN, orient="row")
+    return pl.DataFrame(
+        [(m, s, "F029", a, "current", sec, lat, sev, "A009", pos) for m, s, a, sec, lat, sev, pos in rows],
+        schema=MEN,
+        orient="row",
+    )
 
 
 def splits(mapping):
@@ -43,8 +63,9 @@ def splits(mapping):
 
 
 def rows(t):
-    return [(r["query_study_key"], r["candidate_study_key"], r["rank"], round(r["relevance"], 4))
-            for r in t.to_pylist()]
+    return [
+        (r["query_study_key"], r["candidate_study_key"], r["rank"], round(r["relevance"], 4)) for r in t.to_pylist()
+    ]
 
 
 def test_attribute_distances_follow_the_data_file():
@@ -72,15 +93,23 @@ def test_relevance_formula():
 
 
 def test_exact_targets_small_archive():
-    lab = labels(("a1", "p1", "present", "none"), ("a2", "p1", "present", "none"),
-                 ("b1", "p2", "present", "none"), ("c1", "p3", "present", "none"),
-                 ("d1", "p4", "present", "none"), ("e1", "p5", "absent", "none"), ("t1", "p6", "present", "none"))
-    men = mentions(("m1", "a1", "present", "impression", "left", None, 5),
-                   ("m2", "a2", "present", "findings", "left", None, 5),
-                   ("m3", "b1", "present", "impression", "left", None, 9),
-                   ("m4", "b1", "present", "impression", "right", None, 30),  # later in text: left wins
-                   ("m5", "c1", "present", "findings", "right", None, 3),
-                   ("m6", "d1", "present", "indication", "left", None, 3))  # indication decides nothing
+    lab = labels(
+        ("a1", "p1", "present", "none"),
+        ("a2", "p1", "present", "none"),
+        ("b1", "p2", "present", "none"),
+        ("c1", "p3", "present", "none"),
+        ("d1", "p4", "present", "none"),
+        ("e1", "p5", "absent", "none"),
+        ("t1", "p6", "present", "none"),
+    )
+    men = mentions(
+        ("m1", "a1", "present", "impression", "left", None, 5),
+        ("m2", "a2", "present", "findings", "left", None, 5),
+        ("m3", "b1", "present", "impression", "left", None, 9),
+        ("m4", "b1", "present", "impression", "right", None, 30),  # later in text: left wins
+        ("m5", "c1", "present", "findings", "right", None, 3),
+        ("m6", "d1", "present", "indication", "left", None, 3),
+    )  # indication decides nothing
     sp = splits({"p1": "train", "p2": "train", "p3": "train", "p4": "train", "p5": "train", "p6": "test"})
     t = build_retrieval_targets(lab, men, sp, RetrievalConfig(top_k=3), SIM)
     assert t.schema.equals(SCHEMA, check_metadata=True)
@@ -98,8 +127,10 @@ def test_exact_targets_small_archive():
     assert lg[("a1", "d1")] == 0.75 and ("a1", "c1") not in lg
     assert lg[("c1", "d1")] == 0.75
     ranks = [k for q, c, k, r in rows(loose) if q == "a1"]
-    assert sorted(ranks) == [1, 2] and [c for q, c, k, r in sorted(rows(loose), key=lambda x: x[2])
-                                        if q == "a1"] == ["b1", "d1"]
+    assert sorted(ranks) == [1, 2] and [c for q, c, k, r in sorted(rows(loose), key=lambda x: x[2]) if q == "a1"] == [
+        "b1",
+        "d1",
+    ]
     assert not any(r["split"] != "train" for r in loose.to_pylist())
     assert all(r["query_patient_key"] != r["candidate_patient_key"] for r in loose.to_pylist())
 
@@ -110,8 +141,9 @@ def test_top_k_ring_order_is_deterministic_and_spread():
     sp = splits({f"p{i}": "train" for i in range(n)})
     t = build_retrieval_targets(lab, pl.DataFrame(), sp, RetrievalConfig(top_k=3), SIM)
     assert t.num_rows == 3 * n
-    again = build_retrieval_targets(lab.sample(fraction=1.0, shuffle=True, seed=5), pl.DataFrame(), sp,
-                                    RetrievalConfig(top_k=3), SIM)
+    again = build_retrieval_targets(
+        lab.sample(fraction=1.0, shuffle=True, seed=5), pl.DataFrame(), sp, RetrievalConfig(top_k=3), SIM
+    )
     assert t.equals(again)
     # the ring: candidates are the next 3 studies after the query in H order (wrapping)
     keys = [f"s{i:02d}" for i in range(n)]
@@ -155,8 +187,12 @@ def test_split_check_passes_clean_tables_and_raises_on_leaks():
     t = build_retrieval_targets(lab, pl.DataFrame(), sp, CFG, SIM)
     studies = lab.select("study_key", "patient_key").unique()
     counts = check_split_integrity(sp, studies=studies, retrieval_targets=t)
-    assert counts == {"patients_in_several_splits": 0, "study_patients_without_split": 0,
-                      "retrieval_same_patient": 0, "retrieval_cross_split": 0}
+    assert counts == {
+        "patients_in_several_splits": 0,
+        "study_patients_without_split": 0,
+        "retrieval_same_patient": 0,
+        "retrieval_cross_split": 0,
+    }
     leak = pl.from_arrow(t).with_columns(candidate_patient_key=pl.lit("p5"))  # a test patient behind train queries
     with pytest.raises(SplitLeakError) as err:
         check_split_integrity(sp, retrieval_targets=leak)
@@ -164,8 +200,9 @@ def test_split_check_passes_clean_tables_and_raises_on_leaks():
     with pytest.raises(SplitLeakError) as err:
         check_split_integrity(pl.concat([sp, splits({"p0": "val"})]))
     assert err.value.counts["patients_in_several_splits"] == 1
-    pairs = pl.DataFrame({"pair_id": ["x"], "patient_key": ["p0"], "prior_study_key": ["s0"],
-                          "current_study_key": ["s4"]})
+    pairs = pl.DataFrame(
+        {"pair_id": ["x"], "patient_key": ["p0"], "prior_study_key": ["s0"], "current_study_key": ["s4"]}
+    )
     with pytest.raises(SplitLeakError) as err:
         check_split_integrity(sp, studies=studies, pairs=pairs)
     assert err.value.counts["pairs_cross_patient"] == 1

@@ -33,8 +33,11 @@ def archive():
     spec.loader.exec_module(bench)
     data = bench.generate(600, seed=7)
     studies = data["studies"]
-    splits = pl.from_arrow(assign_splits(studies.select("patient_key", "institution", "shard").unique(),
-                                         SplitConfig(train=0.8, val=0.1, test=0.1)))
+    splits = pl.from_arrow(
+        assign_splits(
+            studies.select("patient_key", "institution", "shard").unique(), SplitConfig(train=0.8, val=0.1, test=0.1)
+        )
+    )
     pairs = build_pairs(studies, data["study_labels"], data["images"], PairingConfig(), max_studies=10**9)
     return data, splits, pairs
 
@@ -68,8 +71,15 @@ def test_pairs_in_shard_groups_equal_one_pass(archive):
 
 def test_vqa_in_shard_groups_equal_one_pass(archive):
     data, splits, pairs = archive
-    args = (pl.from_arrow(pairs), data["study_labels"], data["studies"], splits, VQAConfig(), load_templates(),
-            load_ontology())
+    args = (
+        pl.from_arrow(pairs),
+        data["study_labels"],
+        data["studies"],
+        splits,
+        VQAConfig(),
+        load_templates(),
+        load_ontology(),
+    )
     kw = dict(entity_mentions=data["entity_mentions"], images=data["images"])
     one = build_vqa(*args, **kw, max_studies=10**9)
     grouped = build_vqa(*args, **kw, max_studies=60)
@@ -83,10 +93,18 @@ def test_vqa_in_shard_groups_equal_one_pass(archive):
 def test_case_vqa_in_query_shard_groups_equal_one_pass(archive):
     data, splits, _ = archive
     sim = load_similarity()
-    targets = pl.from_arrow(build_retrieval_targets(data["study_labels"], data["entity_mentions"], splits,
-                                                    RetrievalConfig(), sim))
-    args = (targets, data["study_labels"], data["entity_mentions"], VQAConfig(), load_templates(), load_ontology(),
-            sim["severity"]["ordinal"])
+    targets = pl.from_arrow(
+        build_retrieval_targets(data["study_labels"], data["entity_mentions"], splits, RetrievalConfig(), sim)
+    )
+    args = (
+        targets,
+        data["study_labels"],
+        data["entity_mentions"],
+        VQAConfig(),
+        load_templates(),
+        load_ontology(),
+        sim["severity"]["ordinal"],
+    )
     one = build_case_comparison_vqa(*args, max_queries=10**9)
     grouped = build_case_comparison_vqa(*args, max_queries=25)
     assert one.num_rows > 100
@@ -118,8 +136,9 @@ _ALPHABET = hs.sampled_from(["a", "b", "A", "é", "É", "1", "_", " ", "-", "(",
 
 
 @settings(max_examples=400, deadline=None)
-@given(text=hs.lists(_ALPHABET, max_size=12).map("".join), phrase=hs.lists(_ALPHABET, min_size=1, max_size=4)
-       .map("".join))
+@given(
+    text=hs.lists(_ALPHABET, max_size=12).map("".join), phrase=hs.lists(_ALPHABET, min_size=1, max_size=4).map("".join)
+)
 def test_has_phrase_equals_its_regex_definition(text, phrase):
     expected = bool(re.search(r"(?i)\b" + re.escape(phrase) + r"\b", text))
     assert _has_phrase(text, phrase) is expected

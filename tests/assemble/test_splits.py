@@ -23,9 +23,7 @@ def patients(rows: list[tuple[str, str, int]]) -> pl.DataFrame:
 
 def synthetic(n: int) -> pl.DataFrame:
     insts = ["us-bos-general", "gb-lon-royal", "ie-dub-stjames"]
-    return patients(
-        [(hashlib.sha256(f"p{i}".encode()).hexdigest()[:16], insts[i % 3], i % 4) for i in range(n)]
-    )
+    return patients([(hashlib.sha256(f"p{i}".encode()).hexdigest()[:16], insts[i % 3], i % 4) for i in range(n)])
 
 
 def test_fractions_on_2000_patients_within_3_points():

@@ -137,7 +137,8 @@ def test_location_item_answer_is_findings_anatomy():
     # but its question would give "pleura" away (word stem), so it gets none (nor does F016 "solitary pulmonary
     # nodule" -> "pulmonary parenchyma"); C006 is a condition (no anatomy); F019 is uncertain
     assert [(r["study_key"], r["entity_ids"], r["answer_text"]) for r in locs] == [
-        ("cu", ["F007", "A001"], "pulmonary parenchyma")]
+        ("cu", ["F007", "A001"], "pulmonary parenchyma")
+    ]
     cxr_anatomy = {ONTO.concepts[a].preferred_name.lower() for a in ONTO.families["2D-CXR"]["anatomy"]}
     assert all(set(r["options"]) <= cxr_anatomy for r in locs)
 
@@ -169,10 +170,7 @@ def test_shared_names_are_qualified_and_get_no_location():
     lab = labels([("s1", "F002", "present", "none"), ("s1", "F011", "absent", "none")])
     t = build(st, lab)
     qs = {r["entity_ids"][0]: r["question"] for r in by(t, question_type="presence")}
-    assert (
-        "bone deformity in the ribs" in qs["F002"]
-        and "bone deformity in the thoracic vertebrae" in qs["F011"]
-    )
+    assert "bone deformity in the ribs" in qs["F002"] and "bone deformity in the thoracic vertebrae" in qs["F011"]
     assert by(t, question_type="location") == []
 
 
@@ -236,9 +234,7 @@ def test_two_and_six_options():
     assert set(t5["question_type"].to_pylist()) == {"change", "location"}
     (res,) = by(t5, question_type="change", entity_ids=["C006"])
     assert res["answer_text"] == "resolved" and not {"improved", "decreased"} & set(res["options"])
-    with pytest.raises(
-        VQATemplateError
-    ):  # change: 7 options minus resolved/improved/decreased = 4 distractors
+    with pytest.raises(VQATemplateError):  # change: 7 options minus resolved/improved/decreased = 4 distractors
         build(st, lab, cfg=VQAConfig(n_options=6), templates=chosen)
     only_location = {"question_types": {"location": TEMPLATES["question_types"]["location"]}}
     assert_well_formed(build(st, lab, cfg=VQAConfig(n_options=6), templates=only_location), 6)
@@ -277,10 +273,24 @@ def test_item_id_helper():
 
 def test_template_file_has_required_types():
     assert DEFAULT_TEMPLATES.is_file()
-    assert list(TEMPLATES["question_types"]) == ["change", "comparison_presence", "presence", "location",
-                                                 "case_severity", "case_laterality", "case_presence"]
-    assert list(TEMPLATES["open_ended"]) == ["abnormality", "presence", "view", "location", "level", "type",
-                                             "difference"]
+    assert list(TEMPLATES["question_types"]) == [
+        "change",
+        "comparison_presence",
+        "presence",
+        "location",
+        "case_severity",
+        "case_laterality",
+        "case_presence",
+    ]
+    assert list(TEMPLATES["open_ended"]) == [
+        "abnormality",
+        "presence",
+        "view",
+        "location",
+        "level",
+        "type",
+        "difference",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -326,27 +336,50 @@ def test_load_templates_missing_file(tmp_path):
 
 # ---- open-ended (Medical-Diff-VQA style), yes/no balance, two-case comparison ---------------------------------
 
-MENTION_SCHEMA = {"mention_id": pl.Utf8, "study_key": pl.Utf8, "entity_id": pl.Utf8, "assertion": pl.Utf8,
-                  "temporality": pl.Utf8, "section": pl.Utf8, "laterality": pl.Utf8, "severity": pl.Utf8,
-                  "anatomy_id": pl.Utf8, "span_start": pl.Int32, "text": pl.Utf8}
+MENTION_SCHEMA = {
+    "mention_id": pl.Utf8,
+    "study_key": pl.Utf8,
+    "entity_id": pl.Utf8,
+    "assertion": pl.Utf8,
+    "temporality": pl.Utf8,
+    "section": pl.Utf8,
+    "laterality": pl.Utf8,
+    "severity": pl.Utf8,
+    "anatomy_id": pl.Utf8,
+    "span_start": pl.Int32,
+    "text": pl.Utf8,
+}
 
 
 def mentions(rows: list[tuple]) -> pl.DataFrame:
     """rows: (mention_id, study_key, entity_id, assertion, laterality, severity, text); impression, current."""
-    return pl.DataFrame([(m, s, e, a, "current", "impression", lat, sev, None, 10 * i, txt)
-                         for i, (m, s, e, a, lat, sev, txt) in enumerate(rows)], schema=MENTION_SCHEMA, orient="row")
+    return pl.DataFrame(
+        [
+            (m, s, e, a, "current", "impression", lat, sev, None, 10 * i, txt)
+            for i, (m, s, e, a, lat, sev, txt) in enumerate(rows)
+        ],
+        schema=MENTION_SCHEMA,
+        orient="row",
+    )
 
 
 def open_items(table) -> dict:
-    return {(r["question_type"], r["study_key"] or r["pair_id"], tuple(r["entity_ids"]), r["question"]): r["answer_text"]
-            for r in table.to_pylist() if r["answer_format"] == "open_ended"}
+    return {
+        (r["question_type"], r["study_key"] or r["pair_id"], tuple(r["entity_ids"]), r["question"]): r["answer_text"]
+        for r in table.to_pylist()
+        if r["answer_format"] == "open_ended"
+    }
 
 
 def test_open_ended_answers_from_structured_state():
     st, lab = two_studies()
-    men = mentions([("m1", "cu", "F029", "present", "left", "moderate", "moderate left layering pleural effusion"),
-                    ("m2", "pr", "F029", "present", None, None, "pleural effusion"),
-                    ("m3", "cu", "C006", "absent", None, None, "pneumonia")])
+    men = mentions(
+        [
+            ("m1", "cu", "F029", "present", "left", "moderate", "moderate left layering pleural effusion"),
+            ("m2", "pr", "F029", "present", None, None, "pleural effusion"),
+            ("m3", "cu", "C006", "absent", None, None, "pneumonia"),
+        ]
+    )
     views = pl.DataFrame({"study_key": ["pr", "cu", "cu"], "view": ["PA", "AP", None]})
     pairs = pl.from_arrow(build_pairs(st, lab, frontal(["pr", "cu"]), PairingConfig()))
     cfg = VQAConfig(max_items_per_pair=20)  # every candidate item kept: the cap is tested elsewhere
@@ -363,9 +396,14 @@ def test_open_ended_answers_from_structured_state():
     assert got[("open_difference", pid, ("F029", "C006"))] == "increased pleural effusion; resolved pneumonia"
     views_got = sorted((a, question, ans) for (q, a, _, question), ans in open_items(t).items() if q == "open_view")
     # "Which view" gives PA / AP; "Is this PA/AP view?" yes/no: 2 yes and 2 no, all kept by the balance
-    assert views_got == [("cu", "Is this AP view?", "yes"), ("cu", "Is this PA view?", "no"),
-                         ("cu", "Which view is this image taken?", "AP"), ("pr", "Is this AP view?", "no"),
-                         ("pr", "Is this PA view?", "yes"), ("pr", "Which view is this image taken?", "PA")]
+    assert views_got == [
+        ("cu", "Is this AP view?", "yes"),
+        ("cu", "Is this PA view?", "no"),
+        ("cu", "Which view is this image taken?", "AP"),
+        ("pr", "Is this AP view?", "no"),
+        ("pr", "Is this PA view?", "yes"),
+        ("pr", "Which view is this image taken?", "PA"),
+    ]
     # any-abnormality: "yes" in both studies and no "no": balanced away
     assert not [k for k in got if k[0] == "open_abnormality" and got[k] in ("yes", "no")]
     (m1,) = [r for r in t.to_pylist() if r["question_type"] == "open_level"]
@@ -377,8 +415,16 @@ def test_open_location_answer_is_laterality_and_anatomy():
     st = studies([("s1", "p1", "2D-CXR", "DX", 0)])
     lab = labels([("s1", "F007", "present", "none")])
     men = mentions([("m1", "s1", "F007", "present", "right", None, "right lung consolidation")])
-    t = build_vqa(pl.DataFrame(), lab, st, splits_for(["p1"]), VQAConfig(max_items_per_pair=20), TEMPLATES, ONTO,
-                  entity_mentions=men)
+    t = build_vqa(
+        pl.DataFrame(),
+        lab,
+        st,
+        splits_for(["p1"]),
+        VQAConfig(max_items_per_pair=20),
+        TEMPLATES,
+        ONTO,
+        entity_mentions=men,
+    )
     got = {(q, a, e): ans for (q, a, e, _), ans in open_items(t).items()}
     assert got[("open_location", "s1", ("F007", "A001"))] == "right pulmonary parenchyma"
     (mc,) = by(t, question_type="location")
@@ -391,36 +437,75 @@ def test_open_presence_yes_no_balanced_per_split_and_type():
     t = build(st, lab, split_df=sp)
     for split in ("train", "test"):
         for qtype in ("open_presence",):
-            answers = Counter(r["answer_text"] for r in t.to_pylist()
-                              if r["split"] == split and r["question_type"] == qtype)
+            answers = Counter(
+                r["answer_text"] for r in t.to_pylist() if r["split"] == split and r["question_type"] == qtype
+            )
             assert answers["yes"] == answers["no"] > 0, (split, qtype, answers)
 
 
 def test_balance_yes_no_keeps_smallest_item_ids_of_the_majority():
-    df = pl.DataFrame({"item_id": ["05", "01", "03", "02", "04", "09"], "shard": [1] * 6,
-                       "split": ["train"] * 6, "question_type": ["open_presence"] * 5 + ["open_level"],
-                       "answer_text": ["yes", "yes", "yes", "no", "no", "mild"],
-                       "yes_no": [True] * 5 + [False]})
+    df = pl.DataFrame(
+        {
+            "item_id": ["05", "01", "03", "02", "04", "09"],
+            "shard": [1] * 6,
+            "split": ["train"] * 6,
+            "question_type": ["open_presence"] * 5 + ["open_level"],
+            "answer_text": ["yes", "yes", "yes", "no", "no", "mild"],
+            "yes_no": [True] * 5 + [False],
+        }
+    )
     out = balance_yes_no(df)
     assert out["item_id"].to_list() == ["01", "03", "02", "04", "09"]
 
 
 def test_case_comparison_items_from_retrieval_targets():
     st_lab = pl.DataFrame(
-        [("q", "p1", "2D-CXR", "F029", "present", "none", 0), ("r", "p2", "2D-CXR", "F029", "present", "none", 3),
-         ("q", "p1", "2D-CXR", "C006", "present", "none", 0), ("r", "p2", "2D-CXR", "C006", "absent", "none", 3),
-         ("q", "p1", "2D-CXR", "F019", "uncertain", "none", 0), ("r", "p2", "2D-CXR", "F019", "absent", "none", 3)],
-        schema={"study_key": pl.Utf8, "patient_key": pl.Utf8, "family": pl.Utf8, "entity_id": pl.Utf8,
-                "state": pl.Utf8, "change": pl.Utf8, "shard": pl.Int32}, orient="row")
-    men = mentions([("mq", "q", "F029", "present", "left", "moderate", "moderate left pleural effusion"),
-                    ("mr", "r", "F029", "present", "left", "mild", "mild left pleural effusion"),
-                    ("mc", "q", "C006", "present", None, None, "pneumonia")])
-    rt = pl.DataFrame([("q", "F029", "r", 1, 0.7, "2D-CXR", "present", "p1", "p2", "val", 0),
-                       ("q", "F029", "x", 2, 0.6, "2D-CXR", "present", "p1", "p3", "val", 0)],
-                      schema={"query_study_key": pl.Utf8, "entity_id": pl.Utf8, "candidate_study_key": pl.Utf8,
-                              "rank": pl.Int32, "relevance": pl.Float32, "family": pl.Utf8, "state": pl.Utf8,
-                              "query_patient_key": pl.Utf8, "candidate_patient_key": pl.Utf8, "split": pl.Utf8,
-                              "shard": pl.Int32}, orient="row")
+        [
+            ("q", "p1", "2D-CXR", "F029", "present", "none", 0),
+            ("r", "p2", "2D-CXR", "F029", "present", "none", 3),
+            ("q", "p1", "2D-CXR", "C006", "present", "none", 0),
+            ("r", "p2", "2D-CXR", "C006", "absent", "none", 3),
+            ("q", "p1", "2D-CXR", "F019", "uncertain", "none", 0),
+            ("r", "p2", "2D-CXR", "F019", "absent", "none", 3),
+        ],
+        schema={
+            "study_key": pl.Utf8,
+            "patient_key": pl.Utf8,
+            "family": pl.Utf8,
+            "entity_id": pl.Utf8,
+            "state": pl.Utf8,
+            "change": pl.Utf8,
+            "shard": pl.Int32,
+        },
+        orient="row",
+    )
+    men = mentions(
+        [
+            ("mq", "q", "F029", "present", "left", "moderate", "moderate left pleural effusion"),
+            ("mr", "r", "F029", "present", "left", "mild", "mild left pleural effusion"),
+            ("mc", "q", "C006", "present", None, None, "pneumonia"),
+        ]
+    )
+    rt = pl.DataFrame(
+        [
+            ("q", "F029", "r", 1, 0.7, "2D-CXR", "present", "p1", "p2", "val", 0),
+            ("q", "F029", "x", 2, 0.6, "2D-CXR", "present", "p1", "p3", "val", 0),
+        ],
+        schema={
+            "query_study_key": pl.Utf8,
+            "entity_id": pl.Utf8,
+            "candidate_study_key": pl.Utf8,
+            "rank": pl.Int32,
+            "relevance": pl.Float32,
+            "family": pl.Utf8,
+            "state": pl.Utf8,
+            "query_patient_key": pl.Utf8,
+            "candidate_patient_key": pl.Utf8,
+            "split": pl.Utf8,
+            "shard": pl.Int32,
+        },
+        orient="row",
+    )
     grades = {"trace": 0, "mild": 1, "small": 1, "moderate": 2, "severe": 3, "large": 3}
     t = build_case_comparison_vqa(rt, st_lab, men, CFG, TEMPLATES, ONTO, grades)
     assert t.schema.equals(SCHEMA, check_metadata=True)
@@ -430,7 +515,9 @@ def test_case_comparison_items_from_retrieval_targets():
     assert sev["answer_text"] == "more severe than in the reference case"
     assert lat["answer_text"] == "on the same side as in the reference case"
     assert pres["answer_text"] == "the query case only" and pres["entity_ids"] == ["C006", "F029"]
-    assert sev["reason"] == "Query report: moderate left pleural effusion. Reference report: mild left pleural effusion."
+    assert (
+        sev["reason"] == "Query report: moderate left pleural effusion. Reference report: mild left pleural effusion."
+    )
     assert pres["reason"] == "Query report: pneumonia. Reference report: no pneumonia."
     for r in rows.values():
         assert (r["study_key"], r["reference_study_key"], r["study_keys"]) == ("q", "r", ["r", "q"])
@@ -449,19 +536,44 @@ def test_case_comparison_letters_uniform_over_many_queries():
             rows.append((s, f"p{s}", "2D-CXR", "F029", "present", "none", 0))
             sev_of[s] = sev
         rt.append((f"q{i}", "F029", f"r{i}", 1, 0.8, "2D-CXR", "present", f"pq{i}", f"pr{i}", "train", 0))
-    st_lab = pl.DataFrame(rows, schema={"study_key": pl.Utf8, "patient_key": pl.Utf8, "family": pl.Utf8,
-                                        "entity_id": pl.Utf8, "state": pl.Utf8, "change": pl.Utf8, "shard": pl.Int32},
-                          orient="row")
+    st_lab = pl.DataFrame(
+        rows,
+        schema={
+            "study_key": pl.Utf8,
+            "patient_key": pl.Utf8,
+            "family": pl.Utf8,
+            "entity_id": pl.Utf8,
+            "state": pl.Utf8,
+            "change": pl.Utf8,
+            "shard": pl.Int32,
+        },
+        orient="row",
+    )
     men = mentions([(f"m{s}", s, "F029", "present", None, sev_of[s], "pleural effusion") for s, *_ in rows])
-    rtf = pl.DataFrame(rt, schema={"query_study_key": pl.Utf8, "entity_id": pl.Utf8, "candidate_study_key": pl.Utf8,
-                                   "rank": pl.Int32, "relevance": pl.Float32, "family": pl.Utf8, "state": pl.Utf8,
-                                   "query_patient_key": pl.Utf8, "candidate_patient_key": pl.Utf8, "split": pl.Utf8,
-                                   "shard": pl.Int32}, orient="row")
+    rtf = pl.DataFrame(
+        rt,
+        schema={
+            "query_study_key": pl.Utf8,
+            "entity_id": pl.Utf8,
+            "candidate_study_key": pl.Utf8,
+            "rank": pl.Int32,
+            "relevance": pl.Float32,
+            "family": pl.Utf8,
+            "state": pl.Utf8,
+            "query_patient_key": pl.Utf8,
+            "candidate_patient_key": pl.Utf8,
+            "split": pl.Utf8,
+            "shard": pl.Int32,
+        },
+        orient="row",
+    )
     t = build_case_comparison_vqa(rtf, st_lab, men, CFG, TEMPLATES, ONTO, {"mild": 1, "moderate": 2, "severe": 3})
     assert t.num_rows == n
-    assert Counter(t["answer_text"].to_pylist()) == {"less severe than in the reference case": 100,
-                                                     "of similar severity in both cases": 100,
-                                                     "more severe than in the reference case": 100}
+    assert Counter(t["answer_text"].to_pylist()) == {
+        "less severe than in the reference case": 100,
+        "of similar severity in both cases": 100,
+        "more severe than in the reference case": 100,
+    }
     counts = Counter(t["answer"].to_pylist())
     chi2 = sum((counts[k] - n / 4) ** 2 / (n / 4) for k in "ABCD")
     assert chi2 < 11.34, counts  # 1% critical value of chi-square with 3 degrees of freedom
@@ -474,17 +586,31 @@ def test_demo_build_has_every_question_type(demo_build):
     storage = demo_build["storage"]
     vqa = storage.read_table("curated/vqa", schema=SCHEMA)
     types = Counter(vqa["question_type"].to_pylist())
-    expected = {"change", "comparison_presence", "presence", "location", "case_laterality", "case_presence",
-                *(f"open_{t}" for t in ("abnormality", "presence", "view", "location", "level", "type", "difference"))}
+    expected = {
+        "change",
+        "comparison_presence",
+        "presence",
+        "location",
+        "case_laterality",
+        "case_presence",
+        *(f"open_{t}" for t in ("abnormality", "presence", "view", "location", "level", "type", "difference")),
+    }
     assert expected <= set(types), expected - set(types)
     # case_severity needs a rank-1 reference link whose two studies both report a severity: the demo's 16
     # patients have none at the default threshold (only identical states are linked), so it is absent exactly then
     rt = pl.from_arrow(storage.read_table("curated/retrieval_targets")).filter(pl.col("rank") == 1)
-    sev = entity_states(pl.from_arrow(storage.read_table("curated/study_labels")),
-                        pl.from_arrow(storage.read_table("curated/entity_mentions")), ["present"]
-                        ).filter(pl.col("severity").is_not_null()).select("study_key", "entity_id")
+    sev = (
+        entity_states(
+            pl.from_arrow(storage.read_table("curated/study_labels")),
+            pl.from_arrow(storage.read_table("curated/entity_mentions")),
+            ["present"],
+        )
+        .filter(pl.col("severity").is_not_null())
+        .select("study_key", "entity_id")
+    )
     linked = rt.join(sev, left_on=["query_study_key", "entity_id"], right_on=["study_key", "entity_id"]).join(
-        sev, left_on=["candidate_study_key", "entity_id"], right_on=["study_key", "entity_id"])
+        sev, left_on=["candidate_study_key", "entity_id"], right_on=["study_key", "entity_id"]
+    )
     assert ("case_severity" in types) == (linked.height > 0)
     rows = vqa.to_pylist()
     for r in rows:
@@ -495,8 +621,11 @@ def test_demo_build_has_every_question_type(demo_build):
         assert not re.search(r"(?i)\b" + re.escape(r["answer_text"]) + r"\b", r["question"])
     for split in set(vqa["split"].to_pylist()):
         for qtype in ("open_presence", "open_abnormality", "open_view"):
-            yn = Counter(r["answer_text"] for r in rows if r["split"] == split and r["question_type"] == qtype
-                         and r["answer_text"] in ("yes", "no"))
+            yn = Counter(
+                r["answer_text"]
+                for r in rows
+                if r["split"] == split and r["question_type"] == qtype and r["answer_text"] in ("yes", "no")
+            )
             assert yn["yes"] == yn["no"], (split, qtype, yn)
     case = [r for r in rows if r["reference_study_key"]]
     assert case and all(r["reason"] and r["study_keys"] == [r["reference_study_key"], r["study_key"]] for r in case)

@@ -12,21 +12,51 @@ from medreco.cli.app import _print_training, app
 
 def test_every_documented_command_is_registered():
     out = CliRunner().invoke(app, ["--help"]).output
-    for name in ("demo-corpus", "run", "demo", "deid", "reports", "eval", "snapshot", "train", "dashboard",
-                 "validate-source"):
+    for name in (
+        "demo-corpus",
+        "run",
+        "demo",
+        "deid",
+        "reports",
+        "eval",
+        "snapshot",
+        "train",
+        "dashboard",
+        "validate-source",
+    ):
         assert name in out, name
 
 
 def test_help_does_not_import_spacy_or_torch():
     code = "import sys; import medreco.cli.app; print(sorted(m for m in ('spacy', 'torch', 'medspacy') if m in sys.modules))"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    )
 
 
 def test_training_summary_prints_headline_metrics_not_per_entity_detail(capsys):
-    record = {"snapshot_version": "0.2.0", "content_hash": "ab" * 32, "jobs": {
-        "encoder": {"status": "succeeded", "lineage_record": {"checkpoint": "/m/last.pt", "metrics": {"eval": {
-            "test": {"micro": {"R@1": 0.5, "R@5": 1.0}, "by_entity": {"F029": {"R@1": 0.25}}, "n_queries": 4}}}}},
-        "vlm": {"status": "failed", "lineage_record": None}}}
+    record = {
+        "snapshot_version": "0.2.0",
+        "content_hash": "ab" * 32,
+        "jobs": {
+            "encoder": {
+                "status": "succeeded",
+                "lineage_record": {
+                    "checkpoint": "/m/last.pt",
+                    "metrics": {
+                        "eval": {
+                            "test": {
+                                "micro": {"R@1": 0.5, "R@5": 1.0},
+                                "by_entity": {"F029": {"R@1": 0.25}},
+                                "n_queries": 4,
+                            }
+                        }
+                    },
+                },
+            },
+            "vlm": {"status": "failed", "lineage_record": None},
+        },
+    }
     _print_training(record)
     out = capsys.readouterr().out
     assert "training on snapshot 0.2.0 (content hash abababababababab)" in out

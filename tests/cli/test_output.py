@@ -25,10 +25,16 @@ warnings.warn_explicit("our own deprecation", DeprecationWarning, "x.py", 1, mod
 
 
 def run_python(code: str, *args: str, tmp_path) -> str:
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "AIRFLOW_HOME": str(tmp_path / "airflow"),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONWARNINGS": "default"}
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "PYTHONWARNINGS": "default",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout + proc.stderr
 
@@ -66,8 +72,13 @@ def test_xcom_not_found_line_is_dropped_and_other_errors_kept(monkeypatch, capsy
 
 
 def test_demo_training_metrics_carry_the_smoke_test_note(capsys):
-    record = {"snapshot_version": "0.1.0", "content_hash": "cd" * 32, "jobs": {
-        "vlm": {"status": "succeeded", "lineage_record": {"metrics": {"eval": {"test": {"mc_accuracy": 0.0}}}}}}}
+    record = {
+        "snapshot_version": "0.1.0",
+        "content_hash": "cd" * 32,
+        "jobs": {
+            "vlm": {"status": "succeeded", "lineage_record": {"metrics": {"eval": {"test": {"mc_accuracy": 0.0}}}}}
+        },
+    }
     _print_training(record, 47)
     out = capsys.readouterr().out
     assert "test.mc_accuracy=0.000" in out

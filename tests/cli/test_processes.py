@@ -53,8 +53,9 @@ def test_stop_reaches_a_child_in_another_group_of_the_session(tmp_path, monkeypa
 
 def test_a_cooperative_process_stops_at_the_first_signal(tmp_path):
     groups = ProcessGroups(tmp_path / "logs")
-    proc = groups.start("sleeper", [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
-                        dict(os.environ))
+    proc = groups.start(
+        "sleeper", [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"], dict(os.environ)
+    )
     deadline = time.monotonic() + 30
     while "up" not in groups.log_tail("sleeper") and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -61,9 +61,15 @@ def test_log_mode_prints_one_line_per_stage_once_it_finishes():
     first = stage_progress(_rows(), {})
     progress.show(first, T + 20)
     progress.show(first, T + 21)  # the same state again prints nothing new
-    later = stage_progress([*_rows()[:1], TaskRow("deidentify", 0, "success", T + 2, T + 12),
-                            TaskRow("deidentify", 1, "success", T + 2, T + 30),
-                            TaskRow("deidentify", 2, "success", T + 12, T + 31)], {("deidentify", i): 10 for i in range(3)})
+    later = stage_progress(
+        [
+            *_rows()[:1],
+            TaskRow("deidentify", 0, "success", T + 2, T + 12),
+            TaskRow("deidentify", 1, "success", T + 2, T + 30),
+            TaskRow("deidentify", 2, "success", T + 12, T + 31),
+        ],
+        {("deidentify", i): 10 for i in range(3)},
+    )
     progress.show(later, T + 40)
     lines = out.getvalue().splitlines()
     assert [line.split(":")[0] for line in lines] == ["stage institutions", "stage plan", "stage deidentify"]
@@ -88,8 +94,9 @@ def test_terminal_mode_draws_a_rich_table(tmp_path):
         institutions: list = []
 
     progress.start(storage=None, cfg=_Cfg())
-    progress.show(stage_progress(_rows(), {("deidentify", 0): 30, ("deidentify", 1): 50, ("deidentify", 2): 20}),
-                  T + 22)
+    progress.show(
+        stage_progress(_rows(), {("deidentify", 0): 30, ("deidentify", 1): 50, ("deidentify", 2): 20}), T + 22
+    )
     progress.stop()
     text = out.getvalue()
     assert "deidentify" in text and "1/3 tasks" in text and "30/100 files" in text and "1.5 files/s" in text
@@ -97,36 +104,58 @@ def test_terminal_mode_draws_a_rich_table(tmp_path):
 
 
 def _summary(**extra):
-    return {"run_id": "r1", "tables": {"images": 3}, "version": "0.1.0", "created": True, "uri": "/s/0.1.0",
-            "content_hash": "ab" * 32, "dashboard": "/r/index.html",
-            "ledger": {"files_seen": 5, "ingested": 3, "quarantined": 2, "duplicate": 0, "skipped": 0,
-                       "balanced": True, "withheld_report_records": 2},
-            "quarantined_by_reason": {"not_dicom": 2}, **extra}
+    return {
+        "run_id": "r1",
+        "tables": {"images": 3},
+        "version": "0.1.0",
+        "created": True,
+        "uri": "/s/0.1.0",
+        "content_hash": "ab" * 32,
+        "dashboard": "/r/index.html",
+        "ledger": {
+            "files_seen": 5,
+            "ingested": 3,
+            "quarantined": 2,
+            "duplicate": 0,
+            "skipped": 0,
+            "balanced": True,
+            "withheld_report_records": 2,
+        },
+        "quarantined_by_reason": {"not_dicom": 2},
+        **extra,
+    }
 
 
 def test_summary_names_quarantine_ledger_quality_warnings_and_withheld_reports():
-    lines = summary_lines(_summary(
-        quarantine="/root/quarantine/r1", ledger_file="/root/ledger/run_id=r1/ledger.parquet",
-        quality_report="/root/reports/quality/r1.json",
-        quality_warnings=[{"table": "images", "check": "range:rows", "message": "m"},
-                          {"table": "studies", "check": "not_null:body_part", "message": "m"}],
-        withheld_reports_by_reason={"report_too_long": 1, "verification_failed": 1}))
+    lines = summary_lines(
+        _summary(
+            quarantine="/root/quarantine/r1",
+            ledger_file="/root/ledger/run_id=r1/ledger.parquet",
+            quality_report="/root/reports/quality/r1.json",
+            quality_warnings=[
+                {"table": "images", "check": "range:rows", "message": "m"},
+                {"table": "studies", "check": "not_null:body_part", "message": "m"},
+            ],
+            withheld_reports_by_reason={"report_too_long": 1, "verification_failed": 1},
+        )
+    )
     text = "\n".join(lines)
     assert "  ledger file: /root/ledger/run_id=r1/ledger.parquet" in lines
     assert "  quarantine records: /root/quarantine/r1" in lines
-    assert ("withheld report records: 2 (report_too_long=1, verification_failed=1; listed under the quarantine "
-            "records' reports/)") in lines
-    assert ("quality warnings: 2 (images/range:rows, studies/not_null:body_part; /root/reports/quality/r1.json)"
-            in lines)
+    assert (
+        "withheld report records: 2 (report_too_long=1, verification_failed=1; listed under the quarantine "
+        "records' reports/)"
+    ) in lines
+    assert "quality warnings: 2 (images/range:rows, studies/not_null:body_part; /root/reports/quality/r1.json)" in lines
     assert lines[-3:] == ["snapshot: 0.1.0 (new) at /s/0.1.0", f"content hash: {'ab' * 32}", "dashboard: /r/index.html"]
     assert text.index("ledger: files_seen=5") < text.index("ledger file:")
 
 
 def test_summary_with_nothing_to_look_at_says_zero():
-    s = _summary(quarantine="/q", ledger_file="/l", quality_report="/qr", quality_warnings=[],
-                 withheld_reports_by_reason={})
+    s = _summary(
+        quarantine="/q", ledger_file="/l", quality_report="/qr", quality_warnings=[], withheld_reports_by_reason={}
+    )
     s["ledger"].update(quarantined=0, withheld_report_records=0, ingested=5)
     lines = summary_lines(s)
     assert "quality warnings: 0" in lines and "withheld report records: 0" in lines
     assert not any("quarantine records" in line for line in lines)
-

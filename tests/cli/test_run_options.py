@@ -31,5 +31,7 @@ def test_run_without_a_key_fails_before_any_work_whatever_the_workers(tmp_path, 
 
     monkeypatch.delenv("MEDRECO_PSEUDONYM_KEY", raising=False)
     monkeypatch.delenv("AIRFLOW_CONN_MEDRECO_PSEUDONYM", raising=False)
-    result = CliRunner().invoke(app, ["run", "--workers", "2", "--config", str(demo_config_with_empty_sources(tmp_path))])
+    result = CliRunner().invoke(
+        app, ["run", "--workers", "2", "--config", str(demo_config_with_empty_sources(tmp_path))]
+    )
     assert result.exit_code == 1 and "MEDRECO_PSEUDONYM_KEY" in result.output

@@ -113,11 +113,14 @@ def test_config_hash_ignores_where_zones_are_stored_but_not_what_is_built():
     assert parse_config({**GOOD, "shard_count": 3}).config_hash() != local.config_hash()
 
 
-@pytest.mark.parametrize(("path", "wrong", "meant"), [
-    ((), "shard_cout", "shard_count"),
-    (("normalisation",), "image_sise", "image_size"),
-    (("institutions", 0), "reprot_format", "report_format"),
-])
+@pytest.mark.parametrize(
+    ("path", "wrong", "meant"),
+    [
+        ((), "shard_cout", "shard_count"),
+        (("normalisation",), "image_sise", "image_size"),
+        (("institutions", 0), "reprot_format", "report_format"),
+    ],
+)
 def test_a_near_miss_config_key_gets_a_did_you_mean(path, wrong, meant):
     import yaml
 

@@ -13,8 +13,11 @@ import builtins
 from schemas.config import PROJECT_ROOT
 
 PACKAGES = ("etl", "schemas", "entity_extraction", "quality", "training", "dags", "plugins", "medreco")
-BUILTIN_ERRORS = {n for n in dir(builtins) if isinstance(getattr(builtins, n), type)
-                  and issubclass(getattr(builtins, n), BaseException)}
+BUILTIN_ERRORS = {
+    n
+    for n in dir(builtins)
+    if isinstance(getattr(builtins, n), type) and issubclass(getattr(builtins, n), BaseException)
+}
 
 
 def _base_name(node: ast.expr) -> str:
@@ -28,8 +31,10 @@ def _classes() -> dict[str, tuple[str, list[str]]]:
         for path in sorted((PROJECT_ROOT / pkg).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.ClassDef):
-                    out[node.name] = (f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}",
-                                      [_base_name(b) for b in node.bases])
+                    out[node.name] = (
+                        f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}",
+                        [_base_name(b) for b in node.bases],
+                    )
     return out
 
 
@@ -50,7 +55,8 @@ def test_every_project_exception_is_reason_coded():
     for name, (where, _) in classes.items():
         up = _ancestors(name, classes)
         is_error = bool(up & (BUILTIN_ERRORS | known_errors)) or any(
-            b in classes and _ancestors(b, classes) & BUILTIN_ERRORS for b in up)
+            b in classes and _ancestors(b, classes) & BUILTIN_ERRORS for b in up
+        )
         if is_error and name != "ReasonCodedError" and "ReasonCodedError" not in up:
             offenders.append(f"{name} ({where})")
     assert offenders == []

@@ -51,10 +51,12 @@ def test_storage_root_refuses_a_second_key(tmp_path, key):
     from etl.pipeline.context import BuildContext, KeyMismatchError
     from schemas.config import parse_config
 
-    cfg = parse_config(yaml.safe_load(f"""
-storage: {{root: {tmp_path / 'root'}}}
+    cfg = parse_config(
+        yaml.safe_load(f"""
+storage: {{root: {tmp_path / "root"}}}
 institutions: [{{id: us-a, country: US, language: en, timezone: America/New_York, source_uri: sources/us-a}}]
-"""))
+""")
+    )
     BuildContext.from_config(cfg, "r1", key).check_key()
     BuildContext.from_config(cfg, "r2", key).check_key()  # same key: fine
     other = PseudonymKey(b"a-different-secret-0123456789abcdef")

@@ -15,13 +15,30 @@ from pathlib import Path
 from schemas.config import PROJECT_ROOT
 
 #: top-level package -> the folder that holds it (the reader is its own distribution under reader/src)
-PACKAGES = {"etl": PROJECT_ROOT, "schemas": PROJECT_ROOT, "entity_extraction": PROJECT_ROOT, "quality": PROJECT_ROOT,
-            "training": PROJECT_ROOT, "dags": PROJECT_ROOT, "plugins": PROJECT_ROOT, "medreco": PROJECT_ROOT,
-            "medreco_reader": PROJECT_ROOT / "reader" / "src"}
+PACKAGES = {
+    "etl": PROJECT_ROOT,
+    "schemas": PROJECT_ROOT,
+    "entity_extraction": PROJECT_ROOT,
+    "quality": PROJECT_ROOT,
+    "training": PROJECT_ROOT,
+    "dags": PROJECT_ROOT,
+    "plugins": PROJECT_ROOT,
+    "medreco": PROJECT_ROOT,
+    "medreco_reader": PROJECT_ROOT / "reader" / "src",
+}
 
 #: the layers, bottom (0) to top: a module imports only its own top-level folder and folders of a lower layer
-LAYERS = {"schemas": 0, "medreco_reader": 0, "entity_extraction": 1, "etl": 2, "quality": 3, "training": 3,
-          "dags": 4, "plugins": 4, "medreco": 5}
+LAYERS = {
+    "schemas": 0,
+    "medreco_reader": 0,
+    "entity_extraction": 1,
+    "etl": 2,
+    "quality": 3,
+    "training": 3,
+    "dags": 4,
+    "plugins": 4,
+    "medreco": 5,
+}
 
 
 def _module_name(path: Path, base: Path) -> str:
@@ -93,7 +110,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 if child not in graph:
                     continue
                 if state.get(child) == 1:
-                    return path[path.index(child):] + [child]
+                    return path[path.index(child) :] + [child]
                 if not state.get(child):
                     state[child] = 1
                     path.append(child)
@@ -138,8 +155,12 @@ def test_every_top_level_folder_has_a_layer():
 
 
 def test_each_folder_imports_only_layers_below_it():
-    offenders = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() for d in deps
-                       if _room(d) != _room(m) and LAYERS[_room(d)] >= LAYERS[_room(m)])
+    offenders = sorted(
+        f"{m} -> {d}"
+        for m, deps in GRAPH.items()
+        for d in deps
+        if _room(d) != _room(m) and LAYERS[_room(d)] >= LAYERS[_room(m)]
+    )
     assert offenders == []
 
 

@@ -13,20 +13,40 @@ from etl import zones
 from etl.storage import Storage
 from etl.zones import UnsafePathError
 
-TRAVERSALS = ["/../../../../sources/us-bos-general/PWNED", "/../../../../../ESCAPED_ROOT", "..", ".", "a/../../b",
-              "CT\x00", "../x"]
+TRAVERSALS = [
+    "/../../../../sources/us-bos-general/PWNED",
+    "/../../../../../ESCAPED_ROOT",
+    "..",
+    ".",
+    "a/../../b",
+    "CT\x00",
+    "../x",
+]
 
 
 def _all_files(base) -> set[str]:
     return {str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()}
 
 
-@pytest.mark.parametrize("rel", ["curated/../../ESCAPED_ROOT", "../ESCAPED_ROOT", "ledger/./x", "curated/a\x00b",
-                                 "curated/images/modality=/../../../../sources/x/PWNED/shard=00000.parquet"])
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "curated/../../ESCAPED_ROOT",
+        "../ESCAPED_ROOT",
+        "ledger/./x",
+        "curated/a\x00b",
+        "curated/images/modality=/../../../../sources/x/PWNED/shard=00000.parquet",
+    ],
+)
 def test_storage_refuses_paths_that_leave_the_root(tmp_path, rel):
     st = Storage.open(str(tmp_path / "root"))
-    for op in (lambda: st.write_bytes(rel, b"x"), lambda: st.path(rel), lambda: st.delete(rel),
-               lambda: st.read_bytes(rel), lambda: st.exists(rel)):
+    for op in (
+        lambda: st.write_bytes(rel, b"x"),
+        lambda: st.path(rel),
+        lambda: st.delete(rel),
+        lambda: st.read_bytes(rel),
+        lambda: st.exists(rel),
+    ):
         with pytest.raises(UnsafePathError) as err:
             op()
         assert err.value.reason == "unsafe_path"
@@ -65,11 +85,23 @@ def test_partition_values_are_encoded_into_one_component(value):
 def test_safe_partition_values_stay_readable():
     assert zones.partition_value("CT") == "CT" and zones.partition_value("us-bos-general") == "us-bos-general"
     assert zones.curated_modality_partition("images", "us-bos-general", "DX", 3) == (
-        "curated/images/institution=us-bos-general/modality=DX/shard=00003.parquet")
+        "curated/images/institution=us-bos-general/modality=DX/shard=00003.parquet"
+    )
 
 
-@pytest.mark.parametrize("fn", [zones.run_dir, zones.ledger_file, zones.quarantine_dir, zones.delivery_state,
-                                zones.release_dir, zones.training_record, zones.run_summary, zones.quality_report])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        zones.run_dir,
+        zones.ledger_file,
+        zones.quarantine_dir,
+        zones.delivery_state,
+        zones.release_dir,
+        zones.training_record,
+        zones.run_summary,
+        zones.quality_report,
+    ],
+)
 @pytest.mark.parametrize("value", ["../../x", "a/b", "..", "", ".hidden", "x\x00"])
 def test_identifiers_in_zone_paths_are_validated(fn, value):
     with pytest.raises(UnsafePathError) as err:
@@ -100,9 +132,20 @@ def test_header_modality_cannot_write_outside_curated(tmp_path, key):
     for i, modality in enumerate(["/../../../../sources/us-bos-general/PWNED", "/../../../../../ESCAPED_ROOT", "CT"]):
         row = {f.name: None for f in schema}
         row.update({n: f"k{i}" for n in ("image_key", "series_key", "study_key", "patient_key")})
-        row.update(institution="us-bos-general", modality=modality, kind="2d", rows=1, cols=1, n_slices=1,
-                   payload_format="png", payload=b"", payload_sha256="0" * 64, recipe="{}", transfer_syntax="1.2",
-                   shard=0)
+        row.update(
+            institution="us-bos-general",
+            modality=modality,
+            kind="2d",
+            rows=1,
+            cols=1,
+            n_slices=1,
+            payload_format="png",
+            payload=b"",
+            payload_sha256="0" * 64,
+            recipe="{}",
+            transfer_syntax="1.2",
+            shard=0,
+        )
         rows.append(row)
     table = pa.Table.from_pylist(rows, schema=schema)
     write_partition(ctx, "images", schema, 0, table)
@@ -137,6 +180,11 @@ def test_restricted_zones_are_owner_only_on_local_disk(tmp_path):
         os.umask(old)
     for d in ("ledger", "ledger/runs", "ledger/runs/r1", "quarantine", "quarantine/r1", "ledger/run_id=r1"):
         assert _mode(root / d) == 0o700, d
-    for f in ("ledger/runs/r1/plan.json", "quarantine/r1/abc.json", "ledger/build.lock", "ledger/run_id=r1/ledger.parquet"):
+    for f in (
+        "ledger/runs/r1/plan.json",
+        "quarantine/r1/abc.json",
+        "ledger/build.lock",
+        "ledger/run_id=r1/ledger.parquet",
+    ):
         assert _mode(root / f) == 0o600, f
     assert _mode(root / "reports" / "dashboard" / "index.html") == 0o644  # de-identified zones as the umask says

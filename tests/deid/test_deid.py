@@ -169,7 +169,9 @@ def test_text_not_matching_its_declared_charset_is_removed(ct, key):
 
     ct.SpecificCharacterSet = "ISO_IR 192"  # UTF-8 declared ...
     # ... but the kept ConvolutionKernel holds ISO 8859-1 bytes: invalid UTF-8, cannot be vetted
-    ct._dict[pydicom.tag.Tag(0x00181210)] = RawDataElement(pydicom.tag.Tag(0x00181210), "SH", 6, b"M\xfcller", 0, False, True)
+    ct._dict[pydicom.tag.Tag(0x00181210)] = RawDataElement(
+        pydicom.tag.Tag(0x00181210), "SH", 6, b"M\xfcller", 0, False, True
+    )
     r = deidentify_dataset(ct, key, "us-a")
     out = pydicom.dcmread(io.BytesIO(r.to_bytes()))
     assert "ConvolutionKernel" not in out and r.audit["removed_undecodable"] == 1

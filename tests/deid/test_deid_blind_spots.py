@@ -58,8 +58,8 @@ def test_sequence_with_zero_length_field_is_quarantined(key, implicit):
     data = bytearray(_bytes(ds, implicit))
     i = data.find(struct.pack("<HH", 0x0008, 0x1110), 132)
     at = i + 4 if implicit else i + 8  # implicit: tag, length; explicit: tag, VR, reserved, length
-    assert struct.unpack("<I", data[at:at + 4])[0] not in (0, 0xFFFFFFFF)
-    data[at:at + 4] = struct.pack("<I", 0)
+    assert struct.unpack("<I", data[at : at + 4])[0] not in (0, 0xFFFFFFFF)
+    data[at : at + 4] = struct.pack("<I", 0)
     with pytest.raises(DeidentificationError) as err:
         _deid(bytes(data), key)
     assert err.value.reason in ("malformed_structure", "deidentification_error")

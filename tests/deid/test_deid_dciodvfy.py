@@ -51,8 +51,12 @@ def _explicit(src: bytes | Path, dst: Path) -> Path:
 
 
 def _inputs(shared_data: Path) -> list[Path]:
-    return sorted(p for d in ("dicom", "deid") for p in (shared_data / d).rglob("*")
-                  if p.is_file() and p.suffix.lower() not in (".csv", ".md", ".json", ".txt"))
+    return sorted(
+        p
+        for d in ("dicom", "deid")
+        for p in (shared_data / d).rglob("*")
+        if p.is_file() and p.suffix.lower() not in (".csv", ".md", ".json", ".txt")
+    )
 
 
 @pytest.mark.skipif(DCIODVFY is None, reason="dciodvfy (Debian package dicom3tools) is not installed: run make tools")

@@ -27,9 +27,14 @@ def fuzzed(tmp_path_factory):
     assert len(made) == N_FILES
     out = base / "out"
     t0 = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "medreco.cli", "deid", str(base / "src"), str(out)], cwd=PROJECT_ROOT,
-                         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,
-                         timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-m", "medreco.cli", "deid", str(base / "src"), str(out)],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return {"made": made, "out": out, "run": run, "elapsed": time.monotonic() - t0}
 
 
@@ -60,7 +65,9 @@ def test_planted_identity_is_in_no_output_byte(fuzzed):
 
 
 def test_each_attack_gets_its_outcome(fuzzed):
-    ledger = {r["source_uri"].rsplit("/", 1)[-1]: r for r in pq.read_table(fuzzed["out"] / "ledger.parquet").to_pylist()}
+    ledger = {
+        r["source_uri"].rsplit("/", 1)[-1]: r for r in pq.read_table(fuzzed["out"] / "ledger.parquet").to_pylist()
+    }
     by_kind: dict[str, Counter] = {}
     for name, row in ledger.items():
         kind = name.split("-", 1)[1].removesuffix(".dcm")

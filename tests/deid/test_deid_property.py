@@ -37,8 +37,12 @@ def _un_sequence(item: Dataset) -> bytes:
     fp.is_little_endian, fp.is_implicit_VR = True, True
     write_dataset(fp, item)
     body = fp.getvalue()
-    return (struct.pack("<HHI", 0xFFFE, 0xE000, 0xFFFFFFFF) + body + struct.pack("<HHI", 0xFFFE, 0xE00D, 0)
-            + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0))
+    return (
+        struct.pack("<HHI", 0xFFFE, 0xE000, 0xFFFFFFFF)
+        + body
+        + struct.pack("<HHI", 0xFFFE, 0xE00D, 0)
+        + struct.pack("<HHI", 0xFFFE, 0xE0DD, 0)
+    )
 
 
 @st.composite
@@ -46,11 +50,18 @@ def planted(draw):
     charset = draw(st.sampled_from(sorted(SCRIPTS)))
     # a native-script value holds at least one letter outside ASCII: a 3-letter ASCII draw such as "DCM" is a
     # coding scheme every output carries (DeidentificationMethodCodeSequence), not planted PHI
-    native = draw(st.text(alphabet=SCRIPTS[charset], min_size=3, max_size=6).filter(
-        lambda v: any(ord(c) > 127 for c in v)))
+    native = draw(
+        st.text(alphabet=SCRIPTS[charset], min_size=3, max_size=6).filter(lambda v: any(ord(c) > 127 for c in v))
+    )
     family, given_name, mrn, acc = draw(name), draw(name), draw(ident), draw(ident)
-    where = draw(st.lists(st.sampled_from(["top", "nested", "deep", "private", "private_un", "comment"]),
-                          min_size=1, max_size=6, unique=True))
+    where = draw(
+        st.lists(
+            st.sampled_from(["top", "nested", "deep", "private", "private_un", "comment"]),
+            min_size=1,
+            max_size=6,
+            unique=True,
+        )
+    )
     return charset, native, family, given_name, mrn, acc, where
 
 
@@ -97,8 +108,7 @@ def test_planted_phi_never_survives(p):
     if "comment" in where:
         ds.ImageComments = f"pt {family} {given_name} MRN {mrn} acc {acc}"
         ds.StudyDescription = f"CT chest {family} {mrn}"
-    sources = [v.encode(enc) for v in values for enc in ("utf-8", "latin-1", "gb18030")
-               if _encodable(v, enc)]
+    sources = [v.encode(enc) for v in values for enc in ("utf-8", "latin-1", "gb18030") if _encodable(v, enc)]
     try:
         out = deidentify_dataset(ds, KEY, "prop").to_bytes()
     except DeidentificationError as err:

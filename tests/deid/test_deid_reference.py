@@ -18,12 +18,22 @@ from etl.deid.dicom import DeidentificationError, deidentify_dataset
 from etl.deid.policy import build_policy
 from etl.sources.discover import classify_dicom
 
-SPECIFIC_REASONS = {"missing_patient_id", "missing_uid", "truncated_file", "burned_in_annotation_risk",
-                    "unparseable_date", "verification_failed", "pixel_cleaning_failed",
-                    # burned-in text (issue 17): text left after blanking; pixels nobody could read for text are
-                    # quarantined at de-identification with the decoder's reason (fail closed)
-                    "burned_in_text_remaining", "burned_in_text_unreadable", "pixel_data_length_mismatch",
-                    "unsupported_transfer_syntax", "decode_error"}
+SPECIFIC_REASONS = {
+    "missing_patient_id",
+    "missing_uid",
+    "truncated_file",
+    "burned_in_annotation_risk",
+    "unparseable_date",
+    "verification_failed",
+    "pixel_cleaning_failed",
+    # burned-in text (issue 17): text left after blanking; pixels nobody could read for text are
+    # quarantined at de-identification with the decoder's reason (fail closed)
+    "burned_in_text_remaining",
+    "burned_in_text_unreadable",
+    "pixel_data_length_mismatch",
+    "unsupported_transfer_syntax",
+    "decode_error",
+}
 
 
 def _deid(path: Path, key):
@@ -66,8 +76,10 @@ def test_phi_locations_leave_nothing(shared_data, key):
         cleaned = {str(out.get(k, "") or "") for k in ("StudyDescription", "SeriesDescription", "ProtocolName")}
         if len(value) < 4 or policy.action_for(tag) == "CLEAN" or value in cleaned:
             continue  # Clean Descriptors keeps these, scrubbed (checked below); their text may recur elsewhere
-        if re.search(rb"(?<![A-Za-z0-9.])" + re.escape(value.encode("utf-8", "ignore")) + rb"(?![A-Za-z0-9])",
-                     outputs[r["file"]].to_bytes()):
+        if re.search(
+            rb"(?<![A-Za-z0-9.])" + re.escape(value.encode("utf-8", "ignore")) + rb"(?![A-Za-z0-9])",
+            outputs[r["file"]].to_bytes(),
+        ):
             leaks.append(f"{r['file']}:{r['tag']} {r['keyword']}")
         checked += 1
     names = {p for r in rows if r["vr"] == "PN" for p in re.split(r"[\^ ]+", r["value"]) if len(p) >= 3}
@@ -112,8 +124,9 @@ def test_every_edge_case_is_deidentified_or_quarantined_with_a_reason(shared_dat
         except DeidentificationError as err:
             outcomes[f.name] = err.reason
     assert len(outcomes) >= 50
-    unexpected = {n: o for n, o in outcomes.items()
-                  if o not in SPECIFIC_REASONS | {"ok", "not_dicom", "unreadable_dicom"}}
+    unexpected = {
+        n: o for n, o in outcomes.items() if o not in SPECIFIC_REASONS | {"ok", "not_dicom", "unreadable_dicom"}
+    }
     assert unexpected == {}
     assert sum(o == "ok" for o in outcomes.values()) >= 20
 
@@ -124,8 +137,12 @@ def test_charsets_read_and_output_decodes(key, charset):
 
     ds = pydicom.dcmread(get_testdata_file("CT_small.dcm", download=False))
     ds.SpecificCharacterSet = charset
-    names = {"ISO_IR 100": "Müller^Jürgen", "ISO_IR 192": "Ó Briain^Seán", "GB18030": "王^小明",
-             "ISO 2022 IR 6\\ISO 2022 IR 87": "ﾔﾏﾀﾞ^ﾀﾛｳ=山田^太郎"}
+    names = {
+        "ISO_IR 100": "Müller^Jürgen",
+        "ISO_IR 192": "Ó Briain^Seán",
+        "GB18030": "王^小明",
+        "ISO 2022 IR 6\\ISO 2022 IR 87": "ﾔﾏﾀﾞ^ﾀﾛｳ=山田^太郎",
+    }
     ds.PatientName = names[charset]
     ds.StudyDescription = f"CT chest for {names[charset].split('^')[0]}"
     r = deidentify_dataset(ds, key, "cs")

@@ -13,8 +13,11 @@ import pytest
 from etl.deid.dicom import deidentify_dataset
 
 pytestmark = pytest.mark.realdata
-SR_FILES = ["orthanc_basic_text_sr_polish_latin2.dcm", "orthanc_osirix_annotations_sr.dcm",
-            "highdicom_comprehensive3d_sr_tid1500.dcm"]
+SR_FILES = [
+    "orthanc_basic_text_sr_polish_latin2.dcm",
+    "orthanc_osirix_annotations_sr.dcm",
+    "highdicom_comprehensive3d_sr_tid1500.dcm",
+]
 CONTENT_ITEM_VALUES = ("TextValue", "PersonName", "DateTime", "Date", "Time", "UID", "ContentSequence")
 
 

@@ -101,18 +101,26 @@ def test_item_bomb_is_refused_with_its_own_reason(policy):
 
 @pytest.mark.slow
 def test_deflate_bomb_is_refused_under_1_gb_rss():
-    code = ("import resource, sys; sys.path.insert(0, 'tests'); import hostile_dicom as h;"
-            "from etl.sources.dicom_bounds import bounded_source, SourceBoundsError\n"
-            "data = h.deflate_bomb(1024 ** 3)\n"
-            "try:\n bounded_source(data); print('accepted')\n"
-            "except SourceBoundsError as e:\n print(e.reason)\n"
-            "print(len(data), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import resource, sys; sys.path.insert(0, 'tests'); import hostile_dicom as h;"
+        "from etl.sources.dicom_bounds import bounded_source, SourceBoundsError\n"
+        "data = h.deflate_bomb(1024 ** 3)\n"
+        "try:\n bounded_source(data); print('accepted')\n"
+        "except SourceBoundsError as e:\n print(e.reason)\n"
+        "print(len(data), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     reason, sizes = res.stdout.split("\n")[:2]
     size, rss = map(int, sizes.split())
     assert reason == "inflated_too_large"
-    assert size < 2 * 1024 ** 2 and rss < 1024 ** 3  # a ~1 MB file that inflates to 1 GiB: refused under 1 GB
+    assert size < 2 * 1024**2 and rss < 1024**3  # a ~1 MB file that inflates to 1 GiB: refused under 1 GB
 
 
 def test_deflated_source_is_relabelled_explicit_little_endian():
@@ -215,7 +223,9 @@ def test_deid_folder_gives_every_path_one_row(tmp_path):
     os.mkfifo(src / "pipe.dcm")
     (src / "dangling.dcm").symlink_to(src / "nothing")
     balance = deidentify_folder(src, tmp_path / "out", KEY, "hostile")
-    rows = {r["source_uri"].rsplit("/", 1)[1]: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()}
+    rows = {
+        r["source_uri"].rsplit("/", 1)[1]: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()
+    }
     assert balance["balanced"] and balance["files_seen"] == 6 == len(rows)
     assert rows["\\xff\\xfe.dcm"]["status"] == "ingested"
     assert rows["rle-panic.dcm"]["reason"] == "decode_error"

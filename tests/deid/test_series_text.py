@@ -96,9 +96,14 @@ def test_precheck_skips_most_real_clean_slices():
     require_ocr()
     policy, sp = load_text_policy(), load_series_policy()
     series = ct_series(len(real_axial_slices()))
-    suspect = [i for i, ds in enumerate(series)
-               if any(row_has_text(_display(ds), r, policy, header_phi(ds, policy), sp)
-                      for r in glyph_rows(_display(ds), sp.precheck))]
+    suspect = [
+        i
+        for i, ds in enumerate(series)
+        if any(
+            row_has_text(_display(ds), r, policy, header_phi(ds, policy), sp)
+            for r in glyph_rows(_display(ds), sp.precheck)
+        )
+    ]
     assert suspect == []
 
 
@@ -209,8 +214,9 @@ def test_gate_sends_every_case_file_with_text_to_the_full_read(tmp_path):
     for entry in answer["files"]:
         ds = pydicom.dcmread(tmp_path / entry["path"])
         disp, phi = _displayed(ds, policy), header_phi(ds, policy)
-        read = disp is None or any(row_has_text(f, r, policy, phi, sp)
-                                   for f in disp for r in glyph_rows(f, sp.precheck))
+        read = disp is None or any(
+            row_has_text(f, r, policy, phi, sp) for f in disp for r in glyph_rows(f, sp.precheck)
+        )
         if any(item["expected"] == "must_remove" for item in entry["planted"]):
             with_text += 1
             if not read:
@@ -245,20 +251,39 @@ def test_gate_on_random_text_over_held_out_real_slices():
 
     root = PROJECT_ROOT.parent / "shared" / "data" / "deid"
     files = sorted(glob.glob(str(root / "tcia-pseudo-phi-mr" / "phi" / "*.dcm"))) + sorted(
-        glob.glob(str(root / "already-deidentified" / "*.dcm")))
+        glob.glob(str(root / "already-deidentified" / "*.dcm"))
+    )
     bases = [pydicom.dcmread(f) for f in files]
     assert len(bases) == 15
     policy, sp = load_text_policy(), load_series_policy()
 
     def gate(ds) -> bool:
         disp, phi = _displayed(ds, policy), header_phi(ds, policy)
-        return disp is None or any(row_has_text(f, r, policy, phi, sp)
-                                   for f in disp for r in glyph_rows(f, sp.precheck))
+        return disp is None or any(
+            row_has_text(f, r, policy, phi, sp) for f in disp for r in glyph_rows(f, sp.precheck)
+        )
 
-    fonts = ["dejavu/DejaVuSans.ttf", "liberation/LiberationSans-Regular.ttf", "noto/NotoSansMono-Regular.ttf",
-             "dejavu/DejaVuSansMono.ttf"]
-    words = ["HALVORSEN", "PRIYA", "OKAFOR", "LINDQVIST", "MARTA", "BEAUREGARD", "ID 5518203", "DOB 03/11/1958",
-             "ACC A7731904", "12-FEB-2019", "ST. BRENDAN HOSP", "74Y", "14:22:07"]
+    fonts = [
+        "dejavu/DejaVuSans.ttf",
+        "liberation/LiberationSans-Regular.ttf",
+        "noto/NotoSansMono-Regular.ttf",
+        "dejavu/DejaVuSansMono.ttf",
+    ]
+    words = [
+        "HALVORSEN",
+        "PRIYA",
+        "OKAFOR",
+        "LINDQVIST",
+        "MARTA",
+        "BEAUREGARD",
+        "ID 5518203",
+        "DOB 03/11/1958",
+        "ACC A7731904",
+        "12-FEB-2019",
+        "ST. BRENDAN HOSP",
+        "74Y",
+        "14:22:07",
+    ]
     rng = random.Random(8)
     passed, holes = 0, []
     for _ in range(200):

@@ -82,10 +82,7 @@ def test_interrupted_transfers_end_inside_their_pixel_data(corpus, intact, inter
 @pytest.fixture(scope="module")
 def phi_rows(corpus) -> list[dict]:
     out, _ = corpus
-    return [
-        json.loads(line)
-        for line in (out / "answer_key" / "phi.jsonl").read_text(encoding="utf-8").splitlines()
-    ]
+    return [json.loads(line) for line in (out / "answer_key" / "phi.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -414,9 +411,7 @@ def test_report_links_orphans_and_missing_reports(dicoms, reports, truth):
 def test_report_phi_is_listed_and_present(reports, phi_rows):
     values = defaultdict(list)
     for r in reports:
-        values[f"sources/{r['_institution']}/reports/reports.jsonl"] += [
-            v for k, v in r.items() if k != "_institution"
-        ]
+        values[f"sources/{r['_institution']}/reports/reports.jsonl"] += [v for k, v in r.items() if k != "_institution"]
     joined = {f: "\n".join(v for v in vs if v) for f, vs in values.items()}
     rows = [r for r in phi_rows if r["location"] == "report"]
     assert {r["phi_type"] for r in rows} >= {"name", "id", "date", "phone", "uid", "datetime"}
@@ -509,8 +504,6 @@ def test_interval_change_wording_matches_truth(reports, truth):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-
-
 def test_plan_entities_state_evolves_consistently(family):
     for seed in range(20):
         rng = random.Random(seed)

@@ -39,14 +39,20 @@ def _read(path: Path) -> list[dict]:
 
 
 def test_annotate_contract_deid_sections_entities(tmp_path):
-    src = _write(tmp_path / "in.jsonl", [
-        {"id": "r1", "input": "INDICATION: Cough.\nFINDINGS: Small left pleural effusion. No pneumothorax.\n"
-                              "IMPRESSION: Effusion, new since 03/14/2019. Dictated by Dr. John Smith."},
-        "",
-        {"id": 7, "input": "IMPRESSION: No acute intracranial hemorrhage.", "family": "3D-Brain-MRI"},
-        {"id": "ct-abd", "input": "IMPRESSION: Small pleural effusion.", "modality": "CT", "body_part": "ABDOMEN"},
-        {"id": "ct-chest", "input": "IMPRESSION: Small pleural effusion.", "modality": "CT", "body_part": "CHEST"},
-    ])
+    src = _write(
+        tmp_path / "in.jsonl",
+        [
+            {
+                "id": "r1",
+                "input": "INDICATION: Cough.\nFINDINGS: Small left pleural effusion. No pneumothorax.\n"
+                "IMPRESSION: Effusion, new since 03/14/2019. Dictated by Dr. John Smith.",
+            },
+            "",
+            {"id": 7, "input": "IMPRESSION: No acute intracranial hemorrhage.", "family": "3D-Brain-MRI"},
+            {"id": "ct-abd", "input": "IMPRESSION: Small pleural effusion.", "modality": "CT", "body_part": "ABDOMEN"},
+            {"id": "ct-chest", "input": "IMPRESSION: Small pleural effusion.", "modality": "CT", "body_part": "CHEST"},
+        ],
+    )
     out = tmp_path / "out.jsonl"
     res = _run(str(src), str(out))
     assert res.exit_code == 0, res.output
@@ -55,22 +61,36 @@ def test_annotate_contract_deid_sections_entities(tmp_path):
     assert [r["id"] for r in rows] == ["r1", 7, "ct-abd", "ct-chest"]
     r1 = rows[0]
     assert list(r1) == list(OUTPUT_FIELDS)
-    assert r1["deidentified_text"] == ("INDICATION: Cough.\nFINDINGS: Small left pleural effusion. No pneumothorax.\n"
-                                       "IMPRESSION: Effusion, new since [DATE]. Dictated by Dr. [NAME].")
+    assert r1["deidentified_text"] == (
+        "INDICATION: Cough.\nFINDINGS: Small left pleural effusion. No pneumothorax.\n"
+        "IMPRESSION: Effusion, new since [DATE]. Dictated by Dr. [NAME]."
+    )
     assert r1["deidentification"] == {"header_values": NO_HEADER_NOTE, "redactions": {"DATE": 1, "NAME": 1}}
     assert set(r1["sections"]) == SECTION_KEYS and r1["sections"]["indication"] == "Cough."
     assert r1["sections"]["findings"] == "Small left pleural effusion. No pneumothorax."
     assert r1["family"] == "2D-CXR"
     assert all(list(e) == list(ENTITY_FIELDS) for r in rows for e in r["entities"])
-    assert [(e["text"], e["entity_id"], e["section"], e["assertion"], e["change"], e["laterality"], e["severity"],
-             e["anatomy_id"]) for e in r1["entities"]] == [
+    assert [
+        (
+            e["text"],
+            e["entity_id"],
+            e["section"],
+            e["assertion"],
+            e["change"],
+            e["laterality"],
+            e["severity"],
+            e["anatomy_id"],
+        )
+        for e in r1["entities"]
+    ] == [
         ("pleural effusion", "F029", "findings", "present", "none", "left", "small", "A009"),
         ("Effusion", "F029", "impression", "present", "new", None, None, "A009"),
     ]
     mri = rows[1]
     assert mri["family"] == "3D-Brain-MRI"
     assert [(e["entity_id"], e["category"], e["assertion"]) for e in mri["entities"]] == [
-        ("C023", "condition", "absent")]
+        ("C023", "condition", "absent")
+    ]
     assert rows[2]["family"] is None and rows[2]["entities"] == []  # CT abdomen: no family labels
     assert rows[3]["family"] == "3D-CT" and rows[3]["entities"][0]["entity_id"] == "F037"
 
@@ -120,12 +140,14 @@ def test_bad_line_fails_naming_the_line(tmp_path, line, reason):
 
 def test_skip_bad_lists_errors_and_keeps_good_lines(tmp_path):
     src = tmp_path / "in.jsonl"
-    src.write_bytes(b'{"id": "a", "input": "No pneumothorax. Effusion."}\n'
-                    b'not json SECRETNAME\n'
-                    b'{"id": "b", "input": "Caf\xe9"}\n'
-                    b'{"id": "a", "input": "again"}\n'
-                    b'\n'
-                    b'{"id": "c", "input": "Cardiomegaly."}\n')
+    src.write_bytes(
+        b'{"id": "a", "input": "No pneumothorax. Effusion."}\n'
+        b"not json SECRETNAME\n"
+        b'{"id": "b", "input": "Caf\xe9"}\n'
+        b'{"id": "a", "input": "again"}\n'
+        b"\n"
+        b'{"id": "c", "input": "Cardiomegaly."}\n'
+    )
     out = tmp_path / "out.jsonl"
     res = _run(str(src), str(out), "--skip-bad")
     assert res.exit_code == 0, res.output
@@ -157,7 +179,9 @@ def field_cases(tmp_path_factory):
     """Every field case annotated once per family through the CLI: ({case id: case}, {(case id, family): row})."""
     cases = [json.loads(line) for line in FIELD_CASES.read_text(encoding="utf-8").splitlines() if line.strip()]
     tmp = tmp_path_factory.mktemp("field")
-    src = _write(tmp / "cases.jsonl", [{**c, "id": f"{c['id']}|{fam}", "family": fam} for c in cases for fam in FAMILIES])
+    src = _write(
+        tmp / "cases.jsonl", [{**c, "id": f"{c['id']}|{fam}", "family": fam} for c in cases for fam in FAMILIES]
+    )
     out = tmp / "out.jsonl"
     res = _run(str(src), str(out), "--quiet")
     assert res.exit_code == 0, res.output
@@ -199,8 +223,9 @@ def test_field_cases_normal_report_affirms_nothing(field_cases):
     assert normal, "the field cases hold no normal report (must_not_affirm): nothing would be checked"
     for cid in normal:
         for fam in FAMILIES:
-            affirmed = [e for e in rows[(cid, fam)]["entities"]
-                        if e["category"] != "anatomy" and e["assertion"] == "present"]
+            affirmed = [
+                e for e in rows[(cid, fam)]["entities"] if e["category"] != "anatomy" and e["assertion"] == "present"
+            ]
             assert affirmed == [], (cid, fam, affirmed)
 
 

@@ -72,8 +72,16 @@ def test_cli_eval_deid_folds_and_synthetic(tmp_path):
     from medreco.cli import app
 
     gold = tmp_path / "gold.jsonl"
-    lines = [json.dumps({"id": f"{p}-1", "text": "daughter sarah called on 7/22.",
-                         "phi": [{"start": 9, "end": 14, "type": "RelativeProxyName"}]}) for p in range(20)]
+    lines = [
+        json.dumps(
+            {
+                "id": f"{p}-1",
+                "text": "daughter sarah called on 7/22.",
+                "phi": [{"start": 9, "end": 14, "type": "RelativeProxyName"}],
+            }
+        )
+        for p in range(20)
+    ]
     gold.write_text("\n".join(lines) + "\n")
     result = CliRunner().invoke(app, ["eval", "deid", "--gold", str(gold), "--folds", "5", "--synthetic", "5"])
     assert result.exit_code == 0, result.output

@@ -28,12 +28,16 @@ def deid(text, shift=None):
         # dates without a year, ranges of them, month/two-digit year, years after a cue, compact month names
         ("Seen on 7/22 and 10/15-10/16, repeat CXR 8/3.", "Seen on [DATE] and [DATE]-[DATE], repeat CXR [DATE]."),
         ("PMH: fx 4/97, CABG 1957, 1971.", "PMH: fx [DATE], CABG [DATE], [DATE]."),
-        ("Nursing note 28 Oct, 88 and 21Sep2023, 18-DEC-19, 12Mar19, 05_02_2005.",
-         "Nursing note [DATE] and [DATE], [DATE], [DATE], [DATE]."),
+        (
+            "Nursing note 28 Oct, 88 and 21Sep2023, 18-DEC-19, 12Mar19, 05_02_2005.",
+            "Nursing note [DATE] and [DATE], [DATE], [DATE], [DATE].",
+        ),
         ("in march of 2019 pt was at home.", "in [DATE] pt was at home."),
         # names: relatives, titles in any case, credentials, initials, first name + surname, (relation) after
-        ("daughter pat lives close by, son rob lives in parkville.",
-         "daughter [NAME] lives close by, son [NAME] lives in [LOCATION]."),
+        (
+            "daughter pat lives close by, son rob lives in parkville.",
+            "daughter [NAME] lives close by, son [NAME] lives in [LOCATION].",
+        ),
         ("Dr. Rakusin aware. DR RAKUSIN AWARE.", "Dr. [NAME] aware. DR [NAME] AWARE."),
         ("irene snell, rn", "[NAME], rn"),
         ("B. KARGAS PA AWARE.", "[NAME] PA AWARE."),
@@ -45,18 +49,27 @@ def deid(text, shift=None):
         ("PT TRANSFERRED TO GH FOR CATH.", "PT TRANSFERRED TO [LOCATION] FOR CATH."),
         ("went to Harbor Hosp with abd pain", "went to [LOCATION] Hosp with abd pain"),
         # institution names of common words, name words beside a suffix, University/U of, bounded runs
-        ("Pt went to HOLY CROSS WITH fever, later to the Mater.", "Pt went to [LOCATION] WITH fever, later to the [LOCATION]."),
+        (
+            "Pt went to HOLY CROSS WITH fever, later to the Mater.",
+            "Pt went to [LOCATION] WITH fever, later to the [LOCATION].",
+        ),
         ("TAKEN TO MEMORIAL HOSPITAL, THEN AT UNION MEMORIAL.", "TAKEN TO [LOCATION] HOSPITAL, THEN AT [LOCATION]."),
         ("FROM UNIVERSITY OF MD MEDICAL CENTER, SEEN AT U OF MD.", "FROM [LOCATION] CENTER, SEEN AT [LOCATION]."),
-        ("transferred from sacred heart hosp; lives alone in west qzxville.",
-         "transferred from [LOCATION] hosp; lives alone in [LOCATION]."),
+        (
+            "transferred from sacred heart hosp; lives alone in west qzxville.",
+            "transferred from [LOCATION] hosp; lives alone in [LOCATION].",
+        ),
         # ward numbers after 'on', places learned in the text, coordination, 'leave'
         ("FOUND ON ZORBANE 6. PLAN: ZORBANE 2.", "FOUND ON [LOCATION] 6. PLAN: [LOCATION] 2."),
-        ("Screened by Baltimore rehab and Kessling. Needs to leave GH today.",
-         "Screened by [LOCATION] rehab and [LOCATION]. Needs to leave [LOCATION] today."),
+        (
+            "Screened by Baltimore rehab and Kessling. Needs to leave GH today.",
+            "Screened by [LOCATION] rehab and [LOCATION]. Needs to leave [LOCATION] today.",
+        ),
         # names: a first name that is a common word after a title, rare surnames after roles, initials, pairs
-        ("spoke with HO KRUGERMANN; per d ross; Dr Will Cole (attending).",
-         "spoke with HO [NAME]; per [NAME]; Dr [NAME] (attending)."),
+        (
+            "spoke with HO KRUGERMANN; per d ross; Dr Will Cole (attending).",
+            "spoke with HO [NAME]; per [NAME]; Dr [NAME] (attending).",
+        ),
         ("J SMITH ORDERED EPI. grace dudak aware.", "[NAME] ORDERED EPI. [NAME] aware."),
         # phones with odd separators and an extension, pager numbers
         ("Call 201/324/1423 or 410 392 0780 x45. Pager #12345.", "Call [PHONE] or [PHONE]. Pager #[PHONE]."),
@@ -70,9 +83,13 @@ def test_new_rules_exact_output(text, expected):
 
 def test_dates_without_a_year_are_shifted_in_their_format():
     assert deidentify_text("Seen on 7/22, 4/97 and 28 Oct, 88.", known_phi=[], date_shift_days=10) == (
-        "Seen on 8/01, 4/97 and 7 Nov, 88.", {"DATE": 3})
+        "Seen on 8/01, 4/97 and 7 Nov, 88.",
+        {"DATE": 3},
+    )
     assert deidentify_text("On 21Sep2023 and 12Mar19.", known_phi=[], date_shift_days=10) == (
-        "On 1Oct2023 and 22Mar19.", {"DATE": 2})
+        "On 1Oct2023 and 22Mar19.",
+        {"DATE": 2},
+    )
 
 
 @pytest.mark.parametrize(
@@ -142,9 +159,16 @@ def test_cli_eval_deid(tmp_path):
     from medreco.cli import app
 
     gold = tmp_path / "gold.jsonl"
-    gold.write_text(json.dumps({"id": "1", "text": "daughter sarah called on 7/22.",
-                                "phi": [{"start": 9, "end": 14, "type": "RelativeProxyName"},
-                                        {"start": 25, "end": 29, "type": "Date"}]}) + "\n")
+    gold.write_text(
+        json.dumps(
+            {
+                "id": "1",
+                "text": "daughter sarah called on 7/22.",
+                "phi": [{"start": 9, "end": 14, "type": "RelativeProxyName"}, {"start": 25, "end": 29, "type": "Date"}],
+            }
+        )
+        + "\n"
+    )
     result = CliRunner().invoke(app, ["eval", "deid", "--gold", str(gold)])
     assert result.exit_code == 0, result.output
     assert "all (strict)" in result.output and "1.000" in result.output

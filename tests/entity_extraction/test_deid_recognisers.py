@@ -54,17 +54,21 @@ def test_numbers_found_only_when_valid():
 )
 def test_street_addresses_with_locality(text, street):
     hits = street_addresses(text)
-    assert text[hits[0][0]:hits[0][1]] == street
+    assert text[hits[0][0] : hits[0][1]] == street
     assert len(hits) == 2  # the locality after the comma is the second hit
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("The patient lives at 62 Geraldine Cape, Port Alex 2519 with his wife Mary.",
-         "The patient lives at [ADDRESS], [ADDRESS] with his wife [NAME]."),
-        ("Billing: IBAN GB82WEST12345698765432; card 4111 1111 1111 1111; host 10.2.33.4.",
-         "Billing: IBAN [ACCOUNT]; card [ACCOUNT]; host [IP]."),
+        (
+            "The patient lives at 62 Geraldine Cape, Port Alex 2519 with his wife Mary.",
+            "The patient lives at [ADDRESS], [ADDRESS] with his wife [NAME].",
+        ),
+        (
+            "Billing: IBAN GB82WEST12345698765432; card 4111 1111 1111 1111; host 10.2.33.4.",
+            "Billing: IBAN [ACCOUNT]; card [ACCOUNT]; host [IP].",
+        ),
         ("Mr. Boone works at Shaw Ltd in Williehaven.", "Mr. [NAME] works at [ORGANIZATION] in [LOCATION]."),
         ("Admitted from University Hospital Clarkeville.", "Admitted from [ORGANIZATION]."),
     ],
@@ -99,7 +103,18 @@ def test_package_complexity_at_most_30():
     ruff = Path(sys.executable).with_name("ruff")
     if not ruff.exists():
         pytest.skip("ruff is not installed beside the interpreter")
-    result = subprocess.run([str(ruff), "check", "--isolated", "--select", "C901", "--config",
-                             "lint.mccabe.max-complexity=30", str(ROOT / "entity_extraction" / "deid")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            str(ruff),
+            "check",
+            "--isolated",
+            "--select",
+            "C901",
+            "--config",
+            "lint.mccabe.max-complexity=30",
+            str(ROOT / "entity_extraction" / "deid"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout

@@ -23,19 +23,51 @@ from schemas.ontology import load_ontology
 
 OPENI = PROJECT_ROOT.parent / "shared" / "data" / "openi"
 CXR = "2D-CXR"
-LABELS = ["Atelectasis", "Cardiomegaly", "Effusion", "Infiltration", "Mass", "Nodule", "Pneumonia", "Pneumothorax",
-          "Consolidation", "Edema", "Emphysema", "Fibrosis", "Pleural_Thickening", "Hernia"]
+LABELS = [
+    "Atelectasis",
+    "Cardiomegaly",
+    "Effusion",
+    "Infiltration",
+    "Mass",
+    "Nodule",
+    "Pneumonia",
+    "Pneumothorax",
+    "Consolidation",
+    "Edema",
+    "Emphysema",
+    "Fibrosis",
+    "Pleural_Thickening",
+    "Hernia",
+]
 
 # uid, MeSH, indication, findings, impression, NegBio positives
 ROWS = [
-    ("1", "Cardiomegaly/mild;Pleural Effusion/right", "", "Mild cardiomegaly. No pleural effusion.", "",
-     {"Cardiomegaly", "Effusion"}),
+    (
+        "1",
+        "Cardiomegaly/mild;Pleural Effusion/right",
+        "",
+        "Mild cardiomegaly. No pleural effusion.",
+        "",
+        {"Cardiomegaly", "Effusion"},
+    ),
     ("2", "normal", "", "Small left pleural effusion.", "", set()),
     ("3", "No Indexing", "", "Stable cardiomegaly.", "", {"Cardiomegaly"}),
-    ("4", "Pulmonary Atelectasis/base/left;Catheters, Indwelling", "", "", "Left basilar atelectasis.",
-     {"Atelectasis"}),
-    ("5", "Emphysema;Opacity/lung/round", "", "Emphysema. Nodule in the right upper lobe.", "",
-     {"Emphysema", "Nodule"}),
+    (
+        "4",
+        "Pulmonary Atelectasis/base/left;Catheters, Indwelling",
+        "",
+        "",
+        "Left basilar atelectasis.",
+        {"Atelectasis"},
+    ),
+    (
+        "5",
+        "Emphysema;Opacity/lung/round",
+        "",
+        "Emphysema. Nodule in the right upper lobe.",
+        "",
+        {"Emphysema", "Nodule"},
+    ),
     ("6", "Calcified Granuloma/lung", "Pneumonia.", "Calcified granuloma.", "No acute disease.", set()),
 ]
 

@@ -38,7 +38,7 @@ def test_findings_colon_no_trap(ex):
     m = one(ex, "FINDINGS: No pleural effusion.", "F029")
     assert (m["assertion"], m["section"], m["text"]) == ("absent", "findings", "pleural effusion")
     text = "FINDINGS: No pleural effusion."
-    assert text[m["span_start"]:m["span_end"]] == "pleural effusion"
+    assert text[m["span_start"] : m["span_end"]] == "pleural effusion"
     assert one(ex, "IMPRESSION: No pneumonia.", "C006")["assertion"] == "absent"
     # a post-posed answer after a colon negates backwards only when it ends the clause
     assert one(ex, "Pleural effusion: No.", "F029")["assertion"] == "absent"
@@ -162,8 +162,10 @@ def test_post_posed_answers(ex, text, entity_id, change, assertion):
 
 def test_abbreviations_defined_in_text(ex):
     """A short form defined in the report ("long form (SF)") is a target wherever it is used later."""
-    text = ("FINDINGS: Patchy airspace disease (ASD) in the right lower lobe. No pleural effusion.\n"
-            "IMPRESSION: ASD, likely pneumonia. No ASD on the left.")
+    text = (
+        "FINDINGS: Patchy airspace disease (ASD) in the right lower lobe. No pleural effusion.\n"
+        "IMPRESSION: ASD, likely pneumonia. No ASD on the left."
+    )
     got = [(m["text"], m["entity_id"], m["assertion"], m["section"]) for m in ex.extract(text, CXR)]
     assert got == [
         ("airspace disease", "F007", "present", "findings"),  # the definition's "(ASD)" is not a second mention
@@ -174,14 +176,22 @@ def test_abbreviations_defined_in_text(ex):
     ]
     ms = ex.extract("FINDINGS: Plate-like atelectasis (PLA) at the left base. IMPRESSION: PLA has resolved.", CXR)
     assert [(m["text"], m["entity_id"], m["assertion"], m["change"]) for m in ms] == [
-        ("Plate-like atelectasis", "F019", "present", "none"), ("PLA", "F019", "absent", "resolved")]
+        ("Plate-like atelectasis", "F019", "present", "none"),
+        ("PLA", "F019", "absent", "resolved"),
+    ]
     m = ms[1]
-    assert "FINDINGS: Plate-like atelectasis (PLA) at the left base. IMPRESSION: PLA has resolved."[
-        m["span_start"]:m["span_end"]] == "PLA"
+    assert (
+        "FINDINGS: Plate-like atelectasis (PLA) at the left base. IMPRESSION: PLA has resolved."[
+            m["span_start"] : m["span_end"]
+        ]
+        == "PLA"
+    )
     # long form in parentheses (scispaCy: more than three tokens), short form first
     ms = ex.extract("FINDINGS: LLL (left lower lobe atelectasis) persists. IMPRESSION: LLL unchanged.", CXR)
     assert [(m["text"], m["entity_id"]) for m in ms if m["category"] != "anatomy"] == [
-        ("atelectasis", "F019"), ("LLL", "F019")]
+        ("atelectasis", "F019"),
+        ("LLL", "F019"),
+    ]
     # an undefined short form, or one whose long form names no concept, stays unmatched
     assert ex.extract("IMPRESSION: ASD.", CXR) == []
     assert ex.extract("FINDINGS: Diffuse idiopathic skeletal hyperostosis (DISH). IMPRESSION: DISH.", CXR) == []
@@ -201,8 +211,11 @@ def test_sentence_lookup_matches_spacy(ex):
 
 
 def test_laterality_and_severity(ex):
-    ms = ex.extract("Small left pleural effusion and right lower lobe atelectasis. Bilateral effusions. "
-                    "Severe cardiomegaly. Trace pleural effusion. Large effusion on the right. Moderate effusion.", CXR)
+    ms = ex.extract(
+        "Small left pleural effusion and right lower lobe atelectasis. Bilateral effusions. "
+        "Severe cardiomegaly. Trace pleural effusion. Large effusion on the right. Moderate effusion.",
+        CXR,
+    )
     got = [(m["entity_id"], m["laterality"], m["severity"]) for m in ms]
     assert got == [
         ("F029", "left", "small"),
@@ -243,9 +256,22 @@ def test_fields_sections_anatomy_and_plurals(ex):
     assert by["Nodules"]["entity_id"] == "F016" and by["Nodules"]["section"] == "impression"
     assert by["Nodules"]["sentence"] == "Nodules in the lungs."
     for m in ms:
-        assert text[m["span_start"]:m["span_end"]] == m["text"]
-        assert set(m) == {"entity_id", "category", "span_start", "span_end", "text", "section", "sentence",
-                          "assertion", "temporality", "change", "laterality", "severity", "anatomy_id"}
+        assert text[m["span_start"] : m["span_end"]] == m["text"]
+        assert set(m) == {
+            "entity_id",
+            "category",
+            "span_start",
+            "span_end",
+            "text",
+            "section",
+            "sentence",
+            "assertion",
+            "temporality",
+            "change",
+            "laterality",
+            "severity",
+            "anatomy_id",
+        }
 
 
 def test_ambiguous_synonym_prefers_anatomy_in_sentence(ex):
@@ -272,16 +298,37 @@ def test_family_filter_and_errors(ex):
 
 def test_context_on_custom_vocabulary():
     """ConText behaviour on field-case targets outside the MedReCo CXR vocabulary (own tiny ontology)."""
-    names = {"F900": "pneumothorax", "F901": "pleural effusion", "F902": "mass", "F903": "adenopathy",
-             "F904": "hemorrhage", "F905": "infarct", "F906": "free intraperitoneal air", "F907": "pulmonary nodule", "F908": "nodule",
-             "F909": "consolidation", "F910": "pneumonia", "F911": "cardiomegaly"}
-    concepts = {i: Concept(id=i, category="finding", preferred_name=n, source_name=n, families=(CXR,),
-                           synonyms={"en": (n,)}) for i, n in names.items()}
-    onto = Ontology(version="t", concepts=concepts,
-                    families={CXR: {"anatomy": (), "finding": tuple(concepts), "condition": ()}})
+    names = {
+        "F900": "pneumothorax",
+        "F901": "pleural effusion",
+        "F902": "mass",
+        "F903": "adenopathy",
+        "F904": "hemorrhage",
+        "F905": "infarct",
+        "F906": "free intraperitoneal air",
+        "F907": "pulmonary nodule",
+        "F908": "nodule",
+        "F909": "consolidation",
+        "F910": "pneumonia",
+        "F911": "cardiomegaly",
+    }
+    concepts = {
+        i: Concept(id=i, category="finding", preferred_name=n, source_name=n, families=(CXR,), synonyms={"en": (n,)})
+        for i, n in names.items()
+    }
+    onto = Ontology(
+        version="t", concepts=concepts, families={CXR: {"anatomy": (), "finding": tuple(concepts), "condition": ()}}
+    )
     small = EntityExtractor(ontology=onto)
-    cases = [json.loads(line) for line in (DATA / "field-cases" / "report_cases.jsonl").read_text().splitlines()
-             if line.strip()] if (DATA / "field-cases" / "report_cases.jsonl").exists() else []
+    cases = (
+        [
+            json.loads(line)
+            for line in (DATA / "field-cases" / "report_cases.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
+        if (DATA / "field-cases" / "report_cases.jsonl").exists()
+        else []
+    )
     cases = [c for c in cases if c["expected"]["task"] == "context"]
     checked = 0
     for case in cases:
@@ -300,15 +347,23 @@ def test_context_on_custom_vocabulary():
         assert checked >= 15
     ms = small.extract("No pleural effusion but a small right apical pneumothorax is present.", CXR)
     assert [(m["text"], m["assertion"], m["laterality"], m["severity"]) for m in ms] == [
-        ("pleural effusion", "absent", None, None), ("pneumothorax", "present", "right", "small")]
+        ("pleural effusion", "absent", None, None),
+        ("pneumothorax", "present", "right", "small"),
+    ]
 
 
 def test_study_labels_resolution():
     onto = load_ontology()
 
     def m(eid, section, assertion, change="none", temporality="current", start=0):
-        return {"entity_id": eid, "section": section, "assertion": assertion, "change": change,
-                "temporality": temporality, "span_start": start}
+        return {
+            "entity_id": eid,
+            "section": section,
+            "assertion": assertion,
+            "change": change,
+            "temporality": temporality,
+            "span_start": start,
+        }
 
     mentions = [
         m("F029", "findings", "absent", start=1),
@@ -357,33 +412,71 @@ def test_openi_gold_micro_f1(ex):
 def _write_german_pack(folder: Path) -> None:
     """A small German lexicon: a few CXR concepts, negation 'kein/keine/ohne', 'aber' ends a clause, sections."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "synonyms_de.json").write_text(json.dumps({
-        "F029": ["Pleuraerguss", "Pleuraergüsse", "Erguss"],
-        "F018": ["Kardiomegalie"],
-        "F019": ["Atelektase", "Atelektasen"],
-        "C006": ["Pneumonie", "Lungenentzündung"],
-    }, ensure_ascii=False), encoding="utf-8")
-    negation = [{"literal": w, "category": "NEGATED_EXISTENCE", "direction": "FORWARD", "max_scope": 10}
-                for w in ("kein", "keine", "keinen", "ohne", "kein hinweis auf")]
-    (folder / "context_rules_de.json").write_text(json.dumps({
-        "terminated_by": {"NEGATED_EXISTENCE": ["CLAUSE_BREAK"], "POSSIBLE_EXISTENCE": ["CLAUSE_BREAK"]},
-        "rules": [*negation,
-                  {"literal": "verdacht auf", "category": "POSSIBLE_EXISTENCE", "direction": "FORWARD", "max_scope": 8},
-                  {"literal": "aber", "category": "CLAUSE_BREAK", "direction": "PSEUDO"},
-                  {"literal": "links", "category": "LATERALITY", "direction": "BACKWARD", "max_scope": 2,
-                   "value": "left"}],
-    }, ensure_ascii=False), encoding="utf-8")
-    (folder / "section_rules_de.json").write_text(json.dumps({
-        "canonical_sections": ["indication", "technique", "comparison", "findings", "impression"],
-        "headers": {"indication": ["Fragestellung", "Indikation"], "technique": ["Technik"],
-                    "comparison": ["Voraufnahme", "Vergleich"], "findings": ["Befund"],
-                    "impression": ["Beurteilung"]},
-    }, ensure_ascii=False), encoding="utf-8")
+    (folder / "synonyms_de.json").write_text(
+        json.dumps(
+            {
+                "F029": ["Pleuraerguss", "Pleuraergüsse", "Erguss"],
+                "F018": ["Kardiomegalie"],
+                "F019": ["Atelektase", "Atelektasen"],
+                "C006": ["Pneumonie", "Lungenentzündung"],
+            },
+            ensure_ascii=False,
+        ),
+        encoding="utf-8",
+    )
+    negation = [
+        {"literal": w, "category": "NEGATED_EXISTENCE", "direction": "FORWARD", "max_scope": 10}
+        for w in ("kein", "keine", "keinen", "ohne", "kein hinweis auf")
+    ]
+    (folder / "context_rules_de.json").write_text(
+        json.dumps(
+            {
+                "terminated_by": {"NEGATED_EXISTENCE": ["CLAUSE_BREAK"], "POSSIBLE_EXISTENCE": ["CLAUSE_BREAK"]},
+                "rules": [
+                    *negation,
+                    {
+                        "literal": "verdacht auf",
+                        "category": "POSSIBLE_EXISTENCE",
+                        "direction": "FORWARD",
+                        "max_scope": 8,
+                    },
+                    {"literal": "aber", "category": "CLAUSE_BREAK", "direction": "PSEUDO"},
+                    {
+                        "literal": "links",
+                        "category": "LATERALITY",
+                        "direction": "BACKWARD",
+                        "max_scope": 2,
+                        "value": "left",
+                    },
+                ],
+            },
+            ensure_ascii=False,
+        ),
+        encoding="utf-8",
+    )
+    (folder / "section_rules_de.json").write_text(
+        json.dumps(
+            {
+                "canonical_sections": ["indication", "technique", "comparison", "findings", "impression"],
+                "headers": {
+                    "indication": ["Fragestellung", "Indikation"],
+                    "technique": ["Technik"],
+                    "comparison": ["Voraufnahme", "Vergleich"],
+                    "findings": ["Befund"],
+                    "impression": ["Beurteilung"],
+                },
+            },
+            ensure_ascii=False,
+        ),
+        encoding="utf-8",
+    )
 
 
-GERMAN_REPORT = ("FRAGESTELLUNG: Pneumonie?\n"
-                 "BEFUND: Keine Pleuraergüsse, aber Atelektase links. Kardiomegalie.\n"
-                 "BEURTEILUNG: Kein Hinweis auf Pneumonie. Verdacht auf Erguss.")
+GERMAN_REPORT = (
+    "FRAGESTELLUNG: Pneumonie?\n"
+    "BEFUND: Keine Pleuraergüsse, aber Atelektase links. Kardiomegalie.\n"
+    "BEURTEILUNG: Kein Hinweis auf Pneumonie. Verdacht auf Erguss."
+)
 
 
 def test_second_language_is_data_only(tmp_path, monkeypatch):
@@ -398,8 +491,10 @@ def test_second_language_is_data_only(tmp_path, monkeypatch):
     de = EntityExtractor(language="de", search_path=[pack])
     assert de.ontology.concepts["F029"].synonyms["de"] == ("pleuraerguss", "pleuraergüsse", "erguss")
     assert "pleural effusion" in de.ontology.concepts["F029"].synonyms["en"]  # English unchanged
-    got = [(m["text"], m["entity_id"], m["section"], m["assertion"], m["laterality"])
-           for m in de.extract(GERMAN_REPORT, CXR)]
+    got = [
+        (m["text"], m["entity_id"], m["section"], m["assertion"], m["laterality"])
+        for m in de.extract(GERMAN_REPORT, CXR)
+    ]
     assert got == [
         ("Pneumonie", "C006", "indication", "present", None),
         ("Pleuraergüsse", "F029", "findings", "absent", None),
@@ -436,7 +531,7 @@ def test_language_files_are_validated(tmp_path):
     assert err2.value.reason == "unsupported_language"
     good = tmp_path / "good"
     _write_german_pack(good)
-    (good / "context_rules_de.json").write_text("{\"rules\": [{\"category\": \"NEGATED_EXISTENCE\"}]}")
+    (good / "context_rules_de.json").write_text('{"rules": [{"category": "NEGATED_EXISTENCE"}]}')
     with pytest.raises(ExtractorConfigError) as err3:
         EntityExtractor(language="de", search_path=[good])
     assert err3.value.reason == "invalid_context_rules"

@@ -12,31 +12,53 @@ from entity_extraction.languages.detect import confidence_needed, detect_languag
 from entity_extraction.languages.local_deid import available_languages, deidentify_local
 from entity_extraction.languages.route import UnsupportedLanguageError, deidentify_report, supported_languages
 
-GERMAN = ("Röntgen Thorax vom 12. März 2023\nPatient: Hans Müller, geb. 04.07.1951\nKlinikum Großhadern München\n"
-          "Befund: Kein Pleuraerguss. Herz nicht vergrößert. V.a. beginnende Pneumonie rechts basal.\n"
-          "Beurteilung: Kein Pneumothorax.\nDr. med. Schäfer")
-FRENCH = ("Patiente: Mme Élodie Lefèvre, née le 4 juillet 1951, CHU de Bordeaux.\n"
-          "Résultats : pas d'épanchement pleural. Cardiomégalie modérée.\nConclusion : pas de foyer de condensation.")
+GERMAN = (
+    "Röntgen Thorax vom 12. März 2023\nPatient: Hans Müller, geb. 04.07.1951\nKlinikum Großhadern München\n"
+    "Befund: Kein Pleuraerguss. Herz nicht vergrößert. V.a. beginnende Pneumonie rechts basal.\n"
+    "Beurteilung: Kein Pneumothorax.\nDr. med. Schäfer"
+)
+FRENCH = (
+    "Patiente: Mme Élodie Lefèvre, née le 4 juillet 1951, CHU de Bordeaux.\n"
+    "Résultats : pas d'épanchement pleural. Cardiomégalie modérée.\nConclusion : pas de foyer de condensation."
+)
 CHINESE = "患者：王小明，2023年3月12日，北京协和医院。胸部X线：双肺未见明显异常，心影不大。"
-SPANISH = ("Paciente: Sra. Carmen Ruiz Gómez, nacida el 12 de marzo de 1950. Hospital Universitario La Paz, Madrid.\n"
-           "NHC: 368503. Domicilio: Calle Miguel Benitez 90, 28016 Madrid. Tel.: 913 908 121\n"
-           "Hallazgos: no se observa derrame pleural. Posible neumonía en lóbulo inferior derecho.")
+SPANISH = (
+    "Paciente: Sra. Carmen Ruiz Gómez, nacida el 12 de marzo de 1950. Hospital Universitario La Paz, Madrid.\n"
+    "NHC: 368503. Domicilio: Calle Miguel Benitez 90, 28016 Madrid. Tel.: 913 908 121\n"
+    "Hallazgos: no se observa derrame pleural. Posible neumonía en lóbulo inferior derecho."
+)
 ITALIAN = "Torace: non si osservano versamenti pleurici. Cuore nei limiti della norma. Paziente Mario Rossi, nato il 3 maggio 1950."
 DUTCH = "Thorax: geen pleuravocht. Hart van normale grootte. Patiënt Jan de Vries, geboren op 3 mei 1950, ziekenhuis Utrecht."
 
 
-@pytest.mark.parametrize("text, prior, expected", [
-    (GERMAN, "en", "de"), (FRENCH, "en", "fr"), (SPANISH, "en", "es"), (CHINESE, "en", "zh"), (ITALIAN, "en", "it"),
-    (DUTCH, "en", "nl"),
-    # the configured language is a prior, not a fact: a French report from an English site is French
-    (FRENCH, "de", "fr"),
-    # an English report quoting foreign names and a foreign hospital stays English
-    ("Referred by Dr. François Lefèvre-Dubois, CHU de Bordeaux. The lungs are clear and there is no effusion.", "en",
-     "en"),
-    ("Patient Hans Müller from Klinikum Großhadern München. No pleural effusion. The heart size is normal.", "de", "en"),
-    # too short to tell: the prior decides, whatever lingua guesses
-    ("Normal.", "en", "en"), ("Normal.", "de", "de"), ("Sin hallazgos.", "en", "en"),
-])
+@pytest.mark.parametrize(
+    "text, prior, expected",
+    [
+        (GERMAN, "en", "de"),
+        (FRENCH, "en", "fr"),
+        (SPANISH, "en", "es"),
+        (CHINESE, "en", "zh"),
+        (ITALIAN, "en", "it"),
+        (DUTCH, "en", "nl"),
+        # the configured language is a prior, not a fact: a French report from an English site is French
+        (FRENCH, "de", "fr"),
+        # an English report quoting foreign names and a foreign hospital stays English
+        (
+            "Referred by Dr. François Lefèvre-Dubois, CHU de Bordeaux. The lungs are clear and there is no effusion.",
+            "en",
+            "en",
+        ),
+        (
+            "Patient Hans Müller from Klinikum Großhadern München. No pleural effusion. The heart size is normal.",
+            "de",
+            "en",
+        ),
+        # too short to tell: the prior decides, whatever lingua guesses
+        ("Normal.", "en", "en"),
+        ("Normal.", "de", "de"),
+        ("Sin hallazgos.", "en", "en"),
+    ],
+)
 def test_detect_language(text, prior, expected):
     assert detect_language(text, prior).language == expected
 
@@ -59,8 +81,12 @@ def test_foreign_script_in_latin_report_is_withheld():
     d = detect_language("Patient 王小明. The lungs are clear and there is no effusion.", "en")
     assert d.language == "en" and d.foreign_script
     with pytest.raises(UnsupportedLanguageError) as err:
-        deidentify_report("Patient 王小明. The lungs are clear and there is no effusion.", prior="en", known_phi=[],
-                          date_shift_days=None)
+        deidentify_report(
+            "Patient 王小明. The lungs are clear and there is no effusion.",
+            prior="en",
+            known_phi=[],
+            date_shift_days=None,
+        )
     assert err.value.reason == "unsupported_language" and "王" not in str(err.value)
 
 
@@ -106,8 +132,9 @@ def test_french_pack_removes_the_issue_phi():
     for phi in ("Élodie", "Lefèvre", "4 juillet 1951", "Bordeaux"):
         assert phi not in out, phi
     assert "pas d'épanchement pleural" in out and "Mme [NAME]" in out
-    addr, _ = deidentify_local("Adresse : 12 rue de la Paix, 75002 Paris. Tél. : 01 42 68 53 00", "fr", known_phi=[],
-                               date_shift_days=None)
+    addr, _ = deidentify_local(
+        "Adresse : 12 rue de la Paix, 75002 Paris. Tél. : 01 42 68 53 00", "fr", known_phi=[], date_shift_days=None
+    )
     assert "Paix" not in addr and "75002" not in addr and "Paris" not in addr and "42 68" not in addr
 
 
@@ -120,26 +147,44 @@ def test_spanish_pack_removes_phi_and_keeps_clinical_words():
 
 
 def test_known_header_names_are_removed_in_any_case():
-    out, _ = deidentify_local("Befund für MUELLER^HANS: kein Erguss. Mueller Hans, Zimmer 3.", "de",
-                              known_phi=["MUELLER^HANS", "PID-778812"], date_shift_days=None)
+    out, _ = deidentify_local(
+        "Befund für MUELLER^HANS: kein Erguss. Mueller Hans, Zimmer 3.",
+        "de",
+        known_phi=["MUELLER^HANS", "PID-778812"],
+        date_shift_days=None,
+    )
     assert "MUELLER" not in out and "Mueller" not in out and "HANS" not in out and "kein Erguss" in out
 
 
 def test_clinical_words_and_measurements_stay():
-    text = ("Befund: Pleuraerguss links 12 mm. Herz normal groß. Klinik für Radiologie. Segment 6. "
-            "Aorta 3,5 cm. Kontrolle in 6 Wochen.")
+    text = (
+        "Befund: Pleuraerguss links 12 mm. Herz normal groß. Klinik für Radiologie. Segment 6. "
+        "Aorta 3,5 cm. Kontrolle in 6 Wochen."
+    )
     out, counts = deidentify_local(text, "de", known_phi=[], date_shift_days=None)
     assert out == text and counts == {}
 
 
-@pytest.mark.parametrize("lang, text, expected", [
-    ("de", "Befund: Kein Pleuraerguss. V.a. Pneumonie im rechten Unterlappen. Z.n. Rippenfraktur rechts.",
-     [("F029", "absent"), ("C006", "uncertain"), ("F006", "present")]),
-    ("fr", "Résultats : Pas d'épanchement pleural. Opacité évoquant une pneumopathie droite. Cardiomégalie.",
-     [("F029", "absent"), ("C006", "uncertain"), ("F018", "present")]),
-    ("es", "Hallazgos: No se observa derrame pleural. Posible neumonía en lóbulo inferior derecho. Cardiomegalia.",
-     [("F029", "absent"), ("C006", "uncertain"), ("F018", "present")]),
-])
+@pytest.mark.parametrize(
+    "lang, text, expected",
+    [
+        (
+            "de",
+            "Befund: Kein Pleuraerguss. V.a. Pneumonie im rechten Unterlappen. Z.n. Rippenfraktur rechts.",
+            [("F029", "absent"), ("C006", "uncertain"), ("F006", "present")],
+        ),
+        (
+            "fr",
+            "Résultats : Pas d'épanchement pleural. Opacité évoquant une pneumopathie droite. Cardiomégalie.",
+            [("F029", "absent"), ("C006", "uncertain"), ("F018", "present")],
+        ),
+        (
+            "es",
+            "Hallazgos: No se observa derrame pleural. Posible neumonía en lóbulo inferior derecho. Cardiomegalia.",
+            [("F029", "absent"), ("C006", "uncertain"), ("F018", "present")],
+        ),
+    ],
+)
 def test_entity_packs(lang, text, expected):
     from entity_extraction.extract import EntityExtractor
 
@@ -156,7 +201,7 @@ def test_synthetic_generator_is_seeded_and_its_key_matches_the_text():
     assert a == b and a != generate("de", 3, seed=8)
     for doc in a:
         assert {p["type"] for p in doc["phi"]} >= {"NAME", "DATE", "ID", "ORGANIZATION"}
-        assert all(doc["text"][p["start"]:p["end"]] == p["value"] for p in doc["phi"])
+        assert all(doc["text"][p["start"] : p["end"]] == p["value"] for p in doc["phi"])
         assert len(doc["entities"]) == 5
 
 
@@ -166,8 +211,13 @@ def test_annotate_cli_on_the_issue_reports(tmp_path):
     from medreco.cli import app
 
     src = tmp_path / "in.jsonl"
-    src.write_text("".join(json.dumps({"id": i, "input": t}, ensure_ascii=False) + "\n"
-                           for i, t in (("de", GERMAN), ("fr", FRENCH), ("zh", CHINESE))), encoding="utf-8")
+    src.write_text(
+        "".join(
+            json.dumps({"id": i, "input": t}, ensure_ascii=False) + "\n"
+            for i, t in (("de", GERMAN), ("fr", FRENCH), ("zh", CHINESE))
+        ),
+        encoding="utf-8",
+    )
     out = tmp_path / "out.jsonl"
     result = CliRunner().invoke(app, ["reports", "annotate", str(src), str(out)])
     assert result.exit_code == 0, result.output
@@ -182,7 +232,9 @@ def test_annotate_cli_on_the_issue_reports(tmp_path):
     assert {(e["entity_id"], e["assertion"]) for e in de["entities"]} >= {("F029", "absent"), ("C006", "uncertain")}
     assert de["sections"]["findings"].startswith("Kein Pleuraerguss") and de["sections"]["impression"]
     assert {(e["entity_id"], e["assertion"]) for e in fr["entities"]} >= {("F029", "absent"), ("F018", "present")}
-    assert zh["deidentified_text"] is None and zh["entities"] == [] and zh["withheld"]["reason"] == "unsupported_language"
+    assert (
+        zh["deidentified_text"] is None and zh["entities"] == [] and zh["withheld"]["reason"] == "unsupported_language"
+    )
     assert "王" not in json.dumps(zh, ensure_ascii=False) and zh["language"]["code"] == "zh"
 
 
@@ -193,8 +245,18 @@ def test_eval_deid_language_option(tmp_path):
 
     text = "Paciente: Juan Pérez. Sexo: H. Derrame pleural."
     gold = tmp_path / "g.jsonl"
-    gold.write_text(json.dumps({"id": "1", "text": text, "phi": [{"start": 10, "end": 20, "type": "NOMBRE"}],
-                                "ignore": [{"start": 28, "end": 29, "type": "SEXO"}]}) + "\n", encoding="utf-8")
+    gold.write_text(
+        json.dumps(
+            {
+                "id": "1",
+                "text": text,
+                "phi": [{"start": 10, "end": 20, "type": "NOMBRE"}],
+                "ignore": [{"start": 28, "end": 29, "type": "SEXO"}],
+            }
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     result = CliRunner().invoke(app, ["eval", "deid", "--gold", str(gold), "--language", "es"])
     assert result.exit_code == 0, result.output
     assert "NOMBRE" in result.output and "1.000" in result.output

@@ -89,8 +89,11 @@ def test_spans_cover_text_and_map_offsets():
 def test_openi_layout_round_trip():
     rows = list(csv.DictReader((DATA / "openi" / "indiana_reports.csv").open(encoding="utf-8")))[:300]
     for row in rows:
-        parts = [f"{h.upper()}: {row[h].strip()}" for h in ("indication", "comparison", "findings", "impression")
-                 if row[h].strip()]
+        parts = [
+            f"{h.upper()}: {row[h].strip()}"
+            for h in ("indication", "comparison", "findings", "impression")
+            if row[h].strip()
+        ]
         s = split_sections("\n".join(parts))
         for h in ("findings", "impression"):
             assert s[h] == row[h].strip(), (row["uid"], h)

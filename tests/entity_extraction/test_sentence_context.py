@@ -28,8 +28,13 @@ def _modifiers(ex, text: str, family: str, stock: bool) -> list:
     doc = ex._nlp(_unwrap(text))
     _set_ents(doc, ex._family(family).matcher(doc))
     doc = ConText.__call__(ex._context, doc) if stock else ex._context(doc)
-    return [((e.start, e.end, e.label_),
-             [(m.category, m.modifier_span, m.scope_span, m.rule.literal) for m in e._.modifiers]) for e in doc.ents]
+    return [
+        (
+            (e.start, e.end, e.label_),
+            [(m.category, m.modifier_span, m.scope_span, m.rule.literal) for m in e._.modifiers],
+        )
+        for e in doc.ents
+    ]
 
 
 def _openi_texts() -> list[str]:
@@ -58,12 +63,15 @@ def test_same_modifiers_as_medspacy_on_every_openi_and_ct_report(ex, shared_data
     assert modified > 5000  # the comparison is not vacuous: thousands of targets carry modifiers
 
 
-@pytest.mark.parametrize("text", [
-    # "no" ends one sentence and the next starts with "evidence of": phrase matches may cross the boundary
-    "Heart size is normal and there is no\n\nIMPRESSION: evidence of pleural effusion.",
-    "No pneumothorax. Left pleural effusion, increased. Right lung clear, no consolidation.",
-    "Stable cardiomegaly. No new consolidation; no pleural effusion or pneumothorax.",
-    "FINDINGS:\nNo\nIMPRESSION: pleural effusion",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        # "no" ends one sentence and the next starts with "evidence of": phrase matches may cross the boundary
+        "Heart size is normal and there is no\n\nIMPRESSION: evidence of pleural effusion.",
+        "No pneumothorax. Left pleural effusion, increased. Right lung clear, no consolidation.",
+        "Stable cardiomegaly. No new consolidation; no pleural effusion or pneumothorax.",
+        "FINDINGS:\nNo\nIMPRESSION: pleural effusion",
+    ],
+)
 def test_same_modifiers_on_boundary_cases(ex, text):
     assert _modifiers(ex, text, "2D-CXR", stock=False) == _modifiers(ex, text, "2D-CXR", stock=True)

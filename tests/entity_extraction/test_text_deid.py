@@ -29,7 +29,9 @@ def test_known_name_any_order_and_case(spelling):
 
 
 def test_known_surname_alone_and_known_id():
-    out, counts = deid("Mr. Doe, MRN 00123456, accession X-77. Doe tolerated it.", known=["DOE^JOHN", "00123456", "X-77"])
+    out, counts = deid(
+        "Mr. Doe, MRN 00123456, accession X-77. Doe tolerated it.", known=["DOE^JOHN", "00123456", "X-77"]
+    )
     assert "Doe" not in out and "00123456" not in out and "X-77" not in out
     assert out == "Mr. [NAME], MRN [ID], accession [ID]. [NAME] tolerated it."
     assert counts == {"ID": 2, "NAME": 2}
@@ -73,12 +75,25 @@ def test_no_shift_or_unparseable_dates_are_redacted():
 
 
 def test_phone_email_ids_doctor_org():
-    text = ("Call 617-555-0123 or (617) 555-0199 or +44 20 7946 0958. Email jane.roe@example.org. "
-            "MRN: 1234567. Pt ID 99AB1234. Account 12345678. Dr. Smith and Dr Jane Roe reviewed. "
-            "Outside films from St. Odran General Hospital.")
+    text = (
+        "Call 617-555-0123 or (617) 555-0199 or +44 20 7946 0958. Email jane.roe@example.org. "
+        "MRN: 1234567. Pt ID 99AB1234. Account 12345678. Dr. Smith and Dr Jane Roe reviewed. "
+        "Outside films from St. Odran General Hospital."
+    )
     out, counts = deid(text)
-    for phi in ("617-555-0123", "555-0199", "7946", "jane.roe", "1234567", "99AB1234", "12345678", "Smith", "Jane",
-                "Roe", "Odran"):
+    for phi in (
+        "617-555-0123",
+        "555-0199",
+        "7946",
+        "jane.roe",
+        "1234567",
+        "99AB1234",
+        "12345678",
+        "Smith",
+        "Jane",
+        "Roe",
+        "Odran",
+    ):
         assert phi not in out, phi
     assert "Dr. [NAME] and Dr. [NAME] reviewed" in out
     assert "MRN: [ID]" in out
@@ -86,8 +101,10 @@ def test_phone_email_ids_doctor_org():
 
 
 def test_clinical_text_is_not_scrubbed():
-    text = ("FINDINGS: Mild MR. LA enlargement. 4 mm nodule at T12-L1. BP 120/80. 1.5 x 2.3 cm. "
-            "May represent atelectasis. Findings discussed with the patient. No change since prior.")
+    text = (
+        "FINDINGS: Mild MR. LA enlargement. 4 mm nodule at T12-L1. BP 120/80. 1.5 x 2.3 cm. "
+        "May represent atelectasis. Findings discussed with the patient. No change since prior."
+    )
     assert deid(text) == (text, {})
 
 
@@ -153,8 +170,7 @@ def test_non_ascii_and_mc_names_are_redacted_whole():
     """Irish/accented names and internal capitals (found by the end-to-end PHI answer-key test)."""
     from entity_extraction.deid import deidentify_text
 
-    text = ("Name: Gráinne A. Walsh\nElectronically signed by Dr. Cián McCarthy on 25 June 2017.\n"
-            "PATIENT: Seán Ó Briain")
+    text = "Name: Gráinne A. Walsh\nElectronically signed by Dr. Cián McCarthy on 25 June 2017.\nPATIENT: Seán Ó Briain"
     out, counts = deidentify_text(text, known_phi=[], date_shift_days=1)
     for part in ("Gráinne", "Walsh", "Cián", "McCarthy", "Seán", "Briain"):
         assert part not in out
@@ -179,8 +195,9 @@ def test_name_runs_with_commas_initials_and_apostrophes(text, known, gone):
 
 
 def test_birth_date_removed_and_ages_over_89_capped():
-    out, counts = deid("DOB: 06.08.1926\nDate of birth: 6 August 1926\nA 95-year-old woman; 93 yo; 45-year-old man.",
-                       known=[])
+    out, counts = deid(
+        "DOB: 06.08.1926\nDate of birth: 6 August 1926\nA 95-year-old woman; 93 yo; 45-year-old man.", known=[]
+    )
     assert out == "DOB: [DATE]\nDate of birth: [DATE]\nA 90+-year-old woman; 90+ yo; 45-year-old man."
     assert counts["DATE"] == 2 and counts["AGE"] == 2
 
@@ -207,25 +224,42 @@ def test_name_after_the_word_patient_without_a_colon(text, expected):
 @pytest.mark.parametrize(
     ("text", "expected", "counts"),
     [
-        ("Seen at Boston General Hospital, 123 Main Street, Boston MA.",
-         "Seen at [ORGANIZATION], [ADDRESS].", {"ADDRESS": 1, "ORGANIZATION": 1}),
+        (
+            "Seen at Boston General Hospital, 123 Main Street, Boston MA.",
+            "Seen at [ORGANIZATION], [ADDRESS].",
+            {"ADDRESS": 1, "ORGANIZATION": 1},
+        ),
         ("Lives at 123 Main Street, Boston, MA.", "Lives at [ADDRESS].", {"ADDRESS": 1}),
         ("Lives at 45 Oak Avenue, Springfield, Illinois.", "Lives at [ADDRESS].", {"ADDRESS": 1}),
-        ("Lives at 45 Oak Avenue, Albany, New York. PA and lateral views.",
-         "Lives at [ADDRESS]. PA and lateral views.", {"ADDRESS": 1}),
-        ("Address: 123 Main Street, Boston MA 02115. LA enlargement.",
-         "Address: [ADDRESS]. LA enlargement.", {"ADDRESS": 1}),
-        ("Address: 123 Main Street, Boston, MA 02115-1234. MR 3 cm.",
-         "Address: [ADDRESS]. MR 3 cm.", {"ADDRESS": 1}),
+        (
+            "Lives at 45 Oak Avenue, Albany, New York. PA and lateral views.",
+            "Lives at [ADDRESS]. PA and lateral views.",
+            {"ADDRESS": 1},
+        ),
+        (
+            "Address: 123 Main Street, Boston MA 02115. LA enlargement.",
+            "Address: [ADDRESS]. LA enlargement.",
+            {"ADDRESS": 1},
+        ),
+        ("Address: 123 Main Street, Boston, MA 02115-1234. MR 3 cm.", "Address: [ADDRESS]. MR 3 cm.", {"ADDRESS": 1}),
         ("Home: 9 Elm Road, St. Louis, MO 63101", "Home: [ADDRESS]", {"ADDRESS": 1}),
-        ("123 Main Street\nBoston MA 02115\nFINDINGS: LA enlargement.",
-         "[ADDRESS]\nFINDINGS: LA enlargement.", {"ADDRESS": 1}),
-        ("Lives at 123 Main Street, Boston. Right lower lobe, PA and lateral views.",
-         "Lives at [ADDRESS]. Right lower lobe, PA and lateral views.", {"ADDRESS": 1}),
+        (
+            "123 Main Street\nBoston MA 02115\nFINDINGS: LA enlargement.",
+            "[ADDRESS]\nFINDINGS: LA enlargement.",
+            {"ADDRESS": 1},
+        ),
+        (
+            "Lives at 123 Main Street, Boston. Right lower lobe, PA and lateral views.",
+            "Lives at [ADDRESS]. Right lower lobe, PA and lateral views.",
+            {"ADDRESS": 1},
+        ),
         ("Flat 2, 10 Downing Street, London SW1A 2AA.", "Flat 2, [ADDRESS].", {"ADDRESS": 1}),
         ("10 Downing Street, London, SW1A 2AA", "[ADDRESS]", {"ADDRESS": 1}),
-        ("Lives at 12 Oak Lane, Boston MA, PA and lateral views.",
-         "Lives at [ADDRESS], PA and lateral views.", {"ADDRESS": 1}),
+        (
+            "Lives at 12 Oak Lane, Boston MA, PA and lateral views.",
+            "Lives at [ADDRESS], PA and lateral views.",
+            {"ADDRESS": 1},
+        ),
     ],
 )
 def test_street_address_with_city_state_zip_is_one_address(text, expected, counts):
@@ -248,9 +282,22 @@ def test_state_codes_and_clinical_abbreviations_alone_are_kept(text):
     assert deid(text, known=[]) == (text, {})
 
 
-@pytest.mark.parametrize("text", ["a" * 40_000, "A" * 40_000, " " * 40_000 + "x", "\t" * 40_000, ", " * 20_000,
-                                  "a@" * 20_000, "a." * 20_000, "1" * 40_000, "Ab" * 20_000, "Dr " * 13_000],
-                         ids=["lower", "caps", "spaces", "tabs", "commas", "at", "dots", "digits", "Ab", "titles"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a" * 40_000,
+        "A" * 40_000,
+        " " * 40_000 + "x",
+        "\t" * 40_000,
+        ", " * 20_000,
+        "a@" * 20_000,
+        "a." * 20_000,
+        "1" * 40_000,
+        "Ab" * 20_000,
+        "Dr " * 13_000,
+    ],
+    ids=["lower", "caps", "spaces", "tabs", "commas", "at", "dots", "digits", "Ab", "titles"],
+)
 def test_adversarial_text_is_scrubbed_in_linear_time(text):
     """Every pattern runs in linear time: 40,000 characters that once made a pattern backtrack quadratically (the
     e-mail local part, whitespace before a degree, a name run before a degree took 10-30 s) finish far inside a

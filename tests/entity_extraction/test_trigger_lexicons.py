@@ -42,8 +42,14 @@ def assertion_of(ex, text: str, target: str) -> str:
 def test_negex_list_is_the_full_published_list():
     triggers = read_negex_triggers()
     assert len(triggers) == 272
-    assert Counter(tag for _, tag in triggers) == {"PREN": 125, "CONJ": 89, "PREP": 21, "PSEU": 16, "POSP": 14,
-                                                   "POST": 7}
+    assert Counter(tag for _, tag in triggers) == {
+        "PREN": 125,
+        "CONJ": 89,
+        "PREP": 21,
+        "PSEU": 16,
+        "POSP": 14,
+        "POST": 7,
+    }
 
 
 def test_every_source_is_read_and_named(field):
@@ -81,13 +87,21 @@ def test_merge_precedence_and_carried_assertions(field):
     # our layer wins on a shared literal: NegEx reads "no" as pre-negation too, ours has max_scope 20
     assert by_literal["no"][0].get("source") is None and by_literal["no"][0]["max_scope"] == 20
     # NegEx "rule out" (pre-possible) is hypothetical in our layer and keeps its uncertainty
-    assert by_literal["rule out"][0]["category"] == "HYPOTHETICAL" and by_literal["rule out"][0]["assertion"] == "uncertain"
+    assert (
+        by_literal["rule out"][0]["category"] == "HYPOTHETICAL"
+        and by_literal["rule out"][0]["assertion"] == "uncertain"
+    )
     # NegEx "evaluate for" (pre-negation) is hypothetical in ConText: the negation is not carried
     assert "assertion" not in by_literal["evaluate for"][0]
     # a field trigger our layer lacks comes in with its source named
     assert by_literal["fails to reveal"][0]["category"] == "NEGATED_EXISTENCE"
-    assert by_literal["trigger event for"][0] == {"literal": "trigger event for", "category": "CLAUSE_BREAK",
-                                                  "direction": "PSEUDO", "source": "negex", "max_scope": 1}
+    assert by_literal["trigger event for"][0] == {
+        "literal": "trigger event for",
+        "category": "CLAUSE_BREAK",
+        "direction": "PSEUDO",
+        "source": "negex",
+        "max_scope": 1,
+    }
 
 
 def test_bad_manifest_is_a_config_error(tmp_path):
@@ -99,6 +113,7 @@ def test_bad_manifest_is_a_config_error(tmp_path):
     path = tmp_path / "context_rules_en.json"
     path.write_text(json.dumps(rules))
     from entity_extraction.extract import ExtractorConfigError
+
     with pytest.raises(ExtractorConfigError) as err:
         EntityExtractor(context_rules_path=path)
     assert err.value.reason == "invalid_context_rules"
@@ -154,8 +169,11 @@ def test_own_rule_sentence(ex, rule):
 
 def own_temporality_rules():
     """Our layer's hypothetical and historical rules."""
-    return [pytest.param(r, id=f"{r['category']}:{r['literal']}") for r in RULES["rules"]
-            if r["category"] in ("HYPOTHETICAL", "HISTORICAL") and "phrases" not in r]
+    return [
+        pytest.param(r, id=f"{r['category']}:{r['literal']}")
+        for r in RULES["rules"]
+        if r["category"] in ("HYPOTHETICAL", "HISTORICAL") and "phrases" not in r
+    ]
 
 
 @pytest.mark.parametrize("rule", own_temporality_rules())
@@ -194,8 +212,11 @@ def test_own_phrase_rules(ex):
         ("Likely pneumonia.", "pneumonia", "present"),
         ("No pneumothorax. Possible small pleural effusion.", "pleural effusion", "uncertain"),
         ("No new suspicious nodules or consolidation.", "consolidation", "absent"),
-        ("No focal consolidation, suspicious pulmonary opacity, pleural effusion, or pneumothorax.",
-         "pleural effusion", "absent"),
+        (
+            "No focal consolidation, suspicious pulmonary opacity, pleural effusion, or pneumothorax.",
+            "pleural effusion",
+            "absent",
+        ),
         ("Suspicious pulmonary nodule.", "pulmonary nodule", "uncertain"),
         ("Rule out pneumonia.", "pneumonia", "uncertain"),
         ("Evaluate for pneumonia.", "pneumonia", "present"),
@@ -220,7 +241,7 @@ def test_probe_frames():
     frames = build_probe()
     assert len(frames) == 2 * 125 + 89 + 21 + 16 + 14 + 7  # 397 frames of 272 triggers
     first = frames[0]
-    assert first.text[first.start:first.end] in ("pleural effusion", "Pleural effusion")
+    assert first.text[first.start : first.end] in ("pleural effusion", "Pleural effusion")
     by = Counter(f.expected for f in frames)
     assert by == {"absent": 257, "not_absent": 105, "uncertain": 35}
 
@@ -249,11 +270,13 @@ def test_fold_plans(tmp_path):
     bad.write_text("sets:\n  x: {k: 3, tuned: [0, 1, 2]}\n")
     with pytest.raises(FoldsError, match="proper subset"):
         load_fold_plans(bad)
-    line = render_fold_line(FoldPlan("x", 5, frozenset({0, 1, 2})), "F1", {"tuned": 0.9, "held-out": 0.88},
-                            {"tuned": 30, "held-out": 20})
+    line = render_fold_line(
+        FoldPlan("x", 5, frozenset({0, 1, 2})), "F1", {"tuned": 0.9, "held-out": 0.88}, {"tuned": 30, "held-out": 20}
+    )
     assert line == ("k-fold x: F1: tuned (folds 0,1,2; n=30) 0.900 | held-out (folds 3,4; n=20) 0.880 | gap -0.020")
-    undefined = render_fold_line(FoldPlan("x", 5, frozenset({0, 1, 2})), "F1", {"tuned": 0.9, "held-out": None},
-                                 {"tuned": 3, "held-out": 1})
+    undefined = render_fold_line(
+        FoldPlan("x", 5, frozenset({0, 1, 2})), "F1", {"tuned": 0.9, "held-out": None}, {"tuned": 3, "held-out": 1}
+    )
     assert undefined.endswith("held-out (folds 3,4; n=1) n/a | gap n/a")
 
 
@@ -278,8 +301,12 @@ def test_variant_example_names_its_concept(ex, concept_id):
 
 
 def test_variants_never_name_another_concept(ex):
-    synonyms = {s.lower(): c.id for f in VARIANTS["families"] for c in ex.ontology.family_concepts(f)
-                for s in c.synonyms.get("en", ())}
+    synonyms = {
+        s.lower(): c.id
+        for f in VARIANTS["families"]
+        for c in ex.ontology.family_concepts(f)
+        for s in c.synonyms.get("en", ())
+    }
     for cid, entry in VARIANTS["concepts"].items():
         for v in entry["variants"]:
             assert synonyms.get(v.lower(), cid) == cid, (v, cid, synonyms[v.lower()])

@@ -26,12 +26,17 @@ VALUES = INFRA / "helm" / "values.yaml"
 ENV_EXAMPLE = INFRA / "env.example"
 
 AIRFLOW_COMPONENTS = {
-    "airflow-apiserver": ["api-server"], "airflow-scheduler": ["scheduler"],
-    "airflow-dag-processor": ["dag-processor"], "airflow-triggerer": ["triggerer"],
-    "airflow-worker": ["celery", "worker"], "airflow-init": ["db", "migrate"],
+    "airflow-apiserver": ["api-server"],
+    "airflow-scheduler": ["scheduler"],
+    "airflow-dag-processor": ["dag-processor"],
+    "airflow-triggerer": ["triggerer"],
+    "airflow-worker": ["celery", "worker"],
+    "airflow-init": ["db", "migrate"],
 }
 #: environment keys that carry credentials: their values must come from required variables
-SECRET_KEY_RE = re.compile(r"PASSWORD|SECRET(?!S_)|FERNET|JWT|ACCESS_KEY|PSEUDONYM|SQL_ALCHEMY_CONN|BROKER_URL|RESULT_BACKEND")
+SECRET_KEY_RE = re.compile(
+    r"PASSWORD|SECRET(?!S_)|FERNET|JWT|ACCESS_KEY|PSEUDONYM|SQL_ALCHEMY_CONN|BROKER_URL|RESULT_BACKEND"
+)
 
 _VAR = re.compile(r"\$(?:(?P<escaped>\$)|\{(?P<braced>[^}]*)\}|(?P<named>[A-Za-z_][A-Za-z0-9_]*))")
 _BRACED = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>.*))?$", re.S)
@@ -122,6 +127,7 @@ def values() -> dict:
 
 # ---- compose ---------------------------------------------------------------------------------------------
 
+
 def test_compose_has_every_component(compose):
     services = compose["services"]
     assert set(AIRFLOW_COMPONENTS) | {"postgres", "redis", "minio", "minio-init"} <= set(services)
@@ -145,8 +151,15 @@ def test_every_airflow_service_has_the_same_environment_from_variables(compose):
     envs = [services[n]["environment"] for n in AIRFLOW_COMPONENTS]
     assert all(e == envs[0] for e in envs), "one shared environment (x-airflow-env) for every component"
     env = envs[0]
-    for key in ("MEDRECO_CONFIG", "MEDRECO_PSEUDONYM_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"):
+    for key in (
+        "MEDRECO_CONFIG",
+        "MEDRECO_PSEUDONYM_KEY",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AIRFLOW__API_AUTH__JWT_SECRET",
+        "AIRFLOW__CORE__FERNET_KEY",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+    ):
         assert key in env, key
 
 
@@ -167,8 +180,9 @@ def test_secrets_are_required_variables(compose):
             checked += 1
     assert checked >= 15
     # the pseudonymisation key may be empty (secrets backend) but must be set deliberately
-    assert variables(compose["services"]["airflow-worker"]["environment"]["MEDRECO_PSEUDONYM_KEY"]) == \
-        {"MEDRECO_PSEUDONYM_KEY": {"?"}}
+    assert variables(compose["services"]["airflow-worker"]["environment"]["MEDRECO_PSEUDONYM_KEY"]) == {
+        "MEDRECO_PSEUDONYM_KEY": {"?"}
+    }
     redis_cmd = " ".join(compose["services"]["redis"]["command"])
     assert "--requirepass ${REDIS_PASSWORD:?" in redis_cmd
 
@@ -179,15 +193,22 @@ def test_compose_renders_from_the_environment(compose):
     worker = rendered["services"]["airflow-worker"]["environment"]
     assert worker["MEDRECO_PSEUDONYM_KEY"] == env["MEDRECO_PSEUDONYM_KEY"]
     assert worker["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == (
-        f"postgresql+psycopg2://{env['POSTGRES_USER']}:{env['POSTGRES_PASSWORD']}@postgres:5432/{env['POSTGRES_DB']}")
+        f"postgresql+psycopg2://{env['POSTGRES_USER']}:{env['POSTGRES_PASSWORD']}@postgres:5432/{env['POSTGRES_DB']}"
+    )
     assert worker["AWS_ENDPOINT_URL"] == "http://minio:9000", "unset: the bundled MinIO"
     assert json.loads(worker["AIRFLOW_CONN_AWS_DEFAULT"])["extra"]["endpoint_url"] == "http://minio:9000"
     on_aws = interpolate(compose, {**env, "AWS_ENDPOINT_URL": ""})["services"]["airflow-worker"]["environment"]
     assert on_aws["AWS_ENDPOINT_URL"] == "", "set to empty: AWS S3"
     # key from a secrets backend: an empty key is accepted, an unset one is not
     assert interpolate(compose, {**env, "MEDRECO_PSEUDONYM_KEY": ""})
-    for required in ("MEDRECO_PSEUDONYM_KEY", "POSTGRES_PASSWORD", "REDIS_PASSWORD", "AIRFLOW_JWT_SECRET",
-                     "AWS_SECRET_ACCESS_KEY", "MEDRECO_DEPLOY_DIR"):
+    for required in (
+        "MEDRECO_PSEUDONYM_KEY",
+        "POSTGRES_PASSWORD",
+        "REDIS_PASSWORD",
+        "AIRFLOW_JWT_SECRET",
+        "AWS_SECRET_ACCESS_KEY",
+        "MEDRECO_DEPLOY_DIR",
+    ):
         with pytest.raises(MissingVariable, match=required):
             interpolate(compose, {k: v for k, v in env.items() if k != required})
 
@@ -205,8 +226,13 @@ def test_docker_compose_config():
     if probe is None or probe.returncode != 0:
         pytest.skip("docker compose is not available here (no Docker engine/compose plugin on this machine)")
     env = {**filled_env(), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([docker, "compose", "-f", str(COMPOSE), "config", "--quiet"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [docker, "compose", "-f", str(COMPOSE), "config", "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -218,7 +244,8 @@ _SECRET_PATTERNS = {
     "url_with_password": re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@${}]+:(?!\$\{)[^@\s/${}]+@"),
     "assigned_secret": re.compile(
         r"(?i)(?<![{$])\b[A-Z0-9_]*(?:password|passwd|secret|token|fernet|api_key|pseudonym_key)[A-Z0-9_]*[ \t]*[:=][ \t]*"
-        r"[\"']?(?!\$\{)(?P<v>[^\s\"'#]{8,})"),
+        r"[\"']?(?!\$\{)(?P<v>[^\s\"'#]{8,})"
+    ),
 }
 
 
@@ -238,8 +265,9 @@ def find_secrets(text: str) -> list[str]:
             continue  # a path, a variable, or a plain name (secret/key *names* are fine)
         hits.append(f"assigned_secret:{v[:6]}...")
     for tok in re.findall(r"[A-Za-z0-9+/_=-]{32,}", text):
-        if re.fullmatch(r"[0-9a-fA-F]{32,}", tok) or (_entropy(tok) >= 4.5 and re.search(r"\d", tok)
-                                                       and re.search(r"[A-Z]", tok) and re.search(r"[a-z]", tok)):
+        if re.fullmatch(r"[0-9a-fA-F]{32,}", tok) or (
+            _entropy(tok) >= 4.5 and re.search(r"\d", tok) and re.search(r"[A-Z]", tok) and re.search(r"[a-z]", tok)
+        ):
             hits.append(f"token:{tok[:6]}...")
     return sorted(set(h.split(":")[0] for h in hits))
 
@@ -256,9 +284,12 @@ def test_secret_scanner_finds_planted_secrets():
     for kind, text in planted.items():
         assert kind in find_secrets(text), (kind, find_secrets(text))
     assert "token" in find_secrets("jwt: " + "3f" * 32)
-    for clean in ("POSTGRES_PASSWORD: \"${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}\"",
-                  "secretName: medreco-airflow-jwt-secret", "redis://:${REDIS_PASSWORD:?x}@redis:6379/0",
-                  "image: minio/minio:RELEASE.2025-04-22T22-12-26Z"):
+    for clean in (
+        'POSTGRES_PASSWORD: "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}"',
+        "secretName: medreco-airflow-jwt-secret",
+        "redis://:${REDIS_PASSWORD:?x}@redis:6379/0",
+        "image: minio/minio:RELEASE.2025-04-22T22-12-26Z",
+    ):
         assert find_secrets(clean) == [], clean
 
 
@@ -270,6 +301,7 @@ def test_no_literal_secrets_under_infra():
 
 
 # ---- Helm values -----------------------------------------------------------------------------------------
+
 
 def test_helm_values_executor_and_images(values):
     executors = values["executor"].split(",")
@@ -309,6 +341,7 @@ def test_helm_values_take_secrets_by_reference(values):
 
 # ---- image -----------------------------------------------------------------------------------------------
 
+
 def test_dockerfile_installs_the_project_with_the_lock():
     text = (INFRA / "Dockerfile").read_text()
     assert "constraints/requirements.lock" in text and "-r infra/requirements-deploy.txt" in text
@@ -346,11 +379,16 @@ def test_entrypoint_runs_airflow_subcommands_and_executables(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "airflow"
-    fake.write_text("#!/bin/sh\necho \"airflow $*\"\n")
+    fake.write_text('#!/bin/sh\necho "airflow $*"\n')
     fake.chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
-    run = lambda *a: subprocess.run(["bash", str(INFRA / "entrypoint.sh"), *a], env=env,  # noqa: E731
-                                    capture_output=True, text=True, check=True).stdout.strip()
+    run = lambda *a: subprocess.run(  # noqa: E731
+        ["bash", str(INFRA / "entrypoint.sh"), *a],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert run("scheduler") == "airflow scheduler"
     assert run("celery", "worker") == "airflow celery worker"
     assert run("bash", "-c", "exec airflow dag-processor") == "airflow dag-processor"
@@ -358,6 +396,7 @@ def test_entrypoint_runs_airflow_subcommands_and_executables(tmp_path):
 
 
 # ---- bucket policies and the example config --------------------------------------------------------------
+
 
 def test_bucket_policies_separate_the_zones():
     def statements(name):
@@ -368,6 +407,7 @@ def test_bucket_policies_separate_the_zones():
     def allowed(stmts, action, resource):
         def match(patterns):
             return any(re.fullmatch(re.escape(p).replace(r"\*", ".*"), resource) for p in patterns)
+
         deny = any(s["Effect"] == "Deny" and action in s["Action"] and match(s["Resource"]) for s in stmts)
         allow = any(s["Effect"] == "Allow" and action in s["Action"] and match(s["Resource"]) for s in stmts)
         return allow and not deny

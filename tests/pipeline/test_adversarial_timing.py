@@ -24,8 +24,7 @@ def _ct(**values) -> pydicom.Dataset:
     ds = pydicom.dcmread(get_testdata_file("CT_small.dcm", download=False))
     ds.PatientName, ds.PatientID = "DOE^JANE", "ID-55443322"
     for k, v in values.items():
-        ds.add(pydicom.DataElement(pydicom.datadict.tag_for_keyword(k), "LO", v,
-                                   validation_mode=pydicom.config.IGNORE))
+        ds.add(pydicom.DataElement(pydicom.datadict.tag_for_keyword(k), "LO", v, validation_mode=pydicom.config.IGNORE))
     buf = io.BytesIO()
     ds.save_as(buf)
     return pydicom.dcmread(io.BytesIO(buf.getvalue()))
@@ -69,14 +68,24 @@ def _report_ctx(key):
     cfg = load_config(DEFAULT_CONFIG)
     ctx = SimpleNamespace(key=key, cfg=cfg)
     empty = pl.from_arrow(instances_schema.SCHEMA.empty_table())
-    events = pl.DataFrame({"status": [], "sop_key": [], "study_key": [], "source_uri": []},
-                          schema={"status": pl.Utf8, "sop_key": pl.Utf8, "study_key": pl.Utf8, "source_uri": pl.Utf8})
+    events = pl.DataFrame(
+        {"status": [], "sop_key": [], "study_key": [], "source_uri": []},
+        schema={"status": pl.Utf8, "sop_key": pl.Utf8, "study_key": pl.Utf8, "source_uri": pl.Utf8},
+    )
     return ctx, cfg.institutions[0], StudyIndex.build(empty, events)
 
 
 def _report(text: str) -> dict:
-    return {"report_id": "R1", "patient_id": "P1", "patient_name": None, "accession_number": "A1",
-            "study_instance_uid": None, "report_datetime": None, "language": "en", "text": text}
+    return {
+        "report_id": "R1",
+        "patient_id": "P1",
+        "patient_name": None,
+        "accession_number": "A1",
+        "study_instance_uid": None,
+        "report_datetime": None,
+        "language": "en",
+        "text": text,
+    }
 
 
 @pytest.mark.parametrize("text", ["a" * 2_000_000, "word " * (MAX_REPORT_CHARS // 5 + 1)])
@@ -108,7 +117,9 @@ def test_letters_just_under_the_report_cap_are_deidentified_in_time(key):
     ctx, inst, index = _report_ctx(key)
     t0 = time.monotonic()
     try:
-        report_record_row(_report("a" * (MAX_REPORT_CHARS - 1)), inst, "rid", ctx.key, index, lambda uri: [], ctx.cfg.shard_count)
+        report_record_row(
+            _report("a" * (MAX_REPORT_CHARS - 1)), inst, "rid", ctx.key, index, lambda uri: [], ctx.cfg.shard_count
+        )
     except RecordLimitError:  # stopped by the time limit: in bound, but not de-identified
         pass
     assert time.monotonic() - t0 < BOUND_S

@@ -42,21 +42,26 @@ def test_lpt_stays_within_four_thirds_of_the_optimum():
     assert max(_weights(balanced_shard_batches(files, 5, 2), files)) == 7
 
 
-@pytest.mark.parametrize("files,shards,width,match", [
-    ({8: 1}, 8, 2, "outside 0..7"),
-    ({0: -1}, 8, 2, "negative"),
-    ({}, 0, 2, ">= 1"),
-    ({}, 8, 0, ">= 1"),
-])
+@pytest.mark.parametrize(
+    "files,shards,width,match",
+    [
+        ({8: 1}, 8, 2, "outside 0..7"),
+        ({0: -1}, 8, 2, "negative"),
+        ({}, 0, 2, ">= 1"),
+        ({}, 8, 0, ">= 1"),
+    ],
+)
 def test_bad_counts_are_refused(files, shards, width, match):
     with pytest.raises(ValueError, match=match):
         balanced_shard_batches(files, shards, width)
 
 
 def test_pending_files_per_shard_counts_pending_dicom_only():
-    plan = pa.table({
-        "kind": ["dicom", "dicom", "dicom", "report", "dicom", "dicom"],
-        "status": ["pending", "pending", "quarantined", "pending", "pending", "pending"],
-        "shard": pa.array([3, 3, 3, 1, 0, None], pa.int32()),
-    })
+    plan = pa.table(
+        {
+            "kind": ["dicom", "dicom", "dicom", "report", "dicom", "dicom"],
+            "status": ["pending", "pending", "quarantined", "pending", "pending", "pending"],
+            "shard": pa.array([3, 3, 3, 1, 0, None], pa.int32()),
+        }
+    )
     assert pending_files_per_shard(plan) == {3: 2, 0: 1}

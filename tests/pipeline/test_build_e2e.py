@@ -73,7 +73,9 @@ def test_burned_in_text_is_in_no_output(demo_build):
 def test_answer_key_quarantines_are_quarantined_at_their_stage_with_their_reason(demo_build):
     """The demo's interrupted transfer (a radiograph copy cut inside its PixelData) is quarantined when it is read (deidentify) as
     ``truncated_file``, with a quarantine record a curator can review."""
-    expected = [json.loads(x) for x in (demo_build["root"] / "answer_key" / "quarantine.jsonl").read_text().splitlines()]
+    expected = [
+        json.loads(x) for x in (demo_build["root"] / "answer_key" / "quarantine.jsonl").read_text().splitlines()
+    ]
     assert expected, "the demo corpus plants a file that must be quarantined"
     st = demo_build["storage"]
     run_id = demo_build["first"]["run_id"]
@@ -91,7 +93,9 @@ def test_shards_batched_and_empty_shards_are_no_ops(demo_build):
     st = demo_build["storage"]
     from etl.pipeline.context import BuildContext
 
-    plan = st.read_table(BuildContext.from_config_file(demo_build["config"], run_id=demo_build["first"]["run_id"]).plan_path())
+    plan = st.read_table(
+        BuildContext.from_config_file(demo_build["config"], run_id=demo_build["first"]["run_id"]).plan_path()
+    )
     per_shard = pending_files_per_shard(plan)
     batches = balanced_shard_batches(per_shard, 32, 8)  # what plan() gave the 8 mapped tasks
     assert len(batches) == 8 and sorted(s for b in batches for s in b) == list(range(32))
@@ -116,12 +120,22 @@ def test_no_planted_phi_in_deidentified_zones(demo_build):
     # exam titles (StudyDescription, removed from headers) legitimately recur in report text
     shifted = {"date", "datetime", "time", "age"}
     titles = {"dicom:StudyDescription", "dicom:SeriesDescription"}
-    values = {a["value"] for a in answer
-              if a["location"] != "burned_in" and a["location"] not in titles
-              and a["phi_type"] not in shifted and len(str(a["value"])) >= 5}
+    values = {
+        a["value"]
+        for a in answer
+        if a["location"] != "burned_in"
+        and a["location"] not in titles
+        and a["phi_type"] not in shifted
+        and len(str(a["value"])) >= 5
+    }
     # and every part of a person's name on its own ("Matilda" of "WALKER^MATILDA^R")
-    values |= {part for a in answer if a["phi_type"] == "name"
-               for part in re.split(r"[\^,.\s]+", str(a["value"])) if len(part) >= 4}
+    values |= {
+        part
+        for a in answer
+        if a["phi_type"] == "name"
+        for part in re.split(r"[\^,.\s]+", str(a["value"]))
+        if len(part) >= 4
+    }
     assert values
     haystack = []
     for zone in ("curated", "snapshots"):
@@ -176,7 +190,9 @@ def test_real_shared_data_build(shared_data, tmp_path_factory, airflow_home):
 
     with open(shared_data / "openi" / "indiana_reports.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    with_text = [r for r in rows if any((r[c] or "").strip() for c in ("indication", "comparison", "findings", "impression"))]
+    with_text = [
+        r for r in rows if any((r[c] or "").strip() for c in ("indication", "comparison", "findings", "impression"))
+    ]
     # Open-i is a report-only source: every report with text flows on; rows without any text are withheld
     assert summary["tables"]["reports"] == len(with_text)
     assert led["withheld_report_records"] == len(rows) - len(with_text)
@@ -190,8 +206,9 @@ def test_real_shared_data_build(shared_data, tmp_path_factory, airflow_home):
     assert set(reports["link_status"].to_pylist()) >= {"report_only_source"}
 
 
-def test_real_shared_data_build_publishes_under_the_key_that_failed_it(shared_data, tmp_path_factory, airflow_home,
-                                                                       monkeypatch):
+def test_real_shared_data_build_publishes_under_the_key_that_failed_it(
+    shared_data, tmp_path_factory, airflow_home, monkeypatch
+):
     """Issue 20: a build's success must not depend on the secret. Under the key of 64 bytes 'c','d' (given in hex,
     as ``MEDRECO_PSEUDONYM_KEY`` takes a hex secret; the session's test key is the other key built above) the date
     shift moves TCIA's already-shifted 1900 StudyDates before 1900-01-01; the build still publishes, with no date

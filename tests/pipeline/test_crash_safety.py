@@ -58,8 +58,11 @@ def test_worker_killed_mid_shard_then_retried_equals_a_clean_run(corpus):
     stages.plan(ctx)
     expected = incremental.deid_inputs(ctx, 0).height
     dicom_dir = Path(ctx.storage.path(ctx.dicom_dir(0)))
-    proc = subprocess.Popen([sys.executable, "-c", KILL_STAGE, str(cfg), "run-1"], cwd=PROJECT_ROOT,
-                            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_STAGE, str(cfg), "run-1"],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+    )
     written = 0
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
@@ -77,8 +80,9 @@ def test_worker_killed_mid_shard_then_retried_equals_a_clean_run(corpus):
     st, st_clean = retried["ctx"].storage, clean["ctx"].storage
     instances = st.read_table("curated/instances")
     assert instances.num_rows == len(set(instances["sop_key"].to_pylist()))  # no duplicate rows
-    assert sorted(p.rsplit("/", 1)[1] for p in st.list_files(ctx.dicom_dir(0))) == \
-        sorted(f"{k}.dcm" for k in instances["sop_key"].to_pylist())  # no orphan files of the killed attempt
+    assert sorted(p.rsplit("/", 1)[1] for p in st.list_files(ctx.dicom_dir(0))) == sorted(
+        f"{k}.dcm" for k in instances["sop_key"].to_pylist()
+    )  # no orphan files of the killed attempt
     assert st.list_files("curated") == st_clean.list_files("curated")
     for rel in st_clean.list_files("curated"):
         assert st.read_bytes(rel) == st_clean.read_bytes(rel), rel
@@ -139,9 +143,16 @@ RACE = textwrap.dedent("""
 
 def test_simultaneous_acquirers_exactly_one_wins(tmp_path):
     start = time.time() + 2.0
-    procs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path / "root"), str(start), f"p{i}"],
-                              cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-                              stdout=subprocess.PIPE, text=True) for i in range(6)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE, str(tmp_path / "root"), str(start), f"p{i}"],
+            cwd=PROJECT_ROOT,
+            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(6)
+    ]
     outs = [p.communicate(timeout=60)[0].strip() for p in procs]
     assert sorted(outs) == ["lost"] * 5 + ["won"]
     winner = f"p{outs.index('won')}"
@@ -164,13 +175,20 @@ def test_second_medreco_run_fails_fast_naming_the_holder(tmp_path, airflow_home)
     for inst in yaml.safe_load(cfg.read_text())["institutions"]:  # empty sources: past the source checks
         (root / inst["source_uri"]).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(root)], cwd=PROJECT_ROOT, env=env,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(root)], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         t0 = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "medreco.cli", "run", "--config", str(cfg)], cwd=PROJECT_ROOT,
-                             env=env, capture_output=True, text=True, timeout=300)
+        run = subprocess.run(
+            [sys.executable, "-m", "medreco.cli", "run", "--config", str(cfg)],
+            cwd=PROJECT_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         elapsed = time.monotonic() - t0
     finally:
         holder.kill()
@@ -202,8 +220,9 @@ DAG_HOLD = textwrap.dedent("""
 def test_lock_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):
     root = tmp_path / "root"
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(root)], cwd=PROJECT_ROOT, env=env,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(root)], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout.readline().strip() == "held"
     st = Storage.open(str(root))
     with pytest.raises(BuildLockHeldError):  # alive: refused
@@ -224,8 +243,14 @@ def test_dag_run_lock_refuses_a_second_run_and_is_released_by_its_own_run_only(t
     root = tmp_path / "root"
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     # the first task of run A ran in a process that has exited since: the lock is the run's, not the process's
-    out = subprocess.run([sys.executable, "-c", DAG_HOLD, str(root), "scheduled__A"], cwd=PROJECT_ROOT, env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", DAG_HOLD, str(root), "scheduled__A"],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "'adopted': False" in out.stdout
     st = Storage.open(str(root))
     with pytest.raises(BuildLockHeldError, match="DAG run scheduled__A"):
@@ -260,8 +285,13 @@ def test_concurrent_dag_run_on_one_root_is_refused_at_its_first_task(tmp_path, a
     (root / "sources").mkdir(parents=True)
     cfg = config_for(root)
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
-    subprocess.run([sys.executable, "-c", DAG_HOLD, str(root), "scheduled__first"], cwd=PROJECT_ROOT, env=env,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", DAG_HOLD, str(root), "scheduled__first"],
+        cwd=PROJECT_ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     dagrun = build_dag.test(run_conf={"config": str(cfg)})
     states = {ti.task_id: str(ti.state) for ti in dagrun.get_task_instances()}
     assert str(dagrun.state).endswith("failed")

@@ -39,16 +39,27 @@ def run(tmp_path_factory, key):
     stages.reports(ctx)
     balance = finalise(ctx)
     ledger = pl.from_arrow(ctx.storage.read_table(ctx.ledger_path))
-    events = pl.concat([pl.from_arrow(ctx.storage.read_table(p)) for p in ctx.storage.list_files(f"{ctx.run_dir}/events/deidentify")])
+    events = pl.concat(
+        [pl.from_arrow(ctx.storage.read_table(p)) for p in ctx.storage.list_files(f"{ctx.run_dir}/events/deidentify")]
+    )
     outputs = {}
     for row in events.filter(pl.col("status") == "ingested").iter_rows(named=True):
         shard = next(s for s in range(2) if ctx.storage.is_file(f"curated/dicom/shard={s:05d}/{row['sop_key']}.dcm"))
         outputs[Path(row["source_uri"]).relative_to(cases).as_posix()] = ctx.storage.read_bytes(
-            f"curated/dicom/shard={shard:05d}/{row['sop_key']}.dcm")
+            f"curated/dicom/shard={shard:05d}/{row['sop_key']}.dcm"
+        )
     answer = json.loads((cases / "answer_key.json").read_text())
     instances = pl.from_arrow(ctx.storage.read_table("curated/instances"))
-    return {"ctx": ctx, "cases": cases, "balance": balance, "ledger": ledger, "outputs": outputs,
-            "answer": answer, "instances": instances, "root": base / "root"}
+    return {
+        "ctx": ctx,
+        "cases": cases,
+        "balance": balance,
+        "ledger": ledger,
+        "outputs": outputs,
+        "answer": answer,
+        "instances": instances,
+        "root": base / "root",
+    }
 
 
 def _at(ds, tag_path: str):
@@ -96,8 +107,14 @@ def test_no_planted_value_left_anywhere(run):
     leaks = []
     for case in run["answer"]["cases"]:
         for p in case["planted"]:
-            if p["expected"] == "keep" or p["kind"] in ("date", "datetime", "time", "datetime-partial",
-                                                         "date-legacy-format", "age"):
+            if p["expected"] == "keep" or p["kind"] in (
+                "date",
+                "datetime",
+                "time",
+                "datetime-partial",
+                "date-legacy-format",
+                "age",
+            ):
                 continue
             value = str(p["value"])
             forms = {value.encode("utf-8")}
@@ -120,7 +137,8 @@ def test_every_planted_value_has_its_expected_outcome(run, key):
                 continue  # quarantined: checked by test_expected_quarantines
             src = _source(run, case, p["file"])
             patient_key = run["instances"].filter(pl.col("sop_key") == key.pseudonym("sop", str(src.SOPInstanceUID)))[
-                "patient_key"][0]
+                "patient_key"
+            ][0]
             offset = key.date_shift_days(patient_key)
             elem = _at(out, p["tag_path"])
             got = None if elem is None else str(elem.value)
@@ -131,8 +149,13 @@ def test_every_planted_value_has_its_expected_outcome(run, key):
                 if got:
                     wrong.append(f"{case['id']}:{p['path']} birth date kept")
             elif exp == "shift":
-                want = (shift_datetime(p["value"], offset) if p["kind"].startswith("datetime")
-                        else p["value"] if p["kind"] == "time" else shift_date(p["value"], offset))
+                want = (
+                    shift_datetime(p["value"], offset)
+                    if p["kind"].startswith("datetime")
+                    else p["value"]
+                    if p["kind"] == "time"
+                    else shift_date(p["value"], offset)
+                )
                 if got != want:
                     wrong.append(f"{case['id']}:{p['path']} shift")
             elif exp == "remap_uid":
@@ -153,13 +176,19 @@ def test_every_planted_value_has_its_expected_outcome(run, key):
 def test_expected_quarantines(run):
     by_file = {Path(r["source_uri"]).name: r for r in run["ledger"].iter_rows(named=True)}
     assert (by_file["short_pixel_element.dcm"]["status"], by_file["short_pixel_element.dcm"]["reason"]) == (
-        "quarantined", "pixel_data_length_mismatch")
+        "quarantined",
+        "pixel_data_length_mismatch",
+    )
     assert (by_file["file_truncated_mid_pixels.dcm"]["status"], by_file["file_truncated_mid_pixels.dcm"]["reason"]) == (
-        "quarantined", "truncated_file")
+        "quarantined",
+        "truncated_file",
+    )
     # a Secondary Capture of 5 x 3 pixels: read for burned-in text like every image (issue 17; too small to hold a
     # line of legible text) and accepted, as the generator's answer key says
     assert (by_file["odd_size_8bit_padded.dcm"]["status"], by_file["odd_size_8bit_padded.dcm"]["reason"]) == (
-        "ingested", None)
+        "ingested",
+        None,
+    )
     assert by_file["no_preamble_implicit.dcm"]["status"] == "ingested"
 
 

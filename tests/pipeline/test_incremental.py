@@ -78,8 +78,10 @@ def _deliver_second(root: Path, staged: Path, study_rel: str) -> list[str]:
     redelivered = root / "sources" / INST / "dicom" / "redelivered" / "IM0001.dcm"
     redelivered.parent.mkdir(parents=True)
     shutil.copy(next((root / study_rel).parent.glob("MR_2017*/IM0001.dcm")), redelivered)
-    return sorted([str(p.relative_to(root)) for p in (root / study_rel).rglob("*.dcm")]
-                  + [f"sources/{INST}/reports/reports-0002.jsonl"])
+    return sorted(
+        [str(p.relative_to(root)) for p in (root / study_rel).rglob("*.dcm")]
+        + [f"sources/{INST}/reports/reports-0002.jsonl"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +104,15 @@ def runs(tmp_path_factory):
     new_files = _deliver_second(inc, staged, study_rel)
     second = build(cfg_inc, "run-2")
     clean = build(config_for(full, shard_count=SHARDS, max_map_length=2), "clean")
-    return {"inc": inc, "first": first, "second": second, "clean": clean, "new_files": new_files,
-            "held": held, "v1_tables": v1_tables}
+    return {
+        "inc": inc,
+        "first": first,
+        "second": second,
+        "clean": clean,
+        "new_files": new_files,
+        "held": held,
+        "v1_tables": v1_tables,
+    }
 
 
 def _tables(storage, version: str) -> dict[str, pa.Table]:
@@ -178,9 +187,12 @@ def test_snapshot_is_minor_and_diff_lists_exactly_the_additions(runs):
         k2 = set(zip(*(v2[table][k].to_pylist() for k in key)))
         assert set(td.added) == k2 - k1 and set(td.removed) == k1 - k2, table
     # the tables of the delivered files: additions only, exactly the new instances and their report
-    new_sops = {e["sop_key"] for e in ctx.storage.read_table(f"{ctx.run_dir}/events/deidentify").to_pylist()
-                if e["status"] == "ingested" and e["source_uri"].split("/sources/", 1)[1] in
-                {f.removeprefix("sources/") for f in runs["new_files"]}}
+    new_sops = {
+        e["sop_key"]
+        for e in ctx.storage.read_table(f"{ctx.run_dir}/events/deidentify").to_pylist()
+        if e["status"] == "ingested"
+        and e["source_uri"].split("/sources/", 1)[1] in {f.removeprefix("sources/") for f in runs["new_files"]}
+    }
     assert len(new_sops) == len(runs["held"]) > 0
     instances = ctx.storage.read_table("curated/instances").to_pylist()
     new_study = {r["study_key"] for r in instances if r["sop_key"] in new_sops}
@@ -217,4 +229,3 @@ def test_equals_a_clean_build_of_both_deliveries(runs):
     assert clean_ledger.num_rows == st_i.read_table(runs["second"]["ctx"].inputs_ledger_path).num_rows
     # hence the same snapshot (needs etl.snapshots.input_ledger_summary to hash inputs.parquet)
     assert second["content_hash"] == clean["content_hash"]
-

@@ -16,14 +16,18 @@ from test_incremental import build
 pytestmark = pytest.mark.slow
 INST = "ie-cork-mercy"
 TEXTS = {
-    "LANG-DE": ("Röntgen Thorax vom 12. März 2023. Patient: Hans Müller, geb. 04.07.1951, Klinikum Großhadern München.\n"
-                "Befund: Kein Pleuraerguss. V.a. Pneumonie im rechten Unterlappen.\nBeurteilung: Pneumonie rechts.\n"
-                "Dr. med. Schäfer"),
-    "LANG-FR": ("Patiente: Mme Élodie Lefèvre, née le 4 juillet 1951, CHU de Bordeaux.\n"
-                "Résultats : pas d'épanchement pleural. Cardiomégalie modérée.\nConclusion : cardiomégalie."),
+    "LANG-DE": (
+        "Röntgen Thorax vom 12. März 2023. Patient: Hans Müller, geb. 04.07.1951, Klinikum Großhadern München.\n"
+        "Befund: Kein Pleuraerguss. V.a. Pneumonie im rechten Unterlappen.\nBeurteilung: Pneumonie rechts.\n"
+        "Dr. med. Schäfer"
+    ),
+    "LANG-FR": (
+        "Patiente: Mme Élodie Lefèvre, née le 4 juillet 1951, CHU de Bordeaux.\n"
+        "Résultats : pas d'épanchement pleural. Cardiomégalie modérée.\nConclusion : cardiomégalie."
+    ),
     "LANG-ZH": "患者：王小明，2023年3月12日，北京协和医院。胸部X线：双肺未见明显异常，心影不大。",
     "LANG-IT": "Torace: non si osservano versamenti pleurici. Cuore nei limiti della norma. Paziente Mario Rossi, nato il "
-               "3 maggio 1950, Ospedale San Raffaele.",
+    "3 maggio 1950, Ospedale San Raffaele.",
 }
 
 
@@ -79,7 +83,9 @@ def test_build_with_reports_in_four_languages(template):
     assert "12. März 2023" not in de["text"] and re.search(r"Thorax vom \d{1,2}\. [A-ZÄ][a-zä]+ 20\d\d\.", de["text"])
     assert "geb. [DATE]" in de["text"]
     # labelled with the family of the study they are linked to (the first delivered record's study)
-    family = {s["study_key"]: s["family"] for s in ctx.storage.read_table("curated/studies").to_pylist()}[de["study_key"]]
+    family = {s["study_key"]: s["family"] for s in ctx.storage.read_table("curated/studies").to_pylist()}[
+        de["study_key"]
+    ]
     effusion, pneumonia = {"2D-CXR": ("F029", "C006"), "3D-CT": ("F037", "C010")}[family]
     mentions = ctx.storage.read_table("curated/entity_mentions").to_pylist()
     de_m = {(m["entity_id"], m["assertion"]) for m in mentions if m["report_id"] == de["report_id"]}

@@ -63,8 +63,7 @@ class ProcessGroups:
 
     def start(self, name: str, args: list[str], env: dict, cwd: Path) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115  closed with the process
-        proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         self.procs[name] = proc
         return proc
@@ -156,8 +155,9 @@ def _wait(what: str, check, timeout: float, groups: ProcessGroups, interval: flo
     while time.monotonic() < deadline:
         dead = groups.dead()
         if dead:
-            pytest.fail(f"{', '.join(dead)} exited while waiting for {what}\n"
-                        + "\n".join(groups.tail(n) for n in dead))
+            pytest.fail(
+                f"{', '.join(dead)} exited while waiting for {what}\n" + "\n".join(groups.tail(n) for n in dead)
+            )
         try:
             result = check()
         except (OSError, urllib.error.URLError):
@@ -165,8 +165,9 @@ def _wait(what: str, check, timeout: float, groups: ProcessGroups, interval: flo
         if result:
             return result
         time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n"
-                + "\n".join(groups.tail(n) for n in groups.procs))
+    pytest.fail(
+        f"timed out after {timeout:.0f} s waiting for {what}\n" + "\n".join(groups.tail(n) for n in groups.procs)
+    )
 
 
 def _task_errors(home: Path, task_ids: set[str]) -> str:
@@ -174,7 +175,7 @@ def _task_errors(home: Path, task_ids: set[str]) -> str:
     out = []
     for task_id in sorted(task_ids):
         logs = sorted(home.glob(f"logs/dag_id={DAG_ID}/run_id=*/task_id={task_id}/**/attempt=*.log"))
-        for line in (logs[-1].read_text(errors="replace").splitlines() if logs else []):
+        for line in logs[-1].read_text(errors="replace").splitlines() if logs else []:
             try:
                 event = json.loads(line)
             except ValueError:
@@ -182,9 +183,11 @@ def _task_errors(home: Path, task_ids: set[str]) -> str:
             if event.get("level") == "error":
                 detail = event.get("error_detail") or [{}]
                 frames = detail[0].get("frames", [])[-3:]
-                out.append(f"{task_id}: {event.get('event')} {detail[0].get('exc_type', '')}: "
-                           f"{detail[0].get('exc_value', '')} at "
-                           + " <- ".join(f"{f['filename']}:{f['lineno']}" for f in reversed(frames)))
+                out.append(
+                    f"{task_id}: {event.get('event')} {detail[0].get('exc_type', '')}: "
+                    f"{detail[0].get('exc_value', '')} at "
+                    + " <- ".join(f"{f['filename']}:{f['lineno']}" for f in reversed(frames))
+                )
     return "\n".join(out) or "(no task error events found)"
 
 
@@ -203,8 +206,11 @@ def _config(root_dir: Path, corpus: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def services():
-    missing = [f"{name} ({host}:{port})" for name, host, port in
-               (("PostgreSQL", PG_HOST, PG_PORT), ("Redis", REDIS_HOST, REDIS_PORT)) if not _reachable(host, port)]
+    missing = [
+        f"{name} ({host}:{port})"
+        for name, host, port in (("PostgreSQL", PG_HOST, PG_PORT), ("Redis", REDIS_HOST, REDIS_PORT))
+        if not _reachable(host, port)
+    ]
     if missing:
         pytest.skip(f"needs PostgreSQL and Redis; unreachable: {', '.join(missing)}")
     from importlib import metadata
@@ -214,14 +220,21 @@ def services():
         try:
             metadata.version(dist)
         except metadata.PackageNotFoundError:
-            pytest.fail(f"{dist} is not installed: it is pinned in pyproject.toml (CeleryExecutor on PostgreSQL needs it)")
+            pytest.fail(
+                f"{dist} is not installed: it is pinned in pyproject.toml (CeleryExecutor on PostgreSQL needs it)"
+            )
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("rs_corpus")
-    proc = subprocess.run([str(VENV_BIN / "medreco"), "demo-corpus", str(out), "--seed", "5", "--patients", "8"],
-                          capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
+    proc = subprocess.run(
+        [str(VENV_BIN / "medreco"), "demo-corpus", str(out), "--seed", "5", "--patients", "8"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=PROJECT_ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
 
@@ -249,64 +262,94 @@ def scheduled(services, corpus, tmp_path_factory):
         cur.execute(f'CREATE DATABASE "{db}"')
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "PYTHONPATH": str(PROJECT_ROOT),
-        "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
-        "MEDRECO_CONFIG": str(cfg),
-        "MEDRECO_PSEUDONYM_KEY": os.environ["MEDRECO_PSEUDONYM_KEY"],  # the session's test key (conftest)
-        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "4",
-        "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "4",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",  # the @daily ingestion DAGs stay paused
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-        "AIRFLOW__CORE__FERNET_KEY": "",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": pg_url,
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(api_port),
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{api_port}",
-        "AIRFLOW__API__WORKERS": "1",
-        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
-        "AIRFLOW__CELERY__BROKER_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}/{redis_db}",
-        "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/{db}",
-        "AIRFLOW__CELERY__WORKER_CONCURRENCY": "2",
-        "AIRFLOW__OPERATORS__DEFAULT_QUEUE": queue,
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(log_port),
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-    })
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "PYTHONPATH": str(PROJECT_ROOT),
+            "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+            "MEDRECO_CONFIG": str(cfg),
+            "MEDRECO_PSEUDONYM_KEY": os.environ["MEDRECO_PSEUDONYM_KEY"],  # the session's test key (conftest)
+            "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "4",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",  # the @daily ingestion DAGs stay paused
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__CORE__FERNET_KEY": "",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": pg_url,
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(api_port),
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{api_port}",
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+            "AIRFLOW__CELERY__BROKER_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}/{redis_db}",
+            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql+psycopg2://{PG_USER}@{PG_HOST}:{PG_PORT}/{db}",
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": "2",
+            "AIRFLOW__OPERATORS__DEFAULT_QUEUE": queue,
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(log_port),
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        }
+    )
     airflow = str(VENV_BIN / "airflow")
     groups = ProcessGroups(work)
     rds = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=redis_db)
     result: dict = {"config": cfg, "queue": queue, "db": db}
     try:
         t0 = time.monotonic()
-        mig = subprocess.run([airflow, "db", "migrate"], env=env, cwd=work, capture_output=True, text=True,
-                             timeout=900)
+        mig = subprocess.run([airflow, "db", "migrate"], env=env, cwd=work, capture_output=True, text=True, timeout=900)
         assert mig.returncode == 0, f"airflow db migrate failed:\n{mig.stdout[-2000:]}\n{mig.stderr[-3000:]}"
         result["migrate_s"] = time.monotonic() - t0
 
-        groups.start("api-server", [airflow, "api-server", "--host", "127.0.0.1", "--port", str(api_port),
-                                    "--workers", "1"], env, work)
+        groups.start(
+            "api-server",
+            [airflow, "api-server", "--host", "127.0.0.1", "--port", str(api_port), "--workers", "1"],
+            env,
+            work,
+        )
         groups.start("scheduler", [airflow, "scheduler"], env, work)
         groups.start("dag-processor", [airflow, "dag-processor"], env, work)
-        groups.start("celery-worker", [airflow, "celery", "worker", "--queues", queue, "--concurrency", "2",
-                                       "--skip-serve-logs", "--without-gossip", "--without-mingle",
-                                       "--celery-hostname", f"{queue}@%h"], env, work)
+        groups.start(
+            "celery-worker",
+            [
+                airflow,
+                "celery",
+                "worker",
+                "--queues",
+                queue,
+                "--concurrency",
+                "2",
+                "--skip-serve-logs",
+                "--without-gossip",
+                "--without-mingle",
+                "--celery-hostname",
+                f"{queue}@%h",
+            ],
+            env,
+            work,
+        )
         result["pids"] = {n: p.pid for n, p in groups.procs.items()}
         api = Api(f"http://127.0.0.1:{api_port}")
-        _wait("the api-server", lambda: api.request("GET", "/api/v2/monitor/health", timeout=5)[0] == 200,
-              STARTUP_TIMEOUT_S, groups)
+        _wait(
+            "the api-server",
+            lambda: api.request("GET", "/api/v2/monitor/health", timeout=5)[0] == 200,
+            STARTUP_TIMEOUT_S,
+            groups,
+        )
         api.login()
-        _wait(f"the dag-processor to register {DAG_ID}",
-              lambda: api.request("GET", f"/api/v2/dags/{DAG_ID}")[0] == 200, STARTUP_TIMEOUT_S, groups)
+        _wait(
+            f"the dag-processor to register {DAG_ID}",
+            lambda: api.request("GET", f"/api/v2/dags/{DAG_ID}")[0] == 200,
+            STARTUP_TIMEOUT_S,
+            groups,
+        )
         status, body = api.request("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
         assert status == 200 and body["is_paused"] is False, body
-        status, run = api.request("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
-                                  {"logical_date": None, "conf": {"config": str(cfg)}})
+        status, run = api.request(
+            "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": {"config": str(cfg)}}
+        )
         assert status == 200, run
         run_id = run["dag_run_id"]
         t1 = time.monotonic()
@@ -326,8 +369,10 @@ def scheduled(services, corpus, tmp_path_factory):
         result["all_asset_events"] = events["asset_events"]
         if final["state"] != "success":
             failed = [(t["task_id"], t["map_index"]) for t in result["task_instances"] if t["state"] != "success"]
-            pytest.fail(f"run {run_id} ended {final['state']}; not successful: {failed}\n"
-                        + _task_errors(home, {t for t, _ in failed}))
+            pytest.fail(
+                f"run {run_id} ended {final['state']}; not successful: {failed}\n"
+                + _task_errors(home, {t for t, _ in failed})
+            )
         result["worker_log"] = (work / "celery-worker.log").read_text(errors="replace")
     finally:
         result["left_running"] = groups.stop_all()
@@ -372,7 +417,9 @@ def test_every_task_ran_on_the_celery_worker(scheduled):
 
 
 def test_snapshot_asset_emitted(scheduled):
-    events = [e for e in scheduled["asset_events"] if e.get("name") == "medreco://snapshot"]  # uri is normalised (".../")
+    events = [
+        e for e in scheduled["asset_events"] if e.get("name") == "medreco://snapshot"
+    ]  # uri is normalised (".../")
     assert len(events) == 1, scheduled["all_asset_events"]
     assert events[0]["extra"]["version"] == "0.1.0"
 
@@ -390,7 +437,9 @@ def test_snapshot_equals_embedded_run(scheduled, embedded):
     assert sum(embedded["tables"].values()) > 0
     summary = json.loads(st.read_text(f"reports/history/{read_publish_log(st, '0.1.0')['publish_run_id']}.json"))
     assert summary["ledger"] == embedded["ledger"] and summary["ledger"]["balanced"] is True
-    events = [e for e in scheduled["asset_events"] if e.get("name") == "medreco://snapshot"]  # uri is normalised (".../")
+    events = [
+        e for e in scheduled["asset_events"] if e.get("name") == "medreco://snapshot"
+    ]  # uri is normalised (".../")
     assert events and events[0]["extra"]["content_hash"] == embedded["content_hash"]
 
 

@@ -88,9 +88,16 @@ def test_bad_header_values_are_quarantined_and_the_build_goes_on(template, monke
     # the traversal Modality is no table value (and would only be an encoded folder name: tests/core)
     assert not (root / "sources" / INST / "PWNED").exists() and not (template / "ESCAPED_ROOT").exists()
     assert {p.relative_to(root).parts[0] for p in _files_under(root)} <= {
-        "sources", "ledger", "quarantine", "curated", "snapshots", "reports"}
-    assert {p.relative_to(template).parts[0] for p in _files_under(template)
-            if len(p.relative_to(template).parts) > 1} == {"template", "attacks"}  # nothing escaped the root
+        "sources",
+        "ledger",
+        "quarantine",
+        "curated",
+        "snapshots",
+        "reports",
+    }
+    assert {
+        p.relative_to(template).parts[0] for p in _files_under(template) if len(p.relative_to(template).parts) > 1
+    } == {"template", "attacks"}  # nothing escaped the root
     for p in _files_under(root / "sources"):
         assert "PWNED" not in p.name
     for p in _files_under(root / "curated" / "images"):
@@ -143,4 +150,10 @@ def test_fuzzed_files_through_the_whole_build(template, airflow_home):
                 assert planted not in data, (p, planted)
     assert not list(root.parent.glob("**/PWNED"))
     assert {p.relative_to(root).parts[0] for p in _files_under(root)} <= {
-        "sources", "ledger", "quarantine", "curated", "snapshots", "reports"}
+        "sources",
+        "ledger",
+        "quarantine",
+        "curated",
+        "snapshots",
+        "reports",
+    }

@@ -37,8 +37,11 @@ def moto_endpoint():
 @pytest.fixture(scope="module")
 def aws_env():
     mp = pytest.MonkeyPatch()
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         mp.setenv(k, v)
     mp.delenv("AWS_ENDPOINT_URL", raising=False)
     mp.delenv("AWS_ENDPOINT_URL_S3", raising=False)
@@ -85,8 +88,16 @@ def builds(tmp_path_factory, airflow_home, moto_endpoint, aws_env):
 
     local = run_build(local_cfg)
     remote = run_build(s3_cfg)
-    return {"local": local, "s3": remote, "local_root": local_root, "local_cfg": local_cfg, "s3_cfg": s3_cfg,
-            "client": s3, "sources_before": sources_before, "endpoint": moto_endpoint}
+    return {
+        "local": local,
+        "s3": remote,
+        "local_root": local_root,
+        "local_cfg": local_cfg,
+        "s3_cfg": s3_cfg,
+        "client": s3,
+        "sources_before": sources_before,
+        "endpoint": moto_endpoint,
+    }
 
 
 def _s3_storage(builds):
@@ -125,8 +136,9 @@ def test_same_tables_as_local(builds):
     s3_m = read_manifest(_s3_storage(builds), builds["s3"]["version"])
     assert builds["local"]["tables"] == builds["s3"]["tables"]
     assert sum(builds["local"]["tables"].values()) > 0
-    assert {t: (v["sha256"], v["rows"]) for t, v in s3_m["tables"].items()} == \
-        {t: (v["sha256"], v["rows"]) for t, v in local_m["tables"].items()}
+    assert {t: (v["sha256"], v["rows"]) for t, v in s3_m["tables"].items()} == {
+        t: (v["sha256"], v["rows"]) for t, v in local_m["tables"].items()
+    }
     assert s3_m["ontology_version"] == local_m["ontology_version"]
     assert s3_m["key_fingerprint"] == local_m["key_fingerprint"]
     assert builds["local"]["ledger"] == builds["s3"]["ledger"]

@@ -29,7 +29,10 @@ def _processes_with_home(home: Path) -> list[int]:
         if pid == os.getpid():
             continue
         try:
-            if needle in env.read_bytes().split(b"\0") and (env.parent / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            if (
+                needle in env.read_bytes().split(b"\0")
+                and (env.parent / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            ):
                 found.append(pid)
         except OSError:
             continue
@@ -83,8 +86,12 @@ def test_mapped_tasks_ran_side_by_side(builds):
     for stage in ("deidentify", "normalise", "entities", "assemble"):
         assert sorted(t.map_index for t in by_stage[stage]) == [0, 1], stage
     mapped = [t for t in tasks if t.map_index >= 0]
-    overlapping = [(a.task_id, a.map_index, b.map_index) for a in mapped for b in mapped
-                   if a.task_id == b.task_id and a.map_index < b.map_index and a.start < b.end and b.start < a.end]
+    overlapping = [
+        (a.task_id, a.map_index, b.map_index)
+        for a in mapped
+        for b in mapped
+        if a.task_id == b.task_id and a.map_index < b.map_index and a.start < b.end and b.start < a.end
+    ]
     assert overlapping, "no two instances of a mapped task ran at the same time with 2 workers"
 
 
@@ -105,8 +112,22 @@ def test_every_process_it_started_is_gone_and_the_dag_paused_again(builds):
 def test_one_progress_line_per_stage(builds, name):
     lines = builds[name]["log"].splitlines()
     stages = [m.group(1) for m in (re.match(r"stage (\w+): ", line) for line in lines) if m]
-    expected = {"build_lock", "institutions", "discover", "plan", "deidentify", "normalise", "reports", "entities",
-                "assemble", "retrieval", "ledger", "quality", "snapshot", "release_lock"}
+    expected = {
+        "build_lock",
+        "institutions",
+        "discover",
+        "plan",
+        "deidentify",
+        "normalise",
+        "reports",
+        "entities",
+        "assemble",
+        "retrieval",
+        "ledger",
+        "quality",
+        "snapshot",
+        "release_lock",
+    }
     assert set(stages) == expected and len(stages) == len(expected), lines  # each stage once, when it finished
     by = {re.match(r"stage (\w+): ", line).group(1): line for line in lines}
     summary = builds[name]["summary"]["ledger"]

@@ -20,10 +20,12 @@ from typer.testing import CliRunner
 from medreco.cli.app import app
 from schemas.config import PROJECT_ROOT
 
-GOOD_CSV = ('report_id,patient_id,accession_number,study_instance_uid,report_datetime,language,text\n'
-            'R1,1CT1,,{uid},2004-01-19T08:00,en,"FINDINGS: No pleural effusion.\nIMPRESSION: Normal."\n'
-            'R2,1CT1,ACC9,,,en,"FINDINGS: Clear lungs."\n'
-            'R3,,,,,en,\n')
+GOOD_CSV = (
+    "report_id,patient_id,accession_number,study_instance_uid,report_datetime,language,text\n"
+    'R1,1CT1,,{uid},2004-01-19T08:00,en,"FINDINGS: No pleural effusion.\nIMPRESSION: Normal."\n'
+    'R2,1CT1,ACC9,,,en,"FINDINGS: Clear lungs."\n'
+    "R3,,,,,en,\n"
+)
 WRONG_COLUMNS_CSV = "id,patient,body\nR9,P9,Nothing acute.\n"
 
 
@@ -37,15 +39,16 @@ def delivery(tmp_path) -> dict:
     ds.AccessionNumber = "ACC9"
     ds.save_as(src / "dicom" / "ct.dcm")
     data = (src / "dicom" / "ct.dcm").read_bytes()
-    (src / "dicom" / "cut.dcm").write_bytes(data[:data.find(b"1CT1") + 20])  # ends inside PatientSex
+    (src / "dicom" / "cut.dcm").write_bytes(data[: data.find(b"1CT1") + 20])  # ends inside PatientSex
     (src / "reports" / "good.csv").write_text(GOOD_CSV.format(uid=ds.StudyInstanceUID))
     (src / "reports" / "wrong.csv").write_text(WRONG_COLUMNS_CSV)
     (src / "README.md").write_text("delivery notes\n")
     cfg = yaml.safe_load((PROJECT_ROOT / "config" / "demo.yaml").read_text())
     root = tmp_path / "root-not-created"
     cfg["storage"]["root"] = str(root)
-    cfg["institutions"].append({**cfg["institutions"][0], "id": "csv-inst", "source_uri": str(src),
-                                "report_format": "csv"})
+    cfg["institutions"].append(
+        {**cfg["institutions"][0], "id": "csv-inst", "source_uri": str(src), "report_format": "csv"}
+    )
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return {"src": src, "root": root, "config": path, "tmp": tmp_path}
@@ -57,8 +60,9 @@ def _tree(folder: Path) -> dict:
 
 def test_validate_source_names_each_problem_and_writes_nothing(delivery):
     before = _tree(delivery["tmp"])
-    res = CliRunner().invoke(app, ["validate-source", "--institution", "csv-inst", "-c", str(delivery["config"]),
-                                   "--json"])
+    res = CliRunner().invoke(
+        app, ["validate-source", "--institution", "csv-inst", "-c", str(delivery["config"]), "--json"]
+    )
     assert res.exit_code == 1, res.output
     doc = json.loads(res.output)
     assert _tree(delivery["tmp"]) == before and not delivery["root"].exists()  # no write, not even the root
@@ -67,13 +71,19 @@ def test_validate_source_names_each_problem_and_writes_nothing(delivery):
     # R1 linked by StudyInstanceUID, R2 by AccessionNumber (the same study); R3 has no text
     assert doc["records"] == {"link:linked": 2, "read": 2, "withheld": 2}  # R3 and wrong.csv's header
     found = {(f["path"], f["stage"], f["outcome"], f["reason"]): f["detail"] for f in doc["findings"]}
-    assert found[("dicom/cut.dcm", "discover", "quarantined", "truncated_file")] == \
-        "the file ends inside element (0010,0040) of its header"
-    assert found[("reports/good.csv", "reports", "withheld", "malformed_report_record")] == \
-        "malformed_report_record: good.csv line 5: missing or empty 'text'"
+    assert (
+        found[("dicom/cut.dcm", "discover", "quarantined", "truncated_file")]
+        == "the file ends inside element (0010,0040) of its header"
+    )
+    assert (
+        found[("reports/good.csv", "reports", "withheld", "malformed_report_record")]
+        == "malformed_report_record: good.csv line 5: missing or empty 'text'"
+    )
     wrong = found[("reports/wrong.csv", "reports", "quarantined", "malformed_report_record")]
-    assert wrong == ("no record could be read (1 error): malformed_report_record: wrong.csv line 1: CSV header "
-                     "lacks ['report_id', 'text']")
+    assert wrong == (
+        "no record could be read (1 error): malformed_report_record: wrong.csv line 1: CSV header "
+        "lacks ['report_id', 'text']"
+    )
     assert found[("README.md", "discover", "skipped", "not_an_input")]
     # the build lists the unreadable header under quarantine/<run>/reports/ too: one problem per record
     assert found[("reports/wrong.csv", "reports", "withheld", "malformed_report_record")] in wrong
@@ -91,8 +101,10 @@ def test_validate_source_passes_a_clean_delivery_and_prints_one_line_per_problem
     for name in ("dicom/cut.dcm", "reports/wrong.csv"):
         os.remove(delivery["src"] / name)
     (delivery["src"] / "reports" / "good.csv").write_text(
-        GOOD_CSV.format(uid=pydicom.dcmread(delivery["src"] / "dicom" / "ct.dcm").StudyInstanceUID)
-        .replace("R3,,,,,en,\n", ""))
+        GOOD_CSV.format(uid=pydicom.dcmread(delivery["src"] / "dicom" / "ct.dcm").StudyInstanceUID).replace(
+            "R3,,,,,en,\n", ""
+        )
+    )
     res = runner.invoke(app, ["validate-source", "-i", "csv-inst", "-c", str(delivery["config"])])
     assert res.exit_code == 0, res.output
     assert "the build would record: ingested 2, skipped 1" in res.output

@@ -42,10 +42,12 @@ def _per_frame(ds: pydicom.Dataset, keyword_seq: str, keyword: str, f: int):
 def _expected(ds: pydicom.Dataset) -> dict:
     """The volume computed frame by frame from the functional groups (PS3.3 C.7.6.16.2)."""
     n = int(ds.NumberOfFrames)
-    pos = np.array([[float(v) for v in _per_frame(ds, "PlanePositionSequence", "ImagePositionPatient", f)]
-                    for f in range(n)])
-    ori = np.array([[float(v) for v in _per_frame(ds, "PlaneOrientationSequence", "ImageOrientationPatient", f)]
-                    for f in range(n)])
+    pos = np.array(
+        [[float(v) for v in _per_frame(ds, "PlanePositionSequence", "ImagePositionPatient", f)] for f in range(n)]
+    )
+    ori = np.array(
+        [[float(v) for v in _per_frame(ds, "PlaneOrientationSequence", "ImageOrientationPatient", f)] for f in range(n)]
+    )
     assert np.allclose(ori, ori[0])
     normal = np.cross(ori[0][:3], ori[0][3:])
     order = np.argsort(pos @ normal)
@@ -57,8 +59,12 @@ def _expected(ds: pydicom.Dataset) -> dict:
         frames.append(pixels[f] * slope + intercept)
     spacing = [float(v) for v in _per_frame(ds, "PixelMeasuresSequence", "PixelSpacing", 0)]
     steps = np.diff((pos @ normal)[order])
-    return {"volume": np.stack(frames), "origin": pos[order[0]], "spacing": [*spacing, float(np.median(steps))],
-            "direction": np.column_stack([ori[0][:3], ori[0][3:], normal]).reshape(-1)}
+    return {
+        "volume": np.stack(frames),
+        "origin": pos[order[0]],
+        "spacing": [*spacing, float(np.median(steps))],
+        "direction": np.column_stack([ori[0][:3], ori[0][3:], normal]).reshape(-1),
+    }
 
 
 def _intensity(volume: np.ndarray, modality: str) -> np.ndarray:
@@ -106,7 +112,10 @@ def test_mosaic_detected_and_quarantined(shared_data, key):
     assert is_mosaic(src) and (0x0029, 0x1010) in src  # the CSA image header holds NumberOfImagesInMosaic
     out = _read(deidentify_dataset(src, key, "shared").to_bytes())
     assert is_mosaic(out)  # ImageType is kept: the tile sheet is recognised after de-identification
-    for fn in (lambda: normalise_2d(out, NormalisationConfig()), lambda: normalise_volume([out], NormalisationConfig())):
+    for fn in (
+        lambda: normalise_2d(out, NormalisationConfig()),
+        lambda: normalise_volume([out], NormalisationConfig()),
+    ):
         with pytest.raises(NormalisationError) as err:
             fn()
         assert err.value.reason == "unsupported_mosaic"

@@ -44,8 +44,15 @@ def _ct5n() -> list[pydicom.Dataset]:
 
 
 def _instance(modality: str) -> dict:
-    return {"series_key": "se1", "study_key": "st1", "patient_key": "p1", "institution": "us-a",
-            "modality": modality, "transfer_syntax": "1.2.840.10008.1.2.1", "shard": 0}
+    return {
+        "series_key": "se1",
+        "study_key": "st1",
+        "patient_key": "p1",
+        "institution": "us-a",
+        "modality": modality,
+        "transfer_syntax": "1.2.840.10008.1.2.1",
+        "shard": 0,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +111,8 @@ def test_nibabel_opens_the_object_with_the_pipeline_geometry_and_values(ct):
     # a voxel by its RAS world position: the same place the LPS geometry names
     k, r, c = (s // 2 for s in array.shape)
     lps = np.asarray(row["origin_mm"]) + np.asarray(row["direction"]).reshape(3, 3) @ (
-        np.array([c * row["spacing_mm"][1], r * row["spacing_mm"][0], k * row["spacing_mm"][2]]))
+        np.array([c * row["spacing_mm"][1], r * row["spacing_mm"][0], k * row["spacing_mm"][2]])
+    )
     np.testing.assert_allclose(img.affine @ [c, r, k, 1.0], [*(LPS_TO_RAS @ lps), 1.0], atol=1e-3)
 
 
@@ -114,8 +122,9 @@ def test_simpleitk_opens_the_object_with_the_pipeline_geometry_and_values(ct):
     got = sitk.GetArrayFromImage(img)
     assert got.shape == array.shape and got.dtype == np.int16
     assert np.abs(got - array).max() <= 0.5
-    np.testing.assert_allclose(img.GetSpacing(), [row["spacing_mm"][1], row["spacing_mm"][0], row["spacing_mm"][2]],
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        img.GetSpacing(), [row["spacing_mm"][1], row["spacing_mm"][0], row["spacing_mm"][2]], atol=1e-5
+    )
     np.testing.assert_allclose(img.GetOrigin(), row["origin_mm"], atol=1e-4)
     np.testing.assert_allclose(img.GetDirection(), row["direction"], atol=1e-5)
 
@@ -146,8 +155,10 @@ def test_mr_is_float32_exact_and_decode_roundtrips():
     np.testing.assert_allclose(meta["origin_mm"], [1.0, 2.0, 3.0])
     assert gzip.decompress(obj.data)[344:348] == b"n+1\x00"  # NIfTI-1 single file magic
     # byte-identical for the same input (gzip mtime 0): the name is the content
-    assert encode_nifti(vol, [0.9, 0.8, 3.0], [1.0, 2.0, 3.0], [1, 0, 0, 0, 1, 0, 0, 0, 1], "MR",
-                        gzip_level=6).sha256 == obj.sha256
+    assert (
+        encode_nifti(vol, [0.9, 0.8, 3.0], [1.0, 2.0, 3.0], [1, 0, 0, 0, 1, 0, 0, 0, 1], "MR", gzip_level=6).sha256
+        == obj.sha256
+    )
 
 
 def test_written_objects_are_verified_where_written(ct, tmp_path):
@@ -185,8 +196,11 @@ def test_loader_reads_a_volume_object_from_s3(ct, moto_endpoint, monkeypatch):
     loader and ``to_tensor`` read it back through the object store with the values of the local object."""
     import boto3
 
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket="medreco-vol")

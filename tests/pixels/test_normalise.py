@@ -89,9 +89,7 @@ def test_ct_small_hu_equals_stored_times_slope_plus_intercept():
     np.testing.assert_array_equal(hu, (stored.astype(np.float64) * slope + intercept).astype(np.float32))
 
 
-@pytest.mark.parametrize(
-    "name", ["MR_small_RLE.dcm", "MR_small_jp2klossless.dcm", "MR_small_jpeg_ls_lossless.dcm"]
-)
+@pytest.mark.parametrize("name", ["MR_small_RLE.dcm", "MR_small_jp2klossless.dcm", "MR_small_jpeg_ls_lossless.dcm"])
 def test_lossless_codecs_decode_to_the_uncompressed_values(name):
     reference = decode(read(bundled("MR_small.dcm")))
     np.testing.assert_array_equal(decode(read(bundled(name))), reference)
@@ -130,9 +128,7 @@ def test_same_mr_image_in_nine_transfer_syntaxes_decodes_identically():
     assert len({r["transfer_syntax"] for r in rows}) >= 6
     reference = decode(read(DICOM / rows[0]["file"]))
     for r in rows[1:]:
-        np.testing.assert_array_equal(
-            decode(read(DICOM / r["file"])), reference, err_msg=r["transfer_syntax"]
-        )
+        np.testing.assert_array_equal(decode(read(DICOM / r["file"])), reference, err_msg=r["transfer_syntax"])
 
 
 def test_decode_one_frame_equals_that_frame_of_all_frames():
@@ -300,8 +296,9 @@ def test_monochrome1_is_inverted_once():
 @needs_data
 def test_monochrome1_chest_radiographs_show_dark_lungs():
     """After inversion a chest PA shows lungs (lateral thirds, mid height) darker than the spine."""
-    chests = [r for r in manifest(DICOM)
-              if r["file"].startswith("chest-cr-dx/wg04_RG1") and r["photometric"] == "MONOCHROME1"]
+    chests = [
+        r for r in manifest(DICOM) if r["file"].startswith("chest-cr-dx/wg04_RG1") and r["photometric"] == "MONOCHROME1"
+    ]
     assert chests, "no MONOCHROME1 chest radiograph (chest-cr-dx/wg04_RG1*) in the shared manifest"
     for r in chests:
         out = normalise_2d(read(DICOM / r["file"]), NormalisationConfig(image_size=(256, 256)))
@@ -331,9 +328,7 @@ def test_png_has_configured_size_and_aspect_padding(size):
 
 
 def test_no_keep_aspect_stretches_without_padding():
-    out = normalise_2d(
-        read(bundled("CT_small.dcm")), NormalisationConfig(image_size=(64, 96), keep_aspect=False)
-    )
+    out = normalise_2d(read(bundled("CT_small.dcm")), NormalisationConfig(image_size=(64, 96), keep_aspect=False))
     resize = [s for s in json.loads(out["recipe"])["steps"] if s["step"] == "resize"][0]
     assert resize["to"] == [64, 96] and resize["pad"]["left"] == 0 and resize["pad"]["top"] == 0
 
@@ -360,9 +355,7 @@ def test_every_2d_manifest_image_normalises_or_fails_with_a_reason():
             out = normalise_2d(ds, cfg)
         except NormalisationError as err:
             # 12-bit JPEG Extended is beyond the installed plugins (Pillow decodes 8-bit only)
-            assert err.reason == "decode_error" and r["transfer_syntax"] == "1.2.840.10008.1.2.4.51", r[
-                "file"
-            ]
+            assert err.reason == "decode_error" and r["transfer_syntax"] == "1.2.840.10008.1.2.4.51", r["file"]
             continue
         arr = load_payload(out["payload"], "png")
         colour = r["photometric"] not in ("MONOCHROME1", "MONOCHROME2")
@@ -408,9 +401,7 @@ def test_view_and_spacing():
     mg = read(DICOM / "mg" / "fodicom_GH133_ge_mammo_jpegll.dcm")
     out = normalise_2d(mg, NormalisationConfig(image_size=(64, 64)))
     assert out["view"] == str(mg.ViewCodeSequence[0].CodeMeaning)
-    assert out["spacing_mm"] == pytest.approx(
-        [float(v) for v in mg.get("PixelSpacing") or mg.ImagerPixelSpacing]
-    )
+    assert out["spacing_mm"] == pytest.approx([float(v) for v in mg.get("PixelSpacing") or mg.ImagerPixelSpacing])
     dx = read(DICOM / "chest-cr-dx" / "highdicom_dx_image_thorax_fuji.dcm")
     del dx.PixelSpacing
     assert normalise_2d(dx, NormalisationConfig(image_size=(64, 64)))["spacing_mm"] == pytest.approx(

@@ -80,15 +80,24 @@ def test_modality_lut_equals_float64_path_on_bundled_files(name):
 
 @pytest.mark.parametrize(
     ("slope", "intercept"),
-    [(1.0, -1024.0), (1.0, 0.0), (2.0, -1000.0), (-1.0, 32767.0), (0.5, -1024.0), (1.234567, -1000.1),
-     (1.0, -1024.5), (256.0, -8192.0), (300.0, 0.0)],
+    [
+        (1.0, -1024.0),
+        (1.0, 0.0),
+        (2.0, -1000.0),
+        (-1.0, 32767.0),
+        (0.5, -1024.0),
+        (1.234567, -1000.1),
+        (1.0, -1024.5),
+        (256.0, -8192.0),
+        (300.0, 0.0),
+    ],
 )
 @pytest.mark.parametrize("dtype", [np.int16, np.uint16, np.uint8, np.int32])
 def test_rescale_into_equals_float64_then_float32(slope, intercept, dtype):
     info = np.iinfo(dtype)
     rng = np.random.default_rng(7)
-    arr = rng.integers(max(info.min, -2**20), min(info.max, 2**20), size=(64, 64), endpoint=True).astype(dtype)
-    arr.flat[:2] = [max(info.min, -2**20), min(info.max, 2**20)]  # both ends of the range
+    arr = rng.integers(max(info.min, -(2**20)), min(info.max, 2**20), size=(64, 64), endpoint=True).astype(dtype)
+    arr.flat[:2] = [max(info.min, -(2**20)), min(info.max, 2**20)]  # both ends of the range
     out = np.full(arr.shape, np.nan, dtype=np.float32)
     _rescale_into(arr, (slope, intercept), out)
     expected = (arr.astype(np.float64) * slope + intercept).astype(np.float32)
@@ -143,8 +152,16 @@ def test_cross3_equals_numpy_cross():
 
 def test_element_value_equals_dataset_get():
     ds = _ct_slice()
-    for keyword in ("Rows", "PixelSpacing", "ImagePositionPatient", "RescaleSlope", "ImageType",
-                    "PerFrameFunctionalGroupsSequence", "WindowCenter", "NumberOfFrames"):
+    for keyword in (
+        "Rows",
+        "PixelSpacing",
+        "ImagePositionPatient",
+        "RescaleSlope",
+        "ImageType",
+        "PerFrameFunctionalGroupsSequence",
+        "WindowCenter",
+        "NumberOfFrames",
+    ):
         assert element_value(ds, keyword) == ds.get(keyword), keyword
 
 

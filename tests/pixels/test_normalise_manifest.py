@@ -40,7 +40,10 @@ def test_manifest_outcome_table(shared_data, capsys):
                 outcome = err.reason
         table[(r["modality"] or "?", r["ts_name"] or r["transfer_syntax"])][outcome] += 1
         bits = int(ds.get("BitsStored", 0) or 0)
-        if outcome not in ("ok", "no image", "unsupported_mosaic") and (r["transfer_syntax"], bits) not in KNOWN_UNDECODABLE:
+        if (
+            outcome not in ("ok", "no image", "unsupported_mosaic")
+            and (r["transfer_syntax"], bits) not in KNOWN_UNDECODABLE
+        ):
             failures.append((r["file"], outcome))
     with capsys.disabled():
         print("\n(modality, transfer syntax) -> outcome")

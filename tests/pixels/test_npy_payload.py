@@ -164,11 +164,18 @@ def test_loader_reads_schema_1_1_npz_rows_and_npy_rows_alike():
     volume = np.random.default_rng(9).uniform(-1000, 1000, (3, 6, 5)).astype(np.float32)
     spacing, origin, direction = [0.7, 0.7, 1.5], [-10.0, 2.5, 30.0], list(np.eye(3).ravel())
     buf = io.BytesIO()
-    np.savez(buf, volume=volume, spacing_mm=np.array(spacing), origin_mm=np.array(origin),
-             direction=np.array(direction))
+    np.savez(
+        buf, volume=volume, spacing_mm=np.array(spacing), origin_mm=np.array(origin), direction=np.array(direction)
+    )
     old = {"payload": buf.getvalue(), "payload_format": "npz", "recipe": "{}"}
-    new = {"payload": encode_npy(volume), "payload_format": "npy", "recipe": "{}", "spacing_mm": spacing,
-           "origin_mm": origin, "direction": direction}
+    new = {
+        "payload": encode_npy(volume),
+        "payload_format": "npy",
+        "recipe": "{}",
+        "spacing_mm": spacing,
+        "origin_mm": origin,
+        "direction": direction,
+    }
     (a, meta_a), (b, meta_b) = load_image(old), load_image(new)
     assert a.tobytes() == b.tobytes() == volume.tobytes() and a.dtype == b.dtype == np.float32
     for key, value in (("spacing_mm", spacing), ("origin_mm", origin), ("direction", direction)):

@@ -38,7 +38,11 @@ def real_stack() -> tuple[np.ndarray, list[float]]:
     for d in ("chest-ct", "longitudinal-chest-ct-covid19-ny-sbu"):
         for p in sorted((DICOM / d).rglob("*.dcm")):
             ds = pydicom.dcmread(p)
-            if ds.get("Modality") != "CT" or (ds.get("Rows"), ds.get("Columns")) != (512, 512) or "PixelSpacing" not in ds:
+            if (
+                ds.get("Modality") != "CT"
+                or (ds.get("Rows"), ds.get("Columns")) != (512, 512)
+                or "PixelSpacing" not in ds
+            ):
                 continue
             spacing = spacing or [float(v) for v in ds.PixelSpacing]
             slices.append(decode(ds).astype(np.float32))
@@ -49,8 +53,17 @@ def real_stack() -> tuple[np.ndarray, list[float]]:
 
 def sitk_resample(volume, spacing, target, size, default, direction=(1, 0, 0, 0, 1, 0, 0, 0, 1)):
     image = to_sitk(volume, Geometry(spacing, [10.0, -20.0, 30.0], list(direction)))
-    out = sitk.Resample(image, [size[2], size[1], size[0]], sitk.Transform(), sitk.sitkLinear, image.GetOrigin(),
-                        (target[1], target[0], target[2]), image.GetDirection(), float(default), sitk.sitkFloat32)
+    out = sitk.Resample(
+        image,
+        [size[2], size[1], size[0]],
+        sitk.Transform(),
+        sitk.sitkLinear,
+        image.GetOrigin(),
+        (target[1], target[0], target[2]),
+        image.GetDirection(),
+        float(default),
+        sitk.sitkFloat32,
+    )
     return sitk.GetArrayFromImage(out)
 
 
@@ -84,17 +97,23 @@ def test_grid_border_and_outside_like_simpleitk(real_stack):
     ours = resample_separable(volume, spacing, target, size, -1234.5)
     ref = sitk_resample(volume, spacing, target, size, -1234.5)
     assert_float32_equal(ours, ref, volume)
-    for axis, n, sp, t in ((0, volume.shape[0], spacing[2], target[2]), (1, 64, spacing[0], target[0]),
-                           (2, 64, spacing[1], target[1])):
+    for axis, n, sp, t in (
+        (0, volume.shape[0], spacing[2], target[2]),
+        (1, 64, spacing[0], target[0]),
+        (2, 64, spacing[1], target[1]),
+    ):
         amap = axis_map(n, sp, t, size[axis])
         assert fit[axis] < amap.inside < size[axis]  # some voxels clamped to the last one, some outside
         assert np.all(np.take(ours, range(amap.inside, size[axis]), axis=axis) == np.float32(-1234.5))
 
 
-@pytest.mark.parametrize("direction", [
-    (-1, 0, 0, 0, 1, 0, 0, 0, -1),  # flips
-    (0, 0, 1, 1, 0, 0, 0, 1, 0),  # a sagittal-like permutation
-])
+@pytest.mark.parametrize(
+    "direction",
+    [
+        (-1, 0, 0, 0, 1, 0, 0, 0, -1),  # flips
+        (0, 0, 1, 1, 0, 0, 0, 1, 0),  # a sagittal-like permutation
+    ],
+)
 def test_flipped_and_permuted_grids_equal_simpleitk(real_stack, direction):
     volume, spacing = real_stack
     volume = np.ascontiguousarray(volume[:6, :96, :128])
@@ -149,8 +168,9 @@ def test_bad_input_refused():
     with pytest.raises(ValueError, match="float32"):
         resample_separable(np.zeros((1, 4, 4), np.float32), [1, 1, 1], [1, 1, 1], (1, 4, 4), 0.0)
     with pytest.raises(ValueError, match="out must be"):
-        resample_separable(np.zeros((2, 4, 4), np.float32), [1, 1, 1], [1, 1, 1], (2, 4, 4), 0.0,
-                           out=np.zeros((2, 4, 5), np.float32))
+        resample_separable(
+            np.zeros((2, 4, 4), np.float32), [1, 1, 1], [1, 1, 1], (2, 4, 4), 0.0, out=np.zeros((2, 4, 5), np.float32)
+        )
 
 
 def test_clip_while_resampling_equals_clipping_after(real_stack):

@@ -135,8 +135,7 @@ def test_parquet_round_trip_is_bit_exact(tmp_path):
     vol_res = normalise_volume([pydicom.dcmread(p) for p in paths], CFG)
     img_res = normalise_2d(pydicom.dcmread(paths[0]), CFG)
     rows = [
-        {k: r[k] for k in ("payload", "payload_format", "recipe", "view", "spacing_mm")}
-        for r in (vol_res, img_res)
+        {k: r[k] for k in ("payload", "payload_format", "recipe", "view", "spacing_mm")} for r in (vol_res, img_res)
     ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "images.parquet", compression="zstd")
     back = pq.read_table(tmp_path / "images.parquet").to_pylist()

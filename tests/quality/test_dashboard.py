@@ -35,14 +35,30 @@ DEID_AUDIT = {
     "actions": {"removed": 1234, "replaced": 321, "shifted": 77, "remapped": 456},
     "verification_failures": 3,
     "burned_in_quarantined": 2,
-    "deface:defaced": 4, "deface:not_a_volume": 2, "deface:quarantined": 1,
-    "deface:quarantined:defacing_failed": 1, "deface:faces_before": 4, "deface:faces_after": 0,
+    "deface:defaced": 4,
+    "deface:not_a_volume": 2,
+    "deface:quarantined": 1,
+    "deface:quarantined:defacing_failed": 1,
+    "deface:faces_before": 4,
+    "deface:faces_after": 0,
 }
 HISTORY = [
-    {"run_id": "run-20250525T0200Z-demo", "ingested": 40, "quarantined": 2, "duplicate": 0, "skipped": 1,
-     "critical_failures": 0},
-    {"run_id": "run-20250530T0200Z-demo", "ingested": 52, "quarantined": 5, "duplicate": 3, "skipped": 0,
-     "critical_failures": 1},
+    {
+        "run_id": "run-20250525T0200Z-demo",
+        "ingested": 40,
+        "quarantined": 2,
+        "duplicate": 0,
+        "skipped": 1,
+        "critical_failures": 0,
+    },
+    {
+        "run_id": "run-20250530T0200Z-demo",
+        "ingested": 52,
+        "quarantined": 5,
+        "duplicate": 3,
+        "skipped": 0,
+        "critical_failures": 1,
+    },
 ]
 
 
@@ -58,57 +74,175 @@ def make_tables() -> dict:
         splits.append(dict(patient_key=f"p{p}", institution=inst, split=["train", "train", "val", "test"][p], shard=0))
         for s in range(2):
             sk = f"s{p}{s}"
-            studies.append(dict(study_key=sk, patient_key=f"p{p}", institution=inst, country="US", modality="CR",
-                                body_part="CHEST", family="2D-CXR", study_datetime=dt.datetime(2020, 1 + 3 * s, 1),
-                                study_date_shifted=dt.date(2020, 1 + 3 * s, 1), n_series=1, n_images=1,
-                                report_id=f"r{p}{s}", shard=0))
-            series.append(dict(series_key=f"se{p}{s}", study_key=sk, patient_key=f"p{p}", institution=inst,
-                               modality="CR", view_position="PA" if s == 0 else "AP", spacing_mm=[0.14 + 0.01 * p] * 2,
-                               n_instances=1, shard=0))
+            studies.append(
+                dict(
+                    study_key=sk,
+                    patient_key=f"p{p}",
+                    institution=inst,
+                    country="US",
+                    modality="CR",
+                    body_part="CHEST",
+                    family="2D-CXR",
+                    study_datetime=dt.datetime(2020, 1 + 3 * s, 1),
+                    study_date_shifted=dt.date(2020, 1 + 3 * s, 1),
+                    n_series=1,
+                    n_images=1,
+                    report_id=f"r{p}{s}",
+                    shard=0,
+                )
+            )
+            series.append(
+                dict(
+                    series_key=f"se{p}{s}",
+                    study_key=sk,
+                    patient_key=f"p{p}",
+                    institution=inst,
+                    modality="CR",
+                    view_position="PA" if s == 0 else "AP",
+                    spacing_mm=[0.14 + 0.01 * p] * 2,
+                    n_instances=1,
+                    shard=0,
+                )
+            )
             payload = b"png %d %d" % (p, s)
-            images.append(dict(image_key=f"im{p}{s}", series_key=f"se{p}{s}", study_key=sk, patient_key=f"p{p}",
-                               institution=inst, modality="CR", view="PA" if s == 0 else "AP", kind="2d", rows=256,
-                               cols=256, n_slices=1, spacing_mm=[0.14 + 0.01 * p] * 2, payload_format="png",
-                               payload=payload, payload_sha256=hashlib.sha256(payload).hexdigest(), recipe="{}",
-                               transfer_syntax="1.2.840.10008.1.2.1", shard=0))
-            reports.append(dict(report_id=f"r{p}{s}", study_key=sk, patient_key=f"p{p}", institution=inst,
-                                language="en", link_status="linked", findings="Left pleural effusion.",
-                                text="FINDINGS: Left pleural effusion." + (" Call 617-555-0123." if sk == "s31" else ""),
-                                redactions=0, redaction_counts="{}",
-                                shard=0))
+            images.append(
+                dict(
+                    image_key=f"im{p}{s}",
+                    series_key=f"se{p}{s}",
+                    study_key=sk,
+                    patient_key=f"p{p}",
+                    institution=inst,
+                    modality="CR",
+                    view="PA" if s == 0 else "AP",
+                    kind="2d",
+                    rows=256,
+                    cols=256,
+                    n_slices=1,
+                    spacing_mm=[0.14 + 0.01 * p] * 2,
+                    payload_format="png",
+                    payload=payload,
+                    payload_sha256=hashlib.sha256(payload).hexdigest(),
+                    recipe="{}",
+                    transfer_syntax="1.2.840.10008.1.2.1",
+                    shard=0,
+                )
+            )
+            reports.append(
+                dict(
+                    report_id=f"r{p}{s}",
+                    study_key=sk,
+                    patient_key=f"p{p}",
+                    institution=inst,
+                    language="en",
+                    link_status="linked",
+                    findings="Left pleural effusion.",
+                    text="FINDINGS: Left pleural effusion." + (" Call 617-555-0123." if sk == "s31" else ""),
+                    redactions=0,
+                    redaction_counts="{}",
+                    shard=0,
+                )
+            )
             # effusion present in all us-bos reports and in half of gb-lon's; cardiomegaly negated everywhere
             present = inst == "us-bos" or s == 1
-            mentions.append(dict(mention_id=f"m{p}{s}a", report_id=f"r{p}{s}", entity_id="F029", category="finding",
-                                 span_start=10, span_end=26, text="pleural effusion",
-                                 assertion="present" if present else "uncertain", temporality="current",
-                                 change="none", shard=0))
-            mentions.append(dict(mention_id=f"m{p}{s}b", report_id=f"r{p}{s}", entity_id="A009", category="anatomy",
-                                 span_start=15, span_end=22, text="pleura", assertion="absent",
-                                 temporality="current", change="none", shard=0))
-        pairs.append(dict(pair_id=f"pa{p}", patient_key=f"p{p}", prior_study_key=f"s{p}0", current_study_key=f"s{p}1",
-                          family="2D-CXR", modality="CR", view="PA", gap_days=91,
-                          change_labels=[{"entity_id": "F029", "change": "increased", "source": "stated"}],
-                          n_conflicts=0, shard=0))
+            mentions.append(
+                dict(
+                    mention_id=f"m{p}{s}a",
+                    report_id=f"r{p}{s}",
+                    entity_id="F029",
+                    category="finding",
+                    span_start=10,
+                    span_end=26,
+                    text="pleural effusion",
+                    assertion="present" if present else "uncertain",
+                    temporality="current",
+                    change="none",
+                    shard=0,
+                )
+            )
+            mentions.append(
+                dict(
+                    mention_id=f"m{p}{s}b",
+                    report_id=f"r{p}{s}",
+                    entity_id="A009",
+                    category="anatomy",
+                    span_start=15,
+                    span_end=22,
+                    text="pleura",
+                    assertion="absent",
+                    temporality="current",
+                    change="none",
+                    shard=0,
+                )
+            )
+        pairs.append(
+            dict(
+                pair_id=f"pa{p}",
+                patient_key=f"p{p}",
+                prior_study_key=f"s{p}0",
+                current_study_key=f"s{p}1",
+                family="2D-CXR",
+                modality="CR",
+                view="PA",
+                gap_days=91,
+                change_labels=[{"entity_id": "F029", "change": "increased", "source": "stated"}],
+                n_conflicts=0,
+                shard=0,
+            )
+        )
         opts = ["Increased", "Decreased", "Unchanged", "New"]
-        vqa.append(dict(item_id=f"q{p}", pair_id=f"pa{p}", patient_key=f"p{p}", question_type="change",
-                        question="How has the effusion changed?", options=opts, answer="ABCD"[p],
-                        answer_text=opts[p], entity_ids=["F029"], split=splits[-1]["split"], shard=0))
+        vqa.append(
+            dict(
+                item_id=f"q{p}",
+                pair_id=f"pa{p}",
+                patient_key=f"p{p}",
+                question_type="change",
+                question="How has the effusion changed?",
+                options=opts,
+                answer="ABCD"[p],
+                answer_text=opts[p],
+                entity_ids=["F029"],
+                split=splits[-1]["split"],
+                shard=0,
+            )
+        )
     statuses = ["ingested"] * 5 + ["quarantined", "quarantined", "duplicate", "skipped"]
     ledger = []
     for i, st in enumerate(statuses):
         uri = f"sources/us-bos/DOE^JOHN/IM{i:04d}.dcm"
-        row = dict(run_id=RUN_ID, source_uri=uri, sha256=_sha(i), bytes=1000, institution="us-bos", kind="dicom",
-                   shard=0, status=st, stage="normalise")
+        row = dict(
+            run_id=RUN_ID,
+            source_uri=uri,
+            sha256=_sha(i),
+            bytes=1000,
+            institution="us-bos",
+            kind="dicom",
+            shard=0,
+            status=st,
+            stage="normalise",
+        )
         if st == "quarantined":
-            row.update(stage="deidentify", reason="burned_in_annotation" if i == 5 else "unverifiable_phi",
-                       detail="pixel text detected in the annotation band")
+            row.update(
+                stage="deidentify",
+                reason="burned_in_annotation" if i == 5 else "unverifiable_phi",
+                detail="pixel text detected in the annotation band",
+            )
         if i == 6:  # a leaky detail: the pipeline must not be trusted to keep paths out of it
             row.update(source_uri=QUARANTINED_URI, detail=f"OCR hit in {QUARANTINED_URI} (SMITH^JANE)")
         if st == "duplicate":
             row.update(stage="discover", reason="same_sha256", duplicate_of="sources/gb-lon/BLOGGS^FRED/x.dcm")
         ledger.append(row)
-    rows = dict(studies=studies, series=series, images=images, reports=reports, entity_mentions=mentions,
-                pairs=pairs, vqa=vqa, splits=splits, ledger=ledger, study_labels=[])
+    rows = dict(
+        studies=studies,
+        series=series,
+        images=images,
+        reports=reports,
+        entity_mentions=mentions,
+        pairs=pairs,
+        vqa=vqa,
+        splits=splits,
+        ledger=ledger,
+        study_labels=[],
+    )
     return {name: table_from_rows(r, SCHEMAS[name]) for name, r in rows.items()}
 
 
@@ -116,12 +250,18 @@ def make_tables() -> dict:
 def site(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     tables = make_tables()
     quality = run_checks(tables, load_ontology(), today=dt.date(2025, 6, 1))
-    run_info = {"run_id": RUN_ID, "config": "medreco-demo", "operator_note": "<script>alert(1)</script>",
-                "source_root": "/mnt/pacs/sources", "deid_audit": DEID_AUDIT}
+    run_info = {
+        "run_id": RUN_ID,
+        "config": "medreco-demo",
+        "operator_note": "<script>alert(1)</script>",
+        "source_root": "/mnt/pacs/sources",
+        "deid_audit": DEID_AUDIT,
+    }
     review = [{"sha256": _sha(5), "decision": "reject", "note": "text in the pixel data confirmed"}]
     out = tmp_path_factory.mktemp("dash")
-    index = build_dashboard(tables, quality, run_info, out, history=HISTORY, review=review,
-                            data_docs_href="../data_docs/index.html")
+    index = build_dashboard(
+        tables, quality, run_info, out, history=HISTORY, review=review, data_docs_href="../data_docs/index.html"
+    )
     pages = {p: (out / p).read_text(encoding="utf-8") for p, _ in PAGES}
     return index, pages
 
@@ -160,17 +300,18 @@ def test_overview_counts_svg_and_trend(site):
     _, pages = site
     html = pages["index.html"]
     assert "<svg" in html
-    run_part = html[html.index("<h2>This run</h2>"):html.index("<h2>The dataset after this run")]
-    data_part = html[html.index("<h2>The dataset after this run"):]
-    for k, v in [("files seen by this run", 9), ("ingested", 5), ("quarantined", 2), ("duplicate", 1),
-                 ("skipped", 1)]:
+    run_part = html[html.index("<h2>This run</h2>") : html.index("<h2>The dataset after this run")]
+    data_part = html[html.index("<h2>The dataset after this run") :]
+    for k, v in [("files seen by this run", 9), ("ingested", 5), ("quarantined", 2), ("duplicate", 1), ("skipped", 1)]:
         assert f'<div class="v">{v}</div><div class="k">{k}</div>' in run_part, k
     for k, v in [("studies", 8), ("images", 8), ("pairs", 4), ("VQA items", 4), ("files in all runs' ledgers", 9)]:
         assert f'<div class="v">{v}</div><div class="k">{html_escape(k)}</div>' in data_part, k
     # ledger balance row of this run: rows, four statuses, sum, PASS
-    assert re.search(rf"<td>{RUN_ID}</td>" + r'<td class="num">9</td><td class="num">5</td><td class="num">2</td>'
-                     r'<td class="num">1</td><td class="num">1</td><td class="num">9</td><td><span class="badge pass">',
-                     html)
+    assert re.search(
+        rf"<td>{RUN_ID}</td>" + r'<td class="num">9</td><td class="num">5</td><td class="num">2</td>'
+        r'<td class="num">1</td><td class="num">1</td><td class="num">9</td><td><span class="badge pass">',
+        html,
+    )
     for h in HISTORY:  # trend: both earlier runs and the current one
         assert h["run_id"] in html
     assert "burned_in_annotation" in html and "unverifiable_phi" in html
@@ -180,21 +321,30 @@ def test_overview_counts_svg_and_trend(site):
 def test_deid_audit_renders_every_count(site):
     _, pages = site
     html = pages["deid.html"]
-    for key, value in [("actions / removed", "1,234"), ("actions / replaced", "321"), ("actions / shifted", "77"),
-                       ("actions / remapped", "456"), ("verification_failures", "3"), ("burned_in_quarantined", "2")]:
+    for key, value in [
+        ("actions / removed", "1,234"),
+        ("actions / replaced", "321"),
+        ("actions / shifted", "77"),
+        ("actions / remapped", "456"),
+        ("verification_failures", "3"),
+        ("burned_in_quarantined", "2"),
+    ]:
         assert f'<td>{key}</td><td class="num">{value}</td>' in html, key
     assert "<svg" in html
     # residual PHI scan (GE, counts only): the report text columns flag the planted phone number once
-    assert re.search(r'<span class="badge fail">FAIL</span></td><td>critical</td><td>reports</td>'
-                     r'<td class="wrap">text, indication, comparison, findings, impression</td><td class="num">16</td>'
-                     r'<td class="num">1</td>', html)
+    assert re.search(
+        r'<span class="badge fail">FAIL</span></td><td>critical</td><td>reports</td>'
+        r'<td class="wrap">text, indication, comparison, findings, impression</td><td class="num">16</td>'
+        r'<td class="num">1</td>',
+        html,
+    )
     assert "617-555-0123" not in html
 
 
 def test_deid_page_counts_head_series_defaced(site):
     html = site[1]["deid.html"]
-    section = html[html.index("Head CT/MR defacing"):]
-    section = section[:section.index("</section>")]
+    section = html[html.index("Head CT/MR defacing") :]
+    section = section[: section.index("</section>")]
     for label in ("defaced", "not_a_volume", "defacing_failed", "before defacing", "after defacing"):
         assert f">{label}<" in section, label
 
@@ -223,13 +373,16 @@ def test_checks_and_quarantine_pages(site):
     _, pages = site
     checks = pages["checks.html"]
     assert "expect_column_values_to_be_unique:study_key" in checks and "ledger_balance" in checks
-    assert re.search(r'<span class="badge fail">FAIL</span></td><td>critical</td><td>reports</td>'
-                     r'<td class="wrap">expect_column_values_to_not_match_regex_list:text\|', checks)  # the planted phone, first
+    assert re.search(
+        r'<span class="badge fail">FAIL</span></td><td>critical</td><td>reports</td>'
+        r'<td class="wrap">expect_column_values_to_not_match_regex_list:text\|',
+        checks,
+    )  # the planted phone, first
     assert checks.count('class="badge fail"') == 1
     assert '<a href="../data_docs/index.html">Data Docs</a>' in checks
     # failures first, the passes folded away; observed figures as key: value lines, not raw JSON
     assert checks.index('id="failed-checks"') < checks.index('class="badge fail"') < checks.index('id="passed-checks"')
-    assert "<details id=\"passed-checks\"><summary>" in checks and "unexpected_count: 1" in checks
+    assert '<details id="passed-checks"><summary>' in checks and "unexpected_count: 1" in checks
     q = pages["quarantine.html"]
     assert _sha(5)[:12] in q and _sha(6)[:12] in q and _sha(0)[:12] not in q  # only quarantined rows
     assert _sha(5) not in q  # the full digest is not needed
@@ -243,11 +396,17 @@ def test_deterministic_output(site, tmp_path):
     index, pages = site
     tables = make_tables()
     quality = run_checks(tables, load_ontology(), today=dt.date(2025, 6, 1))
-    run_info = {"run_id": RUN_ID, "config": "medreco-demo", "operator_note": "<script>alert(1)</script>",
-                "source_root": "/mnt/pacs/sources", "deid_audit": DEID_AUDIT}
+    run_info = {
+        "run_id": RUN_ID,
+        "config": "medreco-demo",
+        "operator_note": "<script>alert(1)</script>",
+        "source_root": "/mnt/pacs/sources",
+        "deid_audit": DEID_AUDIT,
+    }
     review = [{"sha256": _sha(5), "decision": "reject", "note": "text in the pixel data confirmed"}]
-    build_dashboard(tables, quality, run_info, tmp_path, history=HISTORY, review=review,
-                    data_docs_href="../data_docs/index.html")
+    build_dashboard(
+        tables, quality, run_info, tmp_path, history=HISTORY, review=review, data_docs_href="../data_docs/index.html"
+    )
     for p, _ in PAGES:
         assert (tmp_path / p).read_text(encoding="utf-8") == pages[p], p
 
@@ -296,7 +455,6 @@ def test_svg_helpers():
     assert "no data" in svg_histogram([], title="empty")
 
 
-
 def test_histograms_bin_whole_numbers_whole_and_label_the_axis():
     """Integer data over a wide range: bins of whole numbers (no bin edge splits a value at .5 in a label),
     several axis labels, not only min and max; a one-cell heatmap keeps its whole title (issue 40, point 9)."""
@@ -306,7 +464,9 @@ def test_histograms_bin_whole_numbers_whole_and_label_the_axis():
     tips = _re.findall(r"<title>([^<]*) slices: (\d+)</title>", h)
     assert len(tips) <= 20 and all("." not in rng for rng, _ in tips)
     assert sum(int(n) for _, n in tips) == 105 and tips[0][0] == "1–5"
-    labels = _re.findall(r'<text x="[\d.]+" y="\d+" font-size="11" text-anchor="(?:start|middle|end)">([^<]+)</text>', h)
+    labels = _re.findall(
+        r'<text x="[\d.]+" y="\d+" font-size="11" text-anchor="(?:start|middle|end)">([^<]+)</text>', h
+    )
     assert len(labels) >= 5 and all(x.isdigit() for x in labels[:5])
     f = svg_histogram([0.1, 0.5, 2.5, 3.0], title="spacing", unit="mm")
     assert len(_re.findall(r"<line x1", f)) >= 5  # the axis and its ticks
@@ -347,18 +507,37 @@ def test_path_scrubber_removes_paths_not_words():
     fr = _path_fragments("/work/shared/data/reports/us-bos/SMITH^JANE_1961/IM0001.dcm")
     assert _scrub("reports", fr) == "reports"
     assert _scrub("no data in the reports stage", fr) == "no data in the reports stage"
-    assert _scrub("read /work/shared/data/reports/us-bos/SMITH^JANE_1961/IM0001.dcm: bad", fr) == \
-        "read [source path]: bad"
+    assert (
+        _scrub("read /work/shared/data/reports/us-bos/SMITH^JANE_1961/IM0001.dcm: bad", fr) == "read [source path]: bad"
+    )
     assert _scrub("in data/reports/us-bos", fr) == "in [source path]"  # a piece of the path is still a path
-    assert _scrub("IM0001.dcm line 3; SMITH^JANE_1961; patient SMITH", fr) == \
-        "[source path] line 3; [source path]; patient [source path]"  # name-shaped folders and their parts
-    led = table_from_rows([dict(run_id=RUN_ID, source_uri="/srv/data/reports/r.jsonl", sha256=_sha(1), bytes=1,
-                                institution="us-bos", kind="report", shard=0, status="quarantined", stage="reports",
-                                reason="malformed_report_record",
-                                detail="no record could be read (1 error): r.jsonl line 1: no data")],
-                          SCHEMAS["ledger"])
+    assert (
+        _scrub("IM0001.dcm line 3; SMITH^JANE_1961; patient SMITH", fr)
+        == "[source path] line 3; [source path]; patient [source path]"
+    )  # name-shaped folders and their parts
+    led = table_from_rows(
+        [
+            dict(
+                run_id=RUN_ID,
+                source_uri="/srv/data/reports/r.jsonl",
+                sha256=_sha(1),
+                bytes=1,
+                institution="us-bos",
+                kind="report",
+                shard=0,
+                status="quarantined",
+                stage="reports",
+                reason="malformed_report_record",
+                detail="no record could be read (1 error): r.jsonl line 1: no data",
+            )
+        ],
+        SCHEMAS["ledger"],
+    )
     row = safe_ledger(led).to_pylist()[0]
-    assert row["stage"] == "reports" and row["detail"] == "no record could be read (1 error): [source path] line 1: no data"
+    assert (
+        row["stage"] == "reports"
+        and row["detail"] == "no record could be read (1 error): [source path] line 1: no data"
+    )
 
 
 def test_labels_get_the_room_they_need():
@@ -382,12 +561,13 @@ def test_labels_get_the_room_they_need():
 def test_every_page_links_the_review_app_and_names_the_curator(tmp_path):
     tables = make_tables()
     quality = run_checks(tables, load_ontology(), today=dt.date(2025, 6, 1))
-    review = [{"sha256": _sha(5), "decision": "reject", "note": "text in the pixel data confirmed",
-               "curator": "carol"}]
+    review = [{"sha256": _sha(5), "decision": "reject", "note": "text in the pixel data confirmed", "curator": "carol"}]
     build_dashboard(tables, quality, {"run_id": RUN_ID}, tmp_path, review=review)
     for page, _ in PAGES:  # a link that works opened from disk too: the quarantine page's record-decisions section
-        assert '<a class="review" href="quarantine.html#record-decisions" id="review-nav">' in (
-            tmp_path / page).read_text(), page
+        assert (
+            '<a class="review" href="quarantine.html#record-decisions" id="review-nav">'
+            in (tmp_path / page).read_text()
+        ), page
     q = (tmp_path / "quarantine.html").read_text()
     assert 'id="record-decisions"' in q and '<a class="review" href="../review" id="review-link">' in q
     assert "<th>curator</th><th>note</th>" in q and "<td>carol</td>" in q
@@ -403,7 +583,9 @@ def test_every_link_of_the_dashboard_opened_from_disk_resolves(tmp_path):
     quality = run_checks(tables, load_ontology(), today=dt.date(2025, 6, 1))
     (tmp_path / "data_docs").mkdir()
     (tmp_path / "data_docs" / "index.html").write_text("<html></html>")
-    build_dashboard(tables, quality, {"run_id": RUN_ID}, tmp_path / "dashboard", data_docs_href="../data_docs/index.html")
+    build_dashboard(
+        tables, quality, {"run_id": RUN_ID}, tmp_path / "dashboard", data_docs_href="../data_docs/index.html"
+    )
 
     class Links(HTMLParser):
         def __init__(self):
@@ -426,7 +608,6 @@ def test_every_link_of_the_dashboard_opened_from_disk_resolves(tmp_path):
             if not (tmp_path / "dashboard" / target.path).resolve().is_file():
                 dead.append((page, href))
     assert dead == []
-
 
 
 def test_pages_name_the_release_once_it_is_published(tmp_path):

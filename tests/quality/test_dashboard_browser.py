@@ -31,8 +31,7 @@ from quality.review_app import create_app
 
 pytestmark = pytest.mark.slow
 #: pages whose sections are plots (inline SVG); the checks and quarantine pages are tables
-PLOT_PAGES = {"index.html": 5, "deid.html": 2, "images.html": 6, "reports.html": 6, "pairs.html": 6,
-              "splits.html": 4}
+PLOT_PAGES = {"index.html": 5, "deid.html": 2, "images.html": 6, "reports.html": 6, "pairs.html": 6, "splits.html": 4}
 
 
 def _free_port() -> int:
@@ -51,8 +50,15 @@ def browser():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1000", "--no-first-run", "--disable-extensions"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+        "--no-first-run",
+        "--disable-extensions",
+    ):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=opts, service=Service(executable_path=driver_bin))
@@ -85,8 +91,13 @@ def served(demo_build, tmp_path_factory):
         time.sleep(0.05)
     assert server.started, "uvicorn did not start"
     # the browser logs in with HTTP Basic (curator name, review token) given in the URL once; it then sends them
-    yield {"url": f"http://curator:{REVIEW_TOKEN}@127.0.0.1:{port}", "storage": storage, "config": cfg_path,
-           "run_id": demo_build["first"]["run_id"], "second_run_id": demo_build["second"]["run_id"]}
+    yield {
+        "url": f"http://curator:{REVIEW_TOKEN}@127.0.0.1:{port}",
+        "storage": storage,
+        "config": cfg_path,
+        "run_id": demo_build["first"]["run_id"],
+        "second_run_id": demo_build["second"]["run_id"],
+    }
     server.should_exit = True
     thread.join(timeout=10)
 
@@ -128,7 +139,8 @@ def _resources_off_site(driver) -> list[str]:
     """URLs the page loaded (or tried to) from another origin than its own."""
     return driver.execute_script(
         "return performance.getEntriesByType('resource').map(e => e.name)"
-        ".filter(u => !u.startsWith(location.origin) && !u.startsWith('data:'))")
+        ".filter(u => !u.startsWith(location.origin) && !u.startsWith('data:'))"
+    )
 
 
 def _console_errors(driver) -> list[str]:
@@ -161,7 +173,8 @@ def test_curator_rejects_with_a_click_and_the_next_run_honours_it(browser, serve
             return False
 
     got = WebDriverWait(browser, 10).until(
-        lambda d: (lambda v: v if v and v[0] == "reject" and "recorded" in v[1] else False)(decision(d)))
+        lambda d: (lambda v: v if v and v[0] == "reject" and "recorded" in v[1] else False)(decision(d))
+    )
     assert got[0] == "reject" and f"{oid}: reject recorded" in got[1]
     row = browser.find_element(By.ID, f"item-{oid}")
     assert row.find_element(By.CSS_SELECTOR, "td[data-curator]").text == "curator"
@@ -240,5 +253,8 @@ def test_data_docs_render_styled_offline(browser, served, tmp_path):
     assert browser.find_elements(By.CSS_SELECTOR, "main .badge.pass, main .badge.fail")  # status badges drawn
     assert _resources_off_site(browser) == [] and _layout_faults(browser) == [] and _console_errors(browser) == []
     browser.save_screenshot(str(tmp_path / "data_docs.png"))
-    assert browser.find_element(By.ID, "review-nav").get_attribute("href").endswith(
-        "/dashboard/quarantine.html#record-decisions")
+    assert (
+        browser.find_element(By.ID, "review-nav")
+        .get_attribute("href")
+        .endswith("/dashboard/quarantine.html#record-decisions")
+    )

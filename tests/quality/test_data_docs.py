@@ -61,10 +61,12 @@ def external_references(html: str) -> list[str]:
 
 
 def test_the_checker_sees_what_gx_own_pages_load():
-    gx_head = ('<link rel="stylesheet" href="https://maxcdn.bootstrapcdn.com/bootstrap/4.3.1/css/bootstrap.min.css">'
-               '<script src="https://code.jquery.com/jquery-3.7.1.min.js"></script>'
-               '<img src="//great-expectations-web-assets.s3.us-east-2.amazonaws.com/logo-long.png?dataContextId=x">'
-               '<style>@import "https://cdn.example/x.css"; a{background:url(https://cdn.example/i.png)}</style>')
+    gx_head = (
+        '<link rel="stylesheet" href="https://maxcdn.bootstrapcdn.com/bootstrap/4.3.1/css/bootstrap.min.css">'
+        '<script src="https://code.jquery.com/jquery-3.7.1.min.js"></script>'
+        '<img src="//great-expectations-web-assets.s3.us-east-2.amazonaws.com/logo-long.png?dataContextId=x">'
+        '<style>@import "https://cdn.example/x.css"; a{background:url(https://cdn.example/i.png)}</style>'
+    )
     assert len(external_references(gx_head)) == 6  # five URLs and the script
     ok = '<a href="../review">r</a><a href="validations/s/r/t.html">v</a><link rel="icon" href="data:,">'
     assert external_references(ok) == []
@@ -74,12 +76,26 @@ def test_the_checker_sees_what_gx_own_pages_load():
 def site(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("docs")
     project, docs = tmp / "reports", tmp / "reports" / "data_docs"
-    run_suites(build(clean_rows()), load_ontology(), today=TODAY, project_dir=project, data_docs_dir=docs,
-               run_name="run-ok", only={"studies"})
+    run_suites(
+        build(clean_rows()),
+        load_ontology(),
+        today=TODAY,
+        project_dir=project,
+        data_docs_dir=docs,
+        run_name="run-ok",
+        only={"studies"},
+    )
     rows = clean_rows()
     rows["studies"].append(dict(rows["studies"][0]))  # a duplicate key: a critical failure
-    run_suites(build(rows), load_ontology(), today=TODAY, project_dir=project, data_docs_dir=docs,
-               run_name="run-bad", only={"studies"})
+    run_suites(
+        build(rows),
+        load_ontology(),
+        today=TODAY,
+        project_dir=project,
+        data_docs_dir=docs,
+        run_name="run-bad",
+        only={"studies"},
+    )
     return project, docs
 
 
@@ -111,12 +127,12 @@ def test_index_and_pages_show_the_results(site):
     project, docs = site
     index = (docs / "index.html").read_text()
     assert index.index("Run run-bad") < index.index("Run run-ok")  # newest first
-    bad = index[index.index("Run run-bad"):index.index("Run run-ok")]
+    bad = index[index.index("Run run-bad") : index.index("Run run-ok")]
     assert '<span class="badge fail">FAIL</span>' in bad and ">studies</a>" in bad
     page = next((docs / "validations" / "studies" / "run-bad").glob("*.html")).read_text()
     assert "expect_column_values_to_be_unique:study_key" in page
     assert re.search(r'<span class="badge fail">FAIL</span></td><td>critical</td>', page)
-    assert "\"unexpected_count\": 2" in html.unescape(page)
+    assert '"unexpected_count": 2' in html.unescape(page)
     # the same results as GX's store: one page per stored result, nothing else
     assert len(load_validations(project / "gx" / "uncommitted" / "validations")) == 4
 

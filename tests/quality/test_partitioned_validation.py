@@ -26,20 +26,46 @@ def _tables(n: int, bad_date_rows: list[int]) -> dict[str, pa.Table]:
     studies, series = [], []
     for i in range(n):
         d = dt.datetime(1850, 1, 1) if i in bad_date_rows else good + dt.timedelta(days=i)
-        studies.append(dict(study_key=f"s{i:05d}", patient_key=f"p{i:05d}", institution="shared-dicom", country="US",
-                            modality="CT", body_part="CHEST", family="3D-CT", study_datetime=d,
-                            study_date_shifted=d.date(), n_series=1, n_images=1, report_id=None, shard=i % N_PARTS))
-        series.append(dict(series_key=f"x{i:05d}", study_key=f"s{i:05d}", patient_key=f"p{i:05d}",
-                           institution="shared-dicom", modality="CT", orientation="AXIAL",
-                           spacing_mm=[0.75, 0.75, 1.5], n_instances=1, shard=i % N_PARTS))
-    studies[1]["modality"] = None          # partition 1
-    studies[2]["modality"] = "XX"          # partition 2
-    studies[3]["n_series"] = -1            # partition 3
-    studies[6]["study_key"] = "s00005"     # partition 2 repeats a key of partition 1: only a global check sees it
+        studies.append(
+            dict(
+                study_key=f"s{i:05d}",
+                patient_key=f"p{i:05d}",
+                institution="shared-dicom",
+                country="US",
+                modality="CT",
+                body_part="CHEST",
+                family="3D-CT",
+                study_datetime=d,
+                study_date_shifted=d.date(),
+                n_series=1,
+                n_images=1,
+                report_id=None,
+                shard=i % N_PARTS,
+            )
+        )
+        series.append(
+            dict(
+                series_key=f"x{i:05d}",
+                study_key=f"s{i:05d}",
+                patient_key=f"p{i:05d}",
+                institution="shared-dicom",
+                modality="CT",
+                orientation="AXIAL",
+                spacing_mm=[0.75, 0.75, 1.5],
+                n_instances=1,
+                shard=i % N_PARTS,
+            )
+        )
+    studies[1]["modality"] = None  # partition 1
+    studies[2]["modality"] = "XX"  # partition 2
+    studies[3]["n_series"] = -1  # partition 3
+    studies[6]["study_key"] = "s00005"  # partition 2 repeats a key of partition 1: only a global check sees it
     series[7]["spacing_mm"] = [0.75, 99.0, 1.5]  # partition 3, exploded view
-    series[9]["study_key"] = "s99999"      # partition 1, orphan
-    return {"studies": table_from_rows(studies, SCHEMAS["studies"]),
-            "series": table_from_rows(series, SCHEMAS["series"])}
+    series[9]["study_key"] = "s99999"  # partition 1, orphan
+    return {
+        "studies": table_from_rows(studies, SCHEMAS["studies"]),
+        "series": table_from_rows(series, SCHEMAS["series"]),
+    }
 
 
 def _split(t: pa.Table) -> PartitionedTable:
@@ -50,12 +76,12 @@ def _split(t: pa.Table) -> PartitionedTable:
 
 def _decisions(report) -> dict:
     keys = ("element_count", "unexpected_count", "missing_count", "flagged_rows", "orphans", "rows")
-    return {(r.table, r.check): (r.severity, r.passed, {k: r.observed.get(k) for k in keys})
-            for r in report.results}
+    return {(r.table, r.check): (r.severity, r.passed, {k: r.observed.get(k) for k in keys}) for r in report.results}
 
 
-@pytest.mark.parametrize("bad_date_rows, date_gate", [([40], "warning"), ([8, 13, 22], "critical")],
-                         ids=["under_rate", "over_rate"])
+@pytest.mark.parametrize(
+    "bad_date_rows, date_gate", [([40], "warning"), ([8, 13, 22], "critical")], ids=["under_rate", "over_rate"]
+)
 def test_partitioned_validation_equals_whole_table_validation(bad_date_rows, date_gate):
     """The same failing-row counts, flags and gate outcome, 1% rate over all rows (not per partition)."""
     whole = _tables(200, bad_date_rows)
@@ -76,7 +102,10 @@ def test_partitioned_validation_equals_whole_table_validation(bad_date_rows, dat
     assert found[("series", "foreign_key:study_key")].observed["orphans"] == 2  # x00009 and x00006 (its study renamed)
     spacing = found[("series", "expect_column_values_to_be_between:spacing_mm[]")]
     assert spacing.observed["unexpected_count"] == 1 and spacing.observed["element_count"] == 600
-    for check in ("expect_column_values_to_not_be_null:modality", "expect_column_values_to_be_in_set:modality",
-                  "expect_column_values_to_be_between:n_series"):
+    for check in (
+        "expect_column_values_to_not_be_null:modality",
+        "expect_column_values_to_be_in_set:modality",
+        "expect_column_values_to_be_between:n_series",
+    ):
         assert found[("studies", check)].observed["unexpected_count"] == 1, check
     assert b.flags_table.num_rows == a.flags_table.num_rows >= 4

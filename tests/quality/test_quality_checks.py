@@ -36,82 +36,236 @@ def _payload(i: int) -> bytes:
 def clean_rows() -> dict[str, list[dict]]:
     """A small, internally consistent run: 2 patients, 3 studies, 1 pair, 4 VQA items."""
     studies = [
-        dict(study_key="s1", patient_key="p1", institution="us-bos", country="US", modality="CR", body_part="CHEST",
-             family="2D-CXR", study_datetime=dt.datetime(2020, 1, 1, 9, 30), study_date_shifted=dt.date(2020, 1, 1),
-             n_series=1, n_images=1, report_id="r1", shard=0),
-        dict(study_key="s2", patient_key="p1", institution="us-bos", country="US", modality="CR", body_part="CHEST",
-             family="2D-CXR", study_datetime=dt.datetime(2020, 3, 1, 9, 30), study_date_shifted=dt.date(2020, 3, 1),
-             n_series=1, n_images=1, report_id="r2", shard=0),
-        dict(study_key="s3", patient_key="p2", institution="gb-lon", country="GB", modality="CT", body_part="CHEST",
-             family="3D-CT", study_datetime=dt.datetime(2019, 5, 2, 14, 0), study_date_shifted=dt.date(2019, 5, 2),
-             n_series=1, n_images=1, report_id="r3", shard=1),
+        dict(
+            study_key="s1",
+            patient_key="p1",
+            institution="us-bos",
+            country="US",
+            modality="CR",
+            body_part="CHEST",
+            family="2D-CXR",
+            study_datetime=dt.datetime(2020, 1, 1, 9, 30),
+            study_date_shifted=dt.date(2020, 1, 1),
+            n_series=1,
+            n_images=1,
+            report_id="r1",
+            shard=0,
+        ),
+        dict(
+            study_key="s2",
+            patient_key="p1",
+            institution="us-bos",
+            country="US",
+            modality="CR",
+            body_part="CHEST",
+            family="2D-CXR",
+            study_datetime=dt.datetime(2020, 3, 1, 9, 30),
+            study_date_shifted=dt.date(2020, 3, 1),
+            n_series=1,
+            n_images=1,
+            report_id="r2",
+            shard=0,
+        ),
+        dict(
+            study_key="s3",
+            patient_key="p2",
+            institution="gb-lon",
+            country="GB",
+            modality="CT",
+            body_part="CHEST",
+            family="3D-CT",
+            study_datetime=dt.datetime(2019, 5, 2, 14, 0),
+            study_date_shifted=dt.date(2019, 5, 2),
+            n_series=1,
+            n_images=1,
+            report_id="r3",
+            shard=1,
+        ),
     ]
     series = [
-        dict(series_key=f"se{i}", study_key=s["study_key"], patient_key=s["patient_key"], institution=s["institution"],
-             modality=s["modality"], view_position="PA" if s["modality"] == "CR" else None,
-             orientation=None if s["modality"] == "CR" else "AXIAL",
-             spacing_mm=[0.14, 0.14] if s["modality"] == "CR" else [0.7, 0.7, 1.25], n_instances=1,
-             manufacturer="ACME", model="X1", shard=s["shard"])
+        dict(
+            series_key=f"se{i}",
+            study_key=s["study_key"],
+            patient_key=s["patient_key"],
+            institution=s["institution"],
+            modality=s["modality"],
+            view_position="PA" if s["modality"] == "CR" else None,
+            orientation=None if s["modality"] == "CR" else "AXIAL",
+            spacing_mm=[0.14, 0.14] if s["modality"] == "CR" else [0.7, 0.7, 1.25],
+            n_instances=1,
+            manufacturer="ACME",
+            model="X1",
+            shard=s["shard"],
+        )
         for i, s in enumerate(studies, start=1)
     ]
     images = [
-        dict(image_key=f"im{i}", series_key=se["series_key"], study_key=se["study_key"], patient_key=se["patient_key"],
-             institution=se["institution"], modality=se["modality"], view=se["view_position"],
-             kind="2d" if se["modality"] == "CR" else "3d", rows=256, cols=256,
-             n_slices=1 if se["modality"] == "CR" else 40, spacing_mm=se["spacing_mm"],
-             payload_format="png" if se["modality"] == "CR" else "npy", payload=_payload(i),
-             payload_sha256=hashlib.sha256(_payload(i)).hexdigest(),
-             recipe=json.dumps({"resize": [256, 256], "window": [-1000, 400]}),
-             transfer_syntax="1.2.840.10008.1.2.4.50", shard=se["shard"])
+        dict(
+            image_key=f"im{i}",
+            series_key=se["series_key"],
+            study_key=se["study_key"],
+            patient_key=se["patient_key"],
+            institution=se["institution"],
+            modality=se["modality"],
+            view=se["view_position"],
+            kind="2d" if se["modality"] == "CR" else "3d",
+            rows=256,
+            cols=256,
+            n_slices=1 if se["modality"] == "CR" else 40,
+            spacing_mm=se["spacing_mm"],
+            payload_format="png" if se["modality"] == "CR" else "npy",
+            payload=_payload(i),
+            payload_sha256=hashlib.sha256(_payload(i)).hexdigest(),
+            recipe=json.dumps({"resize": [256, 256], "window": [-1000, 400]}),
+            transfer_syntax="1.2.840.10008.1.2.4.50",
+            shard=se["shard"],
+        )
         for i, se in enumerate(series, start=1)
     ]
     reports = [
-        dict(report_id="r1", study_key="s1", patient_key="p1", institution="us-bos", language="en",
-             link_status="linked", indication="Cough.", comparison="None.",
-             findings="Small left pleural effusion.", impression="Left effusion.",
-             text="INDICATION: Cough. COMPARISON: None. FINDINGS: Small left pleural effusion. "
-                  "IMPRESSION: Left effusion. Dictated by [NAME] on [DATE].",
-             redactions=2, redaction_counts=json.dumps({"NAME": 1, "DATE": 1}),
-             report_date_shifted=dt.date(2020, 1, 1), shard=0),
-        dict(report_id="r2", study_key="s2", patient_key="p1", institution="us-bos", language="en",
-             link_status="linked", indication=None, comparison="Prior radiograph.",
-             findings="Left pleural effusion has increased, measuring 2.5 cm.", impression="Increased effusion.",
-             text="COMPARISON: Prior radiograph. FINDINGS: Left pleural effusion has increased, measuring 2.5 cm. "
-                  "BP 120/80. IMPRESSION: Increased effusion.",
-             redactions=0, redaction_counts="{}", report_date_shifted=dt.date(2020, 3, 1), shard=0),
-        dict(report_id="r3", study_key="s3", patient_key="p2", institution="gb-lon", language="en",
-             link_status="linked", indication=None, comparison=None, findings="No pleural effusion.",
-             impression="Normal study.", text="FINDINGS: No pleural effusion. IMPRESSION: Normal study.",
-             redactions=0, redaction_counts="{}", report_date_shifted=dt.date(2019, 5, 2), shard=1),
+        dict(
+            report_id="r1",
+            study_key="s1",
+            patient_key="p1",
+            institution="us-bos",
+            language="en",
+            link_status="linked",
+            indication="Cough.",
+            comparison="None.",
+            findings="Small left pleural effusion.",
+            impression="Left effusion.",
+            text="INDICATION: Cough. COMPARISON: None. FINDINGS: Small left pleural effusion. "
+            "IMPRESSION: Left effusion. Dictated by [NAME] on [DATE].",
+            redactions=2,
+            redaction_counts=json.dumps({"NAME": 1, "DATE": 1}),
+            report_date_shifted=dt.date(2020, 1, 1),
+            shard=0,
+        ),
+        dict(
+            report_id="r2",
+            study_key="s2",
+            patient_key="p1",
+            institution="us-bos",
+            language="en",
+            link_status="linked",
+            indication=None,
+            comparison="Prior radiograph.",
+            findings="Left pleural effusion has increased, measuring 2.5 cm.",
+            impression="Increased effusion.",
+            text="COMPARISON: Prior radiograph. FINDINGS: Left pleural effusion has increased, measuring 2.5 cm. "
+            "BP 120/80. IMPRESSION: Increased effusion.",
+            redactions=0,
+            redaction_counts="{}",
+            report_date_shifted=dt.date(2020, 3, 1),
+            shard=0,
+        ),
+        dict(
+            report_id="r3",
+            study_key="s3",
+            patient_key="p2",
+            institution="gb-lon",
+            language="en",
+            link_status="linked",
+            indication=None,
+            comparison=None,
+            findings="No pleural effusion.",
+            impression="Normal study.",
+            text="FINDINGS: No pleural effusion. IMPRESSION: Normal study.",
+            redactions=0,
+            redaction_counts="{}",
+            report_date_shifted=dt.date(2019, 5, 2),
+            shard=1,
+        ),
     ]
     mentions = [
-        dict(mention_id="m1", report_id="r1", study_key="s1", patient_key="p1", entity_id="F029", category="finding",
-             span_start=60, span_end=75, text="pleural effusion", section="findings",
-             sentence="Small left pleural effusion.", assertion="present", temporality="current", change="none",
-             laterality="left", severity="small", anatomy_id="A009", shard=0),
-        dict(mention_id="m2", report_id="r2", study_key="s2", patient_key="p1", entity_id="F029", category="finding",
-             span_start=50, span_end=66, text="pleural effusion", section="findings",
-             sentence="Left pleural effusion has increased.", assertion="present", temporality="current",
-             change="increased", laterality="left", severity=None, anatomy_id="A009", shard=0),
+        dict(
+            mention_id="m1",
+            report_id="r1",
+            study_key="s1",
+            patient_key="p1",
+            entity_id="F029",
+            category="finding",
+            span_start=60,
+            span_end=75,
+            text="pleural effusion",
+            section="findings",
+            sentence="Small left pleural effusion.",
+            assertion="present",
+            temporality="current",
+            change="none",
+            laterality="left",
+            severity="small",
+            anatomy_id="A009",
+            shard=0,
+        ),
+        dict(
+            mention_id="m2",
+            report_id="r2",
+            study_key="s2",
+            patient_key="p1",
+            entity_id="F029",
+            category="finding",
+            span_start=50,
+            span_end=66,
+            text="pleural effusion",
+            section="findings",
+            sentence="Left pleural effusion has increased.",
+            assertion="present",
+            temporality="current",
+            change="increased",
+            laterality="left",
+            severity=None,
+            anatomy_id="A009",
+            shard=0,
+        ),
     ]
     labels = [
-        dict(study_key="s1", patient_key="p1", family="2D-CXR", entity_id="F029", state="present", change="none",
-             shard=0),
-        dict(study_key="s2", patient_key="p1", family="2D-CXR", entity_id="F029", state="present",
-             change="increased", shard=0),
-        dict(study_key="s3", patient_key="p2", family="3D-CT", entity_id="F029", state="absent", change="none",
-             shard=1),
+        dict(
+            study_key="s1", patient_key="p1", family="2D-CXR", entity_id="F029", state="present", change="none", shard=0
+        ),
+        dict(
+            study_key="s2",
+            patient_key="p1",
+            family="2D-CXR",
+            entity_id="F029",
+            state="present",
+            change="increased",
+            shard=0,
+        ),
+        dict(
+            study_key="s3", patient_key="p2", family="3D-CT", entity_id="F029", state="absent", change="none", shard=1
+        ),
     ]
     pairs = [
-        dict(pair_id="pa1", patient_key="p1", prior_study_key="s1", current_study_key="s2", family="2D-CXR",
-             modality="CR", view="PA", gap_days=60,
-             change_labels=[{"entity_id": "F029", "change": "increased", "source": "stated"}], n_conflicts=0,
-             shard=0),
+        dict(
+            pair_id="pa1",
+            patient_key="p1",
+            prior_study_key="s1",
+            current_study_key="s2",
+            family="2D-CXR",
+            modality="CR",
+            view="PA",
+            gap_days=60,
+            change_labels=[{"entity_id": "F029", "change": "increased", "source": "stated"}],
+            n_conflicts=0,
+            shard=0,
+        ),
     ]
     vqa = [
-        dict(item_id=f"q{i}", pair_id="pa1", study_key=None, patient_key="p1", question_type="change",
-             question="How has the pleural effusion changed?", options=OPTIONS, answer="ABCD"[i],
-             answer_text=OPTIONS[i], entity_ids=["F029"], split="train", shard=0)
+        dict(
+            item_id=f"q{i}",
+            pair_id="pa1",
+            study_key=None,
+            patient_key="p1",
+            question_type="change",
+            question="How has the pleural effusion changed?",
+            options=OPTIONS,
+            answer="ABCD"[i],
+            answer_text=OPTIONS[i],
+            entity_ids=["F029"],
+            split="train",
+            shard=0,
+        )
         for i in range(4)
     ]
     splits = [
@@ -119,18 +273,41 @@ def clean_rows() -> dict[str, list[dict]]:
         dict(patient_key="p2", institution="gb-lon", split="test", shard=1),
     ]
     ledger = [
-        dict(run_id="run-1", source_uri=f"sources/us-bos/DOE^JOHN/IM{i}.dcm", sha256=f"{i:064x}", bytes=1000 + i,
-             institution="us-bos", kind="dicom", shard=0, status=st, stage=stage, reason=reason, detail=None,
-             duplicate_of=dup)
-        for i, (st, stage, reason, dup) in enumerate([
-            ("ingested", "normalise", None, None),
-            ("ingested", "normalise", None, None),
-            ("quarantined", "deidentify", "burned_in_annotation", None),
-            ("duplicate", "discover", "same_sha256", "sources/us-bos/DOE^JOHN/IM0.dcm"),
-        ])
+        dict(
+            run_id="run-1",
+            source_uri=f"sources/us-bos/DOE^JOHN/IM{i}.dcm",
+            sha256=f"{i:064x}",
+            bytes=1000 + i,
+            institution="us-bos",
+            kind="dicom",
+            shard=0,
+            status=st,
+            stage=stage,
+            reason=reason,
+            detail=None,
+            duplicate_of=dup,
+        )
+        for i, (st, stage, reason, dup) in enumerate(
+            [
+                ("ingested", "normalise", None, None),
+                ("ingested", "normalise", None, None),
+                ("quarantined", "deidentify", "burned_in_annotation", None),
+                ("duplicate", "discover", "same_sha256", "sources/us-bos/DOE^JOHN/IM0.dcm"),
+            ]
+        )
     ]
-    return dict(studies=studies, series=series, images=images, reports=reports, entity_mentions=mentions,
-                study_labels=labels, pairs=pairs, vqa=vqa, splits=splits, ledger=ledger)
+    return dict(
+        studies=studies,
+        series=series,
+        images=images,
+        reports=reports,
+        entity_mentions=mentions,
+        study_labels=labels,
+        pairs=pairs,
+        vqa=vqa,
+        splits=splits,
+        ledger=ledger,
+    )
 
 
 def build(rows: dict[str, list[dict]]) -> dict[str, pa.Table]:
@@ -149,8 +326,11 @@ def get(report: QualityReport, table: str, check: str) -> CheckResult:
 
 
 def phi(report: QualityReport, table: str, severity: str) -> CheckResult:
-    found = [r for r in report.results if r.table == table and r.severity == severity
-             and r.observed.get("expectation") == PHI]
+    found = [
+        r
+        for r in report.results
+        if r.table == table and r.severity == severity and r.observed.get("expectation") == PHI
+    ]
     assert len(found) == 1, (table, severity)
     return found[0]
 
@@ -171,11 +351,16 @@ def test_clean_set_passes_everything(clean_report):
     # every table's key check ran through GE, and every string column of the de-identified tables was scanned
     for name, schema in SCHEMAS.items():
         keys = schema.metadata[b"medreco.key"].decode().split(",")
-        check = (f"expect_column_values_to_be_unique:{keys[0]}" if len(keys) == 1
-                 else f"expect_compound_columns_to_be_unique:{','.join(keys)}")
+        check = (
+            f"expect_column_values_to_be_unique:{keys[0]}"
+            if len(keys) == 1
+            else f"expect_compound_columns_to_be_unique:{','.join(keys)}"
+        )
         assert get(clean_report, name, check).severity == "critical"
     r = get(clean_report, "reports", REPORT_TEXT)
-    assert r.severity == "critical" and r.observed["element_count"] == 2 + 2 + 1 + 2 + 2 + 3  # non-null values (r3: findings, impression, text)
+    assert (
+        r.severity == "critical" and r.observed["element_count"] == 2 + 2 + 1 + 2 + 2 + 3
+    )  # non-null values (r3: findings, impression, text)
     # every other string column: warning; vqa.options (list<string>) among them
     w = phi(clean_report, "vqa", "warning")
     cols = w.check.split(":", 1)[1].split("|")
@@ -202,7 +387,11 @@ def test_duplicate_and_null_keys():
     r = get(report, "studies", "expect_column_values_to_be_unique:study_key")
     # GE counts every row of a duplicated key as unexpected: the original and its copy
     assert (r.passed, r.severity, r.observed["element_count"], r.observed["unexpected_count"]) == (
-        False, "critical", 4, 2)
+        False,
+        "critical",
+        4,
+        2,
+    )
     c = get(report, "study_labels", "expect_compound_columns_to_be_unique:study_key,entity_id")
     assert not c.passed and c.observed["unexpected_count"] == 2
     assert get(report, "series", "expect_column_values_to_be_unique:series_key").passed
@@ -241,8 +430,13 @@ def test_vqa_answer_not_in_options():
     rows["vqa"][3]["answer"] = "F"  # only 4 options
     r = get(run(rows), "vqa", "vqa_answer_in_options")
     assert (r.passed, r.severity) == (False, "critical")
-    assert r.observed == {"rows": 4, "multiple_choice": 4, "letter_not_an_option": 1, "option_text_mismatch": 1,
-                          "open_ended_malformed": 0}
+    assert r.observed == {
+        "rows": 4,
+        "multiple_choice": 4,
+        "letter_not_an_option": 1,
+        "option_text_mismatch": 1,
+        "open_ended_malformed": 0,
+    }
 
 
 def test_open_ended_items_need_text_and_no_options_or_letter():
@@ -300,8 +494,15 @@ def test_unbalanced_ledger():
     r = get(report, "ledger", "ledger_balance")
     assert (r.passed, r.severity) == (False, "critical")
     assert r.observed["unbalanced_runs"] == ["run-1", "run-2"]
-    assert r.observed["runs"]["run-1"] == {"rows": 5, "ingested": 2, "quarantined": 1, "duplicate": 1, "skipped": 0,
-                                           "expected_files": 5, "status_sum": 4}
+    assert r.observed["runs"]["run-1"] == {
+        "rows": 5,
+        "ingested": 2,
+        "quarantined": 1,
+        "duplicate": 1,
+        "skipped": 0,
+        "expected_files": 5,
+        "status_sum": 4,
+    }
     assert r.observed["runs"]["run-2"]["rows"] == 1 and r.observed["runs"]["run-2"]["expected_files"] == 2
     bad_status = get(report, "ledger", "expect_column_values_to_be_in_set:status")
     assert not bad_status.passed and bad_status.observed["unexpected_count"] == 1
@@ -438,7 +639,11 @@ def test_codes_sizes_spacing_and_dates():
     assert get(report, "images", f"{between}:cols").observed["unexpected_count"] == 1
     r = get(report, "series", f"{between}:spacing_mm[]")  # 0.0 (strict minimum) and 60.0 (> 50 mm)
     assert (r.passed, r.severity, r.observed["element_count"], r.observed["unexpected_count"]) == (
-        False, "warning", 5, 2)
+        False,
+        "warning",
+        5,
+        2,
+    )
     assert get(report, "studies", f"{between}:study_datetime").observed["unexpected_count"] == 1
     assert get(report, "studies", f"{between}:study_date_shifted").observed["unexpected_count"] == 1
     assert get(report, "reports", f"{between}:report_date_shifted").passed
@@ -474,8 +679,11 @@ def test_redaction_counts():
     rows["reports"][0]["redaction_counts"] = json.dumps({"NAME": -1, "DATE": 3})
     rows["reports"][1]["redaction_counts"] = "not json"
     report = run(rows)
-    assert get(report, "reports", "redaction_counts_valid").observed == {"rows": 3, "invalid_json": 1,
-                                                                          "negative_counts": 1}
+    assert get(report, "reports", "redaction_counts_valid").observed == {
+        "rows": 3,
+        "invalid_json": 1,
+        "negative_counts": 1,
+    }
     rows = clean_rows()
     rows["reports"][0]["redactions"] = -1
     report = run(rows, only={"reports"})
@@ -502,21 +710,24 @@ def test_bad_input_raises_with_reason(tmp_path):
         CheckResult("images", "x", "fatal", False, {}, "")
     assert e.value.reason == "bad_observed"
     rules = yaml.safe_load(RULES_FILE.read_text())
-    rules["foreign_keys"].append({"table": "images", "column": "nope", "ref_table": "studies",
-                                  "ref_column": "study_key", "severity": "critical"})
+    rules["foreign_keys"].append(
+        {"table": "images", "column": "nope", "ref_table": "studies", "ref_column": "study_key", "severity": "critical"}
+    )
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
     with pytest.raises(QualityInputError) as e:
         run_checks({}, load_ontology(), rules=tmp_path / "rules.yaml")
     assert e.value.reason == "bad_rules" and "nope" in str(e.value)
     suites = yaml.safe_load(SUITES_FILE.read_text())
-    suites["suites"]["images"].append({"type": "expect_column_values_to_be_between", "column": "nope",
-                                       "min_value": 0, "severity": "critical"})
+    suites["suites"]["images"].append(
+        {"type": "expect_column_values_to_be_between", "column": "nope", "min_value": 0, "severity": "critical"}
+    )
     with pytest.raises(QualityInputError) as e:
         run_checks({}, load_ontology(), suites=suites)
     assert e.value.reason == "bad_rules" and "nope" in str(e.value)
     suites = load_suite_config()
-    suites["suites"]["images"].append({"type": "expect_column_values_to_be_ok", "column": "rows",
-                                       "severity": "critical"})
+    suites["suites"]["images"].append(
+        {"type": "expect_column_values_to_be_ok", "column": "rows", "severity": "critical"}
+    )
     with pytest.raises(QualityInputError) as e:
         run_checks({}, load_ontology(), suites=suites)
     assert e.value.reason == "bad_rules" and "expect_column_values_to_be_ok" in str(e.value)
@@ -532,8 +743,10 @@ def test_phi_patterns_leave_ordinary_deidentified_values_alone():
         "Compared with the study of March. Follow-up in 6 months. Patient number of lesions: 3.",
         "Dictated by: [NAME]. Discussed with Dr. [NAME] at 10:30. [NAME], MD. Reported by radiology resident.",
     ]
-    rows["reports"] = [dict(rows["reports"][0], report_id=f"r{i}", text=t, findings=t, study_key=None,
-                            link_status="no_study") for i, t in enumerate(benign, start=10)]
+    rows["reports"] = [
+        dict(rows["reports"][0], report_id=f"r{i}", text=t, findings=t, study_key=None, link_status="no_study")
+        for i, t in enumerate(benign, start=10)
+    ]
     report = run(rows, only={"reports"})
     r = get(report, "reports", REPORT_TEXT)
     assert r.passed, r.observed

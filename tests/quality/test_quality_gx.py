@@ -93,8 +93,16 @@ def test_data_docs_retention_keeps_the_newest_runs(tmp_path):
     tables = build(clean_rows())
     project, docs = tmp_path / "reports", tmp_path / "reports" / "data_docs"
     for i in range(4):
-        run_suites(tables, load_ontology(), today=TODAY, project_dir=project, data_docs_dir=docs,
-                   run_name=f"run-{i}", keep_runs=2, only={"splits"})
+        run_suites(
+            tables,
+            load_ontology(),
+            today=TODAY,
+            project_dir=project,
+            data_docs_dir=docs,
+            run_name=f"run-{i}",
+            keep_runs=2,
+            only={"splits"},
+        )
     results = project / "gx" / "uncommitted" / "validations"
     suites = sorted(p.name for p in results.iterdir() if p.is_dir())
     assert suites == ["splits", "splits__phi_warning"]
@@ -104,8 +112,16 @@ def test_data_docs_retention_keeps_the_newest_runs(tmp_path):
     index = (docs / "index.html").read_text()
     assert "run-3" in index and "run-2" in index and "run-1" not in index and "run-0" not in index
     # a retry of the same run replaces its results instead of adding a third run
-    run_suites(tables, load_ontology(), today=TODAY, project_dir=project, data_docs_dir=docs, run_name="run-3",
-               keep_runs=2, only={"splits"})
+    run_suites(
+        tables,
+        load_ontology(),
+        today=TODAY,
+        project_dir=project,
+        data_docs_dir=docs,
+        run_name="run-3",
+        keep_runs=2,
+        only={"splits"},
+    )
     assert sorted(p.name for p in (results / "splits").iterdir()) == ["run-2", "run-3"]
     assert len(list((results / "splits" / "run-3").iterdir())) == 1
     assert prune_validation_results(project, docs, 0) == ["run-2", "run-3"]
@@ -128,13 +144,34 @@ def _root_with_run(tmp_path: Path, rows: dict, run_id: str) -> BuildContext:
             st.write_table(ctx.table_path(name, 0), table)
     rows["ledger"] = _ledger_rows()
     ledger = [dict(r, run_id=run_id) for r in rows["ledger"]]
-    plan = [dict(source_uri=r["source_uri"], institution=r["institution"], sha256=r["sha256"], bytes=r["bytes"],
-                 kind=r["kind"], shard=r["shard"], status="pending" if r["status"] in ("ingested", "quarantined")
-                 else r["status"], reason=r["reason"] if r["status"] not in ("ingested", "quarantined") else None,
-                 detail=None, duplicate_of=r["duplicate_of"]) for r in ledger]
+    plan = [
+        dict(
+            source_uri=r["source_uri"],
+            institution=r["institution"],
+            sha256=r["sha256"],
+            bytes=r["bytes"],
+            kind=r["kind"],
+            shard=r["shard"],
+            status="pending" if r["status"] in ("ingested", "quarantined") else r["status"],
+            reason=r["reason"] if r["status"] not in ("ingested", "quarantined") else None,
+            detail=None,
+            duplicate_of=r["duplicate_of"],
+        )
+        for r in ledger
+    ]
     st.write_table(ctx.plan_path(), table_from_rows(plan, PLAN_SCHEMA))
-    events = [dict(source_uri=r["source_uri"], sha256=r["sha256"], stage=r["stage"], status=r["status"],
-                   reason=r["reason"], detail=r["detail"]) for r in ledger if r["status"] in ("ingested", "quarantined")]
+    events = [
+        dict(
+            source_uri=r["source_uri"],
+            sha256=r["sha256"],
+            stage=r["stage"],
+            status=r["status"],
+            reason=r["reason"],
+            detail=r["detail"],
+        )
+        for r in ledger
+        if r["status"] in ("ingested", "quarantined")
+    ]
     from etl.pipeline.context import EVENT_SCHEMA
 
     st.write_table(ctx.events_path("deidentify", 0), table_from_rows(events, EVENT_SCHEMA))
@@ -180,8 +217,10 @@ def test_apply_review_rejects_and_notes_release():
     rows = _ledger_rows()
     ledger = table_from_rows(rows, SCHEMAS["ledger"])
     q_sha, in_sha = rows[2]["sha256"], rows[0]["sha256"]
-    review = [{"sha256": q_sha[:12], "decision": "reject", "decided_at": "2025-06-02T10:00:00+00:00"},
-              {"sha256": in_sha, "decision": "reject", "decided_at": "2025-06-02T10:00:00+00:00"}]
+    review = [
+        {"sha256": q_sha[:12], "decision": "reject", "decided_at": "2025-06-02T10:00:00+00:00"},
+        {"sha256": in_sha, "decision": "reject", "decided_at": "2025-06-02T10:00:00+00:00"},
+    ]
     out, counts = apply_review(ledger, review)
     row = out.to_pylist()[2]
     assert (row["status"], row["stage"], row["reason"]) == ("quarantined", "review", REJECTED_REASON)
@@ -206,16 +245,18 @@ def test_review_app_records_a_decision_the_next_run_honours(failed_stage):
     login = "Basic " + base64.b64encode(f"carol:{token}".encode()).decode()
     app = create_app(st, authenticate=TokenAuth(token), guard=RequestGuard(allowed_hosts_from_env()))
     # a logged-in curator on the served app's own origin (login, Host and Origin checks: tests/quality/test_review_security.py)
-    client = TestClient(app, base_url="http://127.0.0.1:8765",
-                        headers={"authorization": login, "origin": "http://127.0.0.1:8765"})
+    client = TestClient(
+        app, base_url="http://127.0.0.1:8765", headers={"authorization": login, "origin": "http://127.0.0.1:8765"}
+    )
     items = client.get("/api/quarantine").json()
     assert [i["decision"] for i in items] == ["pending"]
     oid = items[0]["id"]
     assert len(oid) == 12 and "source_uri" not in items[0] and "DOE" not in json.dumps(items)
     page = client.get("/review")
     assert page.status_code == 200 and f'id="reject-{oid}"' in page.text
-    r = client.post(f"/review/{oid}", data={"decision": "reject", "note": "burned in text confirmed"},
-                    follow_redirects=False)
+    r = client.post(
+        f"/review/{oid}", data={"decision": "reject", "note": "burned in text confirmed"}, follow_redirects=False
+    )
     assert r.status_code == 303
     assert client.get("/api/quarantine").json()[0]["decision"] == "reject"
     stored = json.loads(st.read_text(REVIEW_FILE))["decisions"]
@@ -230,8 +271,12 @@ def test_review_app_records_a_decision_the_next_run_honours(failed_stage):
     assert client.post("/review/0123456789ab", data={"decision": "reject"}).status_code == 404
     assert client.post(f"/review/{oid}", data={"decision": "maybe"}).status_code == 400
     assert client.post(f"/review/{oid}", data={"decision": "reject", "note": "MRN 1234567"}).status_code == 400
-    assert client.post(f"/review/{oid}", data={"decision": "reject"},
-                       headers={"origin": "http://evil.example"}).status_code == 403
+    assert (
+        client.post(
+            f"/review/{oid}", data={"decision": "reject"}, headers={"origin": "http://evil.example"}
+        ).status_code
+        == 403
+    )
     assert client.post("/api/decisions", json={"id": oid, "decision": "reject"}).json()["decision"] == "reject"
     # the dashboard and Data Docs are served from the reports zone; nothing else
     assert client.get("/dashboard/index.html").status_code == 200
@@ -253,16 +298,40 @@ def test_review_app_records_a_decision_the_next_run_honours(failed_stage):
 
 def test_build_ledger_then_review_keeps_balance():
     rows = _ledger_rows()
-    plan = table_from_rows([dict(source_uri=r["source_uri"], institution=r["institution"], sha256=r["sha256"],
-                                 bytes=r["bytes"], kind=r["kind"], shard=0, status="pending", reason=None,
-                                 detail=None, duplicate_of=None) for r in rows[:3]], PLAN_SCHEMA)
-    events = pa.table({"source_uri": [r["source_uri"] for r in rows[:3]], "sha256": [r["sha256"] for r in rows[:3]],
-                       "stage": ["deidentify"] * 3, "status": ["ingested", "ingested", "quarantined"],
-                       "reason": [None, None, "burned_in_annotation_risk"], "detail": [None, None, None],
-                       "sop_key": [None] * 3, "study_key": [None] * 3})
+    plan = table_from_rows(
+        [
+            dict(
+                source_uri=r["source_uri"],
+                institution=r["institution"],
+                sha256=r["sha256"],
+                bytes=r["bytes"],
+                kind=r["kind"],
+                shard=0,
+                status="pending",
+                reason=None,
+                detail=None,
+                duplicate_of=None,
+            )
+            for r in rows[:3]
+        ],
+        PLAN_SCHEMA,
+    )
+    events = pa.table(
+        {
+            "source_uri": [r["source_uri"] for r in rows[:3]],
+            "sha256": [r["sha256"] for r in rows[:3]],
+            "stage": ["deidentify"] * 3,
+            "status": ["ingested", "ingested", "quarantined"],
+            "reason": [None, None, "burned_in_annotation_risk"],
+            "detail": [None, None, None],
+            "sop_key": [None] * 3,
+            "study_key": [None] * 3,
+        }
+    )
     ledger = build_ledger("run-9", plan, events)
-    out, counts = apply_review(ledger, [{"sha256": rows[2]["sha256"], "decision": "reject",
-                                         "decided_at": dt.datetime(2025, 6, 2).isoformat()}])
+    out, counts = apply_review(
+        ledger, [{"sha256": rows[2]["sha256"], "decision": "reject", "decided_at": dt.datetime(2025, 6, 2).isoformat()}]
+    )
     assert [r["status"] for r in out.to_pylist()] == ["ingested", "ingested", "quarantined"]
     assert counts["rejected"] == 1
 
@@ -277,8 +346,9 @@ def test_airflow_plugin_registers_the_review_app(failed_stage, tmp_path, monkeyp
     cfg["storage"]["root"] = str(ctx.storage.root)
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     monkeypatch.setenv("MEDRECO_CONFIG", str(tmp_path / "cfg.yaml"))
-    spec = importlib.util.spec_from_file_location("medreco_review_plugin",
-                                                  PROJECT_ROOT / "plugins" / "medreco_review_plugin.py")
+    spec = importlib.util.spec_from_file_location(
+        "medreco_review_plugin", PROJECT_ROOT / "plugins" / "medreco_review_plugin.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     plugin = module.MedrecoReviewPlugin

@@ -37,9 +37,20 @@ def _basic(user: str, password: str = TOKEN) -> dict:
 @pytest.fixture()
 def storage(tmp_path):
     st = Storage.open(str(tmp_path / "root"))
-    row = {"run_id": "r1", "source_uri": "/src/x.dcm", "sha256": SHA, "bytes": 1, "institution": "inst",
-           "kind": "dicom", "shard": 0, "status": "quarantined", "stage": "deidentify", "reason": "verification_failed",
-           "detail": "1 identifying value(s) remain", "duplicate_of": None}
+    row = {
+        "run_id": "r1",
+        "source_uri": "/src/x.dcm",
+        "sha256": SHA,
+        "bytes": 1,
+        "institution": "inst",
+        "kind": "dicom",
+        "shard": 0,
+        "status": "quarantined",
+        "stage": "deidentify",
+        "reason": "verification_failed",
+        "detail": "1 identifying value(s) remain",
+        "duplicate_of": None,
+    }
     st.write_table(zones.ledger_file("r1"), table_from_rows([row], ledger_schema.SCHEMA))
     st.write_text(zones.DASHBOARD_INDEX, "<html><body>dashboard</body></html>")
     return st
@@ -79,15 +90,21 @@ def test_cross_site_or_origin_less_post_is_refused(client, storage, origin):
 
 
 def test_decisions_carry_the_curator_and_are_audited(client, storage):
-    r = client.post(f"/review/{ITEM}", data={"decision": "reject", "note": "bad header"},
-                    headers={**SAME_ORIGIN, **_basic("alice")})
+    r = client.post(
+        f"/review/{ITEM}", data={"decision": "reject", "note": "bad header"}, headers={**SAME_ORIGIN, **_basic("alice")}
+    )
     assert r.status_code == 303
-    r = client.post("/api/decisions", json={"id": ITEM, "decision": "release", "note": "fixed upstream"},
-                    headers={**LOCAL, "authorization": f"Bearer {TOKEN}"})  # explicit credential: no Origin needed
+    r = client.post(
+        "/api/decisions",
+        json={"id": ITEM, "decision": "release", "note": "fixed upstream"},
+        headers={**LOCAL, "authorization": f"Bearer {TOKEN}"},
+    )  # explicit credential: no Origin needed
     assert r.status_code == 200 and r.json()["curator"] == "token"
     audit = load_audit(storage)
     assert [(a["curator"], a["decision"], a["previous"]) for a in audit] == [
-        ("alice", "reject", None), ("token", "release", "reject")]
+        ("alice", "reject", None),
+        ("token", "release", "reject"),
+    ]
     assert all(a["sha256"] == SHA and a["decided_at"] and a["reason"] == "verification_failed" for a in audit)
     files = storage.list_files(zones.LEDGER + "/review_audit")
     assert len(files) == 2  # one object per decision, none rewritten
@@ -129,6 +146,7 @@ def test_dashboard_serve_refuses_to_start_without_a_token(storage, tmp_path, mon
 
 # ---- the Airflow plugin: Airflow's auth manager --------------------------------------------------------------
 
+
 @pytest.fixture()
 def plugin_client(storage, airflow_home, monkeypatch):
     import importlib
@@ -137,8 +155,9 @@ def plugin_client(storage, airflow_home, monkeypatch):
     plugin = importlib.import_module("plugins.medreco_review_plugin")
     from quality.review_auth import airflow_curator
 
-    app = create_app(storage, authenticate=airflow_curator, guard=RequestGuard(allowed_hosts_from_env(),
-                                                                              frame_ancestors="'self'"))
+    app = create_app(
+        storage, authenticate=airflow_curator, guard=RequestGuard(allowed_hosts_from_env(), frame_ancestors="'self'")
+    )
     assert plugin.MedrecoReviewPlugin.fastapi_apps[0]["url_prefix"] == "/medreco"
     return TestClient(app, base_url="http://localhost:8080", follow_redirects=False)
 
@@ -157,7 +176,9 @@ def test_plugin_routes_need_an_airflow_login(plugin_client):
     for path in ("/review", "/api/quarantine", "/dashboard/index.html"):
         r = plugin_client.get(path, headers=host)
         assert r.status_code == 401, path
-    r = plugin_client.post(f"/review/{ITEM}", data={"decision": "reject"}, headers={**host, "origin": "http://localhost:8080"})
+    r = plugin_client.post(
+        f"/review/{ITEM}", data={"decision": "reject"}, headers={**host, "origin": "http://localhost:8080"}
+    )
     assert r.status_code == 401
 
 
@@ -166,29 +187,47 @@ def test_plugin_user_becomes_the_curator(plugin_client, storage):
     token = _airflow_token("alice", "admin")
     r = plugin_client.get("/api/quarantine", headers={**host, "authorization": f"Bearer {token}"})
     assert r.status_code == 200 and r.headers["x-frame-options"] == "SAMEORIGIN"
-    r = plugin_client.post(f"/review/{ITEM}", data={"decision": "reject"},
-                           headers={**host, "origin": "http://localhost:8080", "cookie": f"_token={token}"})
+    r = plugin_client.post(
+        f"/review/{ITEM}",
+        data={"decision": "reject"},
+        headers={**host, "origin": "http://localhost:8080", "cookie": f"_token={token}"},
+    )
     assert r.status_code == 303
     assert [a["curator"] for a in load_audit(storage)] == ["alice"]
     no_role = _airflow_token("mallory", None)
-    assert plugin_client.get("/api/quarantine", headers={**host, "authorization": f"Bearer {no_role}"}).status_code == 403
+    assert (
+        plugin_client.get("/api/quarantine", headers={**host, "authorization": f"Bearer {no_role}"}).status_code == 403
+    )
 
 
 def test_a_refused_note_shows_the_page_again_with_the_reason_and_the_note(client, storage):
     """A note with digits is refused (no date, id or phone can be typed into the de-identified zone), but on the
     review page, saying why, with the note back in its form; not as a raw JSON error (issue 40, point 8)."""
-    r = client.post(f"/review/{ITEM}", data={"decision": "reject", "note": "see ticket 4411"},
-                    headers={**SAME_ORIGIN, **_basic("alice")})
+    r = client.post(
+        f"/review/{ITEM}",
+        data={"decision": "reject", "note": "see ticket 4411"},
+        headers={**SAME_ORIGIN, **_basic("alice")},
+    )
     assert r.status_code == 400 and r.headers["content-type"].startswith("text/html")
     assert 'role="alert"' in r.text and "no digits" in r.text and 'value="see ticket 4411"' in r.text
     assert not storage.is_file(zones.REVIEW_FILE) and load_audit(storage) == []
 
 
-@pytest.mark.parametrize(("user", "ok"), [("Anne Smith", True), ("anne.smith@site.org", True), (" anne", False),
-                                          ("anne  smith", False), ("anne ", False), ("DOE^JOHN", False)])
+@pytest.mark.parametrize(
+    ("user", "ok"),
+    [
+        ("Anne Smith", True),
+        ("anne.smith@site.org", True),
+        (" anne", False),
+        ("anne  smith", False),
+        ("anne ", False),
+        ("DOE^JOHN", False),
+    ],
+)
 def test_curator_names_may_hold_single_spaces(client, storage, user, ok):
-    r = client.post(f"/review/{ITEM}", data={"decision": "reject", "note": "bad header"},
-                    headers={**SAME_ORIGIN, **_basic(user)})
+    r = client.post(
+        f"/review/{ITEM}", data={"decision": "reject", "note": "bad header"}, headers={**SAME_ORIGIN, **_basic(user)}
+    )
     assert (r.status_code == 303) == ok, (user, r.status_code)
     if ok:
         assert load_audit(storage)[-1]["curator"] == user

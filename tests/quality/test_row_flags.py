@@ -17,15 +17,31 @@ from schemas.ontology import load_ontology
 from schemas.tables import SCHEMAS
 
 TODAY = dt.date(2025, 6, 1)
-DATE_CHECKS = ("expect_column_values_to_be_between:study_datetime",
-               "expect_column_values_to_be_between:study_date_shifted")
+DATE_CHECKS = (
+    "expect_column_values_to_be_between:study_datetime",
+    "expect_column_values_to_be_between:study_date_shifted",
+)
 
 
 def _studies(dates: list[dt.datetime | None], modality: str = "CT") -> pa.Table:
-    rows = [dict(study_key=f"s{i:05d}", patient_key=f"p{i:05d}", institution="shared-dicom", country="US",
-                 modality=modality, body_part="CHEST", family="3D-CT", study_datetime=d,
-                 study_date_shifted=d.date() if d else None, n_series=1, n_images=1, report_id=None, shard=i % 4)
-            for i, d in enumerate(dates)]
+    rows = [
+        dict(
+            study_key=f"s{i:05d}",
+            patient_key=f"p{i:05d}",
+            institution="shared-dicom",
+            country="US",
+            modality=modality,
+            body_part="CHEST",
+            family="3D-CT",
+            study_datetime=d,
+            study_date_shifted=d.date() if d else None,
+            n_series=1,
+            n_images=1,
+            report_id=None,
+            shard=i % 4,
+        )
+        for i, d in enumerate(dates)
+    ]
     return table_from_rows(rows, SCHEMAS["studies"])
 
 
@@ -114,8 +130,16 @@ def ocr_once_per_frame():
         return (a.shape, a.dtype.str, hashlib.sha256(a.tobytes()).hexdigest())
 
     def read_lines(frame, policy, phi, *, verify=False, unread=None, blanked=None, thresholding=0):
-        key = (digest(frame), repr(policy), tuple(sorted(phi.tokens)), phi.min_chars, verify, digest(blanked),
-               unread is not None, thresholding)
+        key = (
+            digest(frame),
+            repr(policy),
+            tuple(sorted(phi.tokens)),
+            phi.min_chars,
+            verify,
+            digest(blanked),
+            unread is not None,
+            thresholding,
+        )
         if key in memo:
             calls["replayed"] += 1
         else:
@@ -134,8 +158,10 @@ def ocr_once_per_frame():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("secret", ["cd" * 64, "cd" * 32, "medreco-test-secret-0123456789abcdef0123456789abcdef",
-                                    "00" * 32, "f7" * 32, "key-" * 16])
+@pytest.mark.parametrize(
+    "secret",
+    ["cd" * 64, "cd" * 32, "medreco-test-secret-0123456789abcdef0123456789abcdef", "00" * 32, "f7" * 32, "key-" * 16],
+)
 def test_shared_real_dates_pass_the_gate_whatever_the_key(shared_data, secret, ocr_once_per_frame):
     """The real public data under several keys (64 x 'cd' failed 2 of 69 studies before issue 20: it shifts 3 of
     the 123 dated files' 1900 StudyDates before 1900-01-01)."""
@@ -167,8 +193,10 @@ def test_row_level_failures_under_the_rate_flag_rows_and_warn():
     assert not [x for x in rep.critical_failures if x.table == "studies"]
     assert rep.row_flags == {f"studies: {check}": 2}
     assert rep.flags_table.schema.equals(FLAGS_SCHEMA)
-    assert rep.flags_table.to_pylist() == [{"table": "studies", "key": "s00000", "check": check},
-                                           {"table": "studies", "key": "s00001", "check": check}]
+    assert rep.flags_table.to_pylist() == [
+        {"table": "studies", "key": "s00000", "check": check},
+        {"table": "studies", "key": "s00001", "check": check},
+    ]
     assert '"row_flags"' in rep.to_json()
 
 
@@ -201,11 +229,18 @@ def test_failing_values_follows_ge_semantics():
     import pandas as pd
 
     s = pd.Series([1.0, None, 5.0, 10.0])
-    assert failing_values(s, "expect_column_values_to_be_between", {"min_value": 2, "max_value": 9}, {}).tolist() == \
-        [True, False, False, True]
+    assert failing_values(s, "expect_column_values_to_be_between", {"min_value": 2, "max_value": 9}, {}).tolist() == [
+        True,
+        False,
+        False,
+        True,
+    ]
     assert failing_values(s, "expect_column_values_to_not_be_null", {}, {}).tolist() == [False, True, False, False]
     c = pd.Series(["ab12", None, "zz"])
-    assert failing_values(c, "expect_column_values_to_match_regex", {"regex": "[0-9]"}, {}).tolist() == \
-        [False, False, True]
+    assert failing_values(c, "expect_column_values_to_match_regex", {"regex": "[0-9]"}, {}).tolist() == [
+        False,
+        False,
+        True,
+    ]
     with pytest.raises(ValueError):
         failing_values(c, "expect_column_values_to_be_unique", {}, {})

@@ -67,6 +67,7 @@ def _files(folder: str, table: str) -> list[str]:
 
 # ---- Hugging Face, DuckDB, polars: the pinned rows, not every release's ---------------------------------------
 
+
 def test_hf_datasets_duckdb_and_polars_read_the_pinned_release(two_releases):
     import datasets
 
@@ -101,7 +102,9 @@ def test_views_resolve_pairs_and_vqa_items_to_their_image_rows(two_releases):
     view = {r["pair_id"]: r for r in snap.view("pair_images").to_pylist()}
     assert len(view) == snap.manifest["tables"]["pairs"]["rows"] == 6
     assert (view["ie-c-p0-pair"]["prior_image_key"], view["ie-c-p0-pair"]["current_image_key"]) == (
-        "ie-c-p0-s0-i", "ie-c-p0-s1-i")
+        "ie-c-p0-s0-i",
+        "ie-c-p0-s1-i",
+    )
     vqa = {r["item_id"]: r for r in snap.view("vqa_images").to_pylist()}
     assert vqa["us-a-p0-q0"]["image_keys"] == ["us-a-p0-s0-i", "us-a-p0-s1-i"]
     assert vqa["gb-b-ct-q"]["image_keys"] == ["gb-b-ct-v"]
@@ -109,7 +112,9 @@ def test_views_resolve_pairs_and_vqa_items_to_their_image_rows(two_releases):
     pairs = PairDataset(snap, fixed_shape=False, kind=None)
     for p, a, b in pairs.items:
         assert (pairs.store.rows[a]["image_key"], pairs.store.rows[b]["image_key"]) == (
-            view[p["pair_id"]]["prior_image_key"], view[p["pair_id"]]["current_image_key"])
+            view[p["pair_id"]]["prior_image_key"],
+            view[p["pair_id"]]["current_image_key"],
+        )
     # one image by key through the API
     array, meta = snap.image("gb-b-ct-v")
     _, vol = npy_payload(zlib.crc32(b"gb-b"))
@@ -129,20 +134,44 @@ def test_vectorised_views_follow_the_reader_rule():
     from medreco_reader.images import index_by_study, pair_images, vqa_images
 
     rng = random.Random(3)
-    images = [{"image_key": f"i{k:03d}", "study_key": f"s{rng.randrange(30)}", "kind": rng.choice(["2d", "3d"]),
-               "modality": rng.choice(["CR", "DX", "CT"]), "view": rng.choice(["PA", "AP", None])} for k in range(80)]
-    pairs = [{"pair_id": f"p{k:02d}", "patient_key": "x", "prior_study_key": f"s{rng.randrange(35)}",
-              "current_study_key": f"s{rng.randrange(35)}", "modality": rng.choice(["CR", "CT"]),
-              "view": rng.choice(["PA", "AP", None])} for k in range(40)]
-    vqa = [{"item_id": f"q{k:02d}", "pair_id": rng.choice([None, *(p["pair_id"] for p in pairs[:10]), "gone"]),
+    images = [
+        {
+            "image_key": f"i{k:03d}",
+            "study_key": f"s{rng.randrange(30)}",
+            "kind": rng.choice(["2d", "3d"]),
+            "modality": rng.choice(["CR", "DX", "CT"]),
+            "view": rng.choice(["PA", "AP", None]),
+        }
+        for k in range(80)
+    ]
+    pairs = [
+        {
+            "pair_id": f"p{k:02d}",
+            "patient_key": "x",
+            "prior_study_key": f"s{rng.randrange(35)}",
+            "current_study_key": f"s{rng.randrange(35)}",
+            "modality": rng.choice(["CR", "CT"]),
+            "view": rng.choice(["PA", "AP", None]),
+        }
+        for k in range(40)
+    ]
+    vqa = [
+        {
+            "item_id": f"q{k:02d}",
+            "pair_id": rng.choice([None, *(p["pair_id"] for p in pairs[:10]), "gone"]),
             "study_key": rng.choice([None, "s1", "s33"]),
-            "study_keys": rng.choice([None, [], ["s2"], ["s3", "s34"]])} for k in range(60)]
-    views = build_views({"images": pa.Table.from_pylist(images), "pairs": pa.Table.from_pylist(pairs),
-                         "vqa": pa.Table.from_pylist(vqa)})
+            "study_keys": rng.choice([None, [], ["s2"], ["s3", "s34"]]),
+        }
+        for k in range(60)
+    ]
+    views = build_views(
+        {"images": pa.Table.from_pylist(images), "pairs": pa.Table.from_pylist(pairs), "vqa": pa.Table.from_pylist(vqa)}
+    )
     by_study = index_by_study(images)
     assert views["pair_images"].to_pylist() == pair_images(by_study, sorted(pairs, key=lambda p: p["pair_id"]))
-    assert views["vqa_images"].to_pylist() == vqa_images(by_study, {p["pair_id"]: p for p in pairs},
-                                                         sorted(vqa, key=lambda q: q["item_id"]))
+    assert views["vqa_images"].to_pylist() == vqa_images(
+        by_study, {p["pair_id"]: p for p in pairs}, sorted(vqa, key=lambda q: q["item_id"])
+    )
     assert any(r["prior_image_key"] is None for r in views["pair_images"].to_pylist())  # a study without images
     empty = build_views({})
     assert empty["pair_images"].num_rows == empty["vqa_images"].num_rows == 0
@@ -158,8 +187,7 @@ def test_ecosystem_files_are_pinned_and_verified(two_releases, tmp_path):
     import yaml
 
     configs = {c["config_name"]: c for c in yaml.safe_load(front)["configs"]}
-    assert configs["pairs"]["data_files"][0]["path"] == open(
-        f"{_folder(st, '0.2.0')}/files/pairs.txt").read().split()
+    assert configs["pairs"]["data_files"][0]["path"] == open(f"{_folder(st, '0.2.0')}/files/pairs.txt").read().split()
     assert "# MedReCo-DB snapshot 0.2.0" in card and "duckdb.read_parquet" in card
     # a changed file is found (copy the release to keep the module's fixture intact)
     import shutil
@@ -184,14 +212,17 @@ def test_mlcroissant_validates_and_reads_the_croissant_file(two_releases):
     objects = [d for d in doc["distribution"] if d["@type"] == "cr:FileObject"]
     m = load_snapshot(st, "0.1.0").manifest
     assert sorted(o["sha256"] for o in objects if o["@id"].startswith("pairs/")) == sorted(
-        f["sha256"] for f in m["tables"]["pairs"]["files"])
+        f["sha256"] for f in m["tables"]["pairs"]["files"]
+    )
     # mlcroissant reads a single-file record set through its FileObject (and checks its sha256)
     records = list(ds.records("pair_images"))
     assert sorted(r["pair_images/pair_id"].decode() for r in records) == sorted(
-        load_snapshot(st, "0.1.0").view("pair_images")["pair_id"].to_pylist())
+        load_snapshot(st, "0.1.0").view("pair_images")["pair_id"].to_pylist()
+    )
 
 
 # ---- batches that just work ------------------------------------------------------------------------------------
+
 
 def test_fit_image_and_volume_shapes_and_values():
     grey = torch.rand(1, 24, 32)
@@ -276,7 +307,9 @@ def test_monai_loads_the_release_volumes(two_releases):
     st = two_releases
     snap = load_snapshot(st)
     records = snap.volumes()  # MONAI-style records: {"image": <.nii.gz path>, "image_key": ...}
-    assert len(records) == 3 and records[0]["image"] == st.full_uri(snap.image_row(records[0]["image_key"])["payload_uri"])
+    assert len(records) == 3 and records[0]["image"] == st.full_uri(
+        snap.image_row(records[0]["image_key"])["payload_uri"]
+    )
     volumes = ImageDataset(snap, kind="3d", fixed_shape=False)
     raw = {volumes[i]["image_key"]: volumes[i]["image"] for i in range(len(volumes))}
     img = LoadImage(image_only=True)(records[0]["image"])  # NIfTI (x, y, z) = (col, row, slice)

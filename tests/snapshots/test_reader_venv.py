@@ -25,12 +25,18 @@ def _other_python() -> str | None:
     """Python 3.12 if found, else the newest 3.1x that is not this interpreter's minor version."""
     found = {}
     for path in [shutil.which(f"python3.{m}") for m in range(10, 15)] + glob.glob(
-            os.path.expanduser("~/.pyenv/versions/3.1*/bin/python3")):
+        os.path.expanduser("~/.pyenv/versions/3.1*/bin/python3")
+    ):
         if not path:
             continue
         try:
-            out = subprocess.run([path, "-c", "import sys; print(sys.version_info[1])"], capture_output=True,
-                                 text=True, timeout=30, check=True).stdout.strip()
+            out = subprocess.run(
+                [path, "-c", "import sys; print(sys.version_info[1])"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             continue
         if int(out) != sys.version_info[1]:
@@ -68,15 +74,26 @@ def test_reader_alone_in_a_fresh_venv_loads_the_demo_release(demo_build, tmp_pat
     venv = tmp_path / "venv"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
-    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(PROJECT_ROOT / "reader")],
-                         capture_output=True, text=True, timeout=600, env=env)
+    pip = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", str(PROJECT_ROOT / "reader")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert pip.returncode == 0, pip.stderr[-2000:]
     snap = load_snapshot(demo_build["storage"])
     images = snap.read("images", columns=["image_key", "payload_format"]).to_pylist()
     png_key = next(r["image_key"] for r in images if r["payload_format"] == "png")
     vol_key = next(r["image_key"] for r in images if r["payload_format"] == "nifti")
-    run = subprocess.run([str(venv / "bin" / "python"), "-c", SCRIPT, str(demo_build["root"]), png_key, vol_key],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    run = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", SCRIPT, str(demo_build["root"]), png_key, vol_key],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout)
     print("reader venv: Python", got["python"], "from", python)
@@ -84,8 +101,10 @@ def test_reader_alone_in_a_fresh_venv_loads_the_demo_release(demo_build, tmp_pat
     vol, meta = snap.image(vol_key)
     assert got["version"] == snap.version
     assert got["rows"] == {t: v["rows"] for t, v in snap.manifest["tables"].items()}
-    assert got["views"] == {"pair_images": snap.manifest["tables"]["pairs"]["rows"],
-                            "vqa_images": snap.manifest["tables"]["vqa"]["rows"]}
+    assert got["views"] == {
+        "pair_images": snap.manifest["tables"]["pairs"]["rows"],
+        "vqa_images": snap.manifest["tables"]["vqa"]["rows"],
+    }
     assert got["png"] == [list(png.shape), str(png.dtype), int(png.astype(np.int64).sum())]
     assert got["vol"][:2] == [list(vol.shape), str(vol.dtype)] and vol.ndim == 3
     assert got["vol"][2] == pytest.approx(float(vol.astype(np.float64).sum())) and got["vol"][3] == meta["spacing_mm"]
@@ -122,8 +141,14 @@ def test_reader_with_the_torch_extra_alone_gives_the_datasets(demo_build, tmp_pa
     for args in ([torch_pin], [f"{PROJECT_ROOT / 'reader'}[torch]", torch_pin]):
         proc = subprocess.run([str(pip), "install", "-q", *args], capture_output=True, text=True, timeout=900, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
-    run = subprocess.run([str(venv / "bin" / "python"), "-c", TORCH_SCRIPT, str(demo_build["root"])],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    run = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", TORCH_SCRIPT, str(demo_build["root"])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout)
     snap = load_snapshot(demo_build["storage"])

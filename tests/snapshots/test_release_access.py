@@ -65,8 +65,14 @@ def test_items_left_out_for_their_kind_are_counted_in_a_warning(release):
 
 
 def _medreco(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "medreco.cli", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})}, cwd=cwd or PROJECT_ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "medreco.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=cwd or PROJECT_ROOT,
+    )
 
 
 def test_snapshot_commands_with_root_or_a_storage_only_config(release, tmp_path):
@@ -76,7 +82,16 @@ def test_snapshot_commands_with_root_or_a_storage_only_config(release, tmp_path)
     by_root = _medreco("snapshot", "list", "--root", release.root, cwd=tmp_path)
     assert by_root.returncode == 0, by_root.stderr
     header, row = by_root.stdout.strip().splitlines()
-    assert header.split("\t") == ["version", "created_at", "change", "content_hash", "studies", "images", "pairs", "vqa"]
+    assert header.split("\t") == [
+        "version",
+        "created_at",
+        "change",
+        "content_hash",
+        "studies",
+        "images",
+        "pairs",
+        "vqa",
+    ]
     manifest = load_snapshot(release).manifest
     assert row.split("\t")[0] == "0.1.0" and row.split("\t")[5] == str(manifest["tables"]["images"]["rows"])
     by_env = _medreco("snapshot", "list", env={"MEDRECO_CONFIG": str(only)}, cwd=tmp_path)
@@ -93,8 +108,9 @@ def test_a_config_without_storage_is_refused_in_one_line(tmp_path):
     bad.write_text("institutions: []\n")
     out = _medreco("snapshot", "list", "-c", str(bad), cwd=tmp_path)
     assert out.returncode == 1
-    assert out.stderr.strip().splitlines() == [f"error: configuration file {bad} has no storage: section "
-                                               "(storage: {root: FOLDER or s3://...})"]
+    assert out.stderr.strip().splitlines() == [
+        f"error: configuration file {bad} has no storage: section (storage: {{root: FOLDER or s3://...}})"
+    ]
 
 
 def test_no_release_under_a_root_says_so(tmp_path):

@@ -45,11 +45,15 @@ def _duckdb_keys(files: list[str], key: list[str]) -> list[tuple]:
 
 # ---- API, DuckDB, polars ------------------------------------------------------------------------------------
 
+
 def test_load_snapshot_latest_and_pinned_versions(released, tmp_path):
     st, added = released
     latest = load_snapshot(st.root)  # a plain path works as well as a Storage
     assert (latest.version, latest.manifest["version"], latest.content_hash) == (
-        "0.2.0", "0.2.0", latest.manifest["content_hash"])
+        "0.2.0",
+        "0.2.0",
+        latest.manifest["content_hash"],
+    )
     old = load_snapshot(st, version="0.1.0")
     # Delta time travel: 0.1.0 still reads its own rows after 0.2.0 committed new ones
     assert old.table("studies").select(pl.len()).collect().item() == 10
@@ -96,6 +100,7 @@ def test_every_table_reads_the_same_through_api_duckdb_and_polars(released):
 
 # ---- torch datasets -----------------------------------------------------------------------------------------
 
+
 def test_image_dataset_decodes_png_and_volume_rows(released):
     import zlib
 
@@ -141,7 +146,9 @@ def test_pair_and_vqa_datasets(released):
 def test_items_without_images_are_excluded_and_named(released):
     st, _ = released
     rows = st.read_table("curated/images/shard=00002/part-0.parquet")
-    st.write_table("curated/images/shard=00002/part-0.parquet", rows.filter(pc.not_equal(rows["study_key"], "ie-c-p1-s1")))
+    st.write_table(
+        "curated/images/shard=00002/part-0.parquet", rows.filter(pc.not_equal(rows["study_key"], "ie-c-p1-s1"))
+    )
     do_publish(st)
     snap = load_snapshot(st)
     assert snap.version == "0.3.0"
@@ -157,8 +164,9 @@ def test_dataloader_batches_and_workers(released):
     # datasets pickle without open files and work in worker processes
     clone = pickle.loads(pickle.dumps(ds))
     assert torch.equal(clone[0]["current"], ds[0]["current"])
-    loader = torch.utils.data.DataLoader(ImageDataset(load_snapshot(st), modality="CT", kind="3d", fixed_shape=False),
-                                         batch_size=None, num_workers=2)
+    loader = torch.utils.data.DataLoader(
+        ImageDataset(load_snapshot(st), modality="CT", kind="3d", fixed_shape=False), batch_size=None, num_workers=2
+    )
     assert sorted(tuple(item["image"].shape) for item in loader) == [(3, 8, 8)] * 3
     with pytest.raises(ValueError, match="empty batch"):
         collate([])
@@ -246,7 +254,12 @@ def test_new_institution_delivery_gives_a_minor_release_whose_diff_is_its_rows(t
 
     first, second, st = two_builds["first"], two_builds["second"], two_builds["storage"]
     assert (first["version"], first["created"]) == ("0.1.0", True)
-    assert (second["version"], second["created"], second["parent"], second["change"]) == ("0.2.0", True, "0.1.0", "minor")
+    assert (second["version"], second["created"], second["parent"], second["change"]) == (
+        "0.2.0",
+        True,
+        "0.1.0",
+        "minor",
+    )
     assert verify(st, "0.1.0") == [] and verify(st, "0.2.0") == []
     new = load_snapshot(st, "0.2.0")
     patients = set(new.table("splits").filter(pl.col("institution") == NEW_INSTITUTION).collect()["patient_key"])
@@ -256,8 +269,15 @@ def test_new_institution_delivery_gives_a_minor_release_whose_diff_is_its_rows(t
     old = load_snapshot(st, "0.1.0")
     # two-case VQA items compare a query with another patient's reference case (from the retrieval targets),
     # so a new institution's studies may change them for every patient; all other items are one patient's
-    case_items = {k for snap in (old, new) for k in snap.table("vqa").filter(pl.col("reference_study_key").is_not_null())
-                  .select(new.key_columns("vqa")).collect().iter_rows()}
+    case_items = {
+        k
+        for snap in (old, new)
+        for k in snap.table("vqa")
+        .filter(pl.col("reference_study_key").is_not_null())
+        .select(new.key_columns("vqa"))
+        .collect()
+        .iter_rows()
+    }
     assert case_items
     # open-ended yes/no answers are balanced per (shard, split, question_type) (vqa.balance_yes_no: the majority's
     # smallest item_ids kept), so where the new institution's items join such a group, the group's kept majority
@@ -265,14 +285,28 @@ def test_new_institution_delivery_gives_a_minor_release_whose_diff_is_its_rows(t
     yes_no = pl.col("answer_text").is_in(["yes", "no"]) & (pl.col("answer_format") == "open_ended")
     grp = ["shard", "split", "question_type"]
     touched = new.table("vqa").filter(yes_no & pl.col("patient_key").is_in(list(patients))).select(grp).unique()
-    balanced_items = {k for snap in (old, new) for k in snap.table("vqa").filter(yes_no).join(touched, on=grp)
-                      .select(new.key_columns("vqa")).collect().iter_rows()}
+    balanced_items = {
+        k
+        for snap in (old, new)
+        for k in snap.table("vqa")
+        .filter(yes_no)
+        .join(touched, on=grp)
+        .select(new.key_columns("vqa"))
+        .collect()
+        .iter_rows()
+    }
     # per-patient tables: exactly the new institution's rows are added, nothing else moves
-    for t, column, members in (("studies", "study_key", studies), ("series", "study_key", studies),
-                               ("images", "study_key", studies), ("splits", "patient_key", patients),
-                               ("study_labels", "study_key", studies), ("pairs", "patient_key", patients),
-                               ("vqa", "patient_key", patients), ("reports", "patient_key", patients),
-                               ("entity_mentions", "patient_key", patients)):
+    for t, column, members in (
+        ("studies", "study_key", studies),
+        ("series", "study_key", studies),
+        ("images", "study_key", studies),
+        ("splits", "patient_key", patients),
+        ("study_labels", "study_key", studies),
+        ("pairs", "patient_key", patients),
+        ("vqa", "patient_key", patients),
+        ("reports", "patient_key", patients),
+        ("entity_mentions", "patient_key", patients),
+    ):
         key = new.key_columns(t)
         frame = new.table(t).filter(pl.col(column).is_in(list(members)))
         if t == "vqa":
@@ -335,10 +369,12 @@ def test_real_releases_read_by_the_fields_tools_and_batch_with_the_default_colla
         assert duckdb.read_parquet(files).count("*").fetchall()[0][0] == rows, t
     assert mlc.Dataset(f"{folder}/croissant.json").metadata.ctx.issues.errors == set()
     shape = TensorShape(channels=1, image_size=(64, 64), volume_shape=(16, 32, 32))
-    for ds, key, want in ((ImageDataset(new, shape=shape), "image", (4, 1, 64, 64)),
-                          (ImageDataset(new, kind="3d", shape=shape), "image", (4, 1, 16, 32, 32)),
-                          (PairDataset(new, shape=shape), "prior", (4, 1, 64, 64)),
-                          (VQADataset(new, shape=shape), "images", (4, 2, 1, 64, 64))):
+    for ds, key, want in (
+        (ImageDataset(new, shape=shape), "image", (4, 1, 64, 64)),
+        (ImageDataset(new, kind="3d", shape=shape), "image", (4, 1, 16, 32, 32)),
+        (PairDataset(new, shape=shape), "prior", (4, 1, 64, 64)),
+        (VQADataset(new, shape=shape), "images", (4, 2, 1, 64, 64)),
+    ):
         assert len(ds) >= 4, type(ds).__name__
         batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)))
         assert tuple(batch[key].shape) == want and batch[key].dtype == torch.float32, type(ds).__name__
@@ -350,9 +386,13 @@ def test_snapshot_asset_event_carries_version_and_content_hash(two_builds):
     from airflow.utils.session import create_session
 
     with create_session() as session:  # Airflow stores the URI normalised, with a trailing '/'
-        events = (session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-                  .filter(AssetModel.uri.in_(["medreco://snapshot", "medreco://snapshot/"]))
-                  .order_by(AssetEvent.id).all())
+        events = (
+            session.query(AssetEvent)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .filter(AssetModel.uri.in_(["medreco://snapshot", "medreco://snapshot/"]))
+            .order_by(AssetEvent.id)
+            .all()
+        )
         extras = [e.extra for e in events]
     second = two_builds["second"]
     assert {"version": second["version"], "content_hash": second["content_hash"], "uri": second["uri"]} in extras

@@ -41,11 +41,14 @@ from etl.storage import Storage, put_if_absent
 from schemas.config import PROJECT_ROOT
 from schemas.tables import SCHEMAS, SNAPSHOT_TABLES
 
-DEID_CODES = (("113100", "Basic Application Confidentiality Profile"),
-              ("113107", "Retain Longitudinal Temporal Information Modified Dates Option"))
+DEID_CODES = (
+    ("113100", "Basic Application Confidentiality Profile"),
+    ("113107", "Retain Longitudinal Temporal Information Modified Dates Option"),
+)
 
 
 # ---- hand-built curated tables ------------------------------------------------------------------------------
+
 
 def png_payload(seed: int, shape: tuple[int, int] = (24, 32)) -> tuple[bytes, np.ndarray]:
     """A random 8-bit grayscale image and its PNG bytes (lossless)."""
@@ -65,6 +68,7 @@ def npy_payload(seed: int, shape: tuple[int, int, int] = (3, 8, 8)) -> tuple[byt
 
 def _fill(schema: pa.Schema, rows: list[dict]) -> pa.Table:
     """Rows -> table; required fields the test does not care about get a neutral value of their type."""
+
     def neutral(f: pa.Field):
         if pa.types.is_list(f.type):
             return []
@@ -86,57 +90,189 @@ def institution_rows(inst: str, shard: int) -> dict[str, list[dict]]:
     t: dict[str, list[dict]] = {k: [] for k in SNAPSHOT_TABLES}
     for j in range(2):
         patient = f"{inst}-p{j}"
-        t["splits"].append({"patient_key": patient, "institution": inst, "split": "train" if j == 0 else "test",
-                            "shard": shard})
+        t["splits"].append(
+            {"patient_key": patient, "institution": inst, "split": "train" if j == 0 else "test", "shard": shard}
+        )
         studies = [f"{patient}-s{n}" for n in range(2)]
         for n, study in enumerate(studies):
             payload, _ = png_payload(zlib.crc32(f"{inst}/{j}/{n}".encode()))
-            t["studies"].append({"study_key": study, "patient_key": patient, "institution": inst, "country": "US",
-                                 "modality": "CR", "family": "chest_xr", "n_series": 1, "n_images": 1,
-                                 "study_datetime": dt.datetime(2020 + n, 1, 1 + j), "report_id": f"{study}-r",
-                                 "shard": shard})
-            t["series"].append({"series_key": f"{study}-se", "study_key": study, "patient_key": patient,
-                                "institution": inst, "modality": "CR", "n_instances": 1, "shard": shard})
-            t["images"].append({"image_key": f"{study}-i", "series_key": f"{study}-se", "study_key": study,
-                                "patient_key": patient, "institution": inst, "modality": "CR", "view": "PA",
-                                "kind": "2d", "rows": 24, "cols": 32, "n_slices": 1, "spacing_mm": [0.2, 0.2],
-                                "payload_format": "png", "payload": payload,
-                                "payload_sha256": hashlib.sha256(payload).hexdigest(), "shape": [24, 32],
-                                "dtype": "uint8", "recipe": "{}", "transfer_syntax": "1.2.840.10008.1.2.1",
-                                "shard": shard})
-            t["reports"].append({"report_id": f"{study}-r", "study_key": study, "patient_key": patient,
-                                 "institution": inst, "language": "en", "link_status": "linked",
-                                 "text": "No acute findings.", "redactions": 0, "redaction_counts": "{}",
-                                 "shard": shard})
-            t["study_labels"].append({"study_key": study, "patient_key": patient, "family": "chest_xr",
-                                      "entity_id": "F001", "state": "present" if n else "absent", "change": "none",
-                                      "shard": shard})
-            t["entity_mentions"].append({"mention_id": f"{study}-m0", "report_id": f"{study}-r", "study_key": study,
-                                         "patient_key": patient, "entity_id": "F001", "category": "finding",
-                                         "span_start": 0, "span_end": 2, "text": "x", "assertion": "present",
-                                         "temporality": "current", "change": "none", "shard": shard})
-        t["pairs"].append({"pair_id": f"{patient}-pair", "patient_key": patient, "prior_study_key": studies[0],
-                           "current_study_key": studies[1], "family": "chest_xr", "modality": "CR", "view": "PA",
-                           "gap_days": 365, "n_conflicts": 0, "shard": shard,
-                           "change_labels": [{"entity_id": "F001", "change": "new", "source": "state_difference"}]})
-        t["vqa"].append({"item_id": f"{patient}-q0", "pair_id": f"{patient}-pair", "patient_key": patient,
-                         "question_type": "change", "question": "Is there a new finding?", "study_keys": studies,
-                         "options": ["yes", "no"], "answer": "A", "answer_text": "yes", "entity_ids": ["F001"],
-                         "split": "train" if j == 0 else "test", "shard": shard})
+            t["studies"].append(
+                {
+                    "study_key": study,
+                    "patient_key": patient,
+                    "institution": inst,
+                    "country": "US",
+                    "modality": "CR",
+                    "family": "chest_xr",
+                    "n_series": 1,
+                    "n_images": 1,
+                    "study_datetime": dt.datetime(2020 + n, 1, 1 + j),
+                    "report_id": f"{study}-r",
+                    "shard": shard,
+                }
+            )
+            t["series"].append(
+                {
+                    "series_key": f"{study}-se",
+                    "study_key": study,
+                    "patient_key": patient,
+                    "institution": inst,
+                    "modality": "CR",
+                    "n_instances": 1,
+                    "shard": shard,
+                }
+            )
+            t["images"].append(
+                {
+                    "image_key": f"{study}-i",
+                    "series_key": f"{study}-se",
+                    "study_key": study,
+                    "patient_key": patient,
+                    "institution": inst,
+                    "modality": "CR",
+                    "view": "PA",
+                    "kind": "2d",
+                    "rows": 24,
+                    "cols": 32,
+                    "n_slices": 1,
+                    "spacing_mm": [0.2, 0.2],
+                    "payload_format": "png",
+                    "payload": payload,
+                    "payload_sha256": hashlib.sha256(payload).hexdigest(),
+                    "shape": [24, 32],
+                    "dtype": "uint8",
+                    "recipe": "{}",
+                    "transfer_syntax": "1.2.840.10008.1.2.1",
+                    "shard": shard,
+                }
+            )
+            t["reports"].append(
+                {
+                    "report_id": f"{study}-r",
+                    "study_key": study,
+                    "patient_key": patient,
+                    "institution": inst,
+                    "language": "en",
+                    "link_status": "linked",
+                    "text": "No acute findings.",
+                    "redactions": 0,
+                    "redaction_counts": "{}",
+                    "shard": shard,
+                }
+            )
+            t["study_labels"].append(
+                {
+                    "study_key": study,
+                    "patient_key": patient,
+                    "family": "chest_xr",
+                    "entity_id": "F001",
+                    "state": "present" if n else "absent",
+                    "change": "none",
+                    "shard": shard,
+                }
+            )
+            t["entity_mentions"].append(
+                {
+                    "mention_id": f"{study}-m0",
+                    "report_id": f"{study}-r",
+                    "study_key": study,
+                    "patient_key": patient,
+                    "entity_id": "F001",
+                    "category": "finding",
+                    "span_start": 0,
+                    "span_end": 2,
+                    "text": "x",
+                    "assertion": "present",
+                    "temporality": "current",
+                    "change": "none",
+                    "shard": shard,
+                }
+            )
+        t["pairs"].append(
+            {
+                "pair_id": f"{patient}-pair",
+                "patient_key": patient,
+                "prior_study_key": studies[0],
+                "current_study_key": studies[1],
+                "family": "chest_xr",
+                "modality": "CR",
+                "view": "PA",
+                "gap_days": 365,
+                "n_conflicts": 0,
+                "shard": shard,
+                "change_labels": [{"entity_id": "F001", "change": "new", "source": "state_difference"}],
+            }
+        )
+        t["vqa"].append(
+            {
+                "item_id": f"{patient}-q0",
+                "pair_id": f"{patient}-pair",
+                "patient_key": patient,
+                "question_type": "change",
+                "question": "Is there a new finding?",
+                "study_keys": studies,
+                "options": ["yes", "no"],
+                "answer": "A",
+                "answer_text": "yes",
+                "entity_ids": ["F001"],
+                "split": "train" if j == 0 else "test",
+                "shard": shard,
+            }
+        )
     ct_study, patient = f"{inst}-ct", f"{inst}-p0"
     payload, _ = npy_payload(zlib.crc32(inst.encode()))
-    t["studies"].append({"study_key": ct_study, "patient_key": patient, "institution": inst, "country": "US",
-                         "modality": "CT", "n_series": 1, "n_images": 1, "shard": shard})
-    t["images"].append({"image_key": f"{ct_study}-v", "series_key": f"{ct_study}-se", "study_key": ct_study,
-                        "patient_key": patient, "institution": inst, "modality": "CT", "view": None, "kind": "3d",
-                        "rows": 8, "cols": 8, "n_slices": 3, "spacing_mm": [0.7, 0.7, 1.5], "payload_format": "npy",
-                        "payload": payload, "payload_sha256": hashlib.sha256(payload).hexdigest(),
-                        "shape": [3, 8, 8], "dtype": "float32", "recipe": "{}", "transfer_syntax": "1.2.840.10008.1.2",
-                        "shard": shard})
-    t["vqa"].append({"item_id": f"{ct_study}-q", "study_key": ct_study, "patient_key": patient,
-                     "question_type": "presence", "question": "Is there a nodule?", "study_keys": [ct_study],
-                     "options": ["yes", "no"], "answer": "B", "answer_text": "no", "entity_ids": ["F002"],
-                     "split": "train", "shard": shard})
+    t["studies"].append(
+        {
+            "study_key": ct_study,
+            "patient_key": patient,
+            "institution": inst,
+            "country": "US",
+            "modality": "CT",
+            "n_series": 1,
+            "n_images": 1,
+            "shard": shard,
+        }
+    )
+    t["images"].append(
+        {
+            "image_key": f"{ct_study}-v",
+            "series_key": f"{ct_study}-se",
+            "study_key": ct_study,
+            "patient_key": patient,
+            "institution": inst,
+            "modality": "CT",
+            "view": None,
+            "kind": "3d",
+            "rows": 8,
+            "cols": 8,
+            "n_slices": 3,
+            "spacing_mm": [0.7, 0.7, 1.5],
+            "payload_format": "npy",
+            "payload": payload,
+            "payload_sha256": hashlib.sha256(payload).hexdigest(),
+            "shape": [3, 8, 8],
+            "dtype": "float32",
+            "recipe": "{}",
+            "transfer_syntax": "1.2.840.10008.1.2",
+            "shard": shard,
+        }
+    )
+    t["vqa"].append(
+        {
+            "item_id": f"{ct_study}-q",
+            "study_key": ct_study,
+            "patient_key": patient,
+            "question_type": "presence",
+            "question": "Is there a nodule?",
+            "study_keys": [ct_study],
+            "options": ["yes", "no"],
+            "answer": "B",
+            "answer_text": "no",
+            "entity_ids": ["F002"],
+            "split": "train",
+            "shard": shard,
+        }
+    )
     return t
 
 
@@ -153,8 +289,13 @@ def write_institution(st: Storage, inst: str, shard: int) -> dict[str, list[tupl
 
 
 def do_publish(st: Storage, **overrides):
-    kw = dict(config_hash="c" * 64, ontology_version="0.1.0", run_id="run-1", key_fingerprint="f" * 16,
-              deid_method_codes=DEID_CODES)
+    kw = dict(
+        config_hash="c" * 64,
+        ontology_version="0.1.0",
+        run_id="run-1",
+        key_fingerprint="f" * 16,
+        deid_method_codes=DEID_CODES,
+    )
     return publish(st, **{**kw, **overrides})
 
 
@@ -173,6 +314,7 @@ def _writable(st: Storage) -> None:
 
 # ---- publish: versions, Delta, immutability ------------------------------------------------------------------
 
+
 def test_first_publish_pins_one_delta_commit_per_table_and_is_read_only(store):
     from deltalake import DeltaTable
 
@@ -180,7 +322,11 @@ def test_first_publish_pins_one_delta_commit_per_table_and_is_read_only(store):
     m = rel.manifest
     assert (rel.version, rel.created, m["parent"], m["change"], m["format"]) == ("0.1.0", True, None, "initial", FORMAT)
     assert set(m["tables"]) == set(SNAPSHOT_TABLES)
-    assert m["tables"]["studies"]["rows"] == 10 and m["tables"]["images"]["rows"] == 10 and m["tables"]["pairs"]["rows"] == 4
+    assert (
+        m["tables"]["studies"]["rows"] == 10
+        and m["tables"]["images"]["rows"] == 10
+        and m["tables"]["pairs"]["rows"] == 4
+    )
     assert m["schema_versions"] == {t: SCHEMAS[t].metadata[b"medreco.schema_version"].decode() for t in SNAPSHOT_TABLES}
     assert m["deid_method_codes"] == [list(c) for c in DEID_CODES]
     assert m["content_hash"] == content_hash(m)
@@ -192,7 +338,9 @@ def test_first_publish_pins_one_delta_commit_per_table_and_is_read_only(store):
         assert dtab.to_pyarrow_table().num_rows == v["rows"]
         for f in v["files"]:
             data = Path(store.path(f"{TABLES_DIR}/{t}/{f['path']}")).read_bytes()
-            assert hashlib.sha256(data).hexdigest() == f["sha256"] and f["path"].endswith(f"-{f['sha256']}.zstd.parquet")
+            assert hashlib.sha256(data).hexdigest() == f["sha256"] and f["path"].endswith(
+                f"-{f['sha256']}.zstd.parquet"
+            )
             assert oct(os.stat(store.path(f"{TABLES_DIR}/{t}/{f['path']}")).st_mode & 0o777) == "0o444"
     assert oct(os.stat(store.path("snapshots/0.1.0/manifest.json")).st_mode & 0o777) == "0o444"
     assert verify(store, "0.1.0") == []
@@ -201,7 +349,11 @@ def test_first_publish_pins_one_delta_commit_per_table_and_is_read_only(store):
 def test_publishing_unchanged_content_returns_the_existing_release(store):
     first = do_publish(store)
     again = do_publish(store, run_id="run-2")
-    assert (again.version, again.created, again.manifest["content_hash"]) == ("0.1.0", False, first.manifest["content_hash"])
+    assert (again.version, again.created, again.manifest["content_hash"]) == (
+        "0.1.0",
+        False,
+        first.manifest["content_hash"],
+    )
     assert list_versions(store) == ["0.1.0"]
     # and no Delta commit was made for it
     assert all(not store.is_file(f"{TABLES_DIR}/{t}/_delta_log/{2:020d}.json") for t in SNAPSHOT_TABLES)
@@ -209,8 +361,7 @@ def test_publishing_unchanged_content_returns_the_existing_release(store):
 
 def _release_bytes(st: Storage) -> dict[str, bytes]:
     """Every file a release consists of (manifest, its sha256, card, data files, Delta commits), by path."""
-    return {f: Path(st.path(f)).read_bytes() for f in st.list_files("snapshots")
-            if not f.endswith(f"/{PUBLISH_LOG}")}
+    return {f: Path(st.path(f)).read_bytes() for f in st.list_files("snapshots") if not f.endswith(f"/{PUBLISH_LOG}")}
 
 
 def test_rebuild_at_the_same_release_time_is_byte_identical(store, tmp_path, monkeypatch):
@@ -229,8 +380,10 @@ def test_rebuild_at_the_same_release_time_is_byte_identical(store, tmp_path, mon
     assert b.manifest == a.manifest
     fa, fb = _release_bytes(store), _release_bytes(other)
     assert fa == fb
-    assert fa["snapshots/0.1.0/manifest.sha256"].decode().strip() == hashlib.sha256(
-        fa["snapshots/0.1.0/manifest.json"]).hexdigest()
+    assert (
+        fa["snapshots/0.1.0/manifest.sha256"].decode().strip()
+        == hashlib.sha256(fa["snapshots/0.1.0/manifest.json"]).hexdigest()
+    )
     # all of it is there: per table one data file per non-empty curated partition (one empty file for an empty
     # table), its create and data commits; + 3 release files and the ecosystem files (views, Hugging Face card,
     # Croissant, one file list per table), byte-identical as well
@@ -241,7 +394,10 @@ def test_rebuild_at_the_same_release_time_is_byte_identical(store, tmp_path, mon
     # only the publish logs differ: they hold the run ids and the wall-clock time
     la, lb = read_publish_log(store, "0.1.0"), read_publish_log(other, "0.1.0")
     assert (la["publish_run_id"], lb["publish_run_id"], lb["source_date_epoch_from"]) == (
-        "run-1", "another-run", "SOURCE_DATE_EPOCH")
+        "run-1",
+        "another-run",
+        "SOURCE_DATE_EPOCH",
+    )
 
     # the next delivery, published in both roots at the same (later) release time: 0.2.0 identical too,
     # Delta commit 2 included (add and remove actions)
@@ -251,8 +407,9 @@ def test_rebuild_at_the_same_release_time_is_byte_identical(store, tmp_path, mon
         assert do_publish(st, run_id=f"run-{st.root[-4:]}").version == "0.2.0"
     fa, fb = _release_bytes(store), _release_bytes(other)
     assert fa == fb and f"{TABLES_DIR}/studies/_delta_log/{2:020d}.json" in fa
-    assert read_manifest(store, "0.2.0")["created_at"] == dt.datetime.fromtimestamp(
-        epoch + 86400, dt.UTC).isoformat(timespec="seconds")
+    assert read_manifest(store, "0.2.0")["created_at"] == dt.datetime.fromtimestamp(epoch + 86400, dt.UTC).isoformat(
+        timespec="seconds"
+    )
     assert verify(store, "0.2.0") == [] and verify(other, "0.2.0") == []
 
 
@@ -265,18 +422,30 @@ def test_delta_commits_carry_the_release_time_and_a_key_derived_table_id(store, 
     write_institution(store, "ie-c", 2)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700003600")
     rel = do_publish(store)
-    log = [[json.loads(line) for line in Path(store.path(f"{TABLES_DIR}/studies/_delta_log/{v:020d}.json"))
-            .read_text().splitlines()] for v in range(3)]
+    log = [
+        [
+            json.loads(line)
+            for line in Path(store.path(f"{TABLES_DIR}/studies/_delta_log/{v:020d}.json")).read_text().splitlines()
+        ]
+        for v in range(3)
+    ]
     create, write1, write2 = log
     assert [next(iter(a)) for a in create] == ["commitInfo", "protocol", "metaData"]
     meta = create[2]["metaData"]
-    assert meta["id"] == delta_table_id("studies", "f" * 16) == str(
-        uuid.uuid5(uuid.NAMESPACE_URL, f"medreco-db:{TABLES_DIR}/studies?key_fingerprint={'f' * 16}"))
+    assert (
+        meta["id"]
+        == delta_table_id("studies", "f" * 16)
+        == str(uuid.uuid5(uuid.NAMESPACE_URL, f"medreco-db:{TABLES_DIR}/studies?key_fingerprint={'f' * 16}"))
+    )
     assert delta_table_id("studies", "e" * 16) != meta["id"] != delta_table_id("pairs", "f" * 16)
     assert (meta["createdTime"], meta["configuration"]) == (1700000000000, {"delta.enableExpiredLogCleanup": "false"})
     # study_datetime is a timestamp without time zone: deltalake's protocol choice is kept
-    assert create[1]["protocol"] == {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
-                                     "writerFeatures": ["timestampNtz"]}
+    assert create[1]["protocol"] == {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": ["timestampNtz"],
+        "writerFeatures": ["timestampNtz"],
+    }
     assert write1[0]["commitInfo"]["timestamp"] == 1700000000000
     assert [a["add"]["path"] for a in write1[1:]] == sorted(first)
     assert all(a["add"]["modificationTime"] == 1700000000000 for a in write1[1:])
@@ -313,17 +482,25 @@ def test_a_schema_change_commits_new_delta_metadata_and_protocol(store, monkeypa
     first = do_publish(store)
     assert first.manifest["tables"]["pairs"]["delta_version"] == 1
     base = SCHEMAS["pairs"]
-    wider = pa.schema([*base, pa.field("reviewed_at", pa.timestamp("us"))], metadata={
-        **base.metadata, b"medreco.schema_version": b"2.0.0"})
+    wider = pa.schema(
+        [*base, pa.field("reviewed_at", pa.timestamp("us"))],
+        metadata={**base.metadata, b"medreco.schema_version": b"2.0.0"},
+    )
     monkeypatch.setitem(snapshots.SCHEMAS, "pairs", wider)
     rel = do_publish(store)
     assert (rel.version, rel.manifest["tables"]["pairs"]["delta_version"]) == ("1.0.0", 2)
-    actions = [json.loads(line) for line in
-               Path(store.path(f"{TABLES_DIR}/pairs/_delta_log/{2:020d}.json")).read_text().splitlines()]
+    actions = [
+        json.loads(line)
+        for line in Path(store.path(f"{TABLES_DIR}/pairs/_delta_log/{2:020d}.json")).read_text().splitlines()
+    ]
     # both partitions are re-encoded in the new schema: their old files removed, the new ones added
     assert [next(iter(a)) for a in actions] == ["commitInfo", "protocol", "metaData", "remove", "remove", "add", "add"]
-    assert actions[1]["protocol"] == {"minReaderVersion": 3, "minWriterVersion": 7,
-                                      "readerFeatures": ["timestampNtz"], "writerFeatures": ["timestampNtz"]}
+    assert actions[1]["protocol"] == {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": ["timestampNtz"],
+        "writerFeatures": ["timestampNtz"],
+    }
     assert actions[2]["metaData"]["id"] == delta_table_id("pairs", "f" * 16)
     new, old = DeltaTable(store.path(f"{TABLES_DIR}/pairs")), DeltaTable(store.path(f"{TABLES_DIR}/pairs"), version=1)
     assert "reviewed_at" in new.to_pyarrow_table().column_names
@@ -341,7 +518,12 @@ def test_new_institution_is_a_minor_release_whose_diff_lists_exactly_its_rows(st
     first = do_publish(store)
     added = write_institution(store, "ie-c", 2)  # a new institution's delivery: new shard partitions everywhere
     rel = do_publish(store, run_id="run-2")
-    assert (rel.version, rel.created, rel.manifest["parent"], rel.manifest["change"]) == ("0.2.0", True, "0.1.0", "minor")
+    assert (rel.version, rel.created, rel.manifest["parent"], rel.manifest["change"]) == (
+        "0.2.0",
+        True,
+        "0.1.0",
+        "minor",
+    )
     assert list_versions(store) == ["0.1.0", "0.2.0"]
     d = diff(store, "0.1.0", "0.2.0")
     assert set(d) == set(SNAPSHOT_TABLES)
@@ -370,7 +552,10 @@ def test_diff_reports_changed_and_removed_rows_by_key(store):
     d = diff(store, "0.1.0", "latest")
     assert (d["studies"].added, d["studies"].removed, d["studies"].changed) == ([], [], [(rows[0]["study_key"],)])
     assert (d["pairs"].added, d["pairs"].removed, d["pairs"].changed) == (
-        [], [("gb-b-p0-pair",), ("gb-b-p1-pair",)], [])
+        [],
+        [("gb-b-p0-pair",), ("gb-b-p1-pair",)],
+        [],
+    )
     assert d["images"].status == "unchanged" and d["study_labels"].key == ("study_key", "entity_id")
 
 
@@ -379,8 +564,9 @@ def test_metadata_only_change_is_a_patch_and_schema_change_a_major(store, monkey
     patch = do_publish(store, config_hash="d" * 64)
     assert (patch.version, patch.manifest["change"]) == ("0.1.1", "patch")
     # tables identical: the same Delta versions are pinned, no commit was made
-    assert {t: v["delta_version"] for t, v in patch.manifest["tables"].items()} == \
-        {t: v["delta_version"] for t, v in first.manifest["tables"].items()}
+    assert {t: v["delta_version"] for t, v in patch.manifest["tables"].items()} == {
+        t: v["delta_version"] for t, v in first.manifest["tables"].items()
+    }
     assert do_publish(store, config_hash="d" * 64).created is False
 
     from schemas import tables as snapshots
@@ -388,7 +574,11 @@ def test_metadata_only_change_is_a_patch_and_schema_change_a_major(store, monkey
     bumped = SCHEMAS["pairs"].with_metadata({**SCHEMAS["pairs"].metadata, b"medreco.schema_version": b"2.0.0"})
     monkeypatch.setitem(snapshots.SCHEMAS, "pairs", bumped)
     major = do_publish(store, config_hash="d" * 64)
-    assert (major.version, major.manifest["change"], major.manifest["schema_versions"]["pairs"]) == ("1.0.0", "major", "2.0.0")
+    assert (major.version, major.manifest["change"], major.manifest["schema_versions"]["pairs"]) == (
+        "1.0.0",
+        "major",
+        "2.0.0",
+    )
     assert diff(store, "0.1.1", "1.0.0")["pairs"].schema == ("1.0.0", "2.0.0")
 
 
@@ -403,10 +593,19 @@ def test_lineage_records_the_run_and_a_path_free_input_ledger_hash(store, tmp_pa
     from schemas.ledger import SCHEMA as LEDGER
 
     def ledger(st: Storage, run: str, source_prefix: str) -> None:
-        rows = [{"run_id": run, "source_uri": f"{source_prefix}/sources/us-a/{i}.dcm", "sha256": f"{i:064x}",
-                 "bytes": 100 + i, "institution": "us-a", "kind": "dicom",
-                 "status": "quarantined" if i == 2 else "ingested", "reason": "not_dicom" if i == 2 else None}
-                for i in range(3)]
+        rows = [
+            {
+                "run_id": run,
+                "source_uri": f"{source_prefix}/sources/us-a/{i}.dcm",
+                "sha256": f"{i:064x}",
+                "bytes": 100 + i,
+                "institution": "us-a",
+                "kind": "dicom",
+                "status": "quarantined" if i == 2 else "ingested",
+                "reason": "not_dicom" if i == 2 else None,
+            }
+            for i in range(3)
+        ]
         st.write_table(f"ledger/run_id={run}/ledger.parquet", _fill(LEDGER, rows))
 
     ledger(store, "run-1", "/hospital/a")
@@ -414,11 +613,18 @@ def test_lineage_records_the_run_and_a_path_free_input_ledger_hash(store, tmp_pa
     # the manifest holds what is the same on every rebuild: the inputs' hash and counts, no run id
     assert set(lin) == {"input_ledger_sha256", "files_seen", "by_status", "quarantined_by_reason"}
     assert (lin["files_seen"], lin["by_status"], lin["quarantined_by_reason"]) == (
-        3, {"ingested": 2, "quarantined": 1}, {"not_dicom": 1})
+        3,
+        {"ingested": 2, "quarantined": 1},
+        {"not_dicom": 1},
+    )
     # the runs are in the release's publish log
     log = read_publish_log(store, "latest")
     assert (log["version"], log["publish_run_id"], log["run_ids"], log["ledger_run_id"]) == (
-        "0.1.0", "run-1", ["ingest-us-a", "run-1"], "run-1")
+        "0.1.0",
+        "run-1",
+        ["ingest-us-a", "run-1"],
+        "run-1",
+    )
     assert dt.datetime.fromisoformat(log["published_at"]).tzinfo is not None
     # the same inputs seen from another root and run: same hash, so the same content hash
     other = Storage.open(str(tmp_path / "other"))
@@ -449,6 +655,7 @@ def test_dataset_card_counts(store):
 
 # ---- verify -------------------------------------------------------------------------------------------------
 
+
 def _data_file(st: Storage, table: str) -> str:
     f = read_manifest(st, "0.1.0")["tables"][table]["files"][0]["path"]
     return f"{TABLES_DIR}/{table}/{f}"
@@ -459,19 +666,36 @@ def _data_file(st: Storage, table: str) -> str:
     [
         (lambda st: open(st.path(_data_file(st, "pairs")), "ab").write(b"x"), "pairs: sha256 mismatch in {pairs}"),
         (lambda st: os.remove(st.path(_data_file(st, "vqa"))), "vqa: missing file {vqa}"),
-        (lambda st: os.remove(st.path(f"{TABLES_DIR}/images/_delta_log/{1:020d}.json")),
-         f"images: missing file {TABLES_DIR}/images/_delta_log/{1:020d}.json"),
-        (lambda st: open(st.path(f"{TABLES_DIR}/studies/_delta_log/{1:020d}.json"), "a").write("\n"),
-         f"studies: sha256 mismatch in {TABLES_DIR}/studies/_delta_log/{1:020d}.json"),
-        (lambda st: open(st.path("snapshots/0.1.0/DATASET_CARD.md"), "a").write("edited"),
-         "snapshots/0.1.0/DATASET_CARD.md: sha256 mismatch"),
-        (lambda st: open(st.path("snapshots/0.1.0/extra.parquet"), "wb").write(b"x"),
-         "unlisted file snapshots/0.1.0/extra.parquet"),
-        (lambda st: open(st.path(f"snapshots/0.1.0/{PUBLISH_LOG}"), "w").write('{"version": "0.0.9"}'),
-         f"snapshots/0.1.0/{PUBLISH_LOG}: not the publish log of 0.1.0"),
+        (
+            lambda st: os.remove(st.path(f"{TABLES_DIR}/images/_delta_log/{1:020d}.json")),
+            f"images: missing file {TABLES_DIR}/images/_delta_log/{1:020d}.json",
+        ),
+        (
+            lambda st: open(st.path(f"{TABLES_DIR}/studies/_delta_log/{1:020d}.json"), "a").write("\n"),
+            f"studies: sha256 mismatch in {TABLES_DIR}/studies/_delta_log/{1:020d}.json",
+        ),
+        (
+            lambda st: open(st.path("snapshots/0.1.0/DATASET_CARD.md"), "a").write("edited"),
+            "snapshots/0.1.0/DATASET_CARD.md: sha256 mismatch",
+        ),
+        (
+            lambda st: open(st.path("snapshots/0.1.0/extra.parquet"), "wb").write(b"x"),
+            "unlisted file snapshots/0.1.0/extra.parquet",
+        ),
+        (
+            lambda st: open(st.path(f"snapshots/0.1.0/{PUBLISH_LOG}"), "w").write('{"version": "0.0.9"}'),
+            f"snapshots/0.1.0/{PUBLISH_LOG}: not the publish log of 0.1.0",
+        ),
     ],
-    ids=["tampered-data", "deleted-data", "deleted-delta-log", "tampered-delta-log", "edited-card", "extra-file",
-         "foreign-publish-log"],
+    ids=[
+        "tampered-data",
+        "deleted-data",
+        "deleted-delta-log",
+        "tampered-delta-log",
+        "edited-card",
+        "extra-file",
+        "foreign-publish-log",
+    ],
 )
 def test_verify_names_the_tampered_or_missing_file(store, tamper, expected):
     do_publish(store)
@@ -508,6 +732,7 @@ def test_verify_and_read_refuse_an_unknown_release(store):
 
 
 # ---- command line -------------------------------------------------------------------------------------------
+
 
 @pytest.fixture()
 def cli(store, tmp_path):
@@ -557,6 +782,7 @@ def test_cli_verify_fails_with_one_line_naming_the_file(cli, store):
 
 # ---- S3 (moto) ----------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def moto_endpoint():
     import logging
@@ -577,8 +803,11 @@ def test_publish_verify_diff_and_load_on_s3(moto_endpoint, monkeypatch):
 
     from etl.snapshots import load_snapshot
 
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
@@ -592,14 +821,19 @@ def test_publish_verify_diff_and_load_on_s3(moto_endpoint, monkeypatch):
     snap = load_snapshot("s3://medreco-snap/deploy", "latest", endpoint_url=moto_endpoint)
     assert snap.table("studies").select(pl.len()).collect().item() == 5  # polars through Delta on S3
     assert snap.dataset("pairs").count_rows() == 2
-    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket="medreco-snap")
-            for o in page.get("Contents", [])]
+    keys = [
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket="medreco-snap")
+        for o in page.get("Contents", [])
+    ]
     assert f"deploy/{TABLES_DIR}/studies/_delta_log/{1:020d}.json" in keys
     # Delta commits are conditional writes (If-None-Match): a second writer of the same version is refused
     log = f"{TABLES_DIR}/studies/_delta_log/{1:020d}.json"
     before = st.read_bytes(log)
     assert put_if_absent(st, log, b"{}") is False and st.read_bytes(log) == before
-    assert put_if_absent(st, "scratch/once.json", b"1") is True and put_if_absent(st, "scratch/once.json", b"2") is False
+    assert (
+        put_if_absent(st, "scratch/once.json", b"1") is True and put_if_absent(st, "scratch/once.json", b"2") is False
+    )
     assert st.read_bytes("scratch/once.json") == b"1"
     st.delete("scratch")
     assert all(k.startswith("deploy/") for k in keys) and not [k for k in keys if "tmp" in k.rsplit("/", 1)[-1]]
@@ -625,8 +859,11 @@ def test_a_release_adds_only_the_changed_partitions_and_rehashes_nothing_else(st
     rel = do_publish(store)
     # hashed: the changed curated file, and its linked copy once placed
     assert [h for h in hashed if h.startswith("curated/")] == ["curated/studies/shard=00000/part-0.parquet"]
-    changed = {t for t in SNAPSHOT_TABLES
-               if rel.manifest["tables"][t]["delta_version"] != first.manifest["tables"][t]["delta_version"]}
+    changed = {
+        t
+        for t in SNAPSHOT_TABLES
+        if rel.manifest["tables"][t]["delta_version"] != first.manifest["tables"][t]["delta_version"]
+    }
     assert changed == {"studies"}
     old = {f["partition"]: f["path"] for f in first.manifest["tables"]["studies"]["files"]}
     new = {f["partition"]: f["path"] for f in rel.manifest["tables"]["studies"]["files"]}

@@ -51,9 +51,12 @@ def test_release_pins_every_volume_object_and_copies_none(release):
 
     ctx, version = release
     st = ctx.storage
-    images = read_snapshot_table(st, version, "images", columns=["kind", "payload_format", "payload_uri",
-                                                                 "payload_sha256", "payload_bytes", "dtype",
-                                                                 "modality"]).to_pylist()
+    images = read_snapshot_table(
+        st,
+        version,
+        "images",
+        columns=["kind", "payload_format", "payload_uri", "payload_sha256", "payload_bytes", "dtype", "modality"],
+    ).to_pylist()
     vols = [r for r in images if r["kind"] == "3d"]
     assert vols, "the demo corpus has CT/MR series"
     assert all(r["payload_format"] == "nifti" and r["payload_uri"].startswith("curated/volumes/") for r in vols)

@@ -65,4 +65,3 @@ def test_image_object_without_pixels_is_no_pixel_data(mr_bytes):
     sr = Dataset()
     sr.SOPClassUID = UID("1.2.840.10008.5.1.4.1.1.88.11")  # Basic Text SR: not an image
     check_image_has_pixels(sr)
-

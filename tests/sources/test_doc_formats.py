@@ -10,7 +10,7 @@ from etl.sources.reports import FORMATS, RECORD_FIELDS, REQUIRED_FIELDS, ReportS
 from schemas.config import PROJECT_ROOT
 
 PAGE = (PROJECT_ROOT / "docs" / "reports.md").read_text(encoding="utf-8")
-SECTION = PAGE[PAGE.index("## Report input formats"):PAGE.index("\n## ", PAGE.index("## Report input formats") + 1)]
+SECTION = PAGE[PAGE.index("## Report input formats") : PAGE.index("\n## ", PAGE.index("## Report input formats") + 1)]
 EXAMPLES = dict(re.findall(r"<!-- report-example: ([a-z0-9-]+) -->\n```\n(.*?)```", SECTION, flags=re.DOTALL))
 
 
@@ -24,8 +24,10 @@ def test_the_table_names_every_format_and_field():
     assert sorted(re.findall(r"`([a-z_]+)`", cells[3])) == sorted(set(RECORD_FIELDS) - set(REQUIRED_FIELDS))
 
 
-@pytest.mark.parametrize(("name", "fmt", "n"), [("jsonl", "jsonl", 3), ("csv", "csv", 2), ("csv-openi", "csv", 2),
-                                                ("text", "text", 1), ("hl7", "hl7", 1)])
+@pytest.mark.parametrize(
+    ("name", "fmt", "n"),
+    [("jsonl", "jsonl", 3), ("csv", "csv", 2), ("csv-openi", "csv", 2), ("text", "text", 1), ("hl7", "hl7", 1)],
+)
 def test_every_example_is_three_lines_the_parser_reads(name, fmt, n):
     text = EXAMPLES[name]
     assert len(text.splitlines()) == 3, name

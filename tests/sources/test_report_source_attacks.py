@@ -10,13 +10,17 @@ HEADER = "report_id,patient_id,accession_number,text\n"
 
 def _split(data: str, fmt: str):
     items = list(iter_report_source(data.encode(), fmt, "r.csv" if fmt == "csv" else "r.jsonl"))
-    return [r for r in items if not isinstance(r, ReportSourceError)], [r for r in items if isinstance(r, ReportSourceError)]
+    return [r for r in items if not isinstance(r, ReportSourceError)], [
+        r for r in items if isinstance(r, ReportSourceError)
+    ]
 
 
 def test_unbalanced_quote_withholds_the_merged_rows():
-    data = (HEADER + 'r1,P1,ACC1111,"Findings: clear lungs, no effusion\n'  # the quote is never closed
-            'r2,P2,ACC2222,"Impression: normal, ACC2222 seen"\n'
-            'r3,P3,ACC3333,"Impression: stable"\n')
+    data = (
+        HEADER + 'r1,P1,ACC1111,"Findings: clear lungs, no effusion\n'  # the quote is never closed
+        'r2,P2,ACC2222,"Impression: normal, ACC2222 seen"\n'
+        'r3,P3,ACC3333,"Impression: stable"\n'
+    )
     records, errors = _split(data, "csv")
     assert [r["report_id"] for r in records] == ["r3"]
     assert len(errors) == 1 and errors[0].reason == "malformed_report_record"

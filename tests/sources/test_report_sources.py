@@ -24,8 +24,17 @@ def _rec(**kw):
 
 def test_jsonl_records_and_blank_lines():
     lines = [
-        json.dumps(_rec(report_id="r1", patient_id="P1", accession_number="A1", study_instance_uid="1.2.3",
-                        report_datetime="2023-03-14T10:00:00", language="en", text="FINDINGS: Clear.")),
+        json.dumps(
+            _rec(
+                report_id="r1",
+                patient_id="P1",
+                accession_number="A1",
+                study_instance_uid="1.2.3",
+                report_datetime="2023-03-14T10:00:00",
+                language="en",
+                text="FINDINGS: Clear.",
+            )
+        ),
         "",
         json.dumps({"report_id": "r2", "text": "IMPRESSION: Normal."}),
     ]
@@ -66,9 +75,15 @@ def test_jsonl_invalid_records(line):
 
 
 def test_duplicate_ids_and_iter_keeps_good_records():
-    data = "\n".join(json.dumps(r) for r in (
-        {"report_id": "r1", "text": "a"}, {"report_id": "r1", "text": "b"}, {"report_id": "r3"},
-        {"report_id": "r4", "text": "d"})).encode()
+    data = "\n".join(
+        json.dumps(r)
+        for r in (
+            {"report_id": "r1", "text": "a"},
+            {"report_id": "r1", "text": "b"},
+            {"report_id": "r3"},
+            {"report_id": "r4", "text": "d"},
+        )
+    ).encode()
     items = list(iter_report_source(data, "jsonl", "d.jsonl"))
     kinds = [it.reason if isinstance(it, ReportSourceError) else it["report_id"] for it in items]
     assert kinds == ["r1", "duplicate_report_id", "malformed_report_record", "r4"]
@@ -78,7 +93,7 @@ def test_duplicate_ids_and_iter_keeps_good_records():
 
 
 def test_csv_generic_and_row_errors():
-    good = "report_id,patient_id,text\nr1,P1,\"FINDINGS: a, b\nIMPRESSION: c\"\nr2,,text two\n"
+    good = 'report_id,patient_id,text\nr1,P1,"FINDINGS: a, b\nIMPRESSION: c"\nr2,,text two\n'
     recs = read_report_source(good.encode("utf-8-sig"), "csv", "e.csv")
     assert recs[0]["text"] == "FINDINGS: a, b\nIMPRESSION: c" and recs[0]["patient_id"] == "P1"
     assert recs[1]["patient_id"] is None and recs[1]["accession_number"] is None
@@ -122,7 +137,9 @@ def test_text_format_and_bad_inputs():
 
 @pytest.mark.skipif(not (DATA / "openi" / "indiana_reports.csv").exists(), reason="shared Open-i data absent")
 def test_real_openi_file():
-    items = list(iter_report_source((DATA / "openi" / "indiana_reports.csv").read_bytes(), "csv", "indiana_reports.csv"))
+    items = list(
+        iter_report_source((DATA / "openi" / "indiana_reports.csv").read_bytes(), "csv", "indiana_reports.csv")
+    )
     records = [i for i in items if isinstance(i, dict)]
     errors = [i for i in items if isinstance(i, ReportSourceError)]
     # 2,696 rows; 16 have no indication/comparison/findings/impression at all (missing text -> error)
@@ -168,8 +185,10 @@ def test_hl7_single_message_ft_escapes_multi_obx_and_links():
     recs = read_report_source(ORU_FT.encode(), "hl7", "mercy/2023-03-15.hl7")
     assert len(recs) == 1
     rec = recs[0]
-    assert rec["text"] == ("FINDINGS:\nSmall left pleural effusion & basilar atelectasis.\n"
-                           "IMPRESSION: Effusion \\ atelectasis, stable.\nNo pneumothorax.\nHeart size normal.")
+    assert rec["text"] == (
+        "FINDINGS:\nSmall left pleural effusion & basilar atelectasis.\n"
+        "IMPRESSION: Effusion \\ atelectasis, stable.\nNo pneumothorax.\nHeart size normal."
+    )
     assert rec["report_id"] == "MSG0001"
     assert rec["accession_number"] == "ACC2023-0042"  # OBR-18 wins over OBR-3
     assert rec["study_instance_uid"] == "1.2.840.113619.2.55.3.4271045733.996.1449464144.595"
@@ -197,10 +216,13 @@ def test_hl7_two_messages_in_one_file():
 
 def test_hl7_patient_name_legal_repetition_components_and_escapes():
     """PID-5 (XPN): the legal-name repetition (XPN-7 'L') wins; FN subcomponents, prefix/suffix in PN order."""
+
     def name(pid5: str) -> str | None:
-        msg = ("MSH|^~\\&|RIS|H|||20230101||ORU^R01|N1|P|2.5.1\r"
-               f"PID|1||42^^^H^MR||{pid5}\r"
-               "OBR|1||A-9|XR CHEST\rOBX|1|TX|&GDT||Clear.\r")
+        msg = (
+            "MSH|^~\\&|RIS|H|||20230101||ORU^R01|N1|P|2.5.1\r"
+            f"PID|1||42^^^H^MR||{pid5}\r"
+            "OBR|1||A-9|XR CHEST\rOBX|1|TX|&GDT||Clear.\r"
+        )
         return read_report_source(msg.encode(), "hl7", "n.hl7")[0]["patient_name"]
 
     assert name("SMITH^JOHN^Q^JR^DR") == "SMITH^JOHN^Q^DR^JR"
@@ -211,34 +233,61 @@ def test_hl7_patient_name_legal_repetition_components_and_escapes():
 
 
 def test_hl7_several_obr_groups_and_duplicate_ids():
-    msg = ("MSH|^~\\&|RIS|H|||20230101||ORU^R01|M9|P|2.5.1\r"
-           "PID|1||111^^^H^MR\r"
-           "OBR|1||A-1|XR CHEST\rOBX|1|TX|&GDT||Right rib fracture.\r"
-           "OBR|2||A-2|XR CHEST\rOBX|1|TX|&GDT||No pneumothorax.\r")
+    msg = (
+        "MSH|^~\\&|RIS|H|||20230101||ORU^R01|M9|P|2.5.1\r"
+        "PID|1||111^^^H^MR\r"
+        "OBR|1||A-1|XR CHEST\rOBX|1|TX|&GDT||Right rib fracture.\r"
+        "OBR|2||A-2|XR CHEST\rOBX|1|TX|&GDT||No pneumothorax.\r"
+    )
     recs = read_report_source(msg.encode(), "hl7", "g.hl7")
     assert [(r["report_id"], r["accession_number"], r["text"]) for r in recs] == [
-        ("M9-1", "A-1", "Right rib fracture."), ("M9-2", "A-2", "No pneumothorax.")]
+        ("M9-1", "A-1", "Right rib fracture."),
+        ("M9-2", "A-2", "No pneumothorax."),
+    ]
     items = list(iter_report_source((msg + msg).encode(), "hl7", "g2.hl7"))
     assert [it.reason if isinstance(it, ReportSourceError) else it["report_id"] for it in items] == [
-        "M9-1", "M9-2", "duplicate_report_id", "duplicate_report_id"]
+        "M9-1",
+        "M9-2",
+        "duplicate_report_id",
+        "duplicate_report_id",
+    ]
 
 
 BAD_MESSAGES = [
     # (message, words of the expected error message)
     ("PID|1||99^^^H^MR||SECRETNAME^ANN\rOBX|1|TX|||SECRETNAME text\r", "before any MSH"),
-    ("MSH|^~\\&|ADT|H|||20230101||ADT^A08|M1|P|2.5.1\rPID|1||99^^^H^MR||SECRETNAME^ANN\r", "not an ORU^R01 message (MSH-9 ADT^A08)"),
-    ("MSH|^~\\&|RIS|H|||20230101||ORU^R01|M2|P|2.5.1\rPID|1||99^^^H^MR\rOBR|1||A-1\r"
-     "OBX|1|CE|RID5350^pleural effusion^RADLEX||Y||||||F\r", "no OBX text"),
-    ("MSH|^~\\&|RIS|H|||20230101||ORU^R01|M3|P|2.5.1\rPID|1||99^^^H^MR\rOBR|1|PL-5\r"
-     "OBX|1|TX|&GDT||SECRETNAME has no effusion.||||||F\r", "no study link"),
-    ("MSH|^~\\&|RIS|H|||20230101||ORU^R01|M4|P|2.5.1\rOBR|1||A-4||||2023-01-01\r"
-     "OBX|1|TX|&GDT||Clear.||||||F\r", "OBR-7 is not an HL7 date/time"),
-    ("MSH|^~\\&|RIS|H|||20230101||ORU^R01|M5|P|2.5.1\rOBR|1||A-5\r"
-     "OBX|1|HD|StudyInstanceUID||1.2.SECRET||||||F\rOBX|2|TX|&GDT||Clear.\r", "not a valid DICOM UID"),
+    (
+        "MSH|^~\\&|ADT|H|||20230101||ADT^A08|M1|P|2.5.1\rPID|1||99^^^H^MR||SECRETNAME^ANN\r",
+        "not an ORU^R01 message (MSH-9 ADT^A08)",
+    ),
+    (
+        "MSH|^~\\&|RIS|H|||20230101||ORU^R01|M2|P|2.5.1\rPID|1||99^^^H^MR\rOBR|1||A-1\r"
+        "OBX|1|CE|RID5350^pleural effusion^RADLEX||Y||||||F\r",
+        "no OBX text",
+    ),
+    (
+        "MSH|^~\\&|RIS|H|||20230101||ORU^R01|M3|P|2.5.1\rPID|1||99^^^H^MR\rOBR|1|PL-5\r"
+        "OBX|1|TX|&GDT||SECRETNAME has no effusion.||||||F\r",
+        "no study link",
+    ),
+    (
+        "MSH|^~\\&|RIS|H|||20230101||ORU^R01|M4|P|2.5.1\rOBR|1||A-4||||2023-01-01\rOBX|1|TX|&GDT||Clear.||||||F\r",
+        "OBR-7 is not an HL7 date/time",
+    ),
+    (
+        "MSH|^~\\&|RIS|H|||20230101||ORU^R01|M5|P|2.5.1\rOBR|1||A-5\r"
+        "OBX|1|HD|StudyInstanceUID||1.2.SECRET||||||F\rOBX|2|TX|&GDT||Clear.\r",
+        "not a valid DICOM UID",
+    ),
     ("MSH|^~\\&|RIS|H|||20230101||ORU^R01||P|2.5.1\rOBR|1||A-6\rOBX|1|TX|&GDT||Clear.\r", "MSH-10"),
-    ("MSH|^~\\&|RIS|H|||20230101||ORU^R01|M7|P|2.5.1\rOBX|1|TX|&GDT||Clear.\rOBR|1||A-7\r", "OBX segment before any OBR"),
-    ("MSH|^~\\&|RIS|H|||20230101||ORU^R01|M8|P|2.5.1\rOBR|1||A-8\rthis line SECRETNAME is not a segment\r",
-     "does not start with a segment ID"),
+    (
+        "MSH|^~\\&|RIS|H|||20230101||ORU^R01|M7|P|2.5.1\rOBX|1|TX|&GDT||Clear.\rOBR|1||A-7\r",
+        "OBX segment before any OBR",
+    ),
+    (
+        "MSH|^~\\&|RIS|H|||20230101||ORU^R01|M8|P|2.5.1\rOBR|1||A-8\rthis line SECRETNAME is not a segment\r",
+        "does not start with a segment ID",
+    ),
     ("MSH|^|RIS|H|||20230101||ORU^R01|M10|P|2.5.1\rOBR|1||A-10\rOBX|1|TX|&GDT||Clear.\r", "separators are malformed"),
 ]
 
@@ -273,10 +322,12 @@ def test_hl7_patient_name_is_a_known_value_for_text_deid():
     record's patient_id, patient_name and accession_number), in every spelling order and case."""
     from entity_extraction.text_deid import deidentify_text
 
-    msg = ("MSH|^~\\&|RIS|H|||20230101||ORU^R01|N2|P|2.5.1\r"
-           "PID|1||4455667^^^H^MR||QUENNEVILLE^MARISOL\r"
-           "OBR|1||ACC-5|XR CHEST\r"
-           "OBX|1|TX|&GDT||Discussed with Marisol Quenneville. QUENNEVILLE, MARISOL: no effusion.||||||F\r")
+    msg = (
+        "MSH|^~\\&|RIS|H|||20230101||ORU^R01|N2|P|2.5.1\r"
+        "PID|1||4455667^^^H^MR||QUENNEVILLE^MARISOL\r"
+        "OBR|1||ACC-5|XR CHEST\r"
+        "OBX|1|TX|&GDT||Discussed with Marisol Quenneville. QUENNEVILLE, MARISOL: no effusion.||||||F\r"
+    )
     rec = read_report_source(msg.encode(), "hl7", "p.hl7")[0]
     known = [rec[k] for k in ("patient_id", "patient_name", "accession_number") if rec.get(k)]
     text, counts = deidentify_text(rec["text"], known_phi=known, date_shift_days=0)

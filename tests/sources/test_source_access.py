@@ -23,9 +23,21 @@ from schemas.config import parse_config
 
 
 def config(tmp_path, *sources: str):
-    doc = {"storage": {"root": str(tmp_path / "root")}, "shard_count": 2,
-           "institutions": [{"id": f"inst-{i}", "country": "US", "language": "en", "timezone": "UTC",
-                             "source_uri": s, "report_format": "jsonl"} for i, s in enumerate(sources)]}
+    doc = {
+        "storage": {"root": str(tmp_path / "root")},
+        "shard_count": 2,
+        "institutions": [
+            {
+                "id": f"inst-{i}",
+                "country": "US",
+                "language": "en",
+                "timezone": "UTC",
+                "source_uri": s,
+                "report_format": "jsonl",
+            }
+            for i, s in enumerate(sources)
+        ],
+    }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(doc))
     return parse_config(doc), path
@@ -94,8 +106,13 @@ def test_every_path_gets_a_ledger_row(tmp_path, key, monkeypatch):
     plan = discover_institution(cfg, cfg.institutions[0], Storage.from_config(cfg), key)
     rows = {r["source_uri"].rsplit("/site/", 1)[1]: r for r in plan.to_pylist()}
     assert set(rows) == {"sub/a.dcm", "notes.md", "unreadable.dcm", "dangling.dcm", "sub/loop", "pipe.dcm", "locked"}
-    for rel, why in (("unreadable.dcm", "cannot be read"), ("dangling.dcm", "link to nothing"),
-                     ("sub/loop", "loop"), ("pipe.dcm", "named pipe"), ("locked", "cannot be listed")):
+    for rel, why in (
+        ("unreadable.dcm", "cannot be read"),
+        ("dangling.dcm", "link to nothing"),
+        ("sub/loop", "loop"),
+        ("pipe.dcm", "named pipe"),
+        ("locked", "cannot be listed"),
+    ):
         assert (rows[rel]["status"], rows[rel]["reason"]) == ("quarantined", "unreadable_file")
         assert why in rows[rel]["detail"] and rows[rel]["bytes"] == 0
     assert rows["sub/a.dcm"]["reason"] == "not_dicom" and rows["notes.md"]["status"] == "skipped"
@@ -137,10 +154,24 @@ def test_a_build_with_no_file_publishes_nothing(tmp_path, key):
 
 
 def test_summary_says_no_files_and_nothing_published(capsys):
-    summary = {"run_id": "r", "tables": {}, "published": False, "reason": "no files under any source: nothing published",
-               "latest_existing_version": None, "dashboard": "d", "quarantined_by_reason": {},
-               "ledger": {"files_seen": 0, "ingested": 0, "quarantined": 0, "duplicate": 0, "skipped": 0,
-                          "balanced": True, "files_by_institution": {"inst-0": 0, "inst-1": 3}}}
+    summary = {
+        "run_id": "r",
+        "tables": {},
+        "published": False,
+        "reason": "no files under any source: nothing published",
+        "latest_existing_version": None,
+        "dashboard": "d",
+        "quarantined_by_reason": {},
+        "ledger": {
+            "files_seen": 0,
+            "ingested": 0,
+            "quarantined": 0,
+            "duplicate": 0,
+            "skipped": 0,
+            "balanced": True,
+            "files_by_institution": {"inst-0": 0, "inst-1": 3},
+        },
+    }
     _print_summary(summary)
     out = capsys.readouterr().out
     assert "no files: inst-0 " in out and "inst-1" not in out.split("no files:")[1].split("\n")[0]
@@ -152,7 +183,9 @@ def test_cli_run_refuses_a_missing_source_before_any_work(tmp_path):
     result = CliRunner().invoke(app, ["run", "--config", str(path)])
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: source_not_found: institution inst-0: source_uri 'sources/typo'")
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: source_not_found: institution inst-0: source_uri 'sources/typo'"
+    )
     assert not (tmp_path / "root" / "ledger").exists()  # no key binding, no ledger, no plan
 
 
@@ -165,22 +198,42 @@ def test_s3_sources_missing_empty_and_present(monkeypatch):
     try:
         host, port = server.get_host_and_port()
         url = f"http://{host}:{port}"
-        for var, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                           ("AWS_DEFAULT_REGION", "us-east-1")):
+        for var, value in (
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_DEFAULT_REGION", "us-east-1"),
+        ):
             monkeypatch.setenv(var, value)
         s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
         s3.create_bucket(Bucket="med")
         s3.put_object(Bucket="med", Key="root/sources/full/a.dcm", Body=b"x")
         s3.put_object(Bucket="med", Key="root/sources/empty/", Body=b"")  # a folder marker: an existing, empty source
-        doc = {"storage": {"root": "s3://med/root", "s3_endpoint_url": url}, "shard_count": 1,
-               "institutions": [{"id": i, "country": "US", "language": "en", "timezone": "UTC", "source_uri": f"sources/{i}",
-                                 "report_format": "none"} for i in ("full", "empty")]}
+        doc = {
+            "storage": {"root": "s3://med/root", "s3_endpoint_url": url},
+            "shard_count": 1,
+            "institutions": [
+                {
+                    "id": i,
+                    "country": "US",
+                    "language": "en",
+                    "timezone": "UTC",
+                    "source_uri": f"sources/{i}",
+                    "report_format": "none",
+                }
+                for i in ("full", "empty")
+            ],
+        }
         cfg = parse_config(doc)
         root = Storage.from_config(cfg)
-        assert check_sources(cfg, root) == {"full": "s3://med/root/sources/full", "empty": "s3://med/root/sources/empty"}
+        assert check_sources(cfg, root) == {
+            "full": "s3://med/root/sources/full",
+            "empty": "s3://med/root/sources/empty",
+        }
         doc["institutions"][1]["source_uri"] = "sources/typo"
         cfg = parse_config(doc)
-        with pytest.raises(SourceUnavailableError, match="source_not_found: institution empty: source_uri 'sources/typo'"):
+        with pytest.raises(
+            SourceUnavailableError, match="source_not_found: institution empty: source_uri 'sources/typo'"
+        ):
             check_sources(cfg, root)
     finally:
         server.stop()

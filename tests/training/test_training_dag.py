@@ -15,7 +15,9 @@ from schemas.config import PROJECT_ROOT
 def test_snapshot_version_comes_from_the_asset_event():
     from training.pipeline import snapshot_from_events
 
-    ev = {"medreco://snapshot": [SimpleNamespace(extra={"version": "0.1.0"}), SimpleNamespace(extra={"version": "0.2.0"})]}
+    ev = {
+        "medreco://snapshot": [SimpleNamespace(extra={"version": "0.1.0"}), SimpleNamespace(extra={"version": "0.2.0"})]
+    }
     assert snapshot_from_events(ev) == "0.2.0"
     assert snapshot_from_events({}) is None and snapshot_from_events(None) is None
 
@@ -32,9 +34,19 @@ def test_training_dag_runs_both_jobs_locally_and_records_lineage(tmp_path, airfl
             job["data"]["max_eval_items"] = 8
         cfgs[kind] = tmp_path / f"{kind}.yaml"
         cfgs[kind].write_text(yaml.safe_dump(job))
-    pipe = {"storage": {"root": str(root)}, "institutions": [
-        {"id": "inst-a", "country": "US", "language": "en", "timezone": "America/New_York", "source_uri": "sources/a"}],
-        "training": {"launcher": "local", "encoder_config": str(cfgs["encoder"]), "vlm_config": str(cfgs["vlm"])}}
+    pipe = {
+        "storage": {"root": str(root)},
+        "institutions": [
+            {
+                "id": "inst-a",
+                "country": "US",
+                "language": "en",
+                "timezone": "America/New_York",
+                "source_uri": "sources/a",
+            }
+        ],
+        "training": {"launcher": "local", "encoder_config": str(cfgs["encoder"]), "vlm_config": str(cfgs["vlm"])},
+    }
     (tmp_path / "pipe.yaml").write_text(yaml.safe_dump(pipe))
     from dags.medreco_training import training_dag
 

@@ -32,7 +32,7 @@ def _png(states: dict[str, str], rng: np.random.Generator, size: int = 32) -> by
     for e, st in states.items():
         if st == "present":
             r, c = SPOTS[e]
-            img[r:r + 10, c:c + 10] = 230
+            img[r : r + 10, c : c + 10] = 230
     buf = io.BytesIO()
     Image.fromarray(img).save(buf, format="PNG")
     return buf.getvalue()
@@ -43,7 +43,7 @@ def _npy(states: dict[str, str], rng: np.random.Generator) -> bytes:
     for e, st in states.items():
         if st == "present":
             r, c = SPOTS[e]
-            vol[1:4, r // 2:r // 2 + 5, c // 2:c // 2 + 5] = 200.0
+            vol[1:4, r // 2 : r // 2 + 5, c // 2 : c // 2 + 5] = 200.0
     buf = io.BytesIO()
     np.save(buf, vol)
     return buf.getvalue()
@@ -57,13 +57,30 @@ def _targets(t: dict[str, list[dict]], top_k: int = 5) -> list[dict]:
     present = [r for r in t["study_labels"] if r["state"] == "present"]
     out = []
     for q in present:
-        cands = sorted(c["study_key"] for c in present if c["entity_id"] == q["entity_id"]
-                       and c["patient_key"] != q["patient_key"] and split[c["patient_key"]] == split[q["patient_key"]]
-                       and fam[c["study_key"]] == fam[q["study_key"]])[:top_k]
-        out += [{"query_study_key": q["study_key"], "entity_id": q["entity_id"], "candidate_study_key": c,
-                 "rank": i + 1, "relevance": 1.0, "family": fam[c], "state": "present",
-                 "query_patient_key": q["patient_key"], "candidate_patient_key": c.split("-")[0],
-                 "split": split[q["patient_key"]], "shard": 0} for i, c in enumerate(cands)]
+        cands = sorted(
+            c["study_key"]
+            for c in present
+            if c["entity_id"] == q["entity_id"]
+            and c["patient_key"] != q["patient_key"]
+            and split[c["patient_key"]] == split[q["patient_key"]]
+            and fam[c["study_key"]] == fam[q["study_key"]]
+        )[:top_k]
+        out += [
+            {
+                "query_study_key": q["study_key"],
+                "entity_id": q["entity_id"],
+                "candidate_study_key": c,
+                "rank": i + 1,
+                "relevance": 1.0,
+                "family": fam[c],
+                "state": "present",
+                "query_patient_key": q["patient_key"],
+                "candidate_patient_key": c.split("-")[0],
+                "split": split[q["patient_key"]],
+                "shard": 0,
+            }
+            for i, c in enumerate(cands)
+        ]
     return out
 
 
@@ -79,51 +96,157 @@ def _rows(seed: int = 3, targets: bool = True) -> dict[str, list[dict]]:
             sk = f"{pk}-s{s}"
             keys.append(sk)
             states = {e: pick.choice(["present", "absent"]) for e in ENTITIES}
-            t["studies"].append({"study_key": sk, "patient_key": pk, "institution": "inst-a", "country": "US",
-                                 "modality": "CR", "family": "2D-CXR", "n_series": 1, "n_images": 1, "shard": 0})
+            t["studies"].append(
+                {
+                    "study_key": sk,
+                    "patient_key": pk,
+                    "institution": "inst-a",
+                    "country": "US",
+                    "modality": "CR",
+                    "family": "2D-CXR",
+                    "n_series": 1,
+                    "n_images": 1,
+                    "shard": 0,
+                }
+            )
             payload = _png(states, rng)
-            t["images"].append({"image_key": f"{sk}-i0", "series_key": f"{sk}-se", "study_key": sk, "patient_key": pk,
-                                "institution": "inst-a", "modality": "CR", "view": "PA", "kind": "2d", "rows": 32,
-                                "cols": 32, "n_slices": 1, "payload_format": "png", "payload": payload,
-                                "payload_sha256": hashlib.sha256(payload).hexdigest(), "recipe": "[]",
-                                "transfer_syntax": "1.2.840.10008.1.2.1", "shard": 0})
+            t["images"].append(
+                {
+                    "image_key": f"{sk}-i0",
+                    "series_key": f"{sk}-se",
+                    "study_key": sk,
+                    "patient_key": pk,
+                    "institution": "inst-a",
+                    "modality": "CR",
+                    "view": "PA",
+                    "kind": "2d",
+                    "rows": 32,
+                    "cols": 32,
+                    "n_slices": 1,
+                    "payload_format": "png",
+                    "payload": payload,
+                    "payload_sha256": hashlib.sha256(payload).hexdigest(),
+                    "recipe": "[]",
+                    "transfer_syntax": "1.2.840.10008.1.2.1",
+                    "shard": 0,
+                }
+            )
             for e, st in states.items():
-                t["study_labels"].append({"study_key": sk, "patient_key": pk, "family": "2D-CXR", "entity_id": e,
-                                          "state": st, "change": "none", "shard": 0})
+                t["study_labels"].append(
+                    {
+                        "study_key": sk,
+                        "patient_key": pk,
+                        "family": "2D-CXR",
+                        "entity_id": e,
+                        "state": st,
+                        "change": "none",
+                        "shard": 0,
+                    }
+                )
                 ans = "A" if st == "present" else "B"
-                t["vqa"].append({"item_id": f"{sk}-{e}-presence", "study_key": sk, "patient_key": pk,
-                                 "question_type": "presence", "question": f"Is there {e.lower()} in this image?",
-                                 "options": ["present", "absent", "uncertain", "not assessable"], "answer": ans,
-                                 "answer_text": "present" if ans == "A" else "absent", "entity_ids": [e],
-                                 "split": split, "shard": 0})
+                t["vqa"].append(
+                    {
+                        "item_id": f"{sk}-{e}-presence",
+                        "study_key": sk,
+                        "patient_key": pk,
+                        "question_type": "presence",
+                        "question": f"Is there {e.lower()} in this image?",
+                        "options": ["present", "absent", "uncertain", "not assessable"],
+                        "answer": ans,
+                        "answer_text": "present" if ans == "A" else "absent",
+                        "entity_ids": [e],
+                        "split": split,
+                        "shard": 0,
+                    }
+                )
         prior = {r["entity_id"]: r["state"] for r in t["study_labels"] if r["study_key"] == keys[0]}
         cur = {r["entity_id"]: r["state"] for r in t["study_labels"] if r["study_key"] == keys[1]}
         pid = f"{pk}-pair"
-        t["pairs"].append({"pair_id": pid, "patient_key": pk, "prior_study_key": keys[0], "current_study_key": keys[1],
-                           "family": "2D-CXR", "modality": "CR", "view": "PA", "gap_days": 30, "change_labels": [],
-                           "n_conflicts": 0, "shard": 0})
+        t["pairs"].append(
+            {
+                "pair_id": pid,
+                "patient_key": pk,
+                "prior_study_key": keys[0],
+                "current_study_key": keys[1],
+                "family": "2D-CXR",
+                "modality": "CR",
+                "view": "PA",
+                "gap_days": 30,
+                "change_labels": [],
+                "n_conflicts": 0,
+                "shard": 0,
+            }
+        )
         e = ENTITIES[p % 3]
         opts = ["in the prior study only", "in the current study only", "in both studies", "in neither study"]
-        key = {("present", "absent"): 0, ("absent", "present"): 1, ("present", "present"): 2,
-               ("absent", "absent"): 3}[(prior[e], cur[e])]
-        t["vqa"].append({"item_id": f"{pid}-{e}-cmp", "pair_id": pid, "patient_key": pk,
-                         "question_type": "comparison_presence",
-                         "question": f"In which of the two studies is there {e.lower()}?", "options": opts,
-                         "answer": "ABCD"[key], "answer_text": opts[key], "entity_ids": [e], "split": split, "shard": 0})
+        key = {("present", "absent"): 0, ("absent", "present"): 1, ("present", "present"): 2, ("absent", "absent"): 3}[
+            (prior[e], cur[e])
+        ]
+        t["vqa"].append(
+            {
+                "item_id": f"{pid}-{e}-cmp",
+                "pair_id": pid,
+                "patient_key": pk,
+                "question_type": "comparison_presence",
+                "question": f"In which of the two studies is there {e.lower()}?",
+                "options": opts,
+                "answer": "ABCD"[key],
+                "answer_text": opts[key],
+                "entity_ids": [e],
+                "split": split,
+                "shard": 0,
+            }
+        )
         if p % 6 == 0:  # a CT volume study for 4 patients (3D path)
             sk = f"{pk}-ct"
             states = {e: pick.choice(["present", "absent"]) for e in ENTITIES}
-            t["studies"].append({"study_key": sk, "patient_key": pk, "institution": "inst-a", "country": "US",
-                                 "modality": "CT", "family": "3D-CT", "n_series": 1, "n_images": 5, "shard": 0})
+            t["studies"].append(
+                {
+                    "study_key": sk,
+                    "patient_key": pk,
+                    "institution": "inst-a",
+                    "country": "US",
+                    "modality": "CT",
+                    "family": "3D-CT",
+                    "n_series": 1,
+                    "n_images": 5,
+                    "shard": 0,
+                }
+            )
             payload = _npy(states, rng)
-            t["images"].append({"image_key": f"{sk}-v", "series_key": f"{sk}-se", "study_key": sk, "patient_key": pk,
-                                "institution": "inst-a", "modality": "CT", "view": "AXIAL", "kind": "3d", "rows": 16,
-                                "cols": 16, "n_slices": 5, "payload_format": "npy", "payload": payload,
-                                "payload_sha256": hashlib.sha256(payload).hexdigest(), "recipe": "[]",
-                                "transfer_syntax": "1.2.840.10008.1.2.1", "shard": 0})
+            t["images"].append(
+                {
+                    "image_key": f"{sk}-v",
+                    "series_key": f"{sk}-se",
+                    "study_key": sk,
+                    "patient_key": pk,
+                    "institution": "inst-a",
+                    "modality": "CT",
+                    "view": "AXIAL",
+                    "kind": "3d",
+                    "rows": 16,
+                    "cols": 16,
+                    "n_slices": 5,
+                    "payload_format": "npy",
+                    "payload": payload,
+                    "payload_sha256": hashlib.sha256(payload).hexdigest(),
+                    "recipe": "[]",
+                    "transfer_syntax": "1.2.840.10008.1.2.1",
+                    "shard": 0,
+                }
+            )
             for e, st in states.items():
-                t["study_labels"].append({"study_key": sk, "patient_key": pk, "family": "3D-CT", "entity_id": e,
-                                          "state": st, "change": "none", "shard": 0})
+                t["study_labels"].append(
+                    {
+                        "study_key": sk,
+                        "patient_key": pk,
+                        "family": "3D-CT",
+                        "entity_id": e,
+                        "state": st,
+                        "change": "none",
+                        "shard": 0,
+                    }
+                )
     if "retrieval_targets" in t and targets:
         t["retrieval_targets"] = _targets(t)
     return t
@@ -194,8 +317,11 @@ def test_positives_from_retrieval_targets(snap):
     assert pos.source == "retrieval_targets"
     rows = ref.table("retrieval_targets").to_pylist()
     q = rows[0]
-    expected = sorted(r["candidate_study_key"] for r in rows
-                      if (r["query_study_key"], r["entity_id"]) == (q["query_study_key"], q["entity_id"]))
+    expected = sorted(
+        r["candidate_study_key"]
+        for r in rows
+        if (r["query_study_key"], r["entity_id"]) == (q["query_study_key"], q["entity_id"])
+    )
     assert pos.relevant(q["query_study_key"], q["entity_id"], idx) == expected and 1 <= len(expected) <= 5
 
 
@@ -210,8 +336,11 @@ def test_positives_fall_back_to_study_labels(tmp_path):
     state = {(r["study_key"], r["entity_id"]): r["state"] for r in labels}
     q = next(s for s in idx.studies("val") if state[(s, "F001")] == "present")
     rel = pos.relevant(q, "F001", idx)
-    expected = sorted(s for s in idx.studies("val") if state[(s, "F001")] == "present"
-                      and idx.family[s] == idx.family[q] and idx.patient[s] != idx.patient[q])
+    expected = sorted(
+        s
+        for s in idx.studies("val")
+        if state[(s, "F001")] == "present" and idx.family[s] == idx.family[q] and idx.patient[s] != idx.patient[q]
+    )
     assert rel == expected and q not in rel
     assert all(idx.split[s] == "val" for s in rel)
 

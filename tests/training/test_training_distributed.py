@@ -40,8 +40,15 @@ def _launch(snap, cfg: str, kind: str, out) -> dict:
     from training.launchers import LaunchRequest, launch_local
 
     job = load_job_config(cfg)
-    req = LaunchRequest(job=kind, name=job.name, snapshot_version="0.1.0", content_hash="x", job_config=cfg,
-                        root=snap.root, output=str(out))
+    req = LaunchRequest(
+        job=kind,
+        name=job.name,
+        snapshot_version="0.1.0",
+        content_hash="x",
+        job_config=cfg,
+        root=snap.root,
+        output=str(out),
+    )
     handle = launch_local(req, job.launch)
     assert handle["status"] == "succeeded", handle
     return json.loads(next(out.rglob("metrics.json")).read_text())
@@ -56,8 +63,9 @@ def test_vlm_trains_under_ddp_with_two_processes(snap, tmp_path):
 def test_encoder_trains_under_ddp_and_fsdp(snap, tmp_path):
     ddp = _launch(snap, _job(tmp_path, "encoder", "enc-ddp", max_steps=3), "encoder", tmp_path / "ddp")
     assert (ddp["world_size"], ddp["parallel"], ddp["step"]) == (2, "ddp", 3)
-    fsdp = _launch(snap, _job(tmp_path, "encoder", "enc-fsdp", max_steps=3, parallel="fsdp"), "encoder",
-                   tmp_path / "fsdp")
+    fsdp = _launch(
+        snap, _job(tmp_path, "encoder", "enc-fsdp", max_steps=3, parallel="fsdp"), "encoder", tmp_path / "fsdp"
+    )
     assert (fsdp["world_size"], fsdp["parallel"], fsdp["step"]) == (2, "fsdp", 3)
     assert all(math.isfinite(x) for x in ddp["losses"] + fsdp["losses"])
     # the FSDP checkpoint holds full (unsharded) tensors that load into a plain model
@@ -89,4 +97,4 @@ def test_gathered_rows_keep_the_gradient_of_the_local_part(tmp_path):
         got = torch.load(tmp_path / f"{rank}.pt")
         assert torch.equal(got["all"], torch.tensor([[1.0] * 3] * 2 + [[2.0] * 3] * 2))
         assert got["offset"] == 2 * rank
-        assert torch.equal(got["grad"], w[2 * rank:2 * rank + 2])  # only this process's rows: its own weights
+        assert torch.equal(got["grad"], w[2 * rank : 2 * rank + 2])  # only this process's rows: its own weights

@@ -14,8 +14,14 @@ from training.config import KubernetesConfig, LaunchConfig, SageMakerConfig, loa
 from training.launchers import LaunchRequest
 
 HASH = "ab" * 32
-REQ = LaunchRequest(job="encoder", name="encoder-vitb16", snapshot_version="1.4.0", content_hash=HASH,
-                    job_config="config/training/encoder-gpu.yaml", pipeline_config="/etc/medreco/prod.yaml")
+REQ = LaunchRequest(
+    job="encoder",
+    name="encoder-vitb16",
+    snapshot_version="1.4.0",
+    content_hash=HASH,
+    job_config="config/training/encoder-gpu.yaml",
+    pipeline_config="/etc/medreco/prod.yaml",
+)
 
 
 def test_kubernetes_job_spec_field_by_field():
@@ -37,13 +43,32 @@ def test_kubernetes_job_spec_field_by_field():
     (c,) = pod["containers"]
     assert c["image"] == "registry.example.org/medreco-db-train:latest"
     assert c["command"] == ["torchrun"]
-    assert c["args"] == ["--standalone", "--nproc-per-node=8", "-m", "training.jobs", "encoder", "--snapshot", "1.4.0",
-                         "--config", "config/training/encoder-gpu.yaml", "--root", "/data", "--output", "/models"]
-    assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "64", "memory": "512Gi",
-                                                                      "nvidia.com/gpu": "8"}
+    assert c["args"] == [
+        "--standalone",
+        "--nproc-per-node=8",
+        "-m",
+        "training.jobs",
+        "encoder",
+        "--snapshot",
+        "1.4.0",
+        "--config",
+        "config/training/encoder-gpu.yaml",
+        "--root",
+        "/data",
+        "--output",
+        "/models",
+    ]
+    assert (
+        c["resources"]["requests"]
+        == c["resources"]["limits"]
+        == {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}
+    )
     assert {"name": "MEDRECO_SNAPSHOT_VERSION", "value": "1.4.0"} in c["env"]
-    assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]} == {"data": "/data", "models": "/models",
-                                                                      "dshm": "/dev/shm"}
+    assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]} == {
+        "data": "/data",
+        "models": "/models",
+        "dshm": "/dev/shm",
+    }
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["data"]["persistentVolumeClaim"] == {"claimName": "medreco-data"}
     assert vols["models"]["persistentVolumeClaim"] == {"claimName": "medreco-models"}
@@ -86,8 +111,17 @@ def test_sagemaker_request_field_by_field_against_moto():
     algo = body["AlgorithmSpecification"]
     assert algo["TrainingImage"] == sm.image_uri and algo["TrainingInputMode"] == "File"
     assert algo["ContainerEntrypoint"] == ["torchrun", "--standalone", "--nproc-per-node=8", "-m", "training.jobs"]
-    assert algo["ContainerArguments"] == ["encoder", "--snapshot", "1.4.0", "--config", "config/training/encoder-gpu.yaml",
-                                          "--root", "s3://medreco-prod", "--output", "/opt/ml/checkpoints"]
+    assert algo["ContainerArguments"] == [
+        "encoder",
+        "--snapshot",
+        "1.4.0",
+        "--config",
+        "config/training/encoder-gpu.yaml",
+        "--root",
+        "s3://medreco-prod",
+        "--output",
+        "/opt/ml/checkpoints",
+    ]
     prefix = "s3://medreco-db/models/encoder/1.4.0/encoder-vitb16"
     assert body["OutputDataConfig"] == {"S3OutputPath": f"{prefix}/output"}
     assert body["CheckpointConfig"] == {"S3Uri": f"{prefix}/checkpoints", "LocalPath": "/opt/ml/checkpoints"}
@@ -115,13 +149,23 @@ def test_launcher_precedence_and_local_command():
     job = load_job_config(PROJECT_ROOT / "config/training/encoder-gpu.yaml")
     assert effective_launch(job).launcher == "kubernetes"
     eff = effective_launch(job, TrainingConfig(launcher="sagemaker", image="reg/img:2", gpus=4))
-    assert (eff.launcher, eff.kubernetes.image, eff.kubernetes.gpus, eff.kubernetes.namespace) == \
-        ("sagemaker", "reg/img:2", 4, "medreco")
+    assert (eff.launcher, eff.kubernetes.image, eff.kubernetes.gpus, eff.kubernetes.namespace) == (
+        "sagemaker",
+        "reg/img:2",
+        4,
+        "medreco",
+    )
     assert effective_launch(job, TrainingConfig(launcher="sagemaker"), "local").launcher == "local"
     cmd = local_command(REQ, LaunchConfig(nproc_per_node=2))
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    assert cmd[-6:] == ["--snapshot", "1.4.0", "--config", "config/training/encoder-gpu.yaml", "--pipeline-config",
-                        "/etc/medreco/prod.yaml"]
+    assert cmd[-6:] == [
+        "--snapshot",
+        "1.4.0",
+        "--config",
+        "config/training/encoder-gpu.yaml",
+        "--pipeline-config",
+        "/etc/medreco/prod.yaml",
+    ]
 
 
 @pytest.mark.slow  # two torchrun processes train on CPU
@@ -138,12 +182,32 @@ def test_ddp_under_torchrun_with_gloo_and_the_cli(tmp_path):
     job["launch"]["nproc_per_node"] = 2
     job["output_dir"] = str(tmp_path / "models")
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    pipe = {"storage": {"root": str(root)}, "institutions": [
-        {"id": "inst-a", "country": "US", "language": "en", "timezone": "America/New_York", "source_uri": "sources/a"}],
-        "training": {"launcher": "local"}}
+    pipe = {
+        "storage": {"root": str(root)},
+        "institutions": [
+            {
+                "id": "inst-a",
+                "country": "US",
+                "language": "en",
+                "timezone": "America/New_York",
+                "source_uri": "sources/a",
+            }
+        ],
+        "training": {"launcher": "local"},
+    }
     (tmp_path / "pipe.yaml").write_text(yaml.safe_dump(pipe))
-    res = CliRunner().invoke(app, ["encoder", "--snapshot", "0.1.0", "--config", str(tmp_path / "job.yaml"),
-                                   "--pipeline-config", str(tmp_path / "pipe.yaml")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "encoder",
+            "--snapshot",
+            "0.1.0",
+            "--config",
+            str(tmp_path / "job.yaml"),
+            "--pipeline-config",
+            str(tmp_path / "pipe.yaml"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output.strip().splitlines()[-1])
     assert out["status"] == "succeeded" and out["snapshot_version"] == "0.1.0"
@@ -155,6 +219,16 @@ def test_ddp_under_torchrun_with_gloo_and_the_cli(tmp_path):
     card = root / "snapshots/0.1.0/DATASET_CARD.md"
     card.chmod(0o644)
     card.write_text("edited\n")
-    bad = CliRunner().invoke(app, ["encoder", "--snapshot", "0.1.0", "--config", str(tmp_path / "job.yaml"),
-                                   "--pipeline-config", str(tmp_path / "pipe.yaml")])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "encoder",
+            "--snapshot",
+            "0.1.0",
+            "--config",
+            str(tmp_path / "job.yaml"),
+            "--pipeline-config",
+            str(tmp_path / "pipe.yaml"),
+        ],
+    )
     assert bad.exit_code == 1 and "failed verification" in bad.output

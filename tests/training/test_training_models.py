@@ -37,8 +37,15 @@ def test_encoder_trains_evaluates_and_resumes(snap, tmp_path):
     from training.jobs import run_job
 
     out = str(tmp_path / "models")
-    rec = run_job("encoder", None, job_file(tmp_path, "encoder", max_steps=24, checkpoint_every=8, eval_every=12,
-                                            best_metric="val.cells_mean.NDCG@10"), root=snap.root, output=out)
+    rec = run_job(
+        "encoder",
+        None,
+        job_file(
+            tmp_path, "encoder", max_steps=24, checkpoint_every=8, eval_every=12, best_metric="val.cells_mean.NDCG@10"
+        ),
+        root=snap.root,
+        output=out,
+    )
     m = rec["metrics"]
     assert (m["start_step"], m["step"], len(m["losses"])) == (0, 24, 24)
     assert _mean(m["losses"][-6:]) < 0.8 * _mean(m["losses"][:6])
@@ -74,8 +81,9 @@ def test_encoder_trains_evaluates_and_resumes(snap, tmp_path):
     assert lin["checkpoint"] == str(run_dir / "checkpoints" / "last.pt") and lin["code_version"]
     assert lin["config"]["model"]["backbone"]["kind"] == "vit" and lin["metrics"]["step"] == 24
     # resume: the step count continues
-    again = run_job("encoder", "0.1.0", job_file(tmp_path, "encoder", max_steps=30, checkpoint_every=8),
-                    root=snap.root, output=out)["metrics"]
+    again = run_job(
+        "encoder", "0.1.0", job_file(tmp_path, "encoder", max_steps=30, checkpoint_every=8), root=snap.root, output=out
+    )["metrics"]
     assert (again["start_step"], again["step"], len(again["losses"])) == (24, 30, 6)
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)["step"] == 30
 
@@ -86,8 +94,7 @@ def test_vlm_trains_evaluates_and_resumes(snap, tmp_path):
     from training.vlm import load_tokenizer
 
     out = str(tmp_path / "models")
-    rec = run_job("vlm", None, job_file(tmp_path, "vlm", max_steps=24, checkpoint_every=12), root=snap.root,
-                  output=out)
+    rec = run_job("vlm", None, job_file(tmp_path, "vlm", max_steps=24, checkpoint_every=12), root=snap.root, output=out)
     m = rec["metrics"]
     assert (m["start_step"], m["step"], len(m["losses"])) == (0, 24, 24)
     assert _mean(m["losses"][-6:]) < 0.7 * _mean(m["losses"][:6])
@@ -103,8 +110,9 @@ def test_vlm_trains_evaluates_and_resumes(snap, tmp_path):
         for k in ("mc_accuracy", "open_exact_match", "bleu1"):
             assert 0.0 <= ev[k] <= 1.0
     assert "train" not in m["eval"]
-    again = run_job("vlm", "0.1.0", job_file(tmp_path, "vlm", max_steps=28, checkpoint_every=12), root=snap.root,
-                    output=out)["metrics"]
+    again = run_job(
+        "vlm", "0.1.0", job_file(tmp_path, "vlm", max_steps=28, checkpoint_every=12), root=snap.root, output=out
+    )["metrics"]
     assert (again["start_step"], again["step"], len(again["losses"])) == (24, 28, 4)
 
 
@@ -120,8 +128,13 @@ def test_run_refuses_a_tampered_snapshot(tmp_path):
     with open(card, "a") as f:
         f.write("edited\n")
     with pytest.raises(SnapshotRefusedError, match="failed verification"):
-        run_job("encoder", "0.1.0", PROJECT_ROOT / "config/training/encoder-tiny-cpu.yaml", root=st.root,
-                output=str(tmp_path / "m"))
+        run_job(
+            "encoder",
+            "0.1.0",
+            PROJECT_ROOT / "config/training/encoder-tiny-cpu.yaml",
+            root=st.root,
+            output=str(tmp_path / "m"),
+        )
     assert not (tmp_path / "m").exists()
 
 
@@ -167,16 +180,19 @@ def test_bleu_matches_nltk_and_hand_values():
     assert corpus_bleu(refs, hyps, 2) == pytest.approx(bp * math.sqrt(7 / 8 * 5 / 5))
     long_refs, long_hyps = [r + ["x", "y"] for r in refs], [h + ["x", "y"] for h in hyps]  # every hypothesis >= 3 words
     assert corpus_bleu(long_refs, long_hyps, 2) == pytest.approx(
-        nltk_bleu([[r] for r in long_refs], long_hyps, weights=(0.5, 0.5)), abs=1e-12)
+        nltk_bleu([[r] for r in long_refs], long_hyps, weights=(0.5, 0.5)), abs=1e-12
+    )
     assert corpus_bleu([["a"]], [["b"]], 1) == 0.0
 
 
 def test_answer_metrics_leave_open_ended_items_out_of_mc_accuracy():
     from training.vlm import answer_metrics
 
-    rows = [{"question_type": "presence", "mc_correct": True, "ref_words": ["yes"], "hyp_words": ["yes"]},
-            {"question_type": "presence", "mc_correct": False, "ref_words": ["no"], "hyp_words": ["yes"]},
-            {"question_type": "open_location", "mc_correct": None, "ref_words": ["left"], "hyp_words": ["left"]}]
+    rows = [
+        {"question_type": "presence", "mc_correct": True, "ref_words": ["yes"], "hyp_words": ["yes"]},
+        {"question_type": "presence", "mc_correct": False, "ref_words": ["no"], "hyp_words": ["yes"]},
+        {"question_type": "open_location", "mc_correct": None, "ref_words": ["left"], "hyp_words": ["left"]},
+    ]
     m = answer_metrics(rows)
     assert (m["n_items"], m["n_mc"], m["mc_accuracy"]) == (3, 2, 0.5)
     assert m["open_exact_match"] == 2 / 3

@@ -23,8 +23,9 @@ def test_graded_loss_equals_infonce_with_one_positive_and_weights_two_positives_
     a, p = _unit([[1.0, 0.0], [0.6, 0.8]]), _unit([[0.8, 0.6], [0.0, 1.0]])
     tau = torch.tensor([0.5, 0.5])
     eye = torch.eye(2)
-    assert float(graded_contrastive(a, p, a, p, tau, tau, eye, eye)) == pytest.approx(float(info_nce(a, p, tau, tau)),
-                                                                                      rel=1e-6)
+    assert float(graded_contrastive(a, p, a, p, tau, tau, eye, eye)) == pytest.approx(
+        float(info_nce(a, p, tau, tau)), rel=1e-6
+    )
     # row 0 of a->p: positives 0 (relevance 1.0) and 1 (relevance 0.5): q = (2/3, 1/3)
     rel = torch.tensor([[1.0, 0.5], [0.0, 1.0]])
     s = (a @ p.T) / 0.5
@@ -65,26 +66,37 @@ def test_retrieval_cells_split_by_family_and_category_and_exclude_the_patient():
     # one entity, 1-D embeddings: a1 is closest to a2 (same patient: never ranked), then b1, then c1
     emb = torch.tensor([[[1.0, 0.0]], [[1.0, 0.0]], [[0.8, 0.6]], [[0.0, 1.0]], [[1.0, 0.0]], [[0.0, 1.0]]])
     rel = {("a1", "F001"): {"c1": 1.0, "a2": 1.0}, ("ct1", "F001"): {"ct2": 0.5}}
-    out = retrieval_cells(emb, gallery, ["F001"], family, patient, [("a1", "F001"), ("ct1", "F001")],
-                          lambda s, e: rel.get((s, e), {}), [1, 5], 10, {"F001": "finding"})
+    out = retrieval_cells(
+        emb,
+        gallery,
+        ["F001"],
+        family,
+        patient,
+        [("a1", "F001"), ("ct1", "F001")],
+        lambda s, e: rel.get((s, e), {}),
+        [1, 5],
+        10,
+        {"F001": "finding"},
+    )
     cxr = out["cells"]["2D-CXR|finding"]
     assert (cxr["n_queries"], cxr["gallery"], cxr["R@1"], cxr["R@5"]) == (1, 4, 0.0, 1.0)  # c1 at rank 2 (a2 skipped)
     assert cxr["NDCG@10"] == pytest.approx(1 / math.log2(3))
     ct = out["cells"]["3D-CT|finding"]
     assert (ct["n_queries"], ct["R@1"], ct["NDCG@10"]) == (1, 1.0, 1.0)
     assert len(out["cells"]) == 12 and out["cells"]["3D-Brain-MRI|condition"]["gallery"] == 0  # the paper's 12
-    assert out["cells"]["2D-CXR|anatomy"] == {"n_queries": 0, "gallery": 4, "R@1": None, "R@5": None,
-                                              "NDCG@10": None}
+    assert out["cells"]["2D-CXR|anatomy"] == {"n_queries": 0, "gallery": 4, "R@1": None, "R@5": None, "NDCG@10": None}
     assert out["cells_mean"]["R@1"] == 0.5 and out["n_queries"] == 2
 
 
 def test_vqa_cells_per_family_type_and_longitudinal_change():
     from training.evaluation import metric_at, vqa_cells
 
-    rows = [{"question_type": "change", "family": "2D-CXR", "mc_correct": True},
-            {"question_type": "change", "family": "2D-CXR", "mc_correct": False},
-            {"question_type": "presence", "family": "3D-CT", "mc_correct": True},
-            {"question_type": "open_location", "family": "3D-CT", "mc_correct": None}]
+    rows = [
+        {"question_type": "change", "family": "2D-CXR", "mc_correct": True},
+        {"question_type": "change", "family": "2D-CXR", "mc_correct": False},
+        {"question_type": "presence", "family": "3D-CT", "mc_correct": True},
+        {"question_type": "open_location", "family": "3D-CT", "mc_correct": None},
+    ]
     c = vqa_cells(rows)
     assert c["by_family"] == {"2D-CXR": {"n_mc": 2, "mc_accuracy": 0.5}, "3D-CT": {"n_mc": 1, "mc_accuracy": 1.0}}
     assert c["longitudinal_change"]["2D-CXR"]["mc_accuracy"] == 0.5
@@ -128,18 +140,46 @@ def test_vlm_vision_tower_starts_from_an_encoder_checkpoint(tmp_path):
 def test_training_page_shows_the_cells_escaped():
     from training.report import render_training_page
 
-    cells = {"2D-CXR|finding": {"n_queries": 3, "gallery": 8, "R@1": 0.5, "NDCG@10": 0.75},
-             "2D-CXR|anatomy": {"n_queries": 0, "gallery": 8, "R@1": None, "NDCG@10": None}}
-    enc = {"status": "succeeded", "launcher": "local", "lineage_record": {"metrics": {
-        "step": 10, "images_per_s": 12.5, "best": {"metric": "val.cells_mean.NDCG@10", "value": 0.75, "step": 10},
-        "eval": {"val": {"n_queries": 3, "gallery": 8, "cells": cells, "cells_mean": {"R@1": 0.5, "NDCG@10": 0.75}}}}}}
-    vqa = {"n_mc": 2, "mc_accuracy": 0.5, "by_question_type": {"change": {"n_mc": 2, "mc_accuracy": 0.5}},
-           "by_family": {"2D-CXR": {"n_mc": 2, "mc_accuracy": 0.5}},
-           "by_family_and_type": {"2D-CXR|change": {"n_mc": 2, "mc_accuracy": 0.5}},
-           "longitudinal_change": {"2D-CXR": {"n_mc": 2, "mc_accuracy": 0.5}}}
-    page = render_training_page({"snapshot_version": "1.0.0<x>", "content_hash": "abc", "jobs": {
-        "encoder": enc, "vlm": {"status": "succeeded", "launcher": "local",
-                                "lineage_record": {"metrics": {"step": 4, "eval": {"test": vqa}}}}}})
+    cells = {
+        "2D-CXR|finding": {"n_queries": 3, "gallery": 8, "R@1": 0.5, "NDCG@10": 0.75},
+        "2D-CXR|anatomy": {"n_queries": 0, "gallery": 8, "R@1": None, "NDCG@10": None},
+    }
+    enc = {
+        "status": "succeeded",
+        "launcher": "local",
+        "lineage_record": {
+            "metrics": {
+                "step": 10,
+                "images_per_s": 12.5,
+                "best": {"metric": "val.cells_mean.NDCG@10", "value": 0.75, "step": 10},
+                "eval": {
+                    "val": {"n_queries": 3, "gallery": 8, "cells": cells, "cells_mean": {"R@1": 0.5, "NDCG@10": 0.75}}
+                },
+            }
+        },
+    }
+    vqa = {
+        "n_mc": 2,
+        "mc_accuracy": 0.5,
+        "by_question_type": {"change": {"n_mc": 2, "mc_accuracy": 0.5}},
+        "by_family": {"2D-CXR": {"n_mc": 2, "mc_accuracy": 0.5}},
+        "by_family_and_type": {"2D-CXR|change": {"n_mc": 2, "mc_accuracy": 0.5}},
+        "longitudinal_change": {"2D-CXR": {"n_mc": 2, "mc_accuracy": 0.5}},
+    }
+    page = render_training_page(
+        {
+            "snapshot_version": "1.0.0<x>",
+            "content_hash": "abc",
+            "jobs": {
+                "encoder": enc,
+                "vlm": {
+                    "status": "succeeded",
+                    "launcher": "local",
+                    "lineage_record": {"metrics": {"step": 4, "eval": {"test": vqa}}},
+                },
+            },
+        }
+    )
     assert "1.0.0&lt;x&gt;" in page and "<x>" not in page
     assert "<td>2D-CXR|finding</td>" in page and "val.cells_mean.NDCG@10 = 0.7500 at step 10" in page
     assert "<td>longitudinal change</td>" in page and "<h3>test</h3>" in page
@@ -147,8 +187,13 @@ def test_training_page_shows_the_cells_escaped():
 
 @pytest.mark.slow
 def test_gpu_check_runs_green_on_cpu_with_tiny_sizes(tmp_path):
-    out = subprocess.run([sys.executable, "training/gpu_check.py", "--size", "tiny", "--device", "cpu", "--out",
-                          str(tmp_path)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "training/gpu_check.py", "--size", "tiny", "--device", "cpu", "--out", str(tmp_path)],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     lines = [x for x in out.stdout.splitlines() if x.startswith("GPUCHECK")]
     assert [x.split()[1] for x in lines] == ["job=encoder", "job=vlm"]

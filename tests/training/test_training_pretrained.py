@@ -60,8 +60,9 @@ def test_encoder_backbone_from_a_vision_checkpoint(folders, kind):
     assert z.shape == (2, cfg.embed_dim) and torch.allclose(z.norm(dim=1), torch.ones(2), atol=1e-5)
     # grey input is repeated to the model's three channels and normalised with the processor's mean/std
     x = torch.full((1, 1, 32, 32), 0.5)
-    expect = enc.tokens.backbone.model(pixel_values=(x.expand(-1, 3, -1, -1) - enc.tokens.backbone.mean)
-                                       / enc.tokens.backbone.std).last_hidden_state
+    expect = enc.tokens.backbone.model(
+        pixel_values=(x.expand(-1, 3, -1, -1) - enc.tokens.backbone.mean) / enc.tokens.backbone.std
+    ).last_hidden_state
     assert torch.allclose(enc.tokens.backbone(x), expect, atol=1e-6)
 
 
@@ -72,8 +73,12 @@ def test_padded_slices_never_reach_the_backbone():
     enc = EntityAwareEncoder(EncoderModelConfig(), 3, 2)
     seen = []
     enc.tokens.backbone.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
-    enc(torch.rand(2, 3, 1, 32, 32), torch.tensor([[True, True, True], [True, False, False]]), torch.tensor([0, 1]),
-        torch.tensor([0, 0]))
+    enc(
+        torch.rand(2, 3, 1, 32, 32),
+        torch.tensor([[True, True, True], [True, False, False]]),
+        torch.tensor([0, 1]),
+        torch.tensor([0, 0]),
+    )
     assert seen == [4]  # 3 + 1 real slices, not 6
 
 
@@ -83,21 +88,28 @@ def test_encoder_job_from_dinov2_with_lora_and_text_initialised_entities(snap, f
     from training.jobs import run_job
 
     folder = vision_folder(folders, "dinov2")
-    cfg = job_file(tmp_path, "encoder", model={
-        "backbone": {"path": str(folder)}, "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
-        "entity_text_encoder": str(get_model_path())}, max_steps=3)
+    cfg = job_file(
+        tmp_path,
+        "encoder",
+        model={
+            "backbone": {"path": str(folder)},
+            "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+            "entity_text_encoder": str(get_model_path()),
+        },
+        max_steps=3,
+    )
     m = run_job("encoder", None, cfg, root=snap.root, output=str(tmp_path / "m"))["metrics"]
     assert m["step"] == 3 and all(math.isfinite(x) for x in m["losses"])
     ckpt = torch.load(tmp_path / "m/encoder/0.1.0/encoder-tiny-cpu/checkpoints/last.pt", weights_only=False)
     lora = sum(v.numel() for k, v in ckpt["model"].items() if "lora_" in k)
-    backbone = sum(v.numel() for k, v in ckpt["model"].items()
-                   if k.startswith("tokens.backbone.") and "lora_" not in k)
+    backbone = sum(v.numel() for k, v in ckpt["model"].items() if k.startswith("tokens.backbone.") and "lora_" not in k)
     # 1 layer x (q_proj + v_proj) x (A: 32x4 + B: 4x32) adapters train; the DINOv2 weights do not
     assert lora == 1 * 2 * (32 * 4 + 4 * 32)
     assert m["parameters"]["trainable"] == m["parameters"]["total"] - backbone
     # entity queries start from the MiniLM embeddings of the entity names (projected, std 0.02)
     from training.config import EncoderModelConfig
     from training.pretrained import entity_text_embeddings
+
     emb = entity_text_embeddings(get_model_path(), ["Pleural Effusion", "pleural effusion", "Fracture of femur"])
     assert emb.shape == (3, 384)
     assert float(emb[0] @ emb[1]) > float(emb[0] @ emb[2])  # a real sentence encoder: names close in meaning agree
@@ -113,8 +125,13 @@ def test_vlm_with_a_pretrained_language_model_and_its_own_tokenizer(snap, folder
     from training.tasks import VLMTask
 
     folder = causal_lm_folder(folders, kind)
-    cfg = job_file(tmp_path, "vlm", model={"lm": {"path": str(folder)}, "max_text_tokens": 160},
-                   data={"max_eval_items": 4}, max_steps=3)
+    cfg = job_file(
+        tmp_path,
+        "vlm",
+        model={"lm": {"path": str(folder)}, "max_text_tokens": 160},
+        data={"max_eval_items": 4},
+        max_steps=3,
+    )
     from training.config import load_job_config
 
     job = load_job_config(cfg)
@@ -144,9 +161,16 @@ def test_vlm_lora_on_the_language_model_trains_only_adapters_there(snap, folders
     from training.tasks import VLMTask
 
     folder = causal_lm_folder(folders, "qwen2")
-    cfg = job_file(tmp_path, "vlm", model={"lm": {"path": str(folder)}, "gradient_checkpointing": True,
-                                           "lora": {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
-                                           "freeze_vision": True})
+    cfg = job_file(
+        tmp_path,
+        "vlm",
+        model={
+            "lm": {"path": str(folder)},
+            "gradient_checkpointing": True,
+            "lora": {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]},
+            "freeze_vision": True,
+        },
+    )
     model = VLMTask(load_job_config(cfg), open_snapshot(snap), tmp_path / "run").build_model()
     trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
     lm_trainable = {n: v for n, v in trainable.items() if n.startswith("lm.")}
@@ -164,10 +188,22 @@ def test_vlm_from_a_released_qwen2_5_vl_folder(snap, folders, tmp_path):
     from training.qwen_vl import QwenVLTask
 
     folder = qwen2_5_vl_folder(folders)
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "preprocessor_config.json", "chat_template.json"} <= {p.name for p in folder.iterdir()}
-    cfg = job_file(tmp_path, "vlm", model={"path": str(folder), "max_new_tokens": 4}, data={"max_eval_items": 3},
-                   max_steps=3, batch_size=4)
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "preprocessor_config.json",
+        "chat_template.json",
+    } <= {p.name for p in folder.iterdir()}
+    cfg = job_file(
+        tmp_path,
+        "vlm",
+        model={"path": str(folder), "max_new_tokens": 4},
+        data={"max_eval_items": 3},
+        max_steps=3,
+        batch_size=4,
+    )
     from training.config import load_job_config
 
     task = QwenVLTask(load_job_config(cfg), open_snapshot(snap), tmp_path / "run")

@@ -12,17 +12,31 @@ image of a study), :mod:`~medreco_reader.payloads` (PNG / NIfTI / ``.npy`` decod
 """
 
 from medreco_reader.images import (
-           load_image,
-           pair_images,
-           payload_bytes,
-           png_spacing_mm,
-           representative,
-           vqa_images,
+    load_image,
+    pair_images,
+    payload_bytes,
+    png_spacing_mm,
+    representative,
+    vqa_images,
 )
 from medreco_reader.payloads import VOLUME_FORMATS, decode_nifti, decode_payload
 from medreco_reader.root import Root
 from medreco_reader.snapshot import Snapshot, SnapshotError, list_versions, load_snapshot, read_manifest
 
-__all__ = ["VOLUME_FORMATS", "Root", "Snapshot", "SnapshotError", "decode_nifti", "decode_payload", "list_versions",
-           "load_image", "load_snapshot", "pair_images", "payload_bytes", "png_spacing_mm", "read_manifest", "representative",
-           "vqa_images"]
+__all__ = [
+    "VOLUME_FORMATS",
+    "Root",
+    "Snapshot",
+    "SnapshotError",
+    "decode_nifti",
+    "decode_payload",
+    "list_versions",
+    "load_image",
+    "load_snapshot",
+    "pair_images",
+    "payload_bytes",
+    "png_spacing_mm",
+    "read_manifest",
+    "representative",
+    "vqa_images",
+]

@@ -130,8 +130,9 @@ def study_order(row: Mapping[str, Any]) -> tuple[bool, str]:
     return (row["kind"] != "2d", row["image_key"])
 
 
-def representative(rows: Iterable[Mapping[str, Any]], modality: str | None = None,
-                   view: str | None = None) -> Mapping[str, Any] | None:
+def representative(
+    rows: Iterable[Mapping[str, Any]], modality: str | None = None, view: str | None = None
+) -> Mapping[str, Any] | None:
     """The image that represents a study: of ``modality`` and ``view`` when the study has one (each filter is
     dropped when nothing matches it), 2D before 3D, then the smallest ``image_key``; None for no image.
 
@@ -175,17 +176,28 @@ def pair_images(by_study: Mapping[str, list[Mapping[str, Any]]], pairs: Iterable
     """
     out = []
     for p in pairs:
-        picks = [representative(by_study.get(p[k], []), p["modality"], p["view"])
-                 for k in ("prior_study_key", "current_study_key")]
-        out.append({**{k: p.get(k) for k in ("pair_id", "patient_key", "modality", "view", "prior_study_key",
-                                             "current_study_key")},
-                    "prior_image_key": picks[0]["image_key"] if picks[0] else None,
-                    "current_image_key": picks[1]["image_key"] if picks[1] else None})
+        picks = [
+            representative(by_study.get(p[k], []), p["modality"], p["view"])
+            for k in ("prior_study_key", "current_study_key")
+        ]
+        out.append(
+            {
+                **{
+                    k: p.get(k)
+                    for k in ("pair_id", "patient_key", "modality", "view", "prior_study_key", "current_study_key")
+                },
+                "prior_image_key": picks[0]["image_key"] if picks[0] else None,
+                "current_image_key": picks[1]["image_key"] if picks[1] else None,
+            }
+        )
     return out
 
 
-def vqa_images(by_study: Mapping[str, list[Mapping[str, Any]]], pairs_by_id: Mapping[str, Mapping[str, Any]],
-               items: Iterable[Mapping[str, Any]]) -> list[dict]:
+def vqa_images(
+    by_study: Mapping[str, list[Mapping[str, Any]]],
+    pairs_by_id: Mapping[str, Mapping[str, Any]],
+    items: Iterable[Mapping[str, Any]],
+) -> list[dict]:
     """Each VQA item resolved to its images: the studies of ``study_keys`` (``[study]`` or ``[prior, current]``),
     else of its pair (prior, current) or of ``study_key``; with the pair's modality and view when it has a pair.
 
@@ -198,10 +210,18 @@ def vqa_images(by_study: Mapping[str, list[Mapping[str, Any]]], pairs_by_id: Map
     out = []
     for q in items:
         p = pairs_by_id.get(q["pair_id"]) if q.get("pair_id") else None
-        studies = list(q.get("study_keys") or (
-            [p["prior_study_key"], p["current_study_key"]] if p else [q["study_key"]] if q.get("study_key") else []))
+        studies = list(
+            q.get("study_keys")
+            or ([p["prior_study_key"], p["current_study_key"]] if p else [q["study_key"]] if q.get("study_key") else [])
+        )
         modality, view = (p["modality"], p["view"]) if p else (None, None)
         picks = [representative(by_study.get(s, []), modality, view) for s in studies]
-        out.append({"item_id": q["item_id"], "pair_id": q.get("pair_id"), "study_keys": studies,
-                    "image_keys": [r["image_key"] if r else None for r in picks]})
+        out.append(
+            {
+                "item_id": q["item_id"],
+                "pair_id": q.get("pair_id"),
+                "study_keys": studies,
+                "image_keys": [r["image_key"] if r else None for r in picks],
+            }
+        )
     return out

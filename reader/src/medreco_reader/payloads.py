@@ -69,9 +69,11 @@ def decode_nifti(data: bytes) -> tuple[np.ndarray, dict[str, Any]]:
     affine = np.diag([-1.0, -1.0, 1.0, 1.0]) @ img.affine  # RAS -> LPS
     zooms = np.linalg.norm(affine[:3, :3], axis=0)
     direction = affine[:3, :3] / zooms
-    meta = {"spacing_mm": [float(zooms[1]), float(zooms[0]), float(zooms[2])],
-            "origin_mm": [float(v) for v in affine[:3, 3]],
-            "direction": [float(v) for v in direction.reshape(-1)]}
+    meta = {
+        "spacing_mm": [float(zooms[1]), float(zooms[0]), float(zooms[2])],
+        "origin_mm": [float(v) for v in affine[:3, 3]],
+        "direction": [float(v) for v in direction.reshape(-1)],
+    }
     return np.ascontiguousarray(array.transpose(2, 1, 0)), meta
 
 

@@ -31,8 +31,9 @@ def s3_filesystem(endpoint_url: str | None = None, region: str = "us-east-1") ->
     return pafs.S3FileSystem(**kwargs)
 
 
-def open_filesystem(uri: str, *, endpoint_url: str | None = None, region: str = "us-east-1",
-                    base_dir: str | Path = ".") -> tuple[pafs.FileSystem, str]:
+def open_filesystem(
+    uri: str, *, endpoint_url: str | None = None, region: str = "us-east-1", base_dir: str | Path = "."
+) -> tuple[pafs.FileSystem, str]:
     """``(filesystem, base_path)`` for a local path, ``file://`` or ``s3://`` URI (relative paths from ``base_dir``).
 
     Raises
@@ -63,17 +64,23 @@ def storage_options(fs: pafs.FileSystem) -> dict[str, str] | None:
     if isinstance(fs, pafs.LocalFileSystem):
         return None
     reduced = fs.__reduce__()
-    kwargs: dict[str, Any] = reduced[1][0] if len(reduced) > 1 and reduced[1] and isinstance(reduced[1][0], dict) else {}
+    kwargs: dict[str, Any] = (
+        reduced[1][0] if len(reduced) > 1 and reduced[1] and isinstance(reduced[1][0], dict) else {}
+    )
     opts = {"aws_region": kwargs.get("region") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"}
-    endpoint = kwargs.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get(
-        "AWS_ENDPOINT_URL_S3")
+    endpoint = (
+        kwargs.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
+    )
     if endpoint:
         url = endpoint if "://" in endpoint else f"{kwargs.get('scheme') or 'https'}://{endpoint}"
         opts["aws_endpoint_url"] = url
         if url.startswith("http://"):
             opts["aws_allow_http"] = "true"
-    for src, dst in (("access_key", "aws_access_key_id"), ("secret_key", "aws_secret_access_key"),
-                     ("session_token", "aws_session_token")):
+    for src, dst in (
+        ("access_key", "aws_access_key_id"),
+        ("secret_key", "aws_secret_access_key"),
+        ("session_token", "aws_session_token"),
+    ):
         if kwargs.get(src):
             opts[dst] = kwargs[src]
     return opts

@@ -81,8 +81,10 @@ def resolve_version(storage: Any, version: str = "latest") -> str:
             raise SnapshotError(f"no published snapshot under {storage.full_uri('snapshots')}")
         return versions[-1]
     if version not in versions:
-        raise SnapshotError(f"no snapshot {version} under {storage.full_uri('snapshots')}"
-                            + (f" (published: {', '.join(versions)})" if versions else ""))
+        raise SnapshotError(
+            f"no snapshot {version} under {storage.full_uri('snapshots')}"
+            + (f" (published: {', '.join(versions)})" if versions else "")
+        )
     return version
 
 
@@ -111,8 +113,9 @@ def manifest_files(manifest: dict, table: str) -> list[str]:
         for a table the release does not have.
     """
     if table not in manifest["tables"]:
-        raise SnapshotError(f"snapshot {manifest['version']} has no table {table!r}; "
-                            f"tables: {', '.join(manifest['tables'])}")
+        raise SnapshotError(
+            f"snapshot {manifest['version']} has no table {table!r}; tables: {', '.join(manifest['tables'])}"
+        )
     v = manifest["tables"][table]
     return [f"{v['uri']}/{f['path']}" for f in v["files"]]
 
@@ -160,8 +163,9 @@ class Snapshot:
         try:
             return self.manifest["tables"][name]
         except KeyError:
-            raise SnapshotError(f"snapshot {self.version} has no table {name!r}; tables: "
-                                f"{', '.join(self.tables)}") from None
+            raise SnapshotError(
+                f"snapshot {self.version} has no table {name!r}; tables: {', '.join(self.tables)}"
+            ) from None
 
     def key_columns(self, name: str) -> list[str]:
         """The key columns of a table (unique per row)."""
@@ -196,8 +200,9 @@ class Snapshot:
         SnapshotError
             for an unknown table.
         """
-        return pl.scan_delta(self.table_uri(name), version=self.delta_version(name),
-                             storage_options=self.storage_options())
+        return pl.scan_delta(
+            self.table_uri(name), version=self.delta_version(name), storage_options=self.storage_options()
+        )
 
     def dataset(self, name: str) -> pads.Dataset:
         """The table as a pyarrow dataset over the pinned data files (schema and ``medreco.*`` metadata as
@@ -231,7 +236,9 @@ class Snapshot:
             for a view the release does not have.
         """
         if name not in self.manifest.get("views", {}):
-            raise SnapshotError(f"snapshot {self.version} has no view {name!r}; views: {', '.join(self.views) or 'none'}")
+            raise SnapshotError(
+                f"snapshot {self.version} has no view {name!r}; views: {', '.join(self.views) or 'none'}"
+            )
         rel = f"{release_dir(self.version)}/{self.manifest['views'][name]['path']}"
         with self.storage.fs.open_input_file(self.storage.path(rel)) as f:
             return pq.read_table(f)
@@ -270,8 +277,9 @@ class Snapshot:
         return f"Snapshot({self.version}, {self.storage.full_uri('snapshots')}, {rows})"
 
 
-def open_release(root: str | Any, version: str = "latest", *, endpoint_url: str | None = None,
-                 region: str = "us-east-1") -> tuple[Any, str, dict]:
+def open_release(
+    root: str | Any, version: str = "latest", *, endpoint_url: str | None = None, region: str = "us-east-1"
+) -> tuple[Any, str, dict]:
     """``(storage, version, manifest)`` of a release; ``root`` a path, ``file://`` / ``s3://`` URI or an opened
     root (anything with the :class:`~medreco_reader.root.Root` methods).
 
@@ -290,8 +298,9 @@ def open_release(root: str | Any, version: str = "latest", *, endpoint_url: str 
     return storage, resolved, read_manifest(storage, resolved)
 
 
-def load_snapshot(root: str | Any, version: str = "latest", *, endpoint_url: str | None = None,
-                  region: str = "us-east-1") -> Snapshot:
+def load_snapshot(
+    root: str | Any, version: str = "latest", *, endpoint_url: str | None = None, region: str = "us-east-1"
+) -> Snapshot:
     """Open a published release.
 
     Parameters

@@ -50,9 +50,26 @@ from medreco_reader.snapshot import Snapshot, release_files
 from medreco_reader.tensors import to_tensor
 
 #: metadata columns of ``images`` kept in memory (everything but the payload)
-IMAGE_COLUMNS = ("image_key", "series_key", "study_key", "patient_key", "institution", "modality", "view", "kind",
-                 "rows", "cols", "n_slices", "spacing_mm", "payload_format", "shape", "dtype", "origin_mm",
-                 "direction", "recipe")
+IMAGE_COLUMNS = (
+    "image_key",
+    "series_key",
+    "study_key",
+    "patient_key",
+    "institution",
+    "modality",
+    "view",
+    "kind",
+    "rows",
+    "cols",
+    "n_slices",
+    "spacing_mm",
+    "payload_format",
+    "shape",
+    "dtype",
+    "origin_mm",
+    "direction",
+    "recipe",
+)
 #: read as well where the release has them (images schema 2.0: volumes as objects under the storage root)
 OBJECT_COLUMNS = ("payload_uri", "payload_sha256")
 _PAYLOAD_COLUMNS = ["payload", "payload_format"]
@@ -96,8 +113,15 @@ class TensorShape:
         flat = [r for r in rows if r.get("kind") != "3d" and r.get("rows") and r.get("cols")]
         vols = [r for r in rows if r.get("kind") == "3d" and r.get("rows") and r.get("cols") and r.get("n_slices")]
         size = (max(int(r["rows"]) for r in flat), max(int(r["cols"]) for r in flat)) if flat else cls.image_size
-        volume = ((max(int(r["n_slices"]) for r in vols), max(int(r["rows"]) for r in vols),
-                   max(int(r["cols"]) for r in vols)) if vols else cls.volume_shape)
+        volume = (
+            (
+                max(int(r["n_slices"]) for r in vols),
+                max(int(r["rows"]) for r in vols),
+                max(int(r["cols"]) for r in vols),
+            )
+            if vols
+            else cls.volume_shape
+        )
         return cls(channels, size, volume)
 
     @classmethod
@@ -110,8 +134,11 @@ class TensorShape:
         batches = getattr(config, "batches", config)
         normalisation = getattr(config, "normalisation", None)
         size = batches.image_size or (normalisation.image_size if normalisation is not None else cls.image_size)
-        return cls(int(batches.channels), (int(size[0]), int(size[1])),
-                   (int(batches.volume_shape[0]), int(batches.volume_shape[1]), int(batches.volume_shape[2])))
+        return cls(
+            int(batches.channels),
+            (int(size[0]), int(size[1])),
+            (int(batches.volume_shape[0]), int(batches.volume_shape[1]), int(batches.volume_shape[2])),
+        )
 
 
 def fit_image(t: torch.Tensor, size: tuple[int, int], channels: int) -> torch.Tensor:
@@ -128,7 +155,7 @@ def fit_image(t: torch.Tensor, size: tuple[int, int], channels: int) -> torch.Te
         t = F.interpolate(t[None], size=new, mode="bilinear", antialias=True, align_corners=False)[0].clamp(0, 1)
     out = t.new_zeros((t.shape[0], *size))
     r0, c0 = (size[0] - new[0]) // 2, (size[1] - new[1]) // 2
-    out[:, r0:r0 + new[0], c0:c0 + new[1]] = t
+    out[:, r0 : r0 + new[0], c0 : c0 + new[1]] = t
     return out
 
 
@@ -180,15 +207,15 @@ def _wanted_splits(split: str | Sequence[str] | None) -> set[str] | None:
     wanted = _wanted(split)
     unknown = sorted(wanted - set(SPLITS)) if wanted is not None else []
     if unknown:
-        raise ValueError(f"unknown split {', '.join(map(repr, unknown))}: a release's splits are "
-                         f"{', '.join(SPLITS)}")
+        raise ValueError(f"unknown split {', '.join(map(repr, unknown))}: a release's splits are {', '.join(SPLITS)}")
     return wanted
 
 
 def _vector(values: Any, n: int) -> torch.Tensor:
     vals = list(values or [])[:n]
-    return torch.tensor([float("nan") if v is None else float(v) for v in vals] + [float("nan")] * (n - len(vals)),
-                        dtype=torch.float64)
+    return torch.tensor(
+        [float("nan") if v is None else float(v) for v in vals] + [float("nan")] * (n - len(vals)), dtype=torch.float64
+    )
 
 
 class ImageStore:
@@ -270,9 +297,15 @@ class ImageStore:
 
 
 class _Base(Dataset):
-    def __init__(self, snapshot: Snapshot, transform: Callable[[torch.Tensor], torch.Tensor] | None,
-                 store: ImageStore | None, kind: str | None, fixed_shape: bool,
-                 shape: TensorShape | Any) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None,
+        store: ImageStore | None,
+        kind: str | None,
+        fixed_shape: bool,
+        shape: TensorShape | Any,
+    ) -> None:
         if kind not in ("2d", "3d", None):
             raise ValueError(f"kind must be '2d', '3d' or None, got {kind!r}")
         if fixed_shape and kind is None:
@@ -306,9 +339,12 @@ class _Base(Dataset):
         ``kind="2d"`` dataset of a release with CT pairs must say that it serves part of them."""
         if self.other_kind:
             other = "3d" if self.kind == "2d" else "2d"
-            warnings.warn(f"{self.other_kind} {what} with {other} images are left out of this kind={self.kind!r} "
-                          f"dataset (their ids are in .excluded); a dataset with kind={other!r} serves them",
-                          UserWarning, stacklevel=3)
+            warnings.warn(
+                f"{self.other_kind} {what} with {other} images are left out of this kind={self.kind!r} "
+                f"dataset (their ids are in .excluded); a dataset with kind={other!r} serves them",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def _image(self, index: int) -> dict[str, torch.Tensor]:
         """``image`` (and ``valid`` for volumes) of store row ``index``, fitted when ``fixed_shape``."""
@@ -324,7 +360,10 @@ class _Base(Dataset):
 
     def _blank(self) -> dict[str, torch.Tensor]:
         if self.kind == "3d":
-            return {"image": torch.zeros((1, *self.shape.volume_shape)), "valid": torch.zeros((3, 2), dtype=torch.int64)}
+            return {
+                "image": torch.zeros((1, *self.shape.volume_shape)),
+                "valid": torch.zeros((3, 2), dtype=torch.int64),
+            }
         return {"image": torch.zeros((self.shape.channels, *self.shape.image_size))}
 
     def _meta(self, value: Any) -> Any:
@@ -367,17 +406,27 @@ class ImageDataset(_Base):
     ``spacing_mm`` (float64 (2,) or (3,), mm, NaN unknown; stored pixels' spacing before the fit), ``split``.
     """
 
-    def __init__(self, snapshot: Snapshot, split: str | Sequence[str] | None = None,
-                 modality: str | Sequence[str] | None = None,
-                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 store: ImageStore | None = None, kind: str | None = "2d", fixed_shape: bool = True,
-                 shape: TensorShape | Any = None) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        split: str | Sequence[str] | None = None,
+        modality: str | Sequence[str] | None = None,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        store: ImageStore | None = None,
+        kind: str | None = "2d",
+        fixed_shape: bool = True,
+        shape: TensorShape | Any = None,
+    ) -> None:
         super().__init__(snapshot, transform, store, kind, fixed_shape, shape)
         self.split_of = _splits(snapshot)
         splits, modalities = _wanted_splits(split), _wanted(modality)
-        self.indices = [i for i, r in enumerate(self.store.rows)
-                        if (splits is None or self.split_of.get(r["patient_key"]) in splits)
-                        and (modalities is None or r["modality"] in modalities) and self._of_kind([i])]
+        self.indices = [
+            i
+            for i, r in enumerate(self.store.rows)
+            if (splits is None or self.split_of.get(r["patient_key"]) in splits)
+            and (modalities is None or r["modality"] in modalities)
+            and self._of_kind([i])
+        ]
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -385,11 +434,17 @@ class ImageDataset(_Base):
     def __getitem__(self, i: int) -> dict[str, Any]:
         idx = self.indices[i]
         r = self.store.rows[idx]
-        item: dict[str, Any] = {**self._image(idx), **{k: self._meta(r[k]) for k in (
-            "image_key", "study_key", "patient_key", "institution", "modality", "view", "kind")},
-            "split": self._meta(self.split_of.get(r["patient_key"]))}
-        item["spacing_mm"] = _vector(r["spacing_mm"], 3 if r["kind"] == "3d" else 2) if self.fixed_shape \
-            else r["spacing_mm"]
+        item: dict[str, Any] = {
+            **self._image(idx),
+            **{
+                k: self._meta(r[k])
+                for k in ("image_key", "study_key", "patient_key", "institution", "modality", "view", "kind")
+            },
+            "split": self._meta(self.split_of.get(r["patient_key"])),
+        }
+        item["spacing_mm"] = (
+            _vector(r["spacing_mm"], 3 if r["kind"] == "3d" else 2) if self.fixed_shape else r["spacing_mm"]
+        )
         return item
 
 
@@ -413,18 +468,28 @@ class PairDataset(_Base):
     list of {entity_id, change, source}; the list with ``fixed_shape=False``), ``split``.
     """
 
-    def __init__(self, snapshot: Snapshot, split: str | Sequence[str] | None = None,
-                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 store: ImageStore | None = None, kind: str | None = "2d", fixed_shape: bool = True,
-                 shape: TensorShape | Any = None) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        split: str | Sequence[str] | None = None,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        store: ImageStore | None = None,
+        kind: str | None = "2d",
+        fixed_shape: bool = True,
+        shape: TensorShape | Any = None,
+    ) -> None:
         super().__init__(snapshot, transform, store, kind, fixed_shape, shape)
         split_of = _splits(snapshot)
         wanted = _wanted_splits(split)
-        pairs = [p for p in snapshot.read("pairs").to_pylist() if wanted is None or split_of.get(p["patient_key"]) in wanted]
+        pairs = [
+            p for p in snapshot.read("pairs").to_pylist() if wanted is None or split_of.get(p["patient_key"]) in wanted
+        ]
         self.items: list[tuple[dict[str, Any], int, int]] = []
         for p, resolved in zip(pairs, pair_images(self.store.studies, pairs), strict=True):
-            a, b = (self.store.index.get(resolved[k]) if resolved[k] else None
-                    for k in ("prior_image_key", "current_image_key"))
+            a, b = (
+                self.store.index.get(resolved[k]) if resolved[k] else None
+                for k in ("prior_image_key", "current_image_key")
+            )
             if not self._of_kind([a, b]):
                 self.excluded.append(p["pair_id"])
                 continue
@@ -443,8 +508,22 @@ class PairDataset(_Base):
             if "valid" in got:
                 out[f"{name}_valid"] = got["valid"]
             out[f"{name}_image_key"] = self.store.rows[idx]["image_key"]
-        out.update({k: self._meta(p[k]) for k in ("pair_id", "patient_key", "prior_study_key", "current_study_key",
-                                                   "modality", "view", "gap_days", "change_labels", "split")})
+        out.update(
+            {
+                k: self._meta(p[k])
+                for k in (
+                    "pair_id",
+                    "patient_key",
+                    "prior_study_key",
+                    "current_study_key",
+                    "modality",
+                    "view",
+                    "gap_days",
+                    "change_labels",
+                    "split",
+                )
+            }
+        )
         return out
 
 
@@ -473,17 +552,30 @@ class VQADataset(_Base):
     ``split``. With ``fixed_shape=False``: ``images`` a list of 1 or 2 tensors and lists as stored.
     """
 
-    def __init__(self, snapshot: Snapshot, split: str | Sequence[str] | None = None,
-                 question_type: str | Sequence[str] | None = None,
-                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 store: ImageStore | None = None, kind: str | None = "2d", fixed_shape: bool = True,
-                 shape: TensorShape | Any = None) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        split: str | Sequence[str] | None = None,
+        question_type: str | Sequence[str] | None = None,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        store: ImageStore | None = None,
+        kind: str | None = "2d",
+        fixed_shape: bool = True,
+        shape: TensorShape | Any = None,
+    ) -> None:
         super().__init__(snapshot, transform, store, kind, fixed_shape, shape)
-        pairs = {p["pair_id"]: p for p in snapshot.read(
-            "pairs", columns=["pair_id", "prior_study_key", "current_study_key", "modality", "view"]).to_pylist()}
+        pairs = {
+            p["pair_id"]: p
+            for p in snapshot.read(
+                "pairs", columns=["pair_id", "prior_study_key", "current_study_key", "modality", "view"]
+            ).to_pylist()
+        }
         splits, types = _wanted_splits(split), _wanted(question_type)
-        items = [q for q in snapshot.read("vqa").to_pylist()
-                 if (splits is None or q["split"] in splits) and (types is None or q["question_type"] in types)]
+        items = [
+            q
+            for q in snapshot.read("vqa").to_pylist()
+            if (splits is None or q["split"] in splits) and (types is None or q["question_type"] in types)
+        ]
         self.items: list[tuple[dict[str, Any], list[int]]] = []
         for q, resolved in zip(items, vqa_images(self.store.studies, pairs, items), strict=True):
             picks = [self.store.index.get(k) if k else None for k in resolved["image_keys"]]
@@ -500,19 +592,36 @@ class VQADataset(_Base):
         q, picks = self.items[i]
         got = [self._image(j) for j in picks]
         keys = [self.store.rows[j]["image_key"] for j in picks]
-        meta = {k: q.get(k) for k in ("item_id", "pair_id", "study_key", "question_type", "question", "options",
-                                      "answer", "answer_text", "entity_ids", "split")}
+        meta = {
+            k: q.get(k)
+            for k in (
+                "item_id",
+                "pair_id",
+                "study_key",
+                "question_type",
+                "question",
+                "options",
+                "answer",
+                "answer_text",
+                "entity_ids",
+                "split",
+            )
+        }
         if not self.fixed_shape:
             return {"images": [g["image"] for g in got], "image_keys": keys, **meta}
         slots = got + [self._blank()] * (2 - len(got))
         options = list(q.get("options") or [])
         letter = str(q.get("answer") or "")
         index = ord(letter) - ord("A") if len(letter) == 1 and 0 <= ord(letter) - ord("A") < len(options) else -1
-        out: dict[str, Any] = {"images": torch.stack([s["image"] for s in slots]),
-                               "image_mask": torch.tensor([True] * len(got) + [False] * (2 - len(got))),
-                               "n_images": len(got), "image_keys": json.dumps(keys),
-                               **{k: self._meta(v) for k, v in meta.items()},
-                               "n_options": len(options), "answer_index": index}
+        out: dict[str, Any] = {
+            "images": torch.stack([s["image"] for s in slots]),
+            "image_mask": torch.tensor([True] * len(got) + [False] * (2 - len(got))),
+            "n_images": len(got),
+            "image_keys": json.dumps(keys),
+            **{k: self._meta(v) for k, v in meta.items()},
+            "n_options": len(options),
+            "answer_index": index,
+        }
         if self.kind == "3d":
             out["valid"] = torch.stack([s["valid"] for s in slots])
         return out
