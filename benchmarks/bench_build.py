@@ -15,8 +15,8 @@ DAG task calls (``etl.pipeline.stages`` / ``quality.gate`` / ``etl.pipeline.lock
 mapped tasks, as Airflow's task runner gives each task instance a process of its own. Each process reports its own
 peak resident set (``VmHWM``, the high-water mark of its address space since ``exec``; ``ru_maxrss`` would carry the
 forking parent's size over) and the parent collects its CPU time with ``os.wait4`` (``ru_utime + ru_stime``): an
-honest per-task peak, which ``dag.test()`` (every task in one process, RSS that never shrinks) cannot give. ``floor`` is a
-process that imports the stage modules and does nothing: the interpreter and library share of every figure.
+honest per-task peak, which ``dag.test()`` (every task in one process, RSS that never shrinks) cannot give. ``floor`` is
+a process that imports the stage modules and does nothing: the interpreter and library share of every figure.
 
 What is measured. Per stage (all map indices of a task together): wall seconds, CPU seconds, CPU seconds per image
 and per series (``per core``: one process uses one core), and the peak RSS of its largest task instance. Then one new
@@ -432,7 +432,8 @@ def report(sizes: list[dict], floor: TaskFigure, load: tuple, log) -> None:
         full = m["full"]
         log(
             f"\n{m['patients']} patients: {m['studies']} studies, {m['series']} series, {m['images']} images rows "
-            f"({m['dicom_files']} DICOM files, {m['source_bytes'] / 2**30:.2f} GiB delivered); ledger {m['ledger']}; curated MiB "
+            f"({m['dicom_files']} DICOM files, {m['source_bytes'] / 2**30:.2f} GiB delivered); "
+            f"ledger {m['ledger']}; curated MiB "
             + ", ".join(f"{z} {b / 2**20:.0f}" for z, b in m["curated_bytes"].items())
         )
         log(

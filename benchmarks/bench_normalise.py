@@ -8,10 +8,11 @@ per-series costs weigh heavily; resampling applies to the three series of two or
 CT series: one real 512 x 512 native CT slice of that set written 120 times at 1.25 mm steps (real
 series have hundreds of slices; per-voxel costs weigh here), at native spacing and resampled to the
 default 0.75 x 0.75 x 1.5 mm (1.4x as many voxels out as in; an axis-aligned grid, so the separable
-passes of :mod:`etl.pixels.separable` do it, written straight into the payload). Files are read into memory first; timings cover reading + decoding
-+ normalisation, on one core (SimpleITK and the BLAS of the separable column pass limited to one thread). Peak memory (tracemalloc) is measured
-on a separate pass. The resampling step alone (decoded volume in memory) is also timed against SimpleITK's linear
-``Resample`` on the same volume. Ends with one ``BENCH normalise ...`` line.
+passes of :mod:`etl.pixels.separable` do it, written straight into the payload). Files are read into memory first;
+timings cover reading + decoding + normalisation, on one core (SimpleITK and the BLAS of the separable column pass
+limited to one thread). Peak memory (tracemalloc) is measured on a separate pass. The resampling step alone (decoded
+volume in memory) is also timed against SimpleITK's linear ``Resample`` on the same volume. Ends with one
+``BENCH normalise ...`` line.
 Usage: ``python benchmarks/bench_normalise.py [repeats]``.
 """
 
@@ -146,7 +147,8 @@ def main(repeats: int = 5) -> None:
         f"BENCH normalise images_per_s={len(xr) / t_xr:.2f} ct_slices_per_s={n_ct / t_ct:.2f} "
         f"ratio_2d_vs_decode={t_xr / t_xr_dec:.2f} ratio_ct_vs_decode={t_ct / t_ct_dec:.2f} "
         f"ratio_ct_{len(long_series)}_slices_vs_decode={t_long / t_long_dec:.2f} "
-        f"ratio_ct_{len(long_series)}_slices_resampled_vs_decode={t_long_resampled / t_long_dec:.2f} peak_mb={peak:.1f} "
+        f"ratio_ct_{len(long_series)}_slices_resampled_vs_decode={t_long_resampled / t_long_dec:.2f} "
+        f"peak_mb={peak:.1f} "
         f"peak_500_slices_vs_volume={ratio_500:.2f} resample_separable_vs_sitk_speedup={t_sitk / t_sep:.2f}"
     )
 

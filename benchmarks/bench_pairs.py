@@ -1,15 +1,16 @@
 """Pairs, retrieval targets, VQA items and splits at MedReCo-DB scale (metadata only, no pixels).
 
 Generates the ``studies`` / ``images`` (view only) / ``study_labels`` / ``entity_mentions`` frames of a synthetic
-archive: 8 institutions, 4 modality families, 160,000 patients and about 690,000 images (docs/design.md scale), then runs
-the build's own functions on them, in build order: :func:`etl.assemble.splits.assign_splits`, :func:`etl.assemble.pairs.build_pairs`,
-:func:`etl.assemble.vqa.build_vqa` (with the mentions and image views, as ``assemble`` passes them),
-:func:`etl.assemble.retrieval.build_retrieval_targets`, :func:`etl.assemble.vqa.build_case_comparison_vqa` and
-:func:`etl.assemble.splits.check_split_integrity`. As in the build, the VQA items of each stage go to Parquet (a temporary
-folder, not timed) and are released, and the split check reads back only the columns it needs. Each patient count
-(40k, 80k, 160k) runs in its own process so that peak memory is per size; inside it a thread samples the process
-RSS every 20 ms (polars allocates in Rust, which tracemalloc does not see) and each step reports its wall time,
-the RSS when it starts and its peak RSS (inputs included: the peak is the process's, not the step's increment).
+archive: 8 institutions, 4 modality families, 160,000 patients and about 690,000 images (docs/design.md scale), then
+runs the build's own functions on them, in build order: :func:`etl.assemble.splits.assign_splits`,
+:func:`etl.assemble.pairs.build_pairs`, :func:`etl.assemble.vqa.build_vqa` (with the mentions and image views, as
+``assemble`` passes them), :func:`etl.assemble.retrieval.build_retrieval_targets`,
+:func:`etl.assemble.vqa.build_case_comparison_vqa` and :func:`etl.assemble.splits.check_split_integrity`. As in the
+build, the VQA items of each stage go to Parquet (a temporary folder, not timed) and are released, and the split check
+reads back only the columns it needs. Each patient count (40k, 80k, 160k) runs in its own process so that peak memory is
+per size; inside it a thread samples the process RSS every 20 ms (polars allocates in Rust, which tracemalloc does not
+see) and each step reports its wall time, the RSS when it starts and its peak RSS (inputs included: the peak is the
+process's, not the step's increment).
 
 Synthetic archive (rates chosen to resemble a hospital PACS; every draw from one seeded numpy Generator):
 

@@ -409,7 +409,8 @@ def main(argv: list[str] | None = None) -> None:
     mib = [f["peak_rss"] / 2**20 for f in figs]
     ratios = [mib[i + 1] / mib[i] for i in range(len(mib) - 1)]
     print(
-        f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; floor_rss={floor['peak_rss'] / 2**20:.0f} MiB"
+        f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+        f"floor_rss={floor['peak_rss'] / 2**20:.0f} MiB"
     )
     print(
         "BENCH quality rows="

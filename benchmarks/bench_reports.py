@@ -7,9 +7,9 @@ Texts: the 2,696 rows of ``../shared/data/openi/indiana_reports.csv`` (Demner-Fu
 Three pipelines on the same texts, in the same process, one after the other:
 
 * ours (end to end, as the build runs it per report): language identification and English text
-  de-identification (:func:`entity_extraction.languages.route.deidentify_report`: pattern rules plus a date shift), :func:`entity_extraction.sections.split_sections`, and
-  :meth:`entity_extraction.extract.EntityExtractor.extract_many` on the de-identified text, 2D-CXR family
-  (every rule of the family's ontology concepts loaded);
+  de-identification (:func:`entity_extraction.languages.route.deidentify_report`: pattern rules plus a date shift),
+  :func:`entity_extraction.sections.split_sections`, and :meth:`entity_extraction.extract.EntityExtractor.extract_many`
+  on the de-identified text, 2D-CXR family (every rule of the family's ontology concepts loaded);
 * the floor: ``spacy.blank("en")`` tokenisation alone;
 * the peer: stock ``medspacy.load()`` (PyRuSH sentences, TargetMatcher, ConText with its default rules) with
   the same target phrases as ours (ontology synonyms plus plural variants) added to its TargetMatcher.
@@ -18,8 +18,8 @@ Per core: every figure is reports per CPU second of this single-threaded process
 with BLAS/OpenMP thread pools pinned to one thread. Each pipeline is warmed up on 20 reports first.
 Ends with ``BENCH reports reports_per_s=... floor_reports_per_s=... peer_reports_per_s=...
 ratio_vs_peer=... ratio_vs_floor=... ratio_vs_floor_without_language_id=... language_id_reports_per_s=...`` (ratios:
-ours / baseline; the pipeline is also timed without language identification in the same run). ``--profile`` also prints the top
-cProfile entries of our pipeline (cumulative time).
+ours / baseline; the pipeline is also timed without language identification in the same run). ``--profile`` also prints
+the top cProfile entries of our pipeline (cumulative time).
 """
 
 from __future__ import annotations
@@ -167,7 +167,8 @@ def main(argv: list[str]) -> int:
     )
     print(
         f"BENCH reports reports_per_s={rate:.1f} floor_reports_per_s={floor_rate:.1f} "
-        f"peer_reports_per_s={peer_rate:.1f} ratio_vs_peer={rate / peer_rate:.2f} ratio_vs_floor={rate / floor_rate:.3f} "
+        f"peer_reports_per_s={peer_rate:.1f} ratio_vs_peer={rate / peer_rate:.2f} "
+        f"ratio_vs_floor={rate / floor_rate:.3f} "
         f"ratio_vs_floor_without_language_id={n / t_en / floor_rate:.3f} language_id_reports_per_s={n / t_lang:.0f}"
     )
     return 0

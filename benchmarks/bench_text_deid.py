@@ -131,13 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     rate = sum(len(n) for n in sets.values()) / sum(len(n) / figures[k]["ours"][1] for k, n in sets.items())
     anchor_rate = sum(len(n) for n in sets.values()) / sum(len(n) / figures[k]["scrubadub"][1] for k, n in sets.items())
     print(
-        f"BENCH text_deid recall_heldout={h['ours'][0].recall:.3f} anchor_recall_heldout={h['scrubadub'][0].recall:.3f} "
+        f"BENCH text_deid recall_heldout={h['ours'][0].recall:.3f} "
+        f"anchor_recall_heldout={h['scrubadub'][0].recall:.3f} "
         f"recall_generated={g['ours'][0].recall:.3f} anchor_recall_generated={g['scrubadub'][0].recall:.3f} "
         f"lost_heldout={100 * h['ours'][0].non_phi_lost_share:.2f}% "
         f"anchor_lost_heldout={100 * h['scrubadub'][0].non_phi_lost_share:.2f}% "
         f"lost_generated={100 * g['ours'][0].non_phi_lost_share:.2f}% "
         f"anchor_lost_generated={100 * g['scrubadub'][0].non_phi_lost_share:.2f}% "
-        f"reports_per_s={rate:.0f} anchor_reports_per_s={anchor_rate:.0f} ratio_speed_vs_anchor={rate / anchor_rate:.2f}"
+        f"reports_per_s={rate:.0f} anchor_reports_per_s={anchor_rate:.0f} "
+        f"ratio_speed_vs_anchor={rate / anchor_rate:.2f}"
     )
     return 0
 

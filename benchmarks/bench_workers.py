@@ -13,9 +13,9 @@ Run as a script, it writes an archive of real-sized radiographs first: the Phili
 under new patient ids and UIDs (so the files spread over the patient-hash shards), prints one timeline line per
 run and pixel stage (:func:`stage_timeline`; in the serial run ``spread_s`` is the later task's duration), and ends
 with one line
-``BENCH workers speedup_pixel_stages=... process_ceiling=... workers=... pixel_s_serial=... pixel_s_workers=... build_s_serial=...
-build_s_workers=... files=... load_1m_before=... load_1m_after=...``. The machine is shared: the load averages
-are part of the figure. Usage: ``python benchmarks/bench_workers.py [patients] [workers]`` (default 32, 2);
+``BENCH workers speedup_pixel_stages=... process_ceiling=... workers=... pixel_s_serial=... pixel_s_workers=...
+build_s_serial=... build_s_workers=... files=... load_1m_before=... load_1m_after=...``. The machine is shared: the load
+averages are part of the figure. Usage: ``python benchmarks/bench_workers.py [patients] [workers]`` (default 32, 2);
 ``BENCH_MAX_MAP_LENGTH`` sets the mapped tasks per stage, ``BENCH_WORK_DIR`` keeps the roots and the Airflow home.
 """
 

@@ -127,9 +127,9 @@ def annotate_record(record: dict, extractor: EntityExtractor, default_family: st
     Returns
     -------
     dict
-        Keys :data:`OUTPUT_FIELDS` but ``language``: ``id`` (as given), ``deidentified_text`` (str), ``sections`` (``indication``,
-        ``technique``, ``comparison``, ``findings``, ``impression``: de-identified bodies, ``""`` when absent),
-        ``entities`` (list of dicts with keys :data:`ENTITY_FIELDS`, in text order; spans refer to
+        Keys :data:`OUTPUT_FIELDS` but ``language``: ``id`` (as given), ``deidentified_text`` (str), ``sections``
+        (``indication``, ``technique``, ``comparison``, ``findings``, ``impression``: de-identified bodies, ``""`` when
+        absent), ``entities`` (list of dicts with keys :data:`ENTITY_FIELDS`, in text order; spans refer to
         ``deidentified_text``; empty when the family is ``None``), ``family`` (str or ``None``: no family
         labels for this modality/body part), ``deidentification`` (``{"header_values": NO_HEADER_NOTE,
         "redactions": {kind: count}}``, never a removed value).

@@ -579,7 +579,8 @@ def evaluate_by_fold(
     ontology: Ontology | None = None,
     states: tuple[str, ...] = ("present",),
 ) -> dict[str, dict[str, EvalResult]]:
-    """:func:`evaluate` on all reports and on each part of a fold plan (k-fold discipline, :mod:`entity_extraction.folds`).
+    """:func:`evaluate` on all reports and on each part of a fold plan (k-fold discipline,
+    :mod:`entity_extraction.folds`).
 
     Parameters
     ----------

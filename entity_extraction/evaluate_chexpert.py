@@ -78,7 +78,8 @@ def load_chexpert_labelled(path: str | Path) -> list[LabelledReport]:
 
 @dataclass
 class ChexpertResult:
-    """Binary counts per figure, pairs scored, unmapped observations, wrong pairs (row, observation, gold, predicted)."""
+    """Binary counts per figure, pairs scored, unmapped observations, wrong pairs (row, observation, gold,
+    predicted)."""
 
     scores: dict[str, BinaryScore] = field(default_factory=lambda: {f: BinaryScore() for f in FIGURES})
     pairs: int = 0

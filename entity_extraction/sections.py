@@ -1,7 +1,7 @@
 """Radiology report sectioning: header detection and character-offset -> section mapping.
 
-Header variants are data (``section_rules_<lang>.json``; English: ``section_rules_en.json``), adapted from medspaCy's section patterns
-(``resources/en/section_patterns.json``, MIT) and common radiology templates (ACR practice parameter
+Header variants are data (``section_rules_<lang>.json``; English: ``section_rules_en.json``), adapted from medspaCy's
+section patterns (``resources/en/section_patterns.json``, MIT) and common radiology templates (ACR practice parameter
 for communication of diagnostic imaging findings: indication, technique, comparison, findings,
 impression). A header is recognised
 

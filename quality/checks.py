@@ -73,7 +73,8 @@ class QualityReport:
         return pa.Table.from_pylist(rows, schema=QUALITY_SCHEMA)
 
     def to_json(self, indent: int | None = 2) -> str:
-        """JSON document ``{"rules_version", "passed", "n_critical_failures", "n_warnings", "row_flags", "results"}``."""
+        """JSON document
+        ``{"rules_version", "passed", "n_critical_failures", "n_warnings", "row_flags", "results"}``."""
         doc = {
             "rules_version": self.rules_version,
             "passed": self.passed,

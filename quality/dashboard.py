@@ -991,7 +991,8 @@ def _checks(quality: QualityReport, data_docs_href: str | None = None) -> str:
         (
             f"<p>Per-table suites run as Great Expectations Checkpoints; their validation results are "
             f"in the <a href=\"{_e(data_docs_href)}\">Data Docs</a> (the project's own pages of GX's "
-            'validation results: no script, no external resource). Checks named without <span class="mono">expect_</span> are the '
+            "validation results: no script, no external resource). "
+            'Checks named without <span class="mono">expect_</span> are the '
             "cross-table checks of quality/checks.py.</p>"
             if data_docs_href
             else ""

@@ -16,7 +16,8 @@ It never reads the source zone: items come from the ledger through :func:`qualit
 (no paths), pages from the reports zone. Every request is authenticated (:mod:`quality.review_auth`: the review
 token of the served app, Airflow's login in the plugin; 401/403 otherwise) and checked by a
 :class:`quality.review_auth.RequestGuard` (Host, Origin, frame and content-security headers); every decision
-carries the authenticated curator and is appended to the restricted audit trail (:func:`quality.review.record_decision`).
+carries the authenticated curator and is appended to the restricted audit trail
+(:func:`quality.review.record_decision`).
 """
 
 from __future__ import annotations

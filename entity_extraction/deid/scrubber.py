@@ -145,7 +145,8 @@ def _load(path: str | None = None, language: str = "en") -> _Patterns:
     regex["date_myy"] = re.compile(r"(?<![\d/.:,_-])(1[0-2]|0?[1-9])/(3[2-9]|[4-9]\d)(?![\d/]|\.\d)")
     # compact and two-digit-year month-name dates: 21Sep2023, 18-DEC-19, 12Mar19, 28 Oct, 88
     regex["date_dmon"] = re.compile(
-        rf"(?<![\w])(\d{{1,2}})(st|nd|rd|th)?([ _-]?)({month_alt})(\.?)(,?[ _-]?'?|,[ \t]?)(\d{{4}}|\d{{2}})(?![\w]|\.\d)",
+        rf"(?<![\w])(\d{{1,2}})(st|nd|rd|th)?([ _-]?)({month_alt})(\.?)"
+        rf"(,?[ _-]?'?|,[ \t]?)(\d{{4}}|\d{{2}})(?![\w]|\.\d)",
         re.IGNORECASE,
     )
     # a year alone after a cue ("in 1983", "since 2006", "CABG 1957, 1971") and apostrophe years ('88, 62')

@@ -22,9 +22,9 @@ distractors come from the same vocabulary minus options confusable with the answ
 uniform over items; the question paraphrase is hash mod the number of paraphrases. The shown order is recorded
 in ``option_keys`` (vocabulary keys, anatomy ids for ``location``). An item whose question contains its answer
 text as whole words (case-insensitive) is dropped, and so is a location item whose question shares a word stem
-with its anatomy answer ("pleural effusion" -> "pleura": :func:`_shares_stem`). ``study_keys`` names the images' studies and ``mention_ids``
-the ``entity_mentions`` of the entity in those studies (when mentions are given). Item format after the MedReCo
-comparative VQA release (two images, question, entity, options A-D, answer letter) and the MIMIC-Diff-VQA
+with its anatomy answer ("pleural effusion" -> "pleura": :func:`_shares_stem`). ``study_keys`` names the images' studies
+and ``mention_ids`` the ``entity_mentions`` of the entity in those studies (when mentions are given). Item format after
+the MedReCo comparative VQA release (two images, question, entity, options A-D, answer letter) and the MIMIC-Diff-VQA
 question set (Hu et al., KDD 2023).
 
 Two-case items (``case_severity``, ``case_laterality``, ``case_presence``; scope ``case``) compare a query study
@@ -650,7 +650,8 @@ def _with_mentions(items: pl.DataFrame, entity_mentions: pl.DataFrame | None) ->
 def entity_attributes(
     lab: pl.DataFrame, entity_mentions: pl.DataFrame | None, type_keywords: list[str]
 ) -> pl.DataFrame:
-    """Per (study, entity) label: the structured attributes of :func:`etl.assemble.retrieval.entity_states` plus ``type_word``.
+    """Per (study, entity) label: the structured attributes of :func:`etl.assemble.retrieval.entity_states` plus
+    ``type_word``.
 
     Parameters
     ----------
@@ -995,8 +996,8 @@ def build_vqa(
         entity names and anatomy vocabularies.
     entity_mentions : polars.DataFrame, optional
         ``entity_mentions`` rows (``mention_id``, ``study_key``, ``entity_id``) for the ``mention_ids`` provenance;
-        without it ``mention_ids`` is empty. With the columns of :func:`etl.assemble.retrieval.entity_states` and ``text``
-        it also gives the attributes (laterality, severity, anatomy, type word) of open-ended answers.
+        without it ``mention_ids`` is empty. With the columns of :func:`etl.assemble.retrieval.entity_states` and
+        ``text`` it also gives the attributes (laterality, severity, anatomy, type word) of open-ended answers.
     images : polars.DataFrame, optional
         ``images`` rows (``study_key``, ``view``) for the open-ended ``view`` questions (a study with exactly one
         distinct non-null view); without it no view item.
@@ -1380,8 +1381,9 @@ def build_case_comparison_vqa(
     Returns
     -------
     pyarrow.Table
-        :data:`schemas.vqa.SCHEMA`, sorted by ``shard``, then ``item_id``: ``study_key`` = query, ``reference_study_key``,
-        ``study_keys`` = [reference, query], ``pair_id`` null, ``patient_key``/``split``/``shard`` of the query.
+        :data:`schemas.vqa.SCHEMA`, sorted by ``shard``, then ``item_id``: ``study_key`` = query,
+        ``reference_study_key``, ``study_keys`` = [reference, query], ``pair_id`` null,
+        ``patient_key``/``split``/``shard`` of the query.
 
     Raises
     ------

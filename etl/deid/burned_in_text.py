@@ -1004,9 +1004,10 @@ def tight_across(
     its height (a run of 4 or more rows holding strokes, pixels of at least half the 99th percentile of the box's
     ``ink``, the top-hat stroke contrast, rows x cols; columns for vertical text), its edges across the reading
     direction move in to the band widened by half of ``max_line_growth - 1`` x its height each side (the
-    ascenders and descenders around the x-height band of mixed-case text). A row holds strokes when a quarter of the densest row's
-    stroke pixels or more lie on it (text is dense along its line; anatomy texture is not). OCR word boxes can be much taller than the text (a backdrop
-    box, anatomy read with it); the blank then follows the glyphs. ``box`` [x0, y0, x1, y1] in ``ink`` pixels."""
+    ascenders and descenders around the x-height band of mixed-case text). A row holds strokes when a quarter of the
+    densest row's stroke pixels or more lie on it (text is dense along its line; anatomy texture is not). OCR word boxes
+    can be much taller than the text (a backdrop box, anatomy read with it); the blank then follows the glyphs. ``box``
+    [x0, y0, x1, y1] in ``ink`` pixels."""
     x0, y0, x1, y1 = box
     inside = ink[y0:y1, x0:x1]
     if inside.size == 0:
@@ -1412,7 +1413,8 @@ def _blank_and_verify(
         if left:
             raise BurnedInTextError(
                 "burned_in_text_remaining",
-                f"{len(left)} text region(s) still read after blanking ({', '.join(sorted({ln.reason or '' for ln in left}))})",
+                f"{len(left)} text region(s) still read after blanking "
+                f"({', '.join(sorted({ln.reason or '' for ln in left}))})",
             )
         if unread:
             _raise_unreadable(label, unread[0])

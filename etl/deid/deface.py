@@ -16,8 +16,8 @@ module removes it from one series volume:
    -300 HU (skin) rather than by Otsu's threshold.
 3. **Warp** the template's face mask (``facemask.nii.gz``: 0 = nose, mouth, chin, cheeks, lower eyes) onto the
    series grid (nearest neighbour; the mask is grown by 4-5.6 mm to absorb registration error, and its border is
-   extended 40 mm so a longer chin or nose than the template's is still inside it) and set its voxels to the series' background (the median stored value of the air outside the
-   head) in the stored pixel values.
+   extended 40 mm so a longer chin or nose than the template's is still inside it) and set its voxels to the series'
+   background (the median stored value of the air outside the head) in the stored pixel values.
 4. **Verify** (:func:`verify`): the registration's metric value, the Dice overlap of the registered template head
    with the series head, the affine's scales and rotation, the face region's position in front of the head centre,
    and no tissue left in the face region of the written volume. A check that fails raises

@@ -885,9 +885,10 @@ def verify_output(
     a run of 5 or more digits of a kept value that is part of a run of 5 or more digits of the ID (an MRN's
     digits without its letters, 5 of its 8 digits, ...). Name parts of :data:`BINARY_NAME_MIN` or more letters are
     also looked for, as whole words, in the kept binary values (``binary``: LUTs, palettes, ICC profile); shorter
-    ones occur there by chance ("lee" in a profile). Every kept value is searched, the device values (Manufacturer, ManufacturerModelName,
-    SoftwareVersions) included; only an institution value that is the vendor's name (``manufacturer``, the
-    kept Manufacturer value, or its leading words) is not looked for inside the Manufacturer value.
+    ones occur there by chance ("lee" in a profile). Every kept value is searched, the device values (Manufacturer,
+    ManufacturerModelName, SoftwareVersions) included; only an institution value that is the vendor's name
+    (``manufacturer``, the kept Manufacturer value, or its leading words) is not looked for inside the Manufacturer
+    value.
 
     Returns
     -------

@@ -208,7 +208,8 @@ def row_has_text(frame: np.ndarray, row: GlyphRow, policy: TextPolicy, phi: PhiT
     """Whether OCR reads a word in one pre-check row of a displayed frame (rows, cols uint8): the row's box grown
     by ``pad`` x its height, recognised on the top-hat page of its polarity (:func:`read_region`); a word of
     ``word_min_chars`` letters/digits or more at ``min_join_confidence`` or more, one of ``long_word_chars`` or more
-    at ``long_word_confidence`` or more, or a header PHI value (``phi.min_confidence``), is text. A ``dense`` row is always text (the frame cannot be told from it)."""
+    at ``long_word_confidence`` or more, or a header PHI value (``phi.min_confidence``), is text. A ``dense`` row is
+    always text (the frame cannot be told from it)."""
     if row.dense:
         return True
     rows, cols = frame.shape

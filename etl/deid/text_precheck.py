@@ -9,13 +9,13 @@ The test is the usual connected-component text test (Epshtein et al., CVPR 2010,
 morphological top-hat of the displayed frame (strokes brighter / darker than their local background, structure
 ``tophat_px`` as in the layout pass), pixels of stroke contrast at or above each level of ``min_ink`` (display
 levels; the first is the floor under which the layout's page is white, so text fainter than that is not text to
-the OCR pass either; higher ones part glyphs from anatomy their faint edges touch) form 8-connected components. A component is glyph-like when its height is ``min_glyph_px``..``max_glyph_px``, its width
-at most ``max_width`` x its height and it fills ``min_fill``..``max_fill`` of its box (strokes, not blobs). Glyphs
-on one line (bottoms and tops within ``align`` x the taller height, heights within ``height_ratio``, gaps of at
-most ``max_gap`` x the taller height) join into rows; a row of ``min_glyphs`` glyphs or more makes the frame
-suspect, and :mod:`etl.deid.series_text` recognises each such row on its own. Rows are looked for along the rows
-and along the columns (text written bottom to top in a margin). Thresholds are data: ``series.precheck`` in
-``schemas/deid/burned_in_text.yaml``.
+the OCR pass either; higher ones part glyphs from anatomy their faint edges touch) form 8-connected components. A
+component is glyph-like when its height is ``min_glyph_px``..``max_glyph_px``, its width at most ``max_width`` x its
+height and it fills ``min_fill``..``max_fill`` of its box (strokes, not blobs). Glyphs on one line (bottoms and tops
+within ``align`` x the taller height, heights within ``height_ratio``, gaps of at most ``max_gap`` x the taller height)
+join into rows; a row of ``min_glyphs`` glyphs or more makes the frame suspect, and :mod:`etl.deid.series_text`
+recognises each such row on its own. Rows are looked for along the rows and along the columns (text written bottom to
+top in a margin). Thresholds are data: ``series.precheck`` in ``schemas/deid/burned_in_text.yaml``.
 """
 
 from __future__ import annotations

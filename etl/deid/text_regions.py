@@ -7,8 +7,8 @@ module holds the numpy/scipy parts:
 - :func:`work_factor` / :func:`downscale`: the working copy, block means of ``d`` x ``d`` pixels (small images
   are upscaled instead, see :func:`working_copy`), so a 2000 x 2000 radiograph is laid out at 1000 x 1000;
 - :func:`ink_maps` / :func:`page`: white and black morphological top-hats, i.e. thin strokes brighter (darker)
-  than their local background, as dark text on a light page (contrast under a floor left white), so low-contrast text on anatomy and text on a
-  semi-transparent box read like black print (Gonzalez & Woods, *Digital Image Processing*, 9.6);
+  than their local background, as dark text on a light page (contrast under a floor left white), so low-contrast text on
+  anatomy and text on a semi-transparent box read like black print (Gonzalez & Woods, *Digital Image Processing*, 9.6);
 - :func:`merge_lines`: candidate line boxes merged where they overlap or continue one line, so each region is
   recognised once;
 - :func:`trim_to_ink`: a blank box shrunk to the strokes of the lines it holds;
@@ -152,8 +152,9 @@ def glyph_row(
     the background, :func:`scipy.ndimage.distance_transform_edt`) is at most ``max_stroke`` x its height.
     A row is at least ``min_glyphs`` such components in reading order with heights within ``height_ratio`` of
     the row's median, bottoms (baseline) and tops (cap line: glyphs of one case) within ``baseline_tol`` x the
-    median height of the row's first component's, and gaps of at most ``max_gap`` x the median height: the regular baseline, heights and spacing
-    of printed text (the usual connected-component text test, e.g. Epshtein et al., CVPR 2010, section 3.3).
+    median height of the row's first component's, and gaps of at most ``max_gap`` x the median height: the regular
+    baseline, heights and spacing of printed text (the usual connected-component text test, e.g. Epshtein et al., CVPR
+    2010, section 3.3).
 
     Returns the row's box [x0, y0, x1, y1] in ``ink`` pixels (exclusive ends).
     """

@@ -52,9 +52,9 @@ class BuildLock:
     """An exclusive lock on a storage root's build, held by one process (use as a context manager).
 
     The lock is the object :data:`BUILD_LOCK`, created only if absent: a hard link of a complete temporary
-    file on local disk (``link`` is atomic on POSIX filesystems; not on NFS before v3), a conditional put (``If-None-Match: *``,
-    boto3) on S3, which S3 has honoured since August 2024 (pyarrow's S3 filesystem cannot send it). Its
-    record names the owner (the run), host, pid and an expiry; a heartbeat thread pushes the expiry
+    file on local disk (``link`` is atomic on POSIX filesystems; not on NFS before v3), a conditional put
+    (``If-None-Match: *``, boto3) on S3, which S3 has honoured since August 2024 (pyarrow's S3 filesystem cannot send
+    it). Its record names the owner (the run), host, pid and an expiry; a heartbeat thread pushes the expiry
     forward every ``ttl_s / 3`` while the lock is held, so a holder killed without release blocks the root
     for at most ``ttl_s``, after which the next build takes the lock over.
 

@@ -4,8 +4,8 @@ Airflow tasks in ``dags/`` call these and nothing else: the stages defined here,
 publish stages re-exported from their modules (:func:`finalise`, :func:`check_delivery`, :func:`publish_stage`),
 and the quality gate (:func:`quality.gate.quality_stage`, which lives above ``etl`` because it runs the quality
 package). Each stage reads its inputs, calls pure functions of the step's package (``etl.sources``,
-``etl.deid``, ``etl.pixels``, ``etl.assemble``, ``entity_extraction``) and writes. Every per-shard stage reads and writes only its
-own shard partitions (``curated/<table>/shard=NNNNN/part-0.parquet``), writes atomically, and writes an
+``etl.deid``, ``etl.pixels``, ``etl.assemble``, ``entity_extraction``) and writes. Every per-shard stage reads and
+writes only its own shard partitions (``curated/<table>/shard=NNNNN/part-0.parquet``), writes atomically, and writes an
 empty partition for an empty shard, so a re-run of the same inputs writes the same bytes and an
 interrupted run can simply be retried.
 
@@ -350,10 +350,10 @@ def normalise_shard(ctx: BuildContext, shard: int) -> dict:
     content-addressed NIfTI object (:func:`etl.pixels.volume_objects.externalise_volume`,
     ``curated/volumes/<sha256>.nii.gz``) and its row points at it. Failures are quarantined (events name the source file
     through the de-identification events); an unforeseen error quarantines its series
-    (``normalisation_error``, :func:`_normalise_guarded`), never fails the task. The written ``images`` files are read back one row group at a
-    time and every payload is hashed against its ``payload_sha256`` (:func:`etl.pixels.integrity.verify_image_files`);
-    the counts are recorded in the stage's state (``payload_integrity``), which the quality task reads instead of
-    the payloads.
+    (``normalisation_error``, :func:`_normalise_guarded`), never fails the task. The written ``images`` files are read
+    back one row group at a time and every payload is hashed against its ``payload_sha256``
+    (:func:`etl.pixels.integrity.verify_image_files`); the counts are recorded in the stage's state
+    (``payload_integrity``), which the quality task reads instead of the payloads.
 
     Raises
     ------

@@ -617,8 +617,8 @@ def normalise_volume(
     interpolated linearly onto a regular orthogonal grid at the median step
     (:func:`etl.pixels.volumes.regularise`); optionally resampled (linear) to ``target_spacing_mm``
     (:func:`etl.pixels.volumes.resample`: three separable passes on axis-aligned grids, ``sitk.Resample``
-    on oblique ones; recorded in the recipe's ``by``); CT clipped to ``cfg.ct_hu_window`` (HU, default [-1000, 1000]); MR
-    clipped to the 1st-99th percentile of the non-zero voxels and scaled to 0..1.
+    on oblique ones; recorded in the recipe's ``by``); CT clipped to ``cfg.ct_hu_window`` (HU, default [-1000, 1000]);
+    MR clipped to the 1st-99th percentile of the non-zero voxels and scaled to 0..1.
 
     Parameters
     ----------

@@ -20,9 +20,9 @@ more pixels in plane): along the slices (each output slice is a blend of two inp
 columns (the last axis: a banded matrix product per block of output columns, through BLAS, over a slab
 of slices at once), along the rows (the same banded products from the left, per slice, written straight
 into the caller's output, e.g. a payload buffer). Each block's matrix holds the two weights of each output
-voxel (``1 - w`` and ``w``) and zeros, so a product adds exact zeros to ``(1 - w) a + w b``. The passes compute in float32, so values equal SimpleITK's (which
-interpolates in double and rounds once) to float32 rounding: within a few units in the last place of
-the volume's largest magnitude (``tests/pixels/test_separable.py`` on a real CT series).
+voxel (``1 - w`` and ``w``) and zeros, so a product adds exact zeros to ``(1 - w) a + w b``. The passes compute in
+float32, so values equal SimpleITK's (which interpolates in double and rounds once) to float32 rounding: within a few
+units in the last place of the volume's largest magnitude (``tests/pixels/test_separable.py`` on a real CT series).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ Which instances become one volume and which stay 2D images is decided here, not 
   (:func:`etl.pixels.normalise.normalise_volume`, CT resampled to ``ct_spacing_mm``), and so does an enhanced
   multi-frame CT/MR object (one file, the whole volume: every frame, placed by its Plane Position / Orientation
   functional groups); a one-slice, one-frame series is a 2D image;
-- a series whose slices (or frames) do not stack (``inconsistent_series``: repeated positions, re-encoded copies) falls back
-  to one 2D image per slice; slices the volume left out (localizers, another matrix or orientation) become 2D
+- a series whose slices (or frames) do not stack (``inconsistent_series``: repeated positions, re-encoded copies) falls
+  back to one 2D image per slice; slices the volume left out (localizers, another matrix or orientation) become 2D
   images too, so no decodable instance vanishes;
 - an image object without pixels (``none`` kind of an Image Storage class) and any normalisation error are
   failures with the reason code of :class:`etl.pixels.decode.NormalisationError`, for the quarantine.

@@ -247,11 +247,14 @@ Paths below are relative to this folder (`snapshots/{version}/`); `R` is its pat
 
 | tool | one line |
 |---|---|
-| Hugging Face `datasets` | `datasets.load_dataset(R, "pairs", split="{split}")` (configs: every table, `pair_images`, `vqa_images`; `images.payload` is an `Image` feature: 2D PNG, null for volumes) |
+| Hugging Face `datasets` | `datasets.load_dataset(R, "pairs", split="{split}")` \
+(configs: every table, `pair_images`, `vqa_images`; \
+`images.payload` is an `Image` feature: 2D PNG, null for volumes) |
 | DuckDB | `duckdb.read_parquet([f"{{R}}/{{p}}" for p in open(f"{{R}}/files/pairs.txt").read().split()])` |
 | polars | `pl.scan_parquet([f"{{R}}/{{p}}" for p in open(f"{{R}}/files/pairs.txt").read().split()])` |
 | Croissant (`mlcroissant`) | `mlcroissant.Dataset(f"{{R}}/croissant.json").records("pairs")` |
-| medreco-reader | `medreco_reader.load_snapshot(ROOT, "{version}")` (`pip install ./reader`: pyarrow, polars, deltalake, numpy, nibabel, Pillow) |
+| medreco-reader | `medreco_reader.load_snapshot(ROOT, "{version}")` \
+(`pip install ./reader`: pyarrow, polars, deltalake, numpy, nibabel, Pillow) |
 
 `files/<table>.txt` lists exactly the Parquet files this release pins (a glob over `../tables/<table>/` would
 read every release's files). `views/pair_images.parquet` gives each pair's representative prior and current image
@@ -352,8 +355,8 @@ def _cr_fields(record: str, schema: pa.Schema, source: dict, images: tuple[str, 
 def croissant(manifest: dict, schemas: dict[str, pa.Schema]) -> dict:
     """The Croissant 1.0 JSON-LD description of a release (``croissant.json``): one ``FileObject`` per pinned
     file (``contentUrl`` relative to the release folder, its sha256, which ``mlcroissant`` checks on reading), a
-    ``FileSet`` over them for a table of several files, and one ``RecordSet`` per table and view, a ``Field`` per column (lists ``repeated``, structs as
-    ``subField``, the ``images`` PNG column ``sc:ImageObject``)."""
+    ``FileSet`` over them for a table of several files, and one ``RecordSet`` per table and view, a ``Field`` per column
+    (lists ``repeated``, structs as ``subField``, the ``images`` PNG column ``sc:ImageObject``)."""
     version = manifest["version"]
     distribution: list[dict] = []
     records: list[dict] = []

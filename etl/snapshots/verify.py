@@ -31,9 +31,9 @@ def verify(storage: Storage, version: str, *, deep: bool = True) -> list[str]:
     data file's presence, sha256 (re-hashed, streamed) and row count (Parquet footer), the pinned Delta
     commit file's presence and sha256, and that the pinned Delta version lists exactly the manifest's data
     files; every volume object the ``images`` rows pin (present, sha256 re-hashed); the dataset card's sha256 and
-    that of every ``release_files`` entry (views, ``README.md``, ``croissant.json``, ``files/``); the content hash recomputed from the manifest; that the publish log,
-    if any, names this release (it is not hashed: it records run ids and the wall-clock time); and that
-    the release folder holds no other file. Each problem names the file.
+    that of every ``release_files`` entry (views, ``README.md``, ``croissant.json``, ``files/``); the content hash
+    recomputed from the manifest; that the publish log, if any, names this release (it is not hashed: it records run ids
+    and the wall-clock time); and that the release folder holds no other file. Each problem names the file.
 
     ``deep=False`` (what :func:`etl.snapshots.publish` checks before publishing on top of a release, so a
     release costs what changed) checks everything except re-hashing: each data file's presence and byte

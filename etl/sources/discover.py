@@ -110,8 +110,9 @@ def classify_dicom(data: bytes, uids: dict | None = None) -> tuple[str | None, s
     ``reason`` is None when the file is a DICOM instance with a PatientID; else a reason code:
     ``not_dicom`` (no DICOM structure at all), ``unreadable_dicom`` (a parse error),
     ``truncated_file`` (the header is cut inside an element), ``missing_patient_id``, ``inflated_too_large``,
-    ``inflate_error``, ``too_many_sequence_items`` (:func:`etl.sources.dicom_bounds.bounded_source`). When ``uids`` is given it receives StudyInstanceUID, SeriesInstanceUID and
-    SOPInstanceUID (raw values: callers pseudonymise them at once).
+    ``inflate_error``, ``too_many_sequence_items`` (:func:`etl.sources.dicom_bounds.bounded_source`). When ``uids`` is
+    given it receives StudyInstanceUID, SeriesInstanceUID and SOPInstanceUID (raw values: callers pseudonymise them at
+    once).
     """
     try:
         data = bounded_source(data)  # a deflated dataset inflated with a cap, sequence items counted

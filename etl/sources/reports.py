@@ -598,16 +598,17 @@ def read_report_source(data: bytes, fmt: str, source_name: str) -> list[dict]:
     -------
     list of dict
         Records ``{report_id, patient_id, patient_name, accession_number, study_instance_uid, report_datetime,
-        language, text}`` (:data:`RECORD_FIELDS`) in file order; optional fields are ``None`` when absent or blank; ``report_datetime`` is kept
-        as the source string (not parsed), except for ``hl7``, where the HL7 timestamp is rewritten in
-        ISO 8601 at its own precision (``20230314101500`` -> ``2023-03-14T10:15:00``).
+        language, text}`` (:data:`RECORD_FIELDS`) in file order; optional fields are ``None`` when absent or blank;
+        ``report_datetime`` is kept as the source string (not parsed), except for ``hl7``, where the HL7 timestamp is
+        rewritten in ISO 8601 at its own precision (``20230314101500`` -> ``2023-03-14T10:15:00``).
 
     Raises
     ------
     ReportSourceError
         ``malformed_report_record`` naming the line number (never the content) for invalid JSON/CSV, a
         wrong field count, unknown or non-string fields, or a missing/empty ``report_id`` or ``text``, and
-        for ``hl7`` every malformed message (reasons in the module docstring); ``duplicate_report_id``; ``undecodable_report_file``; ``unsupported_report_format``.
+        for ``hl7`` every malformed message (reasons in the module docstring); ``duplicate_report_id``;
+        ``undecodable_report_file``; ``unsupported_report_format``.
     """
     records = []
     for item in iter_report_source(data, fmt, source_name):

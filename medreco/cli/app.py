@@ -85,7 +85,8 @@ def summary_lines(summary: dict) -> list[str]:
     lines += [f"  {t:<16} {n:>8}" for t, n in summary["tables"].items()]
     lines.append(
         f"ledger: files_seen={led['files_seen']} = ingested {led['ingested']} + quarantined {led['quarantined']}"
-        f" + duplicate {led['duplicate']} + skipped {led['skipped']}  -> {'BALANCED' if led['balanced'] else 'UNBALANCED'}"
+        f" + duplicate {led['duplicate']} + skipped {led['skipped']}  "
+        f"-> {'BALANCED' if led['balanced'] else 'UNBALANCED'}"
     )
     if summary.get("ledger_file"):
         lines.append(f"  ledger file: {summary['ledger_file']}")

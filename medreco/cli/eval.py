@@ -6,12 +6,12 @@ the Open-i layout (see :mod:`entity_extraction.evaluate`) and prints one table p
 of each table gives the micro and macro figures. ``--negex FILE`` (the NegEx/ConText annotated test-kit layout)
 prints negation precision/recall/F1; ``--ct-extractions DIR`` (the layout of ``../shared/data/ct-report-extractions``)
 prints the gold present/absent findings found and the assertion accuracy (see
-:mod:`entity_extraction.evaluate_outside`); ``--chexpert FILE`` (the CheXpert labelled-report layout) prints mention, negation, uncertain and positive F1
-(:mod:`entity_extraction.evaluate_chexpert`); ``--trigger-probe`` scores the NegEx trigger probe
-(:mod:`entity_extraction.trigger_probe`). Unless ``--no-folds``, each figure is also printed on the folds rule work
-may look at and on the held-out folds, with their difference (k-fold discipline: :mod:`entity_extraction.folds`,
-``entity_extraction/eval_folds.yaml``); for Open-i both with present study labels and with present or uncertain
-ones counted as coded. The options combine; at least one is required. Exit status 0 on
+:mod:`entity_extraction.evaluate_outside`); ``--chexpert FILE`` (the CheXpert labelled-report layout) prints mention,
+negation, uncertain and positive F1 (:mod:`entity_extraction.evaluate_chexpert`); ``--trigger-probe`` scores the NegEx
+trigger probe (:mod:`entity_extraction.trigger_probe`). Unless ``--no-folds``, each figure is also printed on the folds
+rule work may look at and on the held-out folds, with their difference (k-fold discipline:
+:mod:`entity_extraction.folds`, ``entity_extraction/eval_folds.yaml``); for Open-i both with present study labels and
+with present or uncertain ones counted as coded. The options combine; at least one is required. Exit status 0 on
 success; 1 with a one-line reason on stderr when a set or its label files cannot be used.
 
 ``medreco eval deid --gold FILE.jsonl`` scores report text de-identification on a gold file in the layout of
@@ -69,7 +69,8 @@ def entities(
         True, "--folds/--no-folds", help="also print each figure on the tuned and held-out folds (eval_folds.yaml)"
     ),
 ) -> None:
-    """Score entity extraction on labelled report sets: Open-i labels, the NegEx kit, CT extractions, the trigger probe."""
+    """Score entity extraction on labelled report sets: Open-i labels, the NegEx kit, CT extractions, the trigger
+    probe."""
     from entity_extraction.evaluate import NEGBIO_FILE, EvaluationDataError, evaluate_by_fold, render_table
     from entity_extraction.evaluate_chexpert import evaluate_chexpert, load_chexpert_labelled, render_chexpert
     from entity_extraction.evaluate_outside import (

@@ -259,7 +259,8 @@ def run_scheduled(
             ],
             env,
         )
-        # warm: the LocalExecutor's workers and their task runners are forks of the scheduler (medreco.cli.warm_scheduler)
+        # warm: the LocalExecutor's workers and their task runners are forks of the scheduler
+        # (medreco.cli.warm_scheduler)
         groups.start(
             "scheduler", [sys.executable, "-m", "medreco.cli.warm_scheduler", "scheduler", "--skip-serve-logs"], env
         )

@@ -9,8 +9,9 @@ against a fraction of a second of work per demo shard), where ``dag.test()`` pay
 the scheduler starts its executor, they are inherited by every worker and task runner (copy-on-write).
 
 After warming, :func:`gc.freeze` moves everything loaded to the permanent generation, so the garbage
-collections of the forked processes do not walk (and copy) it. Only imports and pure-Python caches are built (no pyarrow or polars compute, so no native thread pool exists at
-the fork). The config is the one of ``$MEDRECO_CONFIG`` (the run's).
+collections of the forked processes do not walk (and copy) it. Only imports and pure-Python caches are built (no pyarrow
+or polars compute, so no native thread pool exists at the fork). The config is the one of ``$MEDRECO_CONFIG`` (the
+run's).
 """
 
 from __future__ import annotations

@@ -28,7 +28,10 @@ def test_every_documented_command_is_registered():
 
 
 def test_help_does_not_import_spacy_or_torch():
-    code = "import sys; import medreco.cli.app; print(sorted(m for m in ('spacy', 'torch', 'medspacy') if m in sys.modules))"
+    code = (
+        "import sys; import medreco.cli.app; "
+        "print(sorted(m for m in ('spacy', 'torch', 'medspacy') if m in sys.modules))"
+    )
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     )

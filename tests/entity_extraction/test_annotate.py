@@ -1,4 +1,5 @@
-"""Tests for ``medreco reports annotate`` (medreco.cli.reports) and entity_extraction.annotate, field cases end to end."""
+"""Tests for ``medreco reports annotate`` (medreco.cli.reports) and entity_extraction.annotate, field cases end to
+end."""
 
 import json
 import re

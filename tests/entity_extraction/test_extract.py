@@ -59,7 +59,8 @@ def test_findings_colon_no_trap(ex):
         ("Cannot exclude pneumonia.", "C006", "uncertain"),
         ("Findings suspicious for pneumonia.", "C006", "uncertain"),
         ("Likely atelectasis.", "F019", "present"),  # high-likelihood hedge asserts (PROBABLE_EXISTENCE)
-        # CheXpert convention (docs/reports.md): "probable" is uncertain (was present before the convention), "likely" present
+        # CheXpert convention (docs/reports.md): "probable" is uncertain (was present before the convention), "likely"
+        # present
         ("Probable small left pleural effusion.", "F029", "uncertain"),
         ("Likely small left pleural effusion.", "F029", "present"),
         ("Pneumonia versus atelectasis.", "C006", "uncertain"),  # both readings of "versus" (was present)

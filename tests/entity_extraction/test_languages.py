@@ -27,8 +27,14 @@ SPANISH = (
     "NHC: 368503. Domicilio: Calle Miguel Benitez 90, 28016 Madrid. Tel.: 913 908 121\n"
     "Hallazgos: no se observa derrame pleural. Posible neumonía en lóbulo inferior derecho."
 )
-ITALIAN = "Torace: non si osservano versamenti pleurici. Cuore nei limiti della norma. Paziente Mario Rossi, nato il 3 maggio 1950."
-DUTCH = "Thorax: geen pleuravocht. Hart van normale grootte. Patiënt Jan de Vries, geboren op 3 mei 1950, ziekenhuis Utrecht."
+ITALIAN = (
+    "Torace: non si osservano versamenti pleurici. Cuore nei limiti della norma. "
+    "Paziente Mario Rossi, nato il 3 maggio 1950."
+)
+DUTCH = (
+    "Thorax: geen pleuravocht. Hart van normale grootte. "
+    "Patiënt Jan de Vries, geboren op 3 mei 1950, ziekenhuis Utrecht."
+)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +75,10 @@ def test_detection_methods_and_confidence():
     z = detect_language(CHINESE, "en")
     assert z.method == "lingua" and z.confidence > 0.9
     # medical English that lingua alone reads as French (0.97) is decided by its function words
-    text = "FINDINGS: The cardiomediastinal silhouette is normal. No focal airspace consolidation.\nIMPRESSION: Normal chest"
+    text = (
+        "FINDINGS: The cardiomediastinal silhouette is normal. No focal airspace consolidation.\n"
+        "IMPRESSION: Normal chest"
+    )
     assert detect_language(text, "de").language == "en"
     assert detect_language("Normal.", "fr").method == "prior"
     # a word listed for two languages ("la": French and Spanish) counts for neither

@@ -12,7 +12,10 @@ KEYS = {"indication", "technique", "comparison", "findings", "impression"}
 
 
 def test_canonical_headers_same_line():
-    text = "INDICATION: cough\nTECHNIQUE: PA and lateral\nCOMPARISON: 01/01/2020\nFINDINGS: Clear lungs.\nIMPRESSION: Normal."
+    text = (
+        "INDICATION: cough\nTECHNIQUE: PA and lateral\nCOMPARISON: 01/01/2020\n"
+        "FINDINGS: Clear lungs.\nIMPRESSION: Normal."
+    )
     s = split_sections(text)
     assert s == {
         "indication": "cough",

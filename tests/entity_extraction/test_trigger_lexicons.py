@@ -1,4 +1,5 @@
-"""The field's trigger lexicons under our ConText layer, the assertion convention, the NegEx trigger probe, k-fold plans."""
+"""The field's trigger lexicons under our ConText layer, the assertion convention, the NegEx trigger probe, k-fold
+plans."""
 
 from __future__ import annotations
 

@@ -243,7 +243,8 @@ _SECRET_PATTERNS = {
     "private_key": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
     "url_with_password": re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@${}]+:(?!\$\{)[^@\s/${}]+@"),
     "assigned_secret": re.compile(
-        r"(?i)(?<![{$])\b[A-Z0-9_]*(?:password|passwd|secret|token|fernet|api_key|pseudonym_key)[A-Z0-9_]*[ \t]*[:=][ \t]*"
+        r"(?i)(?<![{$])\b[A-Z0-9_]*(?:password|passwd|secret|token|fernet|api_key|pseudonym_key)[A-Z0-9_]*"
+        r"[ \t]*[:=][ \t]*"
         r"[\"']?(?!\$\{)(?P<v>[^\s\"'#]{8,})"
     ),
 }

@@ -71,8 +71,8 @@ def test_burned_in_text_is_in_no_output(demo_build):
 
 
 def test_answer_key_quarantines_are_quarantined_at_their_stage_with_their_reason(demo_build):
-    """The demo's interrupted transfer (a radiograph copy cut inside its PixelData) is quarantined when it is read (deidentify) as
-    ``truncated_file``, with a quarantine record a curator can review."""
+    """The demo's interrupted transfer (a radiograph copy cut inside its PixelData) is quarantined when it is read
+    (deidentify) as ``truncated_file``, with a quarantine record a curator can review."""
     expected = [
         json.loads(x) for x in (demo_build["root"] / "answer_key" / "quarantine.jsonl").read_text().splitlines()
     ]

@@ -26,8 +26,10 @@ TEXTS = {
         "Résultats : pas d'épanchement pleural. Cardiomégalie modérée.\nConclusion : cardiomégalie."
     ),
     "LANG-ZH": "患者：王小明，2023年3月12日，北京协和医院。胸部X线：双肺未见明显异常，心影不大。",
-    "LANG-IT": "Torace: non si osservano versamenti pleurici. Cuore nei limiti della norma. Paziente Mario Rossi, nato il "
-    "3 maggio 1950, Ospedale San Raffaele.",
+    "LANG-IT": (
+        "Torace: non si osservano versamenti pleurici. Cuore nei limiti della norma. "
+        "Paziente Mario Rossi, nato il 3 maggio 1950, Ospedale San Raffaele."
+    ),
 }
 
 

@@ -244,7 +244,8 @@ def test_review_app_records_a_decision_the_next_run_honours(failed_stage):
     token = "review-token-for-tests-0123456789"
     login = "Basic " + base64.b64encode(f"carol:{token}".encode()).decode()
     app = create_app(st, authenticate=TokenAuth(token), guard=RequestGuard(allowed_hosts_from_env()))
-    # a logged-in curator on the served app's own origin (login, Host and Origin checks: tests/quality/test_review_security.py)
+    # a logged-in curator on the served app's own origin (login, Host and Origin checks:
+    # tests/quality/test_review_security.py)
     client = TestClient(
         app, base_url="http://127.0.0.1:8765", headers={"authorization": login, "origin": "http://127.0.0.1:8765"}
     )

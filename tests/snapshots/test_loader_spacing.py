@@ -1,4 +1,5 @@
-"""The PNG pixel spacing an ML user gets from medreco_reader.tensors: source PixelSpacing scaled by the recorded resize."""
+"""The PNG pixel spacing an ML user gets from medreco_reader.tensors: source PixelSpacing scaled by the recorded
+resize."""
 
 from __future__ import annotations
 

@@ -13,15 +13,15 @@ config's ``batches:`` section, the project's ``BatchConfig``):
   zero padded to ``image_size`` (by default the release's largest stored size, so its PNGs are kept as they are); grey
   repeated to 3 channels or RGB averaged to 1 (ITU-R BT.601 luma) as ``channels`` says;
 - volumes: float32 ``(1, slices, rows, cols)`` (channel first, as MONAI's networks take it), centre cropped or
-  padded to ``volume_shape`` (by default the release's largest stored volume) with the pad value of the modality (CT -1000 HU, air; MR
-  0); ``valid`` (int64 ``(3, 2)``) is the ``[start, stop)`` of the data per axis in the output;
+  padded to ``volume_shape`` (by default the release's largest stored volume) with the pad value of the modality
+  (CT -1000 HU, air; MR 0); ``valid`` (int64 ``(3, 2)``) is the ``[start, stop)`` of the data per axis in the output;
 - lists become fixed-size fields: ``change_labels``, ``options`` and ``entity_ids`` as JSON text, VQA images as a
   ``(2, ...)`` stack with ``image_mask`` (bool ``(2,)``: single-image items fill slot 0), a missing view or
   split as ``""``, an unknown spacing as NaN.
 
 A dataset serves one ``kind`` (``"2d"`` by default, or ``"3d"``): a batch of 2D images and volumes cannot stack;
-pairs and VQA items left out for images of the other kind are counted in a ``UserWarning``. An unknown ``split`` name raises
-``ValueError`` naming the valid ones (:data:`SPLITS`).
+pairs and VQA items left out for images of the other kind are counted in a ``UserWarning``. An unknown ``split`` name
+raises ``ValueError`` naming the valid ones (:data:`SPLITS`).
 ``fixed_shape=False`` returns the stored sizes and lists (use :func:`collate` then, which keeps what does not
 stack as lists).
 
