@@ -96,7 +96,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _card(manifest: dict, splits: dict[str, dict[str, int]], schemas: dict[str, pa.Schema], card_md: str) -> str:
+def _card(
+    manifest: dict,
+    splits: dict[str, dict[str, int]],
+    schemas: dict[str, pa.Schema],
+    card_md: str,
+    sizes: dict[tuple[str, str], int],
+) -> str:
     configs, infos = [], []
     for name, per_split in splits.items():
         configs.append(
@@ -108,7 +114,9 @@ def _card(manifest: dict, splits: dict[str, dict[str, int]], schemas: dict[str, 
                 "features": [
                     hf_feature(f.name, f.type, image=f.name in IMAGE_COLUMNS.get(name, ())) for f in schemas[name]
                 ],
-                "splits": [{"name": s, "num_examples": n} for s, n in per_split.items()],
+                "splits": [
+                    {"name": s, "num_bytes": sizes.get((name, s), 0), "num_examples": n} for s, n in per_split.items()
+                ],
             }
         )
     front = {
@@ -220,7 +228,8 @@ def export_release(storage: Storage, version: str, dest: str | os.PathLike) -> d
         if storage.is_file(f"{release}/{name}"):
             (out / name).write_bytes(storage.read_bytes(f"{release}/{name}"))
     card_md = (out / "DATASET_CARD.md").read_text() if (out / "DATASET_CARD.md").is_file() else ""
-    (out / "README.md").write_text(_card(manifest, rows, schemas, card_md))
+    sizes = {(p.parent.name, p.name.split("-", 1)[0]): p.stat().st_size for p in (out / "data").glob("*/*.parquet")}
+    (out / "README.md").write_text(_card(manifest, rows, schemas, card_md, sizes))
     digests = {p.relative_to(out).as_posix(): _sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
     record = {"version": version, "content_hash": manifest["content_hash"], "rows": rows, "files": digests}
     (out / "export.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -312,6 +312,7 @@ def runs(
     run_id: str | None = typer.Argument(None, metavar="RUN", help="one run: its task instances"),
     limit: int = typer.Option(20, min=1, help="runs listed, newest first"),
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
+    root: str | None = typer.Option(None, "--root", help="the storage root whose runs are listed"),
 ) -> None:
     """Build runs of the embedded default, newest first: state, start, duration, task states, files ingested and
     quarantined; with RUN, that run's task instances (state, try, duration). Read from Airflow's metadata
@@ -326,13 +327,10 @@ def runs(
         except RunHistoryError as err:
             _fail(str(err))
         return
-    try:
-        storage = _storage(config)[1]
-    except typer.Exit:
-        storage = None  # no readable config: runs without their file counts
+    storage = _release_storage(config, root)  # only the storage root is needed: a storage-only config is enough
     rows = list_runs(storage, limit=limit)
     if not rows:
-        _fail("no build run recorded in this AIRFLOW_HOME yet (medreco run starts one)")
+        _fail(f"no build run on {storage.uri} recorded in this AIRFLOW_HOME yet (medreco run starts one)")
     typer.echo("\n".join(format_runs(rows)))
 
 
@@ -566,6 +564,7 @@ def validate_source(
 @app.command()
 def dashboard(
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP, dir_okay=False),
+    root: str | None = typer.Option(None, "--root", help="the storage root whose dashboard is shown"),
     serve: bool = typer.Option(
         False,
         "--serve",
@@ -575,7 +574,7 @@ def dashboard(
     port: int = typer.Option(8765),
 ) -> None:
     """Print the dashboard path (built by each run), or serve it with the quarantine review app on localhost."""
-    _, st = _storage(config)
+    st = _release_storage(config, root)  # the storage root alone is enough
     index = zones.DASHBOARD_INDEX
     if not st.is_file(index):
         _fail(f"no dashboard yet under {st.full_uri(zones.DASHBOARD_DIR)}: run the build first")

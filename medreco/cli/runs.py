@@ -70,10 +70,29 @@ def log_dir(airflow_home: str | Path, run_id: str, dag_id: str = BUILD_DAG) -> P
     return Path(airflow_home) / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
 
 
+def _run_root(conf: Any) -> str | None:
+    """The storage root (as opened) of the config a run was started with, None when it cannot be read."""
+    from etl.storage import Storage
+    from schemas.config import ConfigError, storage_config
+
+    path = (conf or {}).get("config") if isinstance(conf, dict) else None
+    if not path:
+        return None
+    try:
+        sc = storage_config(path)
+        return Storage.open(
+            sc.root, endpoint_url=sc.s3_endpoint_url, region=sc.s3_region, base_dir=Path(path).parent
+        ).uri
+    except (ConfigError, OSError, ValueError):
+        return None
+
+
 def list_runs(storage: Any = None, dag_id: str = BUILD_DAG, limit: int = 20) -> list[RunRow]:
-    """The latest ``limit`` runs of ``dag_id``, newest first, with their task states counted and, where the storage
-    root holds the run's summary, its files by ledger status (``ingested``, ``quarantined``, ``duplicate``,
-    ``skipped``). The Airflow environment must be prepared (:func:`medreco.cli.embedded.prepare_airflow_env`)."""
+    """The latest ``limit`` runs of ``dag_id`` on ``storage`` (all storage roots when None), newest first, with their
+    task states counted and, where the storage root holds the run's summary, its files by ledger status
+    (``ingested``, ``quarantined``, ``duplicate``, ``skipped``). A run is on a root when the config it was started
+    with names that root. The Airflow environment must be prepared
+    (:func:`medreco.cli.embedded.prepare_airflow_env`)."""
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
@@ -87,6 +106,8 @@ def list_runs(storage: Any = None, dag_id: str = BUILD_DAG, limit: int = 20) -> 
             session.query(DagRun).filter(DagRun.dag_id == dag_id).order_by(DagRun.start_date.desc()).limit(limit).all()
         )
         for r in runs:
+            if storage is not None and _run_root(r.conf) != storage.uri:
+                continue  # a run of another deployment on the same metadata database
             states = [
                 _state(s)
                 for (s,) in session.query(TaskInstance.state)
@@ -190,11 +211,14 @@ def capture_run_log(airflow_home: str | Path) -> Iterator[dict[str, Any]]:
     handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
+    level = root.level
     root.addHandler(handler)
+    root.setLevel(min(level, logging.INFO) if level else logging.INFO)  # INFO reaches the file (console: handlers)
     state: dict[str, Any] = {}
     try:
         yield state
     finally:
+        root.setLevel(level)
         root.removeHandler(handler)
         handler.close()
         if state.get("run_id"):

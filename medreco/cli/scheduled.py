@@ -91,6 +91,9 @@ def component_env(workers: int, api_port: int, config_path: str) -> dict[str, st
             # the scheduler sleeps this long after a loop that queued and finished nothing: the latency from a
             # task's end to the queuing of the next (the barrier between two stages)
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": str(SCHEDULER_IDLE_SLEEP_S),
+            # the task log files `medreco logs` prints hold the tasks' INFO lines (the console of the embedded
+            # runner stays at WARNING: prepare_airflow_env)
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         }
     )
     return env

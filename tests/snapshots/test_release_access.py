@@ -5,6 +5,7 @@ whole pipeline config.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -116,6 +117,8 @@ def test_a_config_without_storage_is_refused_in_one_line(tmp_path):
 def test_no_release_under_a_root_says_so(tmp_path):
     out = _medreco("snapshot", "list", "--root", str(tmp_path / "empty"), cwd=tmp_path)
     assert out.returncode == 1 and "no release under" in out.stderr
+    dash = _medreco("dashboard", "--root", str(tmp_path / "empty"), cwd=tmp_path)  # the root alone is enough
+    assert dash.returncode == 1 and "no dashboard yet" in dash.stderr
 
 
 def test_tensor_shape_from_release_without_images_keeps_the_defaults():
@@ -135,6 +138,9 @@ def test_an_exported_release_is_self_contained_and_has_hugging_face_splits(relea
         pairs_by_split.setdefault(splits[p["patient_key"]], set()).add(p["pair_id"])
     out = _medreco("snapshot", "export", "latest", str(tmp_path / "export"), "--root", release.root, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
+    front = json.loads((tmp_path / "export" / "README.md").read_text().split("---\n")[1])
+    card_splits = [sp for info in front["dataset_info"] for sp in info["splits"]]  # read by `datasets`, no warning
+    assert card_splits and all(sp["num_bytes"] > 0 and sp["num_examples"] > 0 and sp["name"] for sp in card_splits)
     moved = tmp_path / "handed-over"
     shutil.copytree(tmp_path / "export", moved)
     shutil.rmtree(release.root)  # nothing of the store is left: the copy must stand alone
