@@ -73,7 +73,10 @@ def test_each_attack_gets_its_outcome(fuzzed):
         kind = name.split("-", 1)[1].removesuffix(".dcm")
         by_kind.setdefault(kind, Counter())[f"{row['status']}:{row.get('reason')}"] += 1
     assert ledger and set(MUTATIONS) - {"bad_instance_number"} <= set(by_kind)
-    assert all(k.startswith("quarantined:") for k in by_kind["zero_sequence_length"]), by_kind["zero_sequence_length"]
+    # mutants that came out byte-identical are duplicates of one that is quarantined
+    assert all(k.startswith(("quarantined:", "duplicate:")) for k in by_kind["zero_sequence_length"]), by_kind[
+        "zero_sequence_length"
+    ]
     assert "quarantined:malformed_structure" in by_kind["zero_sequence_length"]
     # the model name is free text: cleaned like a descriptor (the planted name and ID replaced), else quarantined
     assert set(by_kind["device_identity"]) <= {"ingested:None", "quarantined:verification_failed"}

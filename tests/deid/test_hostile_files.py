@@ -100,23 +100,24 @@ def test_item_bomb_is_refused_with_its_own_reason(policy):
 
 
 @pytest.mark.slow
-def test_deflate_bomb_is_refused_under_1_gb_rss():
+def test_deflate_bomb_is_refused_under_1_gb_rss(tmp_path):
+    """The bomb is built in one process and refused in another, so the peak RSS measured is the refusal's alone."""
+    bomb = tmp_path / "bomb.dcm"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    build = (
+        "import sys; sys.path.insert(0, 'tests'); import hostile_dicom as h, pathlib;"
+        f"pathlib.Path({str(bomb)!r}).write_bytes(h.deflate_bomb(1024 ** 3))"
+    )
+    subprocess.run([sys.executable, "-c", build], cwd=ROOT, check=True, timeout=300, env=env)
     code = (
-        "import resource, sys; sys.path.insert(0, 'tests'); import hostile_dicom as h;"
+        "import resource, pathlib;"
         "from etl.sources.dicom_bounds import bounded_source, SourceBoundsError\n"
-        "data = h.deflate_bomb(1024 ** 3)\n"
+        f"data = pathlib.Path({str(bomb)!r}).read_bytes()\n"
         "try:\n bounded_source(data); print('accepted')\n"
         "except SourceBoundsError as e:\n print(e.reason)\n"
         "print(len(data), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
     )
-    res = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     reason, sizes = res.stdout.split("\n")[:2]
     size, rss = map(int, sizes.split())
     assert reason == "inflated_too_large"

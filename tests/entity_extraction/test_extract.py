@@ -292,7 +292,7 @@ def test_family_filter_and_errors(ex):
         ex.extract(text, "X-RAY")
     assert err.value.reason == "unknown_family"
     with pytest.raises(ExtractorConfigError) as err:
-        EntityExtractor(language="de")
+        EntityExtractor(language="it")  # German, French and Spanish packs ship; Italian does not
     assert err.value.reason == "unsupported_language"
     assert ex.extract_many(["No effusion.", "Effusion."], CXR)[1][0]["assertion"] == "present"
 
@@ -486,7 +486,7 @@ def test_second_language_is_data_only(tmp_path, monkeypatch):
     _write_german_pack(pack)
     monkeypatch.delenv("MEDRECO_LEXICON_PATH", raising=False)
     with pytest.raises(ExtractorConfigError) as err:  # not installed: unknown language
-        EntityExtractor(language="de")
+        EntityExtractor(language="it")
     assert err.value.reason == "unsupported_language"
 
     de = EntityExtractor(language="de", search_path=[pack])

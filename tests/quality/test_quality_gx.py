@@ -78,7 +78,7 @@ def test_leaked_name_in_report_fails_the_gate():
     rows["reports"][1]["text"] += f" Discussed with Dr. {PLANTED_NAME} on the ward."
     msg = _gate(rows, {"reports"})
     assert "reports: expect_column_values_to_not_match_regex_list:text|indication" in msg
-    assert "1 of 9 values" in msg and "Walker" not in msg
+    assert "1 of 12 values" in msg and "Walker" not in msg
 
 
 def test_warnings_do_not_fail_the_gate():

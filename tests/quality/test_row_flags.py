@@ -119,7 +119,7 @@ def ocr_once_per_frame():
     real = burned_in_text.read_lines
     params = list(inspect.signature(real).parameters)
     # the replay below must see every input and output of read_lines: a changed signature fails here, by name
-    assert params == ["frame", "policy", "phi", "verify", "unread", "blanked", "thresholding"], params
+    assert params == ["frame", "policy", "phi", "verify", "unread", "blanked", "thresholding", "hints"], params
     memo: dict = {}
     calls = {"read": 0, "replayed": 0}
 

@@ -757,6 +757,8 @@ def test_cli_publish_list_show_diff_verify(cli, store):
     write_institution(store, "ie-c", 2)
     assert cli("publish").stdout.startswith("0.2.0\tcreated")
     listed = cli("list").stdout.strip().splitlines()
+    assert listed[0].startswith("version\tcreated_at")  # a header row
+    listed = listed[1:]
     assert [line.split("\t")[0] for line in listed] == ["0.1.0", "0.2.0"] and listed[1].split("\t")[2] == "minor"
     assert json.loads(cli("show", "latest").stdout)["version"] == "0.2.0"
     text = cli("diff", "0.1.0", "0.2.0").stdout

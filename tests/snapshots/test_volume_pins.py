@@ -99,9 +99,9 @@ def test_torch_datasets_and_training_data_read_volume_objects(release):
     t = store.tensor(i)
     assert tuple(t.shape) == tuple(store.rows[i]["shape"]) and t.dtype.is_floating_point
     ref = open_snapshot(ctx.storage, version)
-    index = load_study_index(ref)
-    rows = index.images.to_pylist()
-    row = next(r for r in rows if r["kind"] == "3d")
+    index = load_study_index(ref)  # metadata in memory; a payload (or volume object) read on demand
+    study = next(k for k, i in index.image_row.items() if index.store.rows[i]["kind"] == "3d")
+    row = index.image_record(study)
     x = image_tensor(row, 32, 1, 4, index.storage)
     assert x.shape[1:] == (1, 32, 32) and 1 <= x.shape[0] <= 4
     assert np.isfinite(x.numpy()).all()
