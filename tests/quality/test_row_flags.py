@@ -129,7 +129,7 @@ def ocr_once_per_frame():
         a = np.ascontiguousarray(a)
         return (a.shape, a.dtype.str, hashlib.sha256(a.tobytes()).hexdigest())
 
-    def read_lines(frame, policy, phi, *, verify=False, unread=None, blanked=None, thresholding=0):
+    def read_lines(frame, policy, phi, *, verify=False, unread=None, blanked=None, thresholding=0, hints=None):
         key = (
             digest(frame),
             repr(policy),
@@ -139,13 +139,16 @@ def ocr_once_per_frame():
             digest(blanked),
             unread is not None,
             thresholding,
+            repr(hints),
         )
         if key in memo:
             calls["replayed"] += 1
         else:
             calls["read"] += 1
             found: list | None = [] if unread is not None else None
-            lines = real(frame, policy, phi, verify=verify, unread=found, blanked=blanked, thresholding=thresholding)
+            lines = real(
+                frame, policy, phi, verify=verify, unread=found, blanked=blanked, thresholding=thresholding, hints=hints
+            )
             memo[key] = (lines, found)
         lines, found = copy.deepcopy(memo[key])
         if unread is not None:
