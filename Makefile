@@ -49,7 +49,7 @@ demo: install tools
 	$(BIN)/medreco demo
 
 test: install browser tools
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
