@@ -14,6 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from schemas.config import PROJECT_ROOT
 from schemas.errors import ReasonCodedError
 
 
@@ -206,8 +207,10 @@ class VLMModelConfig(_Strict):
     )
     vision_init: str | None = Field(
         default=None,
-        description="encoder checkpoint (checkpoints/last.pt or best.pt of an encoder job) whose "
-        "backbone, slice and entity-pool weights start the vision tower",
+        description="where the vision tower's backbone, slice and entity-pool weights start: an encoder "
+        "checkpoint path (checkpoints/last.pt or best.pt of an encoder job), or encoder, encoder:best, "
+        "encoder:last, encoder/NAME[:best|:last]: the encoder job of the same snapshot (training.vision_init; "
+        "the training DAG then runs the VLM after the encoder)",
     )
     freeze_vision: bool = Field(default=False, description="keep the vision tower fixed")
     freeze_lm: bool = Field(default=False, description="keep the language model fixed (projector still trains)")
@@ -219,6 +222,12 @@ class VLMModelConfig(_Strict):
     tokenizer: TokenizerConfig = TokenizerConfig()
     max_text_tokens: int = Field(default=96, ge=8)
     max_new_tokens: int = Field(default=8, ge=1, description="greedy decoding length for open answers")
+
+    @model_validator(mode="after")
+    def _check(self) -> VLMModelConfig:
+        if self.path and self.vision_init:
+            raise ValueError("model.vision_init starts the built vision tower; a Qwen-VL model.path has its own")
+        return self
 
 
 class VLMDataConfig(_Strict):
@@ -367,3 +376,18 @@ def effective_launch(job: JobConfig, pipeline_training=None, launcher: str | Non
     if launcher:
         chosen = launcher
     return launch.model_copy(update={"launcher": chosen, "kubernetes": k8s})
+
+
+def resolve_job_config(path: str, base_dir: str | Path) -> Path:
+    """A job config path: absolute as is; relative from the pipeline config's folder, else the project root.
+
+    Raises
+    ------
+    FileNotFoundError
+        when neither location holds the file.
+    """
+    p = Path(path)
+    for cand in [p] if p.is_absolute() else [Path(base_dir) / p, PROJECT_ROOT / p]:
+        if cand.is_file():
+            return cand.resolve()
+    raise FileNotFoundError(f"training config {path} not found (looked under {base_dir} and {PROJECT_ROOT})")

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 from schemas.config import PROJECT_ROOT
 
@@ -203,3 +204,12 @@ def test_gpu_check_runs_green_on_cpu_with_tiny_sizes(tmp_path):
     for r in res:
         assert r["loss_last"] < r["loss_first"] and r["images_per_s"] > 0 and 0 <= r["loader_wait_share"] <= 1
         assert r["resumed_to"] == r["resumed_from"] + 2 and r["checkpoint_loads_on"] == ["cpu"]
+
+
+def test_vision_init_is_refused_beside_a_qwen_vl_folder(tmp_path):
+    from training.config import TrainingConfigError, load_job_config
+
+    cfg = tmp_path / "vlm.yaml"
+    cfg.write_text(yaml.safe_dump({"job": "vlm", "name": "q", "model": {"path": "/m/qwen", "vision_init": "encoder"}}))
+    with pytest.raises(TrainingConfigError, match="a Qwen-VL model.path has its own"):
+        load_job_config(cfg)
