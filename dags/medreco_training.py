@@ -4,7 +4,8 @@
 (the latest when run by hand) and starts the job with the configured launcher; ``wait_<job>`` is a sensor
 that pokes the launcher (immediate for the synchronous local launcher, rescheduled polling for Kubernetes
 and SageMaker) and fails on a failed job; ``record`` writes ``reports/training/<version>.json`` with each
-job's lineage (snapshot version and content hash, config, code version, metrics, checkpoint).
+job's lineage (snapshot version and content hash, config, code version, metrics, checkpoint) and fills the
+dashboard's Training page when the dashboard shows that release (``quality.training_page``).
 
 The two jobs run at once, unless the VLM job's ``model.vision_init`` names the encoder job of the same snapshot
 (``training.vision_init``): then ``launch_vlm`` waits for ``wait_encoder``. The order is read from the default
@@ -68,9 +69,12 @@ def build_training_dag(ordered: bool):
 
         @task(multiple_outputs=True)
         def record(handles: list[dict]) -> dict:
+            from quality.training_page import stamp_training
+            from training.jobs import open_storage
             from training.pipeline import record_runs
 
-            return record_runs(_config(), list(handles))
+            rec = record_runs(_config(), list(handles))
+            return {**rec, "dashboard": stamp_training(open_storage(_config()), rec["snapshot_version"])}
 
         launches = {job: launch.override(task_id=f"launch_{job}")(job) for job in JOBS}
         waits = {job: wait.override(task_id=f"wait_{job}")(launches[job]) for job in JOBS}

@@ -102,12 +102,19 @@ def test_training_dag_runs_the_vlm_from_the_encoder_and_records_lineage(tmp_path
 
     with pytest.raises(VisionInitError, match="no encoder job has finished on snapshot 0.1.0"):
         start_job("vlm", pipe, "0.1.0")  # refused ahead of the launch: no encoder yet
+    from etl import zones
+    from quality.checks import QualityReport
+    from quality.dashboard import build_dashboard, stamp_release
+    from training.data import open_snapshot
+
+    pages = build_dashboard({}, QualityReport(), {"run_id": "r1"}, tmp_path / "pages").parent
+    for page in pages.glob("*.html"):  # the build's dashboard of release 0.1.0
+        st.write_bytes(f"{zones.DASHBOARD_DIR}/{page.name}", page.read_bytes())
+    stamp_release(st, "0.1.0", open_snapshot(st).content_hash)
     dag = build_training_dag(vlm_after_encoder(pipe))
     run = dag.test(run_conf={"config": pipe, "snapshot": "0.1.0"})
     assert str(run.state).endswith("success")
     record = json.loads(st.read_text("reports/training/0.1.0.json"))
-    from training.data import open_snapshot
-
     assert record["snapshot_version"] == "0.1.0" and record["content_hash"] == open_snapshot(st).content_hash
     assert set(record["jobs"]) == {"encoder", "vlm"}
     for kind, job in record["jobs"].items():
@@ -126,6 +133,28 @@ def test_training_dag_runs_the_vlm_from_the_encoder_and_records_lineage(tmp_path
         "encoder_step": 6,
     }
     assert vlm["config"]["model"]["vision_init"] == enc_ckpt
+    # the record task filled the dashboard's Training page with this run's cells
+    html = st.read_text(f"{zones.DASHBOARD_DIR}/training.html")
+    assert "Training on release 0.1.0" in html and 'id="training-pending"' not in html
+    enc_val = record["jobs"]["encoder"]["lineage_record"]["metrics"]["eval"]["val"]
+    names = ["R@1", "R@3", "R@5", "R@10", "NDCG@10"]  # the tiny config's recall_ks, in the page's column order
+    assert set(enc_val["cells_mean"]) == set(names) and len(enc_val["cells"]) == 12
+    assert "".join(f'<th class="num">{n}</th>' for n in names) in html
+    for key, c in enc_val["cells"].items():
+        fam, cat = key.split("|")
+        nums = "".join(f'<td class="num">{"–" if c[n] is None else f"{c[n]:.3f}"}</td>' for n in names)
+        assert (
+            f'<td>{fam}</td><td>{cat}</td><td class="num">{c["n_queries"]}</td><td class="num">{c["gallery"]}</td>'
+            + nums
+            in html
+        )
+    assert any(c["n_queries"] for c in enc_val["cells"].values())
+    vqa_val = vlm["metrics"]["eval"]["val"]
+    for fam, v in vqa_val["by_family"].items():
+        assert (
+            f'<tr><td>{fam}</td><td class="num">{v["n_mc"]}</td><td class="num">{v["mc_accuracy"]:.3f}</td></tr>'
+            in html
+        )
     with pytest.raises(VisionInitError, match="kept no best checkpoint"):
         resolve_vision_init("encoder:best", st, "0.1.0")
     with pytest.raises(VisionInitError, match="encoder job other has no lineage record for snapshot 0.1.0"):
