@@ -92,6 +92,13 @@ class EncoderModelConfig(_Strict):
 
     backbone: BackboneConfig = BackboneConfig()
     max_slices: int = Field(default=8, ge=1, description="slices sampled evenly from a volume (3D variant)")
+    patch_depth: int = Field(
+        default=1,
+        ge=1,
+        description="backbone.kind vit: slices per 3D patch (tubelet) of a volume, a Conv3d patch embedding with "
+        "kernel (patch_depth, patch_size, patch_size); 2D images are tubelets of repeated copies; 1: every slice "
+        "through the 2D patch embedding",
+    )
     embed_dim: int = Field(default=32, ge=4, description="retrieval embedding size")
     pool_heads: int = Field(default=4, ge=1, description="heads of the entity-conditioned attention pooling")
     modality_heads: bool = Field(default=True, description="one projection head per modality (else shared)")
@@ -111,6 +118,12 @@ class EncoderModelConfig(_Strict):
         description="per modality: (centre, width) intensity window (CT: HU); other volumes min-max scaled",
     )
     slice_spacing_mm: float | None = Field(default=None, gt=0, description="resample volumes to this slice spacing")
+
+    @model_validator(mode="after")
+    def _check(self) -> EncoderModelConfig:
+        if self.patch_depth > 1 and self.backbone.kind != "vit":
+            raise ValueError(f"patch_depth {self.patch_depth} needs backbone.kind vit (got {self.backbone.kind})")
+        return self
 
 
 class OptimConfig(_Strict):
