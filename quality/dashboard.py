@@ -2,7 +2,8 @@
 
 Pages: run overview (ledger balance, statuses, quarantine reasons, institutions x modalities, trend over
 runs), de-identification audit, images, reports (entity prevalence heat map, negation/uncertainty),
-pairs and VQA, splits, quality checks, quarantine list (with curator decisions).
+pairs and VQA, splits, quality checks, quarantine list (with curator decisions), training metrics of the release
+(filled when its training jobs record them, :mod:`quality.training_page`).
 
 PHI safety: the dashboard reads only codes and counts from the de-identified tables, never report text,
 and from the ledger never ``source_uri`` / ``duplicate_of`` (archives name folders after patients): a
@@ -33,6 +34,7 @@ from quality.page_kit import esc as _e
 from quality.page_kit import fmt as _fmt
 from quality.page_kit import section as _section
 from quality.page_kit import table as _table
+from quality.training_page import TRAINING_PENDING, stamp_training
 from schemas.errors import ReasonCodedError
 from schemas.ledger import STATUSES
 from schemas.ontology import load_ontology
@@ -1175,6 +1177,7 @@ def build_dashboard(
         "splits.html": _splits(tables),
         "checks.html": _checks(quality, data_docs_href),
         "quarantine.html": _quarantine(tables, list(review or [])),
+        "training.html": TRAINING_PENDING,
     }
     template = Template(TEMPLATE_FILE.read_text(encoding="utf-8"))
     out_dir = Path(out_dir)
@@ -1198,7 +1201,8 @@ def build_dashboard(
 
 def stamp_release(storage: Storage, version: str, content_hash: str) -> int:
     """Name the release a run published in the header of every dashboard page (the pages are built by the quality
-    stage, before the release exists). Returns the number of pages stamped.
+    stage, before the release exists), and fill the Training page when that release's training is already recorded
+    (:func:`quality.training_page.stamp_training`). Returns the number of pages stamped.
 
     Parameters
     ----------
@@ -1220,4 +1224,5 @@ def stamp_release(storage: Storage, version: str, content_hash: str) -> int:
         if n:
             storage.write_text(rel, new)
             stamped += 1
+    stamp_training(storage, version)
     return stamped

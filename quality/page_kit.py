@@ -22,6 +22,7 @@ PAGES = (
     ("splits.html", "Splits"),
     ("checks.html", "Quality checks"),
     ("quarantine.html", "Quarantine"),
+    ("training.html", "Training"),
 )
 #: the navigation's way to the quarantine review: the quarantine page's "record decisions" section, which exists
 #: whether the dashboard is served or opened from disk (a file has no app behind ``../review``); that section links

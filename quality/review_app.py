@@ -5,7 +5,8 @@ Served on 127.0.0.1 by ``medreco dashboard --serve`` and registered in the Airfl
 ``plugins/medreco_review_plugin.py`` (Airflow 3 ``fastapi_apps``). Routes (relative to where it is mounted):
 
 - ``GET /`` redirects to ``dashboard/index.html``; ``GET /dashboard/<page>`` and ``GET /data_docs/<page>``
-  serve ``reports/dashboard/`` and ``reports/data_docs/`` of the storage root;
+  serve ``reports/dashboard/`` and ``reports/data_docs/`` of the storage root, ``GET /training/<version>.html``
+  the training pages of ``reports/training/`` (pages only, not the JSON records);
 - ``GET /review``: every quarantined file of the latest run (opaque id, reason, PHI-scrubbed detail) with
   its decision, curator and note, and a form per file (a free-text note, two buttons: release after fix,
   reject); ``POST /review/<id>`` (form: ``decision``, ``note``) records it with the logged-in curator and
@@ -35,7 +36,9 @@ from quality.page_kit import PAGES
 from quality.review import ReviewError, quarantine_items, record_decision
 from quality.review_auth import Authenticator, RequestGuard
 
-_ZONES = {"dashboard": zones.DASHBOARD_DIR, "data_docs": zones.DATA_DOCS_DIR}
+_ZONES = {"dashboard": zones.DASHBOARD_DIR, "data_docs": zones.DATA_DOCS_DIR, "training": zones.TRAINING_DIR}
+#: zones served as pages only (the training records beside them name checkpoint folders and storage URIs)
+_HTML_ONLY = {"training"}
 _STYLE = """body{margin:0;font:14px/1.45 system-ui,sans-serif;color:#1d2430;background:#f6f7fa}
 header{background:#18263d;color:#fff;padding:12px 24px}header h1{font-size:18px;margin:0}
 header .sub{color:#b8c4d8;font-size:12px}
@@ -233,6 +236,8 @@ def create_app(
     @app.get("/{zone}/{path:path}", name="zone_file")
     def zone_file(zone: str, path: str) -> Response:
         if zone not in _ZONES or any(part in ("", "..", ".") for part in path.split("/")):
+            raise HTTPException(404, "not found")
+        if zone in _HTML_ONLY and not path.endswith(".html"):
             raise HTTPException(404, "not found")
         try:
             data = get_storage().read_bytes(f"{_ZONES[zone]}/{path}")

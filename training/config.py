@@ -14,6 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from schemas.config import PROJECT_ROOT
 from schemas.errors import ReasonCodedError
 
 
@@ -91,6 +92,13 @@ class EncoderModelConfig(_Strict):
 
     backbone: BackboneConfig = BackboneConfig()
     max_slices: int = Field(default=8, ge=1, description="slices sampled evenly from a volume (3D variant)")
+    patch_depth: int = Field(
+        default=1,
+        ge=1,
+        description="backbone.kind vit: slices per 3D patch (tubelet) of a volume, a Conv3d patch embedding with "
+        "kernel (patch_depth, patch_size, patch_size); 2D images are tubelets of repeated copies; 1: every slice "
+        "through the 2D patch embedding",
+    )
     embed_dim: int = Field(default=32, ge=4, description="retrieval embedding size")
     pool_heads: int = Field(default=4, ge=1, description="heads of the entity-conditioned attention pooling")
     modality_heads: bool = Field(default=True, description="one projection head per modality (else shared)")
@@ -110,6 +118,12 @@ class EncoderModelConfig(_Strict):
         description="per modality: (centre, width) intensity window (CT: HU); other volumes min-max scaled",
     )
     slice_spacing_mm: float | None = Field(default=None, gt=0, description="resample volumes to this slice spacing")
+
+    @model_validator(mode="after")
+    def _check(self) -> EncoderModelConfig:
+        if self.patch_depth > 1 and self.backbone.kind != "vit":
+            raise ValueError(f"patch_depth {self.patch_depth} needs backbone.kind vit (got {self.backbone.kind})")
+        return self
 
 
 class OptimConfig(_Strict):
@@ -206,8 +220,10 @@ class VLMModelConfig(_Strict):
     )
     vision_init: str | None = Field(
         default=None,
-        description="encoder checkpoint (checkpoints/last.pt or best.pt of an encoder job) whose "
-        "backbone, slice and entity-pool weights start the vision tower",
+        description="where the vision tower's backbone, slice and entity-pool weights start: an encoder "
+        "checkpoint path (checkpoints/last.pt or best.pt of an encoder job), or encoder, encoder:best, "
+        "encoder:last, encoder/NAME[:best|:last]: the encoder job of the same snapshot (training.vision_init; "
+        "the training DAG then runs the VLM after the encoder)",
     )
     freeze_vision: bool = Field(default=False, description="keep the vision tower fixed")
     freeze_lm: bool = Field(default=False, description="keep the language model fixed (projector still trains)")
@@ -219,6 +235,12 @@ class VLMModelConfig(_Strict):
     tokenizer: TokenizerConfig = TokenizerConfig()
     max_text_tokens: int = Field(default=96, ge=8)
     max_new_tokens: int = Field(default=8, ge=1, description="greedy decoding length for open answers")
+
+    @model_validator(mode="after")
+    def _check(self) -> VLMModelConfig:
+        if self.path and self.vision_init:
+            raise ValueError("model.vision_init starts the built vision tower; a Qwen-VL model.path has its own")
+        return self
 
 
 class VLMDataConfig(_Strict):
@@ -367,3 +389,18 @@ def effective_launch(job: JobConfig, pipeline_training=None, launcher: str | Non
     if launcher:
         chosen = launcher
     return launch.model_copy(update={"launcher": chosen, "kubernetes": k8s})
+
+
+def resolve_job_config(path: str, base_dir: str | Path) -> Path:
+    """A job config path: absolute as is; relative from the pipeline config's folder, else the project root.
+
+    Raises
+    ------
+    FileNotFoundError
+        when neither location holds the file.
+    """
+    p = Path(path)
+    for cand in [p] if p.is_absolute() else [Path(base_dir) / p, PROJECT_ROOT / p]:
+        if cand.is_file():
+            return cand.resolve()
+    raise FileNotFoundError(f"training config {path} not found (looked under {base_dir} and {PROJECT_ROOT})")

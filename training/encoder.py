@@ -66,17 +66,20 @@ class ResNetTokens(nn.Module):
 class ViTTokens(nn.Module):
     """transformers ``ViTModel`` built from a ``ViTConfig`` (random initialisation, no download).
 
-    ``forward``: images ``(N, C, H, W)`` -> last hidden states ``(N, 1 + (H/p)*(W/p), hidden_size)``.
+    ``forward``: images ``(N, C, H, W)`` -> last hidden states ``(N, 1 + (H/p)*(W/p), hidden_size)``. With
+    ``patch_depth`` t > 1 the patch embedding is 3D: inputs are tubelets of t slices stacked on the channel axis
+    ``(N, t*C, H, W)``, and the patch convolution over ``t*C`` channels is a Conv3d with kernel and stride
+    ``(t, p, p)`` over the tubelet (the tubelet embedding of ViViT, Arnab et al. 2021).
     """
 
-    def __init__(self, cfg: BackboneConfig):
+    def __init__(self, cfg: BackboneConfig, patch_depth: int = 1):
         super().__init__()
         from transformers import ViTConfig, ViTModel
 
         vc = ViTConfig(
             image_size=cfg.image_size,
             patch_size=cfg.patch_size,
-            num_channels=cfg.in_channels,
+            num_channels=cfg.in_channels * patch_depth,
             hidden_size=cfg.hidden_size,
             num_hidden_layers=cfg.num_layers,
             num_attention_heads=cfg.num_heads,
@@ -88,15 +91,24 @@ class ViTTokens(nn.Module):
         return self.vit(pixel_values=x).last_hidden_state
 
 
-def build_backbone(cfg: BackboneConfig) -> nn.Module:
+def build_backbone(cfg: BackboneConfig, patch_depth: int = 1) -> nn.Module:
     """The 2D token backbone of ``cfg.kind``: ``vit`` | ``resnet`` (random initialisation) or ``pretrained`` (a local
     transformers vision checkpoint, :class:`training.pretrained.PretrainedVisionTokens`). The module's
-    ``hidden_size`` attribute is its token width."""
+    ``hidden_size`` attribute is its token width. ``patch_depth`` > 1 (``vit`` only): a 3D patch embedding over
+    tubelets of that many slices (:class:`ViTTokens`).
+
+    Raises
+    ------
+    ValueError
+        ``patch_depth`` > 1 with a backbone other than ``vit``.
+    """
+    if patch_depth > 1 and cfg.kind != "vit":
+        raise ValueError(f"patch_depth {patch_depth} needs backbone.kind vit, not {cfg.kind}")
     if cfg.kind == "pretrained":
         from training.pretrained import PretrainedVisionTokens
 
         return PretrainedVisionTokens(cfg.path)
-    m = ViTTokens(cfg) if cfg.kind == "vit" else ResNetTokens(cfg)
+    m = ViTTokens(cfg, patch_depth) if cfg.kind == "vit" else ResNetTokens(cfg)
     m.hidden_size = cfg.hidden_size
     return m
 
@@ -106,22 +118,61 @@ def hf_model(backbone: nn.Module) -> nn.Module | None:
     return getattr(backbone, "vit", None) or getattr(backbone, "model", None)
 
 
+def tubelets(images: torch.Tensor, slice_mask: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group each image's real slices into tubelets of ``depth`` consecutive slices, stacked on the channel axis.
+
+    Parameters
+    ----------
+    images : torch.Tensor
+        ``(B, S, C, H, W)``; the real slices of a row come first (``slice_mask`` is a prefix).
+    slice_mask : torch.Tensor
+        ``(B, S)`` bool.
+    depth : int
+        slices per tubelet.
+
+    Returns
+    -------
+    tuple
+        ``units (B, U, depth*C, H, W)`` with ``U = ceil(S / depth)`` (channel ``k*C + c`` is slice ``k`` of the
+        tubelet) and ``unit_mask (B, U)`` bool. A row with n real slices has ``ceil(n / depth)`` real tubelets; the
+        last one repeats the row's last real slice, so a 2D image (n = 1) is one tubelet of ``depth`` copies of
+        itself (how I3D, Carreira & Zisserman 2017, feeds a still image to 3D filters).
+    """
+    b, s, c, h, w = images.shape
+    u = -(-s // depth)
+    n = slice_mask.sum(1)
+    last = (n - 1).clamp(min=0)
+    idx = torch.arange(u * depth, device=images.device).view(u, depth)
+    idx = torch.minimum(idx[None], last[:, None, None])  # (B, U, depth)
+    rows = torch.arange(b, device=images.device)[:, None, None]
+    units = images[rows, idx].reshape(b, u, depth * c, h, w)
+    unit_mask = torch.arange(u, device=images.device)[None] < (-(-n // depth))[:, None]
+    return units, unit_mask
+
+
 class SliceTokens(nn.Module):
     """Backbone over every real slice, tokens concatenated per image (3D variant by slice aggregation).
 
     ``forward(images (B, S, C, H, W), slice_mask (B, S) bool)`` -> ``tokens (B, S*T, D)`` with a learned
     slice-position embedding added, and ``pad (B, S*T)`` bool, True for tokens of absent slices. Only the slices
     the mask marks real go through the backbone (absent ones are zero tokens, masked in every attention).
+
+    With ``patch_depth`` t > 1 (``EncoderModelConfig.patch_depth``, ViT only) the units are tubelets of t slices
+    (:func:`tubelets`) through a 3D patch embedding instead of single slices: ``tokens (B, U*T, D)``, ``U =
+    ceil(S / t)``, the position embedding per tubelet; a volume costs t times fewer backbone passes.
     """
 
     def __init__(self, cfg: EncoderModelConfig):
         super().__init__()
-        self.backbone = build_backbone(cfg.backbone)
+        self.patch_depth = cfg.patch_depth
+        self.backbone = build_backbone(cfg.backbone, cfg.patch_depth)
         self.hidden_size = int(self.backbone.hidden_size)
         self.slice_pos = nn.Parameter(torch.zeros(cfg.max_slices, self.hidden_size))
         nn.init.normal_(self.slice_pos, std=0.02)
 
     def forward(self, images: torch.Tensor, slice_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.patch_depth > 1:
+            images, slice_mask = tubelets(images, slice_mask, self.patch_depth)
         b, s = images.shape[:2]
         flat = slice_mask.reshape(-1)
         real = self.backbone(images.flatten(0, 1)[flat])  # (n_real, T, D)

@@ -113,7 +113,9 @@ def run_job(
     -------
     dict
         the lineage record: snapshot version and content hash, config (as validated), code version,
-        metrics, checkpoint and run folder, timestamps.
+        metrics, checkpoint and run folder, timestamps; a VLM started from an encoder checkpoint also
+        ``vision_init`` (:func:`training.vision_init.resolve_vision_init`: the reference, the checkpoint and the
+        encoder's lineage record).
 
     Raises
     ------
@@ -121,6 +123,8 @@ def run_job(
         the snapshot is missing or fails verification.
     training.config.TrainingConfigError
         a bad job config.
+    training.vision_init.VisionInitError
+        ``vision_init`` names an encoder job that has not finished on the snapshot.
     """
     from training.loop import setup_runtime, train, write_json_atomic
     from training.tasks import EncoderTask, VLMTask
@@ -130,6 +134,13 @@ def run_job(
     runtime = setup_runtime(job.optim)
     ref = open_snapshot_once(storage, snapshot)  # rank 0 re-hashes the release; the other ranks take its verdict
     run_dir = run_dir_for(job, ref.version, storage, output)
+    vision_init = None
+    if job.job == "vlm" and job.model.vision_init:
+        from training.vision_init import resolve_vision_init
+
+        vision_init = resolve_vision_init(job.model.vision_init, storage, ref.version)
+        model = job.model.model_copy(update={"vision_init": vision_init["checkpoint"]})
+        job = job.model_copy(update={"model": model})
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     if job.job == "encoder":
         task = EncoderTask(job, ref)
@@ -155,6 +166,8 @@ def run_job(
         "started_at": started,
         "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+    if vision_init is not None:
+        record["vision_init"] = vision_init
     if job.job == "encoder":
         record["positives_source"] = task.positives.source
     if runtime.is_main:

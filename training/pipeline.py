@@ -14,10 +14,11 @@ from pathlib import Path
 
 from etl import zones
 from schemas.config import PROJECT_ROOT
-from training.config import effective_launch, load_job_config
+from training.config import effective_launch, load_job_config, resolve_job_config
 from training.data import open_snapshot
 from training.jobs import lineage_path, open_storage
 from training.launchers import LaunchRequest, launch
+from training.vision_init import is_encoder_ref, resolve_vision_init
 
 
 def snapshot_from_events(events) -> str | None:
@@ -25,21 +26,6 @@ def snapshot_from_events(events) -> str | None:
     ``extra["version"]``), or None (a run started by hand)."""
     extras = [e.extra for evs in (events or {}).values() for e in evs if (e.extra or {}).get("version")]
     return extras[-1]["version"] if extras else None
-
-
-def resolve_job_config(path: str, base_dir: str | Path) -> Path:
-    """A job config path: absolute as is; relative from the pipeline config's folder, else the project root.
-
-    Raises
-    ------
-    FileNotFoundError
-        when neither location holds the file.
-    """
-    p = Path(path)
-    for cand in [p] if p.is_absolute() else [Path(base_dir) / p, PROJECT_ROOT / p]:
-        if cand.is_file():
-            return cand.resolve()
-    raise FileNotFoundError(f"training config {path} not found (looked under {base_dir} and {PROJECT_ROOT})")
 
 
 def start_job(
@@ -74,6 +60,8 @@ def start_job(
     ------
     training.data.SnapshotRefusedError, training.config.TrainingConfigError, FileNotFoundError,
     training.launchers.LauncherError
+    training.vision_init.VisionInitError
+        a VLM whose ``vision_init`` names the encoder job of the snapshot, and that job has not finished.
     """
     from schemas.config import load_config
 
@@ -93,6 +81,9 @@ def start_job(
         }
     path = resolve_job_config(job_config or getattr(cfg.training, f"{kind}_config"), cfg.base_dir)
     job = load_job_config(path, expect=kind)
+    if kind == "vlm" and is_encoder_ref(job.model.vision_init):
+        # refused here, ahead of the launch, when the encoder job has not finished on this snapshot
+        resolve_vision_init(job.model.vision_init, ref.storage, ref.version, check_file=False)
     launch_cfg = effective_launch(job, cfg.training, launcher)
     rel = path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path
     req = LaunchRequest(
@@ -110,7 +101,8 @@ def start_job(
 
 def record_runs(pipeline_config: str | Path, handles: list[dict]) -> dict:
     """Write ``reports/training/<version>.json`` (per job its handle and, when finished, its lineage record) and
-    the page of its evaluation cells ``reports/training/<version>.html``.
+    the page of its evaluation cells ``reports/training/<version>.html``. Jobs of the same release recorded
+    earlier and not in ``handles`` are kept.
 
     Returns
     -------
@@ -119,12 +111,14 @@ def record_runs(pipeline_config: str | Path, handles: list[dict]) -> dict:
     """
     storage = open_storage(str(pipeline_config))
     version = handles[0]["snapshot_version"]
-    jobs = {}
+    rel = zones.training_record(version)
+    old = json.loads(storage.read_text(rel)) if storage.is_file(rel) else {}
+    # a job recorded alone (``medreco train encoder`` then ``vlm``) keeps the other jobs of the same release
+    jobs = dict(old.get("jobs") or {}) if old.get("content_hash") == handles[0]["content_hash"] else {}
     for h in handles:
         lin = json.loads(storage.read_text(h["lineage"])) if h["lineage"] and storage.is_file(h["lineage"]) else None
         jobs[h["job"]] = {**h, "lineage_record": lin}
     record = {"snapshot_version": version, "content_hash": handles[0]["content_hash"], "jobs": jobs}
-    rel = zones.training_record(version)
     storage.write_text(rel, json.dumps(record, indent=1, sort_keys=True))
     from training.report import render_training_page
 

@@ -51,14 +51,20 @@ _STYLE = (
 )
 
 
+def _metric_order(name: str) -> tuple:
+    """Recall@k by k, then NDCG@k (records are stored with sorted keys: ``NDCG@10`` would come first)."""
+    kind, _, k = name.partition("@")
+    return (kind != "R", int(k) if k.isdigit() else 0, name)
+
+
 def _retrieval(ev: dict) -> str:
     out = []
     for split, res in ev.items():
         if not isinstance(res, dict) or "cells" not in res:
             continue
-        names = [k for k in res["cells_mean"]]
+        names = sorted(res["cells_mean"], key=_metric_order)
         rows = [
-            [cell, c["n_queries"], c["gallery"], *[c[n] for n in names]] for cell, c in sorted(res["cells"].items())
+            [cell, c["n_queries"], c["gallery"], *[c.get(n) for n in names]] for cell, c in sorted(res["cells"].items())
         ]
         rows.append(["mean of cells", res["n_queries"], res["gallery"], *[res["cells_mean"][n] for n in names]])
         out.append(

@@ -79,7 +79,9 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
 def shard_fsdp(model: nn.Module, device: torch.device) -> nn.Module:
     """FSDP2: ``fully_shard`` every transformer block (classes in a submodule's ``_no_split_modules``), then
     the root, on a 1-D mesh over all processes (``cpu`` mesh on gloo, ``cuda`` on nccl). bf16 autocast is
-    applied by the loop around the forward (parameters stay float32 in the optimizer).
+    applied by the loop around the forward (parameters stay float32 in the optimizer). The root's methods named in
+    its ``fsdp_forward_methods`` (entry points other than ``forward``, such as the VLM's evaluation methods) gather
+    the root's parameters like ``forward`` does (``register_fsdp_forward_method``).
 
     Returns
     -------
@@ -87,7 +89,7 @@ def shard_fsdp(model: nn.Module, device: torch.device) -> nn.Module:
         the same module, sharded in place.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     block_names: set[str] = set()
@@ -97,6 +99,8 @@ def shard_fsdp(model: nn.Module, device: torch.device) -> nn.Module:
         if m is not model and type(m).__name__ in block_names:
             fully_shard(m, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    for name in getattr(model, "fsdp_forward_methods", ()):
+        register_fsdp_forward_method(model, name)
     return model
 
 

@@ -135,6 +135,9 @@ class ComparativeVLM(nn.Module):
         vocabulary sizes of the vision encoder's entity queries and modality heads.
     """
 
+    #: entry points besides ``forward`` (evaluation): under FSDP2 they gather the root's parameters too
+    fsdp_forward_methods = ("next_token_logits", "generate_greedy")
+
     def __init__(self, cfg: VLMModelConfig, lm: nn.Module, n_entities: int, n_families: int):
         super().__init__()
         h = lm.get_input_embeddings().embedding_dim

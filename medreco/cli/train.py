@@ -32,7 +32,11 @@ def _run(kind: str, snapshot: str | None, config: Path | None, launcher: str | N
         )
         raise typer.Exit(1)
     if handle["status"] in ("succeeded", "disabled"):
+        from quality.training_page import stamp_training
+        from training.jobs import open_storage
+
         record_runs(pipeline_config, [handle])
+        stamp_training(open_storage(str(pipeline_config)), handle["snapshot_version"])
     typer.echo(
         json.dumps(
             {

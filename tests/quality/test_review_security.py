@@ -236,3 +236,15 @@ def test_curator_names_may_hold_single_spaces(client, storage, user, ok):
 def test_table_cells_wrap_between_words_only(client):
     page = client.get("/review", headers={**LOCAL, **_basic("alice")}).text
     assert "overflow-wrap:break-word" in page and "overflow-wrap:anywhere" not in page
+
+
+def test_training_pages_are_served_but_not_the_records(client, storage):
+    """The dashboard's Training page links ``../training/<version>.html``: served; the JSON records beside it
+    (checkpoint folders, storage URIs) are not."""
+    storage.write_text("reports/training/0.2.0.html", "<html><body>cells</body></html>")
+    storage.write_text("reports/training/0.2.0.json", '{"jobs": {}}')
+    auth = {**LOCAL, **_basic("alice")}
+    assert client.get("/training/0.2.0.html", headers=auth).text.endswith("cells</body></html>")
+    assert client.get("/training/0.2.0.json", headers=auth).status_code == 404
+    assert client.get("/training/0.2.0/encoder-x.json", headers=auth).status_code == 404
+    assert client.get("/training/0.2.0.html", headers=LOCAL).status_code == 401

@@ -1,5 +1,6 @@
 """Several processes on CPU (gloo): the VLM and the encoder train under DDP through the local launcher (torchrun),
-the encoder under FSDP2, and the all-gather of negatives keeps the gradient on each process's own rows."""
+both under FSDP2 (the VLM with each process's own parameter shards checked), and the all-gather of negatives keeps
+the gradient on each process's own rows."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import math
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -98,3 +100,72 @@ def test_gathered_rows_keep_the_gradient_of_the_local_part(tmp_path):
         assert torch.equal(got["all"], torch.tensor([[1.0] * 3] * 2 + [[2.0] * 3] * 2))
         assert got["offset"] == 2 * rank
         assert torch.equal(got["grad"], w[2 * rank : 2 * rank + 2])  # only this process's rows: its own weights
+
+
+def _fsdp_vlm_worker(rank: int, world: int, port: int, root: str, cfg: str, out: str) -> None:
+    """One process of an FSDP2 VLM run: trains through ``training.loop.train`` and saves, for its own shards, how
+    many trainable parameters changed against the weights the model was built with."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
+    from torch.distributed.tensor import DTensor
+
+    from etl.storage import Storage
+    from training.config import load_job_config
+    from training.data import open_snapshot_once
+    from training.loop import setup_runtime, train
+    from training.tasks import VLMTask
+
+    class Watched(VLMTask):
+        def build_model(self):
+            self.model = super().build_model()
+            self.initial = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+            return self.model
+
+    job = load_job_config(cfg)
+    rt = setup_runtime(job.optim)
+    task = Watched(job, open_snapshot_once(Storage.open(root), "0.1.0"), f"{out}/run")
+    metrics = train(task, job.optim, f"{out}/run", rt)
+    task.model.reshard()  # the root keeps its parameters gathered after the last (evaluation) forward
+    rows = []
+    for name, p in task.model.named_parameters():
+        if not p.requires_grad:
+            continue
+        sharded = isinstance(p, DTensor)
+        local = (p.to_local() if sharded else p).detach().cpu()
+        parts = torch.chunk(task.initial[name], world, dim=0) if sharded else [task.initial[name]] * world
+        init = parts[rank] if rank < len(parts) else task.initial[name][:0]
+        assert local.shape == init.shape, (name, local.shape, init.shape)  # FSDP2: dim-0 chunks, this rank's one
+        if local.numel():
+            rows.append((name, sharded, not torch.equal(local, init)))
+    torch.save({"rows": rows, "losses": metrics["losses"], "parallel": metrics["parallel"]}, f"{out}/{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_vlm_trains_under_fsdp_and_updates_the_shards_of_both_processes(snap, tmp_path):
+    cfg = _job(tmp_path, "vlm", "vlm-fsdp", max_steps=3, parallel="fsdp")
+    d = yaml.safe_load(open(cfg).read())
+    d["data"]["eval_splits"] = ["val"]
+    open(cfg, "w").write(yaml.safe_dump(d))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = torch.multiprocessing.spawn(
+        _fsdp_vlm_worker, args=(2, port, snap.root, cfg, str(tmp_path)), nprocs=2, join=False
+    )
+    deadline = time.monotonic() + 400
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the FSDP VLM run did not finish in 400 s")
+    got = [torch.load(tmp_path / f"{rank}.pt") for rank in (0, 1)]
+    for rank, g in enumerate(got):
+        assert g["parallel"] == "fsdp" and len(g["losses"]) == 3
+        assert all(math.isfinite(x) for x in g["losses"])
+        sharded = [r for r in g["rows"] if r[1]]
+        # every trainable parameter is sharded, and every shard this process holds moved in 3 AdamW steps
+        assert len(sharded) == len(g["rows"]) > 20, rank
+        assert [r[0] for r in g["rows"] if not r[2]] == [], rank
+        assert any(n.startswith("lm.") for n, _, _ in sharded) and any(n.startswith("vision.") for n, _, _ in sharded)
+    assert got[0]["losses"] == got[1]["losses"]  # one all-reduced loss per step

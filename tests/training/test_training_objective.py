@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 from schemas.config import PROJECT_ROOT
 
@@ -153,7 +154,12 @@ def test_training_page_shows_the_cells_escaped():
                 "images_per_s": 12.5,
                 "best": {"metric": "val.cells_mean.NDCG@10", "value": 0.75, "step": 10},
                 "eval": {
-                    "val": {"n_queries": 3, "gallery": 8, "cells": cells, "cells_mean": {"R@1": 0.5, "NDCG@10": 0.75}}
+                    "val": {
+                        "n_queries": 3,
+                        "gallery": 8,
+                        "cells": cells,
+                        "cells_mean": {"NDCG@10": 0.75, "R@1": 0.5, "R@10": 1.0, "R@5": 1.0},  # as stored: sorted
+                    }
                 },
             }
         },
@@ -183,6 +189,9 @@ def test_training_page_shows_the_cells_escaped():
     assert "1.0.0&lt;x&gt;" in page and "<x>" not in page
     assert "<td>2D-CXR|finding</td>" in page and "val.cells_mean.NDCG@10 = 0.7500 at step 10" in page
     assert "<td>longitudinal change</td>" in page and "<h3>test</h3>" in page
+    assert (
+        '<th class="num">R@1</th><th class="num">R@5</th><th class="num">R@10</th><th class="num">NDCG@10</th>' in page
+    )
 
 
 @pytest.mark.slow
@@ -203,3 +212,12 @@ def test_gpu_check_runs_green_on_cpu_with_tiny_sizes(tmp_path):
     for r in res:
         assert r["loss_last"] < r["loss_first"] and r["images_per_s"] > 0 and 0 <= r["loader_wait_share"] <= 1
         assert r["resumed_to"] == r["resumed_from"] + 2 and r["checkpoint_loads_on"] == ["cpu"]
+
+
+def test_vision_init_is_refused_beside_a_qwen_vl_folder(tmp_path):
+    from training.config import TrainingConfigError, load_job_config
+
+    cfg = tmp_path / "vlm.yaml"
+    cfg.write_text(yaml.safe_dump({"job": "vlm", "name": "q", "model": {"path": "/m/qwen", "vision_init": "encoder"}}))
+    with pytest.raises(TrainingConfigError, match="a Qwen-VL model.path has its own"):
+        load_job_config(cfg)
