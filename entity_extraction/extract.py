@@ -609,6 +609,23 @@ class EntityExtractor:
         return min(mods, key=distance)
 
     @staticmethod
+    def _hedges(ent: Span, by_cat: dict[str, list], assertion: str) -> tuple[str, ...]:
+        """Literals (lower case, sorted, distinct) of the rules that make an ``uncertain`` assertion; () otherwise.
+
+        The uncertainty cues (``POSSIBLE_EXISTENCE``, a rule carrying ``assertion: uncertain``, else ``NP_HEDGE``) are
+        what a label convention other than the product's reads (e.g. NLM's Open-i indexing codes "A versus B"):
+        ``entity_extraction/openi_assertion_map.yaml``.
+        """
+        if assertion != "uncertain":
+            return ()
+        mods = [
+            m
+            for m in ent._.modifiers
+            if m.category == "POSSIBLE_EXISTENCE" or (m.rule.metadata or {}).get("assertion") == "uncertain"
+        ] or by_cat.get("NP_HEDGE", [])
+        return tuple(sorted({m.rule.literal.lower() for m in mods}))
+
+    @staticmethod
     def _assertion(ent: Span) -> tuple[dict[str, list], str, str]:
         """ConText modifiers of ``ent`` by category, its assertion and its temporality."""
         by_cat: dict[str, list] = {}
@@ -688,6 +705,7 @@ class EntityExtractor:
             "section": section_at(spans, ent.start_char),
             "sentence": self._sentence_text(ent, sent, sents.text, bodies),
             "assertion": assertion,
+            "hedges": list(self._hedges(ent, by_cat, assertion)),
             "temporality": temporality,
             "change": change,
             "laterality": lat.rule.metadata["value"] if lat is not None else None,

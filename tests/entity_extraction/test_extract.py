@@ -267,12 +267,24 @@ def test_fields_sections_anatomy_and_plurals(ex):
             "section",
             "sentence",
             "assertion",
+            "hedges",
             "temporality",
             "change",
             "laterality",
             "severity",
             "anatomy_id",
         }
+        assert m["hedges"] == []  # no mention of this report is uncertain
+
+
+def test_hedges_name_the_cues_of_an_uncertain_mention(ex):
+    assert one(ex, "Atelectasis versus scar.", "F019")["hedges"] == ["versus"]
+    assert one(ex, "Opacity may represent pneumonia.", "C006")["hedges"] == ["may represent"]
+    assert one(ex, "Borderline cardiomegaly.", "F018")["hedges"] == ["borderline"]
+    got = one(ex, "Possible left basilar infiltrate versus atelectasis.", "F019")
+    assert got["assertion"] == "uncertain" and set(got["hedges"]) >= {"versus"}
+    assert one(ex, "No pleural effusion.", "F029")["hedges"] == []
+    assert one(ex, "Likely pneumonia.", "C006")["hedges"] == []  # a high-likelihood hedge asserts
 
 
 def test_ambiguous_synonym_prefers_anatomy_in_sentence(ex):
