@@ -537,20 +537,27 @@ class EntityExtractor:
         self, ent: Span, sent: Span, options: tuple[tuple[str, re.Pattern[str], bool], ...]
     ) -> tuple[str, bool] | None:
         """Concept of a descriptor mention (the rule whose anatomy phrase is nearest in the clause window, the
-        longer phrase at equal distance) and whether the rule is a normal statement."""
+        longer phrase at equal distance) and whether the rule is a normal statement.
+
+        An anatomy phrase with no comma between it and the descriptor outranks a nearer one behind a comma: a
+        descriptor modifies its own comma-separated phrase ("Heart size moderately enlarged, stable mediastinal
+        contours": the heart is enlarged, not the mediastinal nodes); across a comma it still names the anatomy
+        when that is the only one ("Enlarged, tortuous aorta")."""
         window = self._clause_window(ent, sent)
         text, base = window.text, window.start_char
-        best: tuple[int, int, str, bool] | None = None
+        full = ent.doc.text
+        best: tuple[bool, int, int, str, bool] | None = None
         for concept_id, pattern, normal in options:
             for m in pattern.finditer(text):
                 s, e = base + m.start(), base + m.end()
                 if s < ent.end_char and e > ent.start_char:
                     continue  # the descriptor itself
                 gap = ent.start_char - e if e <= ent.start_char else s - ent.end_char
-                # nearest anatomy; at equal distance the longer phrase ("coronary arteries" over "arteries")
-                if best is None or (gap, s - e) < best[:2]:
-                    best = (gap, s - e, concept_id, normal)
-        return (best[2], best[3]) if best else None
+                comma = "," in (full[e : ent.start_char] if e <= ent.start_char else full[ent.end_char : s])
+                # same phrase first; then nearest; at equal distance the longer phrase ("coronary arteries")
+                if best is None or (comma, gap, s - e) < best[:3]:
+                    best = (comma, gap, s - e, concept_id, normal)
+        return (best[3], best[4]) if best else None
 
     def _refine_id(self, ent: Span, sent: Span, entity_id: str) -> str:
         options = self._descriptors.refine.get(entity_id)
