@@ -545,7 +545,7 @@ class EntityExtractor:
         when that is the only one ("Enlarged, tortuous aorta")."""
         window = self._clause_window(ent, sent)
         text, base = window.text, window.start_char
-        full = ent.doc.text
+        a, b = ent.start_char - base, ent.end_char - base  # the descriptor inside the window's text
         best: tuple[bool, int, int, str, bool] | None = None
         for concept_id, pattern, normal in options:
             for m in pattern.finditer(text):
@@ -553,7 +553,7 @@ class EntityExtractor:
                 if s < ent.end_char and e > ent.start_char:
                     continue  # the descriptor itself
                 gap = ent.start_char - e if e <= ent.start_char else s - ent.end_char
-                comma = "," in (full[e : ent.start_char] if e <= ent.start_char else full[ent.end_char : s])
+                comma = "," in (text[m.end() : a] if e <= ent.start_char else text[b : m.start()])
                 # same phrase first; then nearest; at equal distance the longer phrase ("coronary arteries")
                 if best is None or (comma, gap, s - e) < best[:3]:
                     best = (comma, gap, s - e, concept_id, normal)
