@@ -35,6 +35,7 @@ from schemas.ontology import Ontology, load_ontology
 
 MESH_MAP_FILE = Path(__file__).with_name("openi_mesh_map.yaml")
 NEGBIO_MAP_FILE = Path(__file__).with_name("negbio14_map.yaml")
+OPENI_ASSERTION_FILE = Path(__file__).with_name("openi_assertion_map.yaml")
 REPORTS_FILE = "indiana_reports.csv"
 NEGBIO_FILE = "negbio_openi_gold14_labels.csv"
 REPORT_COLUMNS = ("uid", "MeSH", "findings", "impression")
@@ -205,6 +206,46 @@ def load_label_map(path: str | Path | None = None, ontology: Ontology | None = N
         if not ids or any(i not in onto.concepts for i in ids) or label in unmapped:
             raise EvaluationDataError("invalid_map", f"{path.name}: {label!r}: bad ids {ids} or also unmapped")
     return LabelMap(family=family, mapped=mapped, unmapped=unmapped)
+
+
+def load_coded_hedges(path: str | Path | None = None) -> frozenset[str]:
+    """Uncertainty cues NLM's Open-i indexing codes as present (:data:`OPENI_ASSERTION_FILE`, ``coded_hedges``).
+
+    Returns
+    -------
+    frozenset of str
+        ConText rule literals, lower case (``"versus"``, ``"probable"``); see :func:`open_i_reading`.
+
+    Raises
+    ------
+    EvaluationDataError
+        ``invalid_map``: unreadable file, or ``coded_hedges`` missing, empty or not a list of strings.
+    """
+    path = Path(path or OPENI_ASSERTION_FILE)
+    try:
+        hedges = yaml.safe_load(path.read_text(encoding="utf-8"))["coded_hedges"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise EvaluationDataError("invalid_map", f"{path.name}: {exc}") from exc
+    if not isinstance(hedges, list) or not hedges or not all(isinstance(h, str) and h.strip() for h in hedges):
+        raise EvaluationDataError("invalid_map", f"{path.name}: coded_hedges must be a non-empty list of strings")
+    return frozenset(_norm(h) for h in hedges)
+
+
+def open_i_reading(mentions: list[dict], coded_hedges: frozenset[str]) -> list[dict]:
+    """Mentions as NLM's Open-i indexing reads them: an ``uncertain`` mention whose every uncertainty cue
+    (``hedges``, the ConText literals that made it uncertain) is in ``coded_hedges`` becomes ``present``.
+
+    An evaluation-time mapping (the product keeps its own convention): "atelectasis versus scar" names two coded
+    findings for NLM, "may represent atelectasis" none. Mentions without ``hedges`` (another extractor's output)
+    are left as they are. Returns new dicts for the changed mentions; the input is not modified.
+    """
+    out = []
+    for m in mentions:
+        hedges = m.get("hedges") or ()
+        if m["assertion"] == "uncertain" and hedges and all(h in coded_hedges for h in hedges):
+            m = {**m, "assertion": "present"}
+        out.append(m)
+    return out
 
 
 # ------------------------------------------------------------------ data
@@ -425,6 +466,7 @@ def predicted_sets(
     extractor=None,
     ontology: Ontology | None = None,
     states: tuple[str, ...] = ("present",),
+    coded_hedges: frozenset[str] | None = None,
 ) -> dict[str, set[str]]:
     """Concepts extraction marks present per report (``study_labels`` state ``present``).
 
@@ -437,6 +479,9 @@ def predicted_sets(
     ontology : Ontology, optional
     states : tuple of str, default ("present",)
         Study-label states counted as predicted (``("present", "uncertain")``: a hedged finding counts as coded).
+    coded_hedges : frozenset of str, optional
+        Read the mentions as NLM's Open-i indexing does first (:func:`open_i_reading`; None: the product's
+        convention as stored).
 
     Returns
     -------
@@ -449,6 +494,8 @@ def predicted_sets(
     ex = extractor or EntityExtractor(ontology=onto)
     out = {}
     for rep, mentions in zip(reports, ex.extract_many([r.text for r in reports], family)):
+        if coded_hedges is not None:
+            mentions = open_i_reading(mentions, coded_hedges)
         out[rep.uid] = {row["entity_id"] for row in study_labels(mentions, family, onto) if row["state"] in states}
     return out
 
@@ -530,6 +577,7 @@ def evaluate(
     family: str | None = None,
     extractor=None,
     ontology: Ontology | None = None,
+    coded_hedges: frozenset[str] | None = None,
 ) -> dict[str, EvalResult]:
     """Score extraction on an Open-i-layout directory.
 
@@ -543,6 +591,8 @@ def evaluate(
         Modality family (default: the MeSH map's, 2D-CXR).
     extractor : EntityExtractor, optional
     ontology : Ontology, optional
+    coded_hedges : frozenset of str, optional
+        See :func:`predicted_sets` (None: the product's convention).
 
     Returns
     -------
@@ -561,7 +611,7 @@ def evaluate(
             raise EvaluationDataError("unknown_label_set", f"label set {ls!r} not in {LABEL_SETS}")
     golds = {ls: gold_sets(reports, ls, onto) for ls in label_sets}
     fam = family or load_mesh_map(ontology=onto).family
-    predicted = predicted_sets(reports, fam, extractor, onto)
+    predicted = predicted_sets(reports, fam, extractor, onto, coded_hedges=coded_hedges)
     results = {
         ls: score(g, predicted, universe, fam, ls, onto, len(reports), unknown, notes)
         for ls, (g, universe, unknown, notes) in golds.items()
@@ -578,6 +628,7 @@ def evaluate_by_fold(
     extractor=None,
     ontology: Ontology | None = None,
     states: tuple[str, ...] = ("present",),
+    coded_hedges: frozenset[str] | None = None,
 ) -> dict[str, dict[str, EvalResult]]:
     """:func:`evaluate` on all reports and on each part of a fold plan (k-fold discipline,
     :mod:`entity_extraction.folds`).
@@ -588,7 +639,7 @@ def evaluate_by_fold(
         As :func:`evaluate`.
     plan : entity_extraction.folds.FoldPlan
         Folds of the set (record id = ``uid``).
-    states : tuple of str
+    states, coded_hedges
         See :func:`predicted_sets`.
 
     Returns
@@ -604,7 +655,7 @@ def evaluate_by_fold(
     onto = ontology or load_ontology()
     reports = load_openi_dir(directory)
     fam = load_mesh_map(ontology=onto).family
-    predicted = predicted_sets(reports, fam, extractor, onto, states)
+    predicted = predicted_sets(reports, fam, extractor, onto, states, coded_hedges)
     out: dict[str, dict[str, EvalResult]] = {}
     for ls in label_sets:
         if ls not in LABEL_SETS:
@@ -637,8 +688,10 @@ def negbio_ceiling_note(reports: list[OpeniReport], negbio_gold: tuple, family: 
 _TITLES = {"mesh": "Open-i MeSH (NLM)", "negbio": "NegBio ChestX-ray14 gold"}
 
 
-def render_table(result: EvalResult, ontology: Ontology | None = None) -> str:
+def render_table(result: EvalResult, ontology: Ontology | None = None, reading: str = "present findings") -> str:
     """Text table of one :class:`EvalResult`: one row per scored entity, then notes; last line micro/macro.
+
+    ``reading``: what counts as predicted, named in the title line.
 
     Returns
     -------
@@ -650,7 +703,7 @@ def render_table(result: EvalResult, ontology: Ontology | None = None) -> str:
     onto = ontology or load_ontology()
     lines = [
         f"{_TITLES.get(result.label_set, result.label_set)}: {result.n_reports - result.n_excluded} reports "
-        f"scored ({result.n_excluded} without labels left out), family {result.family}, present findings",
+        f"scored ({result.n_excluded} without labels left out), family {result.family}, {reading}",
         f"{'entity':<7} {'name':<38} {'TP':>5} {'FP':>5} {'FN':>5} {'P':>6} {'R':>6} {'F1':>6}",
     ]
     for s in sorted(result.per_entity.values(), key=lambda s: (-s.support, -s.fp, s.entity_id)):

@@ -537,20 +537,27 @@ class EntityExtractor:
         self, ent: Span, sent: Span, options: tuple[tuple[str, re.Pattern[str], bool], ...]
     ) -> tuple[str, bool] | None:
         """Concept of a descriptor mention (the rule whose anatomy phrase is nearest in the clause window, the
-        longer phrase at equal distance) and whether the rule is a normal statement."""
+        longer phrase at equal distance) and whether the rule is a normal statement.
+
+        An anatomy phrase with no comma between it and the descriptor outranks a nearer one behind a comma: a
+        descriptor modifies its own comma-separated phrase ("Heart size moderately enlarged, stable mediastinal
+        contours": the heart is enlarged, not the mediastinal nodes); across a comma it still names the anatomy
+        when that is the only one ("Enlarged, tortuous aorta")."""
         window = self._clause_window(ent, sent)
         text, base = window.text, window.start_char
-        best: tuple[int, int, str, bool] | None = None
+        a, b = ent.start_char - base, ent.end_char - base  # the descriptor inside the window's text
+        best: tuple[bool, int, int, str, bool] | None = None
         for concept_id, pattern, normal in options:
             for m in pattern.finditer(text):
                 s, e = base + m.start(), base + m.end()
                 if s < ent.end_char and e > ent.start_char:
                     continue  # the descriptor itself
                 gap = ent.start_char - e if e <= ent.start_char else s - ent.end_char
-                # nearest anatomy; at equal distance the longer phrase ("coronary arteries" over "arteries")
-                if best is None or (gap, s - e) < best[:2]:
-                    best = (gap, s - e, concept_id, normal)
-        return (best[2], best[3]) if best else None
+                comma = "," in (text[m.end() : a] if e <= ent.start_char else text[b : m.start()])
+                # same phrase first; then nearest; at equal distance the longer phrase ("coronary arteries")
+                if best is None or (comma, gap, s - e) < best[:3]:
+                    best = (comma, gap, s - e, concept_id, normal)
+        return (best[3], best[4]) if best else None
 
     def _refine_id(self, ent: Span, sent: Span, entity_id: str) -> str:
         options = self._descriptors.refine.get(entity_id)
@@ -607,6 +614,23 @@ class EntityExtractor:
             return start - ent.end if start >= ent.end else ent.start - end
 
         return min(mods, key=distance)
+
+    @staticmethod
+    def _hedges(ent: Span, by_cat: dict[str, list], assertion: str) -> tuple[str, ...]:
+        """Literals (lower case, sorted, distinct) of the rules that make an ``uncertain`` assertion; () otherwise.
+
+        The uncertainty cues (``POSSIBLE_EXISTENCE``, a rule carrying ``assertion: uncertain``, else ``NP_HEDGE``) are
+        what a label convention other than the product's reads (e.g. NLM's Open-i indexing codes "A versus B"):
+        ``entity_extraction/openi_assertion_map.yaml``.
+        """
+        if assertion != "uncertain":
+            return ()
+        mods = [
+            m
+            for m in ent._.modifiers
+            if m.category == "POSSIBLE_EXISTENCE" or (m.rule.metadata or {}).get("assertion") == "uncertain"
+        ] or by_cat.get("NP_HEDGE", [])
+        return tuple(sorted({m.rule.literal.lower() for m in mods}))
 
     @staticmethod
     def _assertion(ent: Span) -> tuple[dict[str, list], str, str]:
@@ -688,6 +712,7 @@ class EntityExtractor:
             "section": section_at(spans, ent.start_char),
             "sentence": self._sentence_text(ent, sent, sents.text, bodies),
             "assertion": assertion,
+            "hedges": list(self._hedges(ent, by_cat, assertion)),
             "temporality": temporality,
             "change": change,
             "laterality": lat.rule.metadata["value"] if lat is not None else None,

@@ -29,8 +29,12 @@ class FoldsError(ReasonCodedError, ValueError):
     message_format = "{message}"
 
 
-def fold_of(set_name: str, record_id: str, k: int) -> int:
+def fold_of(set_name: str, record_id: str, k: int, seed: int | None = None) -> int:
     """Fold (0..k-1) of one record: ``int(sha256(set_name + ":" + record_id)) mod k``.
+
+    ``seed`` (an int) draws another assignment: the key becomes ``"<seed>:<set_name>:<record_id>"``. A rule written
+    looking at the tuned folds of one assignment is judged on the held-out folds of another (``medreco eval entities
+    --fold-seed N``), so the held-out figure is not the one the rule's author saw move.
 
     Raises
     ------
@@ -39,21 +43,28 @@ def fold_of(set_name: str, record_id: str, k: int) -> int:
     """
     if k < 2:
         raise ValueError(f"k must be >= 2, got {k}")
-    digest = hashlib.sha256(f"{set_name}:{record_id}".encode()).digest()
+    key = f"{set_name}:{record_id}" if seed is None else f"{seed}:{set_name}:{record_id}"
+    digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "big") % k
 
 
 @dataclass(frozen=True)
 class FoldPlan:
-    """Folds of one labelled set: ``k`` and the folds open for rule writing (``tuned``)."""
+    """Folds of one labelled set: ``k``, the folds open for rule writing (``tuned``) and the assignment ``seed``
+    (None: the assignment rule work looks at, see :func:`fold_of`)."""
 
     set_name: str
     k: int
     tuned: frozenset[int]
+    seed: int | None = None
 
     def part(self, record_id: str) -> str:
         """``"tuned"`` or ``"held-out"`` for one record id."""
-        return "tuned" if fold_of(self.set_name, str(record_id), self.k) in self.tuned else "held-out"
+        return "tuned" if fold_of(self.set_name, str(record_id), self.k, self.seed) in self.tuned else "held-out"
+
+    def reseeded(self, seed: int | None) -> FoldPlan:
+        """The same plan over another fold assignment (``seed``; None: the default one)."""
+        return FoldPlan(self.set_name, self.k, self.tuned, seed)
 
 
 def load_fold_plans(path: str | Path | None = None) -> dict[str, FoldPlan]:
@@ -84,7 +95,7 @@ def load_fold_plans(path: str | Path | None = None) -> dict[str, FoldPlan]:
 
 
 def render_fold_line(plan: FoldPlan, figure: str, values: Mapping[str, float | None], sizes: Mapping[str, int]) -> str:
-    """``k-fold <set>: <figure>: tuned (folds a,b; n=..) x | held-out (folds c,d; n=..) y | gap y-x``.
+    """``k-fold <set>[ (seed N)]: <figure>: tuned (folds a,b; n=..) x | held-out (folds c,d; n=..) y | gap y-x``.
 
     ``values``/``sizes``: by part (``tuned``, ``held-out``; other keys ignored); a value None (the figure is
     undefined on that part, e.g. an F1 without any gold or predicted positive) prints ``n/a``.
@@ -97,7 +108,8 @@ def render_fold_line(plan: FoldPlan, figure: str, values: Mapping[str, float | N
         return "n/a" if v is None else f"{v:.3f}"
 
     gap = "n/a" if a is None or b is None else f"{b - a:+.3f}"
+    seed = "" if plan.seed is None else f" (seed {plan.seed})"
     return (
-        f"k-fold {plan.set_name}: {figure}: tuned (folds {','.join(map(str, tuned))}; n={sizes['tuned']}) "
+        f"k-fold {plan.set_name}{seed}: {figure}: tuned (folds {','.join(map(str, tuned))}; n={sizes['tuned']}) "
         f"{fmt(a)} | held-out (folds {','.join(map(str, held))}; n={sizes['held-out']}) {fmt(b)} | gap {gap}"
     )

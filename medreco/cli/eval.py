@@ -10,8 +10,10 @@ prints the gold present/absent findings found and the assertion accuracy (see
 negation, uncertain and positive F1 (:mod:`entity_extraction.evaluate_chexpert`); ``--trigger-probe`` scores the NegEx
 trigger probe (:mod:`entity_extraction.trigger_probe`). Unless ``--no-folds``, each figure is also printed on the folds
 rule work may look at and on the held-out folds, with their difference (k-fold discipline:
-:mod:`entity_extraction.folds`, ``entity_extraction/eval_folds.yaml``); for Open-i both with present study labels and
-with present or uncertain ones counted as coded. The options combine; at least one is required. Exit status 0 on
+:mod:`entity_extraction.folds`, ``entity_extraction/eval_folds.yaml``; ``--fold-seed N`` draws another fold
+assignment). Open-i labels are scored with hedges read as NLM's indexing reads them
+(:func:`entity_extraction.evaluate.open_i_reading`), and on the folds also with present study labels only and with
+present or uncertain ones counted as coded. The options combine; at least one is required. Exit status 0 on
 success; 1 with a one-line reason on stderr when a set or its label files cannot be used.
 
 ``medreco eval deid --gold FILE.jsonl`` scores report text de-identification on a gold file in the layout of
@@ -68,10 +70,19 @@ def entities(
     folds: bool = typer.Option(
         True, "--folds/--no-folds", help="also print each figure on the tuned and held-out folds (eval_folds.yaml)"
     ),
+    fold_seed: int | None = typer.Option(
+        None, "--fold-seed", help="draw the folds with this seed (not the assignment rules were written on)"
+    ),
 ) -> None:
     """Score entity extraction on labelled report sets: Open-i labels, the NegEx kit, CT extractions, the trigger
     probe."""
-    from entity_extraction.evaluate import NEGBIO_FILE, EvaluationDataError, evaluate_by_fold, render_table
+    from entity_extraction.evaluate import (
+        NEGBIO_FILE,
+        EvaluationDataError,
+        evaluate_by_fold,
+        load_coded_hedges,
+        render_table,
+    )
     from entity_extraction.evaluate_chexpert import evaluate_chexpert, load_chexpert_labelled, render_chexpert
     from entity_extraction.evaluate_outside import (
         evaluate_ct,
@@ -92,33 +103,33 @@ def entities(
         raise typer.Exit(1)
     blocks: list[str] = []
     try:
-        plans = load_fold_plans()
+        plans = {name: plan.reseeded(fold_seed) for name, plan in load_fold_plans().items()}
         extractor = EntityExtractor()
         if openi is not None:
             sets: tuple[str, ...] = ("mesh", "negbio") if labels is LabelChoice.both else (labels.value,)
             if labels is LabelChoice.both and openi.is_dir() and not (openi / NEGBIO_FILE).is_file():
                 sets = ("mesh",)  # NegBio labels are optional in the layout; asked for explicitly they are required
-            results = evaluate_by_fold(openi, sets, plans["openi"], extractor=extractor)
-            hedged = (
-                evaluate_by_fold(openi, sets, plans["openi"], extractor=extractor, states=("present", "uncertain"))
-                if folds
-                else {}
-            )
+            # the labels are NLM's, so they are scored as NLM's indexing reads hedges (openi_assertion_map.yaml);
+            # the product's own convention and "present or uncertain" are printed beside
+            nlm = evaluate_by_fold(openi, sets, plans["openi"], extractor=extractor, coded_hedges=load_coded_hedges())
+            readings = {"present, NLM's reading of hedges": nlm}
+            if folds:
+                readings["present, product convention"] = evaluate_by_fold(
+                    openi, sets, plans["openi"], extractor=extractor
+                )
+                readings["present or uncertain"] = evaluate_by_fold(
+                    openi, sets, plans["openi"], extractor=extractor, states=("present", "uncertain")
+                )
             for s in sets:
-                block = render_table(results[s]["all"])
+                block = render_table(nlm[s]["all"], reading="present, hedges read as NLM's indexing does")
                 if folds:
-                    block += "\n" + render_fold_line(
-                        plans["openi"],
-                        f"{s} micro F1, present",
-                        {p: r.micro[2] for p, r in results[s].items()},
-                        {p: r.n_reports - r.n_excluded for p, r in results[s].items()},
-                    )
-                    block += "\n" + render_fold_line(
-                        plans["openi"],
-                        f"{s} micro F1, present or uncertain",
-                        {p: r.micro[2] for p, r in hedged[s].items()},
-                        {p: r.n_reports - r.n_excluded for p, r in hedged[s].items()},
-                    )
+                    for name, results in readings.items():
+                        block += "\n" + render_fold_line(
+                            plans["openi"],
+                            f"{s} micro F1, {name}",
+                            {p: r.micro[2] for p, r in results[s].items()},
+                            {p: r.n_reports - r.n_excluded for p, r in results[s].items()},
+                        )
                 blocks.append(block)
         if negex is not None:
             items = load_negex_kit(negex)

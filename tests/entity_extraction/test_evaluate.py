@@ -11,10 +11,12 @@ from entity_extraction.evaluate import (
     NEGBIO_MAP_FILE,
     EvaluationDataError,
     evaluate,
+    load_coded_hedges,
     load_label_map,
     load_mesh_map,
     load_openi_dir,
     mesh_heads,
+    open_i_reading,
     render_table,
 )
 from medreco.cli.eval import app
@@ -153,9 +155,13 @@ def test_cli_entities(tiny, tmp_path):
     folded = runner.invoke(app, ["entities", "--openi", str(tiny), "--labels", "mesh"])
     assert folded.exit_code == 0, folded.output
     lines = folded.output.strip().splitlines()
-    assert lines[-3] == "micro P=0.800 R=0.800 F1=0.800 | macro P=0.750 R=0.750 F1=0.750"
-    assert lines[-2].startswith("k-fold openi: mesh micro F1, present: tuned (folds 0,1,2; n=")
+    assert lines[-4] == "micro P=0.800 R=0.800 F1=0.800 | macro P=0.750 R=0.750 F1=0.750"
+    assert lines[-3].startswith("k-fold openi: mesh micro F1, present, NLM's reading of hedges: tuned (folds 0,1,2; n=")
+    assert lines[-2].startswith("k-fold openi: mesh micro F1, present, product convention: tuned")
     assert lines[-1].startswith("k-fold openi: mesh micro F1, present or uncertain: tuned")
+    reseeded = runner.invoke(app, ["entities", "--openi", str(tiny), "--labels", "mesh", "--fold-seed", "38"])
+    assert reseeded.exit_code == 0, reseeded.output
+    assert reseeded.output.strip().splitlines()[-1].startswith("k-fold openi (seed 38): mesh micro F1, present or")
     both = runner.invoke(app, ["entities", "--openi", str(tiny)])
     assert both.exit_code == 0 and both.output.count("micro P=") == 2
     bad = runner.invoke(app, ["entities", "--openi", str(tmp_path / "missing")])
@@ -244,3 +250,50 @@ def test_negbio_map_covers_all_14_labels():
     assert set(lm.unmapped) == {"Pneumothorax", "Edema"}
     assert lm.mapped["Infiltration"] == ("F007",) and lm.mapped["Emphysema"] == ("F032",)
     assert NEGBIO_MAP_FILE.is_file()
+
+
+def _mention(assertion, hedges):
+    return {"entity_id": "F019", "assertion": assertion, "hedges": hedges}
+
+
+def test_open_i_reading_codes_alternatives_and_probable_hedges_only():
+    coded = load_coded_hedges()
+    assert {"versus", "and/or", "probable", "borderline"} <= coded and "may represent" not in coded
+    got = open_i_reading(
+        [
+            _mention("uncertain", ["versus"]),  # "atelectasis versus scar": NLM codes both readings
+            _mention("uncertain", ["probable"]),
+            _mention("uncertain", ["may represent"]),  # a low-likelihood hedge: not coded
+            _mention("uncertain", ["possible", "versus"]),  # any uncoded cue keeps it uncertain
+            _mention("uncertain", []),  # no cue known (another extractor): left as is
+            _mention("absent", []),
+        ],
+        coded,
+    )
+    assert [m["assertion"] for m in got] == ["present", "present", "uncertain", "uncertain", "uncertain", "absent"]
+
+
+def test_open_i_reading_on_extracted_text():
+    from entity_extraction.extract import EntityExtractor, study_labels
+
+    ex = EntityExtractor()
+    coded = load_coded_hedges()
+    onto = load_ontology()
+
+    def states(text):
+        ms = open_i_reading(ex.extract(text, CXR), coded)
+        return {r["entity_id"]: r["state"] for r in study_labels(ms, CXR, onto) if r["state"] != "not_mentioned"}
+
+    assert states("IMPRESSION: Left basilar atelectasis versus scar.") == {"F019": "present", "F008": "present"}
+    assert states("IMPRESSION: Borderline cardiomegaly.")["F018"] == "present"
+    assert states("IMPRESSION: Streaky opacity may represent atelectasis.")["F019"] == "uncertain"
+    assert states("IMPRESSION: No pleural effusion.")["F029"] == "absent"
+
+
+def test_bad_coded_hedges_rejected(tmp_path):
+    for text in ("coded_hedges: []\n", "coded_hedges: versus\n", "other: [versus]\n", ": [\n"):
+        bad = tmp_path / "m.yaml"
+        bad.write_text(text)
+        with pytest.raises(EvaluationDataError) as err:
+            load_coded_hedges(bad)
+        assert err.value.reason == "invalid_map"

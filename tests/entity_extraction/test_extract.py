@@ -267,12 +267,38 @@ def test_fields_sections_anatomy_and_plurals(ex):
             "section",
             "sentence",
             "assertion",
+            "hedges",
             "temporality",
             "change",
             "laterality",
             "severity",
             "anatomy_id",
         }
+        assert m["hedges"] == []  # no mention of this report is uncertain
+
+
+@pytest.mark.parametrize(
+    ("text", "entity_id", "not_id"),
+    [
+        # a descriptor modifies its own comma-separated phrase: the heart, not the mediastinal nodes, is enlarged
+        ("Heart size moderately enlarged, stable mediastinal contours.", "F018", "F023"),
+        ("Stable mediastinal contours, heart size moderately enlarged.", "F018", "F023"),
+        ("Enlarged, tortuous aorta.", "F014", None),  # across a comma when it is the only anatomy
+    ],
+)
+def test_descriptor_binds_within_its_comma_phrase(ex, text, entity_id, not_id):
+    ids = {m["entity_id"] for m in ex.extract(text, CXR) if m["category"] != "anatomy"}
+    assert entity_id in ids and not_id not in ids, ids
+
+
+def test_hedges_name_the_cues_of_an_uncertain_mention(ex):
+    assert one(ex, "Atelectasis versus scar.", "F019")["hedges"] == ["versus"]
+    assert one(ex, "Opacity may represent pneumonia.", "C006")["hedges"] == ["may represent"]
+    assert one(ex, "Borderline cardiomegaly.", "F018")["hedges"] == ["borderline"]
+    got = one(ex, "Possible left basilar infiltrate versus atelectasis.", "F019")
+    assert got["assertion"] == "uncertain" and set(got["hedges"]) >= {"versus"}
+    assert one(ex, "No pleural effusion.", "F029")["hedges"] == []
+    assert one(ex, "Likely pneumonia.", "C006")["hedges"] == []  # a high-likelihood hedge asserts
 
 
 def test_ambiguous_synonym_prefers_anatomy_in_sentence(ex):
