@@ -50,7 +50,6 @@ from etl.deid.burned_in_text import (
     display_frames,
     group_lines,
     read_lines,
-    read_region,
 )
 from etl.deid.text_precheck import GlyphRow, PrecheckPolicy, glyph_rows
 
@@ -244,12 +243,12 @@ def row_text(frame: np.ndarray, row: GlyphRow, policy: TextPolicy, phi: PhiToken
         (max(0, x0 - px), max(0, y0 - py), min(cols, x1 + px), min(rows, y1 + py)), row.bright, line_px, row.vertical
     )
     unread: list = []
-    lines = read_lines(frame, policy, phi, unread=unread, hints=[region], layout=False)
+    words: list = []
+    lines = read_lines(frame, policy, phi, unread=unread, hints=[region], layout=False, words_read=words)
     if any(ln.reason is not None and not ln.allowed for ln in lines):
         return "line"
     if unread:
         return "unreadable"
-    words, _, _ = read_region(frame, region, policy)
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     for w in words:
         chars = len(_norm(w.text))
