@@ -242,9 +242,11 @@ def test_gate_sends_every_case_file_with_text_to_the_full_read(tmp_path):
     assert len(negatives) <= 2, negatives
 
 
-#: measured (issue 35): of 200 random placements on held-out real MR slices, this many pass the gate where the full
-#: read acts (blanks or quarantines)
-MAX_GATE_HOLES = 8
+#: measured (issue 35): of 200 random placements on held-out real MR slices (seed 2035; the detector and its row reads
+#: were tuned on seed 8, where the gate of a sample and a pre-check let 8 through and this one 2), this many pass the
+#: gate where the full read acts (blanks or quarantines); the gate of a sample and a pre-check let 4 through on seed 2035
+HELD_OUT_SEED = 2035
+MAX_GATE_HOLES = 1
 
 
 @pytest.mark.slow
@@ -299,7 +301,7 @@ def test_gate_on_random_text_over_held_out_real_slices():
         "74Y",
         "14:22:07",
     ]
-    rng = random.Random(8)
+    rng = random.Random(HELD_OUT_SEED)
     passed, holes = 0, []
     for _ in range(200):
         ds = copy.deepcopy(rng.choice(bases))
