@@ -244,7 +244,7 @@ def test_gate_sends_every_case_file_with_text_to_the_full_read(tmp_path):
 
 #: measured (issue 35): of 200 random placements on held-out real MR slices (seed 2035; the detector and its row reads
 #: were tuned on seed 8, where the gate of a sample and a pre-check let 8 through and this one 2), this many pass the
-#: gate where the full read acts (blanks or quarantines); the gate of a sample and a pre-check let 4 through on seed 2035
+#: gate where the full read acts (blanks or quarantines); the gate of a sample and a pre-check let 4 through on 2035
 HELD_OUT_SEED = 2035
 MAX_GATE_HOLES = 1
 
