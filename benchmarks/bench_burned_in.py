@@ -10,11 +10,13 @@ is read as it is (no text: the pass runs in full, nothing is blanked) and with a
 Series case: a 120-slice chest CT series without burned-in text built from the real 512 x 512 axial slices of the
 shared data (:func:`etl.demo.real_series.ct_series`), de-identified as the deid stage does it (parse, de-identify,
 Part 10 bytes), each slice's CPU time measured, with the OCR off (``deid.burned_in_text.ocr: false``) and on (the
-production default: per series, :mod:`etl.deid.series_text`), alternating, best of ``repeats``; the CPU time per
-slice by outcome (sample read in full, pre-checked and skipped, pre-check rows read) and, for reference, every slice
-read in full (first ``FULL_SLICES`` slices). Ends with one ``BENCH burned_in ...`` line: CPU seconds per image of
-this process (one core; wall-clock beside it in the log lines), images/s per core, the ratio to the decode floor,
-and ``series_ratio`` (OCR on / off per slice, target 1.3). Usage: ``python benchmarks/bench_burned_in.py [repeats]``.
+production default: per series, :mod:`etl.deid.series_text`: the text detector on every slice, OCR only on the rows it
+finds), alternating, best of ``repeats``; the CPU time per slice by outcome (``skipped``: the detector found no row
+read as text; ``precheck``: read in full after it) and of the detector's parts in the same run (decode and display,
+:func:`etl.deid.text_precheck.glyph_rows`, the reads of its rows), and, for reference, every slice read in full (first
+``FULL_SLICES`` slices). Ends with one ``BENCH burned_in ...`` line: CPU seconds per image of this process (one core;
+wall-clock beside it in the log lines), images/s per core, the ratio to the decode floor, and ``series_ratio`` (OCR on
+/ off per slice, target 1.3). Usage: ``python benchmarks/bench_burned_in.py [repeats]``.
 """
 
 from __future__ import annotations
@@ -97,6 +99,33 @@ def _time(fn, repeats: int) -> tuple[float, float]:
     return best_wall, best_cpu
 
 
+class _Parts:
+    """CPU seconds spent in the series text parts (decode and display, detector, row reads) while installed."""
+
+    NAMES = {"_displayed": "display", "glyph_rows": "detector", "row_text": "row_reads"}
+
+    def __init__(self):
+        import etl.deid.series_text as st
+
+        self.module, self.seconds, self.saved = st, Counter(), {}
+        for name, label in self.NAMES.items():
+            fn = getattr(st, name)
+            self.saved[name] = fn
+
+            def timed(*a, _fn=fn, _label=label, **k):
+                c = time.process_time()
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    self.seconds[_label] += time.process_time() - c
+
+            setattr(st, name, timed)
+
+    def close(self) -> None:
+        for name, fn in self.saved.items():
+            setattr(self.module, name, fn)
+
+
 def _deid_series(datas: list[bytes], ocr: bool, gate: bool) -> tuple[float, Counter, dict[str, float]]:
     """De-identify the slices (Part 10 bytes) as the deid stage does, OCR ``ocr``, per series when ``gate``.
     Returns (CPU seconds per slice, outcomes, CPU seconds per outcome)."""
@@ -135,6 +164,12 @@ def series_case(repeats: int) -> dict[str, float]:
         t, outcomes, cpu = _deid_series(datas, True, True)
         if t < on:
             on, best_outcomes, best_cpu = t, outcomes, cpu
+    parts = _Parts()  # one more run with the parts timed (the wrappers cost a little: not the best run)
+    try:
+        _deid_series(datas, True, True)
+    finally:
+        parts.close()
+    part_s = {k: v / len(datas) for k, v in parts.seconds.items()}
     full, _, _ = _deid_series(datas[:FULL_SLICES], True, False)
     per = {k.removeprefix("text_series_"): v / max(best_outcomes[k], 1) for k, v in best_cpu.items()}
     print(
@@ -142,6 +177,8 @@ def series_case(repeats: int) -> dict[str, float]:
         f" OCR off {off * 1000:.1f} ms CPU per slice, on {on * 1000:.1f} ms (ratio {on / off:.2f}; target 1.3);"
         f" outcomes {dict(best_outcomes)}; CPU per slice by outcome "
         + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in sorted(per.items()))
+        + "; parts per slice "
+        + ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in sorted(part_s.items()))
         + f"; every slice read in full: {full * 1000:.0f} ms per slice ({full / off:.0f} x off)"
     )
     return {
@@ -149,7 +186,9 @@ def series_case(repeats: int) -> dict[str, float]:
         "series_on_s": on,
         "series_ratio": on / off,
         "series_full_s": full,
-        "series_sample_s": per.get("sample", 0.0),
+        "series_display_s": part_s.get("display", 0.0),
+        "series_detector_s": part_s.get("detector", 0.0),
+        "series_row_reads_s": part_s.get("row_reads", 0.0),
         "series_skipped_s": per.get("skipped", 0.0),
         "series_read": sum(v for k, v in best_outcomes.items() if k not in ("text_series_skipped", "blanked")),
         "series_blanked": best_outcomes.get("blanked", 0),

@@ -750,6 +750,8 @@ def read_lines(
     blanked: np.ndarray | None = None,
     thresholding: int = 0,
     hints: list[Region] | None = None,
+    layout: bool = True,
+    words_read: list | None = None,
 ) -> list[TextLine]:
     """Text lines of one displayed frame (rows, cols uint8) that the policy calls text (allowed ones included,
     flagged): :func:`candidate_regions`, then :func:`read_region` on each; words join into lines
@@ -761,12 +763,16 @@ def read_lines(
     (:func:`unreadable_row`) in a candidate region outside its text lines and outside ``blanked`` (rows, cols
     bool, pixels already blanked) is appended to it: text OCR could not read. ``thresholding``: the layout's
     binarisation (:func:`layout_lines`). ``hints``: regions read before the layout's own (the text lines found on
-    the previous slice of the series, :mod:`etl.deid.series_text`), so a line the layout misses here is read."""
+    the previous slice of the series, :mod:`etl.deid.series_text`), so a line the layout misses here is read.
+    Without ``layout`` only the ``hints`` are read (a targeted read of regions found another way); ``words_read`` (a
+    list) receives every word recognised in the regions, sure or not."""
     p_conf = policy.verify["phi_min_confidence"] if verify else policy.phi["min_confidence"]
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     lines: list[TextLine] = []
-    for region in list(hints or []) + candidate_regions(frame, policy, thresholding):
+    for region in list(hints or []) + (candidate_regions(frame, policy, thresholding) if layout else []):
         words, ink, (rx0, ry0) = read_region(frame, region, policy)
+        if words_read is not None:
+            words_read.extend(words)
         kept = [
             w
             for w in words

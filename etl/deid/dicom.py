@@ -1151,7 +1151,7 @@ def _burned_in_text(
             else:
                 from etl.deid.series_text import audit_key, clean_slice
 
-                found, why = clean_slice(ds, text_policy, header_phi(ds, text_policy), series_text)
+                found, why = clean_slice(ds, text_policy, lambda: header_phi(ds, text_policy), series_text)
                 audit[audit_key(why)] += 1
                 if found is None:  # pre-checked: no row of glyphs OCR reads as a word, in a clean-sampled series
                     return regions

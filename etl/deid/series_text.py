@@ -1,22 +1,26 @@
-"""Burned-in text once per series: OCR on a sample of each series, a Tesseract-free pre-check on the other slices.
+"""Burned-in text per series: a Tesseract-free text detector on every slice, OCR only where it finds candidates.
 
 A scanner or workstation draws its text in the same places on every slice of a series, or on the localizer and
-secondary captures only. So, per series (all files of a series are in one shard; ``series`` in
-``schemas/deid/burned_in_text.yaml``):
+secondary captures only; most slices of a CT or MR series hold none, and a full read
+(:func:`etl.deid.burned_in_text.clean_text`, about 0.45 s of one core for a 512 x 512 slice) costs a hundred times
+the de-identification of the slice without OCR. So, per series (all files of a series are in one shard; ``series``
+in ``schemas/deid/burned_in_text.yaml``):
 
 1. the files are put in order (:meth:`SeriesTextGate.order`): per series, its sample first (``sample_slices``
-   files in source order: the first, the last, the middle and evenly spaced ones between, :func:`sample_positions`),
-   then the rest in source order;
-2. a file is read in full by :func:`etl.deid.burned_in_text.clean_text` (layout, recognition, blanking,
-   verification, PHI sweep) when it is in the sample, when its header makes text likely (:func:`text_likely`:
-   ImageType DERIVED / SECONDARY / SCREEN SAVE / LOCALIZER, secondary capture and other SOP classes, modalities
-   such as US, XA, RF, NM, OT, BurnedInAnnotation YES), or when an earlier file of its series held text (then the
-   text lines found there are read first, ``hints``);
-3. any other file is pre-checked (:func:`etl.deid.text_precheck.glyph_rows`: rows of glyph-like strokes on the
-   top-hats of every frame, no Tesseract); each row found is recognised on its own (:func:`row_has_text`); a row
-   read as a word, or a frame too dense to tell, makes the file read in full, which then decides as in 2. A file
-   whose frames hold no such row skips OCR (fail closed: text the sample did not see is read where the pre-check
-   finds its glyphs; what it cannot tell from texture is read).
+   files in source order: the first, the last, the middle and evenly spaced ones between, :func:`sample_positions`;
+   0 by default: no sample), then the rest in source order; a series of ``read_whole_up_to`` files or fewer (a
+   radiograph, a single image) is all sample;
+2. a file is read in full (layout, recognition, blanking, verification, PHI sweep) when it is in the sample, when
+   its header makes text likely (:func:`text_likely`: ImageType DERIVED / SECONDARY / SCREEN SAVE / LOCALIZER,
+   secondary capture and other SOP classes, modalities such as US, XA, RF, NM, OT, BurnedInAnnotation YES), or
+   when an earlier file of its series held text (then the text lines found there are read first, ``hints``);
+3. any other file goes through the detector (:func:`etl.deid.text_precheck.glyph_rows`: rows of glyph-like
+   strokes on the top-hats of every frame, no Tesseract, about 1 ms for a 512 x 512 slice); each row found is
+   read on its own as the full read reads a region (:func:`row_text`: recognition, classification, glyphs OCR
+   cannot read, plus a looser word test); a row read as text, or a frame too dense to tell, makes the file read
+   in full, which then decides as in 2. A file whose frames hold no such row skips OCR: a clean slice with no
+   candidate costs no Tesseract call (fail closed: text is read where the detector finds its glyphs; what it
+   cannot tell from texture is read).
 
 :class:`SeriesSlot` is what one file carries through :func:`etl.deid.dicom.deidentify_dataset`
 (``series_text=``); its outcome (``read`` / ``skipped`` and why) lands in the file's audit counts.
@@ -24,7 +28,7 @@ secondary captures only. So, per series (all files of a series are in one shard;
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -45,7 +49,7 @@ from etl.deid.burned_in_text import (
     clean_text,
     display_frames,
     group_lines,
-    read_region,
+    read_lines,
 )
 from etl.deid.text_precheck import GlyphRow, PrecheckPolicy, glyph_rows
 
@@ -56,12 +60,14 @@ class SeriesPolicy:
 
     enabled: bool
     sample_slices: int
+    read_whole_up_to: int
     image_types: frozenset[str]
     sop_class_prefixes: tuple[str, ...]
     modalities: frozenset[str]
     burned_in_annotation_yes: bool
     precheck: PrecheckPolicy
     pad: float
+    reach: float
     word_min_chars: int
     long_word_chars: int
     long_word_confidence: float
@@ -83,27 +89,33 @@ def load_series_policy(path: str | None = None) -> SeriesPolicy:
         out = SeriesPolicy(
             enabled=bool(s["enabled"]),
             sample_slices=int(s["sample_slices"]),
+            read_whole_up_to=int(s["read_whole_up_to"]),
             image_types=frozenset(str(v).upper() for v in likely["image_type"]),
             sop_class_prefixes=tuple(str(v) for v in likely["sop_class_prefixes"]),
             modalities=frozenset(str(v).upper() for v in likely["modalities"]),
             burned_in_annotation_yes=bool(likely["burned_in_annotation_yes"]),
             precheck=PrecheckPolicy.from_dict(s["precheck"]),
             pad=float(read["pad"]),
+            reach=float(read["reach"]),
             word_min_chars=int(read["word_min_chars"]),
             long_word_chars=int(read["long_word_chars"]),
             long_word_confidence=float(read["long_word_confidence"]),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: bad or missing field {err}") from None
-    if out.sample_slices < 3:
-        raise BurnedInTextError("invalid_text_policy", f"{TEXT_POLICY_FILE.name}: series.sample_slices is under 3")
+    if out.sample_slices != 0 and out.sample_slices < 3 or out.read_whole_up_to < 0:
+        raise BurnedInTextError(
+            "invalid_text_policy", f"{TEXT_POLICY_FILE.name}: series.sample_slices is neither 0 nor 3 or more"
+        )
     return out
 
 
 def sample_positions(n: int, k: int) -> list[int]:
     """The positions (0-based, ascending) of the sample of a series of ``n`` slices: ``k`` evenly spaced
     (``numpy.linspace`` rounded, so the first and the last), the one nearest the middle moved onto it
-    (``(n - 1) // 2``); all of them when ``n <= k``."""
+    (``(n - 1) // 2``); all of them when ``n <= k``; none when ``k`` is 0."""
+    if k <= 0:
+        return []
     if n <= k:
         return list(range(n))
     picks = [int(round(v)) for v in np.linspace(0, n - 1, k)]
@@ -178,7 +190,10 @@ class SeriesTextGate:
             self._key[file_id] = key
         self._sampled: set[Hashable] = set()
         for files in self._series.values():
-            self._sampled.update(files[i] for i in sample_positions(len(files), self.policy.sample_slices))
+            if len(files) <= self.policy.read_whole_up_to:
+                self._sampled.update(files)
+            else:
+                self._sampled.update(files[i] for i in sample_positions(len(files), self.policy.sample_slices))
         self._state = {key: SeriesState() for key in self._series}
 
     def order(self) -> list[Hashable]:
@@ -204,40 +219,61 @@ class SeriesTextGate:
         return SeriesSlot(self._state[self._key[file_id]], file_id in self._sampled, self.policy)
 
 
-def row_has_text(frame: np.ndarray, row: GlyphRow, policy: TextPolicy, phi: PhiTokens, sp: SeriesPolicy) -> bool:
-    """Whether OCR reads a word in one pre-check row of a displayed frame (rows, cols uint8): the row's box grown
-    by ``pad`` x its height, recognised on the top-hat page of its polarity (:func:`read_region`); a word of
-    ``word_min_chars`` letters/digits or more at ``min_join_confidence`` or more, one of ``long_word_chars`` or more
-    at ``long_word_confidence`` or more, or a header PHI value (``phi.min_confidence``), is text. A ``dense`` row is
-    always text (the frame cannot be told from it)."""
+def row_text(frame: np.ndarray, row: GlyphRow, policy: TextPolicy, phi: PhiTokens, sp: SeriesPolicy) -> str | None:
+    """Why one pre-check row of a displayed frame (rows, cols uint8) sends its slice to the full read, or None.
+
+    The row's box, grown by ``pad`` x its height across and ``reach`` x its height along its reading direction
+    (clipped to the frame), is read as the full read reads a candidate region (:func:`read_lines` without the
+    layout pass: recognition on the top-hat page of the row's polarity, lines, classification, the second look,
+    and the search for glyph rows OCR cannot read): ``line`` when a text line the full read would blank is found
+    (allow-listed markers alone do not count), ``unreadable`` for a row of character-like glyphs OCR cannot read
+    (the full read would blank it in the margin or quarantine the file). Then, looser than the full read (the
+    crop may cut a line): ``word`` for a word of ``word_min_chars`` letters/digits or more at ``min_join_confidence``
+    or more, or of ``long_word_chars`` or more at ``long_word_confidence`` or more, ``phi`` for a header PHI value.
+    A ``dense`` row is always read (the frame cannot be told from texture)."""
     if row.dense:
-        return True
+        return "dense"
     rows, cols = frame.shape
     x0, y0, x1, y1 = row.box
     p = max(policy.pad_px, int(round(sp.pad * row.height)))
+    r = int(round(sp.reach * row.height))
+    px, py = (p, p + r) if row.vertical else (p + r, p)
     line_px = int(np.clip(row.height, policy.min_line_px, policy.max_line_px))
     region = Region(
-        (max(0, x0 - p), max(0, y0 - p), min(cols, x1 + p), min(rows, y1 + p)), row.bright, line_px, row.vertical
+        (max(0, x0 - px), max(0, y0 - py), min(cols, x1 + px), min(rows, y1 + py)), row.bright, line_px, row.vertical
     )
-    words, _, _ = read_region(frame, region, policy)
+    unread: list = []
+    words: list = []
+    lines = read_lines(frame, policy, phi, unread=unread, hints=[region], layout=False, words_read=words)
+    if any(ln.reason is not None and not ln.allowed for ln in lines):
+        return "line"
+    if unread:
+        return "unreadable"
     fuzzy = int(policy.phi["fuzzy_min_chars"])
     for w in words:
         chars = len(_norm(w.text))
         if chars >= sp.word_min_chars and w.conf >= policy.min_join_confidence:
-            return True
+            return "word"
         if chars >= sp.long_word_chars and w.conf >= sp.long_word_confidence:
-            return True
+            return "word"
         if w.conf >= policy.phi["min_confidence"] and phi.matches(w.text, fuzzy):
-            return True
+            return "phi"
     for ln in group_lines([w for w in words if _norm(w.text)], policy.join_gap, policy.max_height_ratio):
         if len(ln.words) > 1 and phi.matches("".join(w.text for w in ln.words), fuzzy):
-            return True  # a PHI value OCR split in two
-    return False
+            return "phi"  # a PHI value OCR split in two
+    return None
+
+
+def row_has_text(frame: np.ndarray, row: GlyphRow, policy: TextPolicy, phi: PhiTokens, sp: SeriesPolicy) -> bool:
+    """Whether one pre-check row sends its slice to the full read (:func:`row_text` gives a reason)."""
+    return row_text(frame, row, policy, phi, sp) is not None
 
 
 def _displayed(ds, policy: TextPolicy) -> np.ndarray | None:
     """The displayed frames (frames, rows, cols) uint8 of ``ds``, or None where :func:`clean_text` must decide
-    (pixels it cannot decode or refuses to read, images too small to hold text: it raises or returns itself)."""
+    (pixels it cannot decode or refuses to read, images too small to hold text: it raises or returns itself).
+    A single grey frame of 8 or 16-bit integers with a VOI window is displayed through a lookup table of every
+    stored value (:func:`_display_lut`: the values :func:`display_frames` gives, at a fifth of its cost)."""
     rows, cols = int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0)
     raw = ds.get("NumberOfFrames", 1)
     frames = int(_first(raw or 1)) if str(raw if raw is not None else "1").strip() else 1
@@ -251,10 +287,42 @@ def _displayed(ds, policy: TextPolicy) -> np.ndarray | None:
     stacked = arr if (frames > 1 and arr.ndim == (4 if color else 3)) else arr[None]
     if min(stacked.shape[1], stacked.shape[2]) < policy.min_side_px:
         return None
+    if stacked.ndim == 3 and stacked.shape[0] == 1 and stacked.dtype.itemsize <= 2 and stacked.dtype.kind in "iu":
+        key = _lut_key(ds, stacked.dtype)
+        if key is not None:
+            unsigned = stacked.view(stacked.dtype.str.replace("i", "u"))
+            return np.take(_display_lut(*key), unsigned)
     return display_frames(ds, stacked)
 
 
-def clean_slice(ds, policy: TextPolicy, phi: PhiTokens, slot: SeriesSlot) -> tuple[TextCleaning | None, str]:
+def _lut_key(ds, dtype: np.dtype) -> tuple | None:
+    """What :func:`display_frames` computes a grey frame of ``dtype`` from (photometric, rescale, window), hashable;
+    None where no table applies (palette colour, no finite window: the percentile window depends on the pixels)."""
+    photometric = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
+    c, w = _first(ds.get("WindowCenter")), _first(ds.get("WindowWidth"))
+    if photometric == "PALETTE COLOR" or not (np.isfinite(c) and np.isfinite(w) and w > 1):
+        return None
+    slope, intercept = _first(ds.get("RescaleSlope", 1) or 1), _first(ds.get("RescaleIntercept", 0) or 0)
+    return (dtype.str, photometric, slope, intercept, c, w)
+
+
+@lru_cache(maxsize=64)
+def _display_lut(dtype: str, photometric: str, slope: float, intercept: float, c: float, w: float) -> np.ndarray:
+    """The displayed value (uint8) of every stored value of ``dtype`` (256 or 65,536 entries), indexed by the
+    stored value's bits read as unsigned: :func:`display_frames`' own arithmetic applied to each value once."""
+    from pydicom.dataset import Dataset
+
+    dt = np.dtype(dtype)
+    values = np.arange(1 << (8 * dt.itemsize), dtype=dt.str.replace("i", "u")).view(dt)
+    ds = Dataset()
+    ds.PhotometricInterpretation = photometric or "MONOCHROME2"
+    ds.RescaleSlope, ds.RescaleIntercept, ds.WindowCenter, ds.WindowWidth = slope, intercept, c, w
+    return display_frames(ds, values[None, None, :])[0, 0]
+
+
+def clean_slice(
+    ds, policy: TextPolicy, phi: PhiTokens | Callable[[], PhiTokens], slot: SeriesSlot
+) -> tuple[TextCleaning | None, str]:
     """Burned-in text of one file of a series: read in full or pre-checked (module docstring).
 
     Parameters
@@ -262,8 +330,9 @@ def clean_slice(ds, policy: TextPolicy, phi: PhiTokens, slot: SeriesSlot) -> tup
     ds : pydicom.Dataset
         the source instance (before its header is de-identified); modified in place when text is blanked.
     policy : TextPolicy
-    phi : PhiTokens
-        the header PHI tokens of ``ds``.
+    phi : PhiTokens or callable
+        the header PHI tokens of ``ds``, or a function of no argument that gives them (called only when a row or
+        the file is read: a slice the detector clears never needs them).
     slot : SeriesSlot
         the file's series state (updated: ``has_text``, ``hints``) and sample membership.
 
@@ -279,17 +348,26 @@ def clean_slice(ds, policy: TextPolicy, phi: PhiTokens, slot: SeriesSlot) -> tup
         as :func:`etl.deid.burned_in_text.clean_text`.
     """
     sp = slot.policy
+    tokens: list[PhiTokens] = [phi] if isinstance(phi, PhiTokens) else []
+
+    def phi_tokens() -> PhiTokens:
+        if not tokens:
+            tokens.append(phi())
+        return tokens[0]
+
     likely = text_likely(ds, sp)
     why = "sample" if slot.sampled else "series_text" if slot.state.has_text else f"header:{likely}" if likely else None
     if why is None:
         disp = _displayed(ds, policy)
         if disp is None:
             why = "precheck"
-        elif any(row_has_text(frame, row, policy, phi, sp) for frame in disp for row in glyph_rows(frame, sp.precheck)):
+        elif any(
+            row_text(frame, row, policy, phi_tokens(), sp) for frame in disp for row in glyph_rows(frame, sp.precheck)
+        ):
             why = "precheck"
         else:
             return None, "skipped"
-    done = clean_text(ds, policy, phi, hints=slot.state.hints if slot.state.has_text else None)
+    done = clean_text(ds, policy, phi_tokens(), hints=slot.state.hints if slot.state.has_text else None)
     if done.blanked:
         slot.state.has_text = True
         if done.lines:

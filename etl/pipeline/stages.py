@@ -221,7 +221,7 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     events, instances, audit, audit_rows = [], [], Counter(), []
     written: set[str] = set()
     rows = {r["source_uri"]: r for r in p.sort("source_uri").iter_rows(named=True)}
-    # burned-in text per series: each series' sample first (etl.deid.series_text)
+    # burned-in text per series: each series' sample first, if the policy has one (etl.deid.series_text)
     gate = SeriesTextGate((uri, r["series_uid_key"]) for uri, r in rows.items())
     for uri in gate.order():
         row = rows[uri]

@@ -86,7 +86,7 @@ def deidentify_folder(
     src: Path, out: Path, key: PseudonymKey, institution: str = "local", deid_cfg: DeidConfig | None = None
 ) -> dict:
     """De-identify every file under ``src`` into ``out``; returns the ledger balance dict. Burned-in text is
-    read per series (:class:`etl.deid.series_text.SeriesTextGate`): each series' sample first.
+    read per series (:class:`etl.deid.series_text.SeriesTextGate`): each series' sample first, if the policy has one.
 
     Raises
     ------
@@ -138,7 +138,7 @@ def deidentify_folder(
             else:
                 pending[uri] = (row, path)
         rows.append(row)
-    # burned-in text per series (etl.deid.series_text): each series' sample first
+    # burned-in text per series (etl.deid.series_text): each series' sample first, if the policy has one
     gate = SeriesTextGate((uri, _series_uid(path)) for uri, (_, path) in pending.items())
     written: dict[str, str] = {}
     for member in gate.order():

@@ -29,8 +29,12 @@ MIN_REMOVED = 150
 MAX_AREA_OUTSIDE = 0.01
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, key):
+@pytest.fixture(scope="module", params=["as_shipped", "detector_on_every_file"])
+def run(request, tmp_path_factory, key):
+    """`medreco deid` on the cases as shipped (each case is a series of its own, so it is read in full), and with
+    every file sent through the series text detector first (no file read whole for being a short series or for its
+    header; files at header risk are still read in full): the detector must send every file with PHI text to the
+    full read."""
     require_ocr()
     if not TOOL.is_file():
         pytest.fail(f"{TOOL} is missing: the burned-in text answer key cannot be generated")
@@ -40,7 +44,23 @@ def run(tmp_path_factory, key):
     from medreco.cli.deid_folder import deidentify_folder
 
     out = base / "out"
-    balance = deidentify_folder(cases, out, key, "bic")
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param == "detector_on_every_file":
+            import dataclasses
+
+            from etl.deid import series_text
+
+            shipped = series_text.load_series_policy()
+            everywhere = dataclasses.replace(
+                shipped,
+                read_whole_up_to=0,
+                image_types=frozenset(),
+                sop_class_prefixes=(),
+                modalities=frozenset(),
+                burned_in_annotation_yes=False,
+            )
+            mp.setattr(series_text, "load_series_policy", lambda path=None: everywhere)
+        balance = deidentify_folder(cases, out, key, "bic")
     ledger = pl.read_parquet(out / "ledger.parquet")
     answer = json.loads((cases / "answer_key.json").read_text())
     _fonts_as_drawn(answer)

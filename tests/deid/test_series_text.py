@@ -1,10 +1,11 @@
 """Burned-in text per series (etl/deid/series_text.py, etl/deid/text_precheck.py) on series built from real CT
-slices of the shared data (etl/demo/real_series.py): the sample, the header rules, the pre-check, and series with
-text on some slices only (an unsampled slice, the middle slice, a localizer, every slice), each blanked on every
-slice that carries it, through de-identification and through `medreco deid`."""
+slices of the shared data (etl/demo/real_series.py): the sample (none by default), the header rules, the detector on
+every slice, and series with text on some slices only (one slice, the middle slice, a localizer, every slice), each
+blanked on every slice that carries it, through de-identification and through `medreco deid`."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
@@ -28,7 +29,7 @@ from etl.demo.real_series import burn_text, ct_series, localizer, real_axial_sli
 
 #: the value burn_text draws in (16-bit signed CT: the brightest stored value); anatomy never holds it
 TEXT_VALUE = 32767
-N = 12  # slices per test series; sample positions [0, 3, 5, 8, 11] with the policy's 5
+N = 12  # slices per test series; no sample with the policy's sample_slices 0 (positions [0, 3, 5, 8, 11] with 5)
 SCANNER_TEXT = ["QUENNELL MARGIT", "4829173 09.01.2012"]
 #: where a scanner writes it: the lower left corner, outside the field of view of every real slice used
 CORNER, CAP = (4, 478), 11
@@ -39,12 +40,23 @@ def test_sample_is_first_last_middle_and_evenly_spaced():
     assert sample_positions(12, 5) == [0, 3, 5, 8, 11]
     assert sample_positions(7, 3) == [0, 3, 6]
     assert sample_positions(4, 5) == [0, 1, 2, 3]  # a short series is read whole
-    assert load_series_policy().sample_slices == 5
+    assert sample_positions(120, 0) == []
+    sp = load_series_policy()
+    assert (sp.sample_slices, sp.read_whole_up_to) == (0, 2)
+
+
+def test_gate_reads_single_images_whole_and_no_slice_of_a_longer_series_by_default():
+    members = [(f"a{i}", "A") for i in range(N)] + [("x", None)] + [("c0", "C"), ("c1", "C")]
+    members += [(f"b{i}", "B") for i in range(3)]
+    gate = SeriesTextGate(members)
+    assert gate.order() == [m for m, _ in members]  # no sample: source order
+    assert gate.slot("x").sampled and gate.slot("c0").sampled and gate.slot("c1").sampled  # 2 files or fewer
+    assert not any(gate.slot(f"a{i}").sampled for i in range(N)) and not gate.slot("b2").sampled
 
 
 def test_gate_orders_each_series_sample_first_and_keeps_files_of_unknown_series_alone():
     members = [(f"a{i}", "A") for i in range(N)] + [("x", None), ("y", None)] + [(f"b{i}", "B") for i in range(3)]
-    gate = SeriesTextGate(members)
+    gate = SeriesTextGate(members, dataclasses.replace(load_series_policy(), sample_slices=5))
     order = gate.order()
     assert order[:5] == ["a0", "a3", "a5", "a8", "a11"] and sorted(order) == sorted(m for m, _ in members)
     assert order[5:12] == ["a1", "a2", "a4", "a6", "a7", "a9", "a10"]
@@ -128,16 +140,16 @@ def _text_left(arr: np.ndarray, box: tuple[int, ...]) -> int:
     return int((arr[y0:y1, x0:x1] == TEXT_VALUE).sum())
 
 
-def test_clean_series_reads_the_sample_and_skips_the_rest(key):
+def test_clean_series_is_read_on_no_slice(key):
+    """No Tesseract read of a whole slice: the detector finds no row on the real slices that OCR reads as text."""
     require_ocr()
     out = _run(ct_series(N), key)
-    read = sorted(i for i, (_, audit, _) in out.items() if audit.get("text_checked"))
-    assert read == [0, 3, 5, 8, 11]
-    assert all(out[i][1].get("text_series_skipped") == 1 for i in range(N) if i not in read)
+    assert sorted(i for i, (_, audit, _) in out.items() if audit.get("text_checked")) == []
+    assert all(out[i][1].get("text_series_skipped") == 1 for i in range(N))
     assert not any(regions for _, _, regions in out.values())
 
 
-@pytest.mark.parametrize("where", [7, 5], ids=["unsampled_slice", "middle_slice"])
+@pytest.mark.parametrize("where", [7, 5, 0], ids=["one_slice", "middle_slice", "first_slice"])
 def test_text_on_one_slice_only_is_blanked(key, where):
     require_ocr()
     series = ct_series(N)
@@ -145,7 +157,7 @@ def test_text_on_one_slice_only_is_blanked(key, where):
     out = _run(series, key)
     arr, audit, regions = out[where]
     assert _text_left(arr, box) == 0 and regions
-    assert audit.get("text_series_precheck" if where == 7 else "text_series_sample") == 1
+    assert audit.get("text_series_precheck") == 1
     # every slice after it in the series is read in full, the others untouched
     assert all(not out[i][2] for i in range(N) if i != where)
 
@@ -169,12 +181,13 @@ def test_scanner_text_on_every_slice_is_blanked_on_every_slice(key):
     boxes = [burn_text(ds, SCANNER_TEXT, CORNER, CAP) for ds in series]
     out = _run(series, key)
     assert all(_text_left(out[i][0], boxes[i]) == 0 and out[i][2] for i in range(N))
-    # the sample first (5 slices), then every other slice read in full because the series holds text
-    assert [i for i in range(N) if out[i][1].get("text_series_series_text")] == [1, 2, 4, 6, 7, 9, 10]
+    # the first slice sent to the full read by the detector, every later one because the series holds text
+    assert out[0][1].get("text_series_precheck") == 1
+    assert [i for i in range(N) if out[i][1].get("text_series_series_text")] == list(range(1, N))
 
 
 @pytest.mark.slow
-def test_medreco_deid_blanks_text_on_an_unsampled_slice(tmp_path, key):
+def test_medreco_deid_blanks_text_on_one_slice(tmp_path, key):
     require_ocr()
     from medreco.cli.deid_folder import deidentify_folder
 
@@ -197,7 +210,7 @@ def test_medreco_deid_blanks_text_on_an_unsampled_slice(tmp_path, key):
 def test_gate_sends_every_case_file_with_text_to_the_full_read(tmp_path):
     """The pre-check and its row reads on the burned-in case generator's files (../shared/tools/burned_in_cases.py,
     drawn on real images of the shared data, none written for these rules): every file with PHI text would be read
-    in full, and no negative control."""
+    in full, and at most 2 of the 10 negative controls."""
     require_ocr()
     import json
     import subprocess
@@ -224,12 +237,16 @@ def test_gate_sends_every_case_file_with_text_to_the_full_read(tmp_path):
         elif entry["negative_control"] and read:
             negatives.append(entry["path"])
     assert with_text == 39 and missed == []
-    assert negatives == []
+    # negative controls sent to the full read cost a read and stay unchanged (test_burned_in_cases); measured: 2
+    # (N04, a real MR, and N10, a radiograph with its marker removed)
+    assert len(negatives) <= 2, negatives
 
 
-#: measured (issue 35): of 200 random placements on held-out real MR slices, this many pass the gate where the full
-#: read acts (blanks or quarantines)
-MAX_GATE_HOLES = 8
+#: measured (issue 35): of 200 random placements on held-out real MR slices (seed 2035; the detector and its row reads
+#: were tuned on seed 8, where the gate of a sample and a pre-check let 8 through and this one 2), this many pass the
+#: gate where the full read acts (blanks or quarantines); the gate of a sample and a pre-check let 4 through on 2035
+HELD_OUT_SEED = 2035
+MAX_GATE_HOLES = 1
 
 
 @pytest.mark.slow
@@ -284,7 +301,7 @@ def test_gate_on_random_text_over_held_out_real_slices():
         "74Y",
         "14:22:07",
     ]
-    rng = random.Random(8)
+    rng = random.Random(HELD_OUT_SEED)
     passed, holes = 0, []
     for _ in range(200):
         ds = copy.deepcopy(rng.choice(bases))
