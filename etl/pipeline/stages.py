@@ -206,9 +206,9 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     de-identification raises anything unexpected (``unreadable_dicom``, with the exception's type only), takes
     longer than :data:`etl.limits.FILE_TIME_LIMIT_S` (``deidentification_timeout``) or has a value the instances
     row cannot hold (``invalid_value``). No file can fail the task. A file quarantined ``burned_in_text_remaining``
-    or ``defacing_failed`` gets a review preview (:func:`etl.zones.quarantine_preview`, restricted). Burned-in text is read per series
-    (:class:`etl.deid.series_text.SeriesTextGate`, series from the plan's ``series_uid_key``): the files of each
-    series are de-identified with its sample first; events are written in source order.
+    or ``defacing_failed`` gets a review preview (:func:`etl.zones.quarantine_preview`, restricted). Burned-in text
+    is read per series (:class:`etl.deid.series_text.SeriesTextGate`, series from the plan's ``series_uid_key``):
+    the files of each series are de-identified with its sample first; events are written in source order.
 
     Skipped (result ``skipped: True``) when the shard's input files are those it was last built from (see
     the module docstring).
