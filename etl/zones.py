@@ -184,6 +184,26 @@ def delivery_state(institution: str) -> str:
     return f"{LEDGER}/deliveries/{component(institution, 'institution id')}.json"
 
 
+#: previews of quarantined files for the curator (restricted: the pixels may still show PHI)
+PREVIEWS_DIR = f"{LEDGER}/previews"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def quarantine_preview(sha256: str) -> str:
+    """The review preview (PNG) of one quarantined source file (``burned_in_text_remaining``, ``defacing_failed``:
+    :mod:`etl.deid.preview`), by the file's SHA-256: ``ledger/previews/<sha256>.png`` (restricted: served only by
+    the review app behind its login, never copied to ``reports/``).
+
+    Raises
+    ------
+    UnsafePathError
+        ``unsafe_path_component`` when ``sha256`` is not 64 lowercase hex digits.
+    """
+    if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+        raise UnsafePathError("unsafe_path_component", "a preview is named by a SHA-256 (64 lowercase hex digits)")
+    return f"{PREVIEWS_DIR}/{sha256}.png"
+
+
 def quarantine_dir(run_id: str) -> str:
     """Quarantine records of one run: ``quarantine/<run>``."""
     return f"{QUARANTINE}/{component(run_id, 'run id')}"

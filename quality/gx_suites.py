@@ -488,6 +488,21 @@ def _observed(result: dict, etype: str) -> dict:
     return obs
 
 
+def count_phrase(obs: dict, etype: str) -> str:
+    """How many values failed, over the one denominator GX's ``unexpected_percent`` uses: the non-null values
+    (``element_count - missing_count``), or every value for ``expect_column_values_to_not_be_null``; the nulls
+    left out are said. ``"1 of 11 non-null values (9.09%; 79 null of 90 not checked)"``."""
+    n, bad = int(obs.get("element_count", 0)), int(obs.get("unexpected_count", 0))
+    missing = int(obs.get("missing_count", 0))
+    if etype == "expect_column_values_to_not_be_null" or not missing:
+        return f"{bad} of {n} values ({100 * bad / n if n else 0:.2f}%)"
+    checked = n - missing
+    return (
+        f"{bad} of {checked} non-null values ({100 * bad / checked if checked else 0:.2f}%; "
+        f"{missing} null of {n} not checked)"
+    )
+
+
 def _to_check_result(spec: SuiteSpec, entry: dict, r) -> CheckResult:
     result = r.result or {}
     etype = entry["type"]
@@ -498,8 +513,7 @@ def _to_check_result(spec: SuiteSpec, entry: dict, r) -> CheckResult:
         obs["exception"] = str(exc.get("exception_message", ""))[:200]
         message = f"{spec.table}.{entry['column']}: {etype} could not be evaluated ({obs['exception']})"
     elif "unexpected_count" in obs:
-        n = obs.get("element_count", 0)
-        message = f"{obs['unexpected_count']} of {n} values of {spec.table}.{entry['column']} fail {etype}"
+        message = f"{count_phrase(obs, etype)} of {spec.table}.{entry['column']} fail {etype}"
     else:
         message = f"{spec.table}.{entry['column']}: {etype} {'passed' if r.success else 'failed'}"
     return CheckResult(spec.table, entry["check"], entry["severity"], bool(r.success) and not raised, obs, message)

@@ -15,6 +15,7 @@ import re
 import pyarrow as pa
 
 from etl import zones
+from etl.deid.preview import PREVIEW_REASONS
 from etl.pipeline.ledger import REVIEW_DECISIONS, REVIEW_FILE, load_review
 from etl.storage import Storage
 from schemas.errors import ReasonCodedError
@@ -30,8 +31,8 @@ AUDIT_DIR = f"{zones.LEDGER}/review_audit"
 
 
 class ReviewError(ReasonCodedError, ValueError):
-    """A decision that cannot be recorded; ``reason``: ``unknown_item``, ``bad_decision``, ``bad_note`` or
-    ``bad_curator``."""
+    """A decision that cannot be recorded, or a preview that cannot be shown; ``reason``: ``unknown_item``,
+    ``bad_decision``, ``bad_note``, ``bad_curator`` or ``no_preview``."""
 
 
 LATEST_RUN_FILE = zones.LATEST_QUALITY_RUN
@@ -55,7 +56,9 @@ def quarantine_items(storage: Storage) -> list[dict]:
     -------
     list of dict
         ``{"id", "run_id", "institution", "kind", "stage", "reason", "detail", "decision", "decided_at",
-        "note", "curator"}``, sorted by institution, reason and id; ``id`` is ``sha256[:12]``.
+        "note", "curator", "preview"}``, sorted by institution, reason and id; ``id`` is ``sha256[:12]``;
+        ``preview`` is True when the file (``burned_in_text_remaining``, ``defacing_failed``) has a preview of its
+        pixels (:func:`preview_png`).
     """
     from quality.dashboard import safe_ledger
 
@@ -64,6 +67,7 @@ def quarantine_items(storage: Storage) -> list[dict]:
         return []
     ledger = safe_ledger(storage.read_table(path, schema=LEDGER_SCHEMA))
     decisions = {d["sha256"][:12]: d for d in load_review(storage)}
+    previews = {p.rsplit("/", 1)[-1][:12] for p in storage.list_files(zones.PREVIEWS_DIR) if p.endswith(".png")}
     out = []
     for r in ledger.filter(pa.compute.equal(ledger["status"], "quarantined")).to_pylist():
         d = decisions.get(r["opaque_id"], {})
@@ -80,9 +84,34 @@ def quarantine_items(storage: Storage) -> list[dict]:
                 "decided_at": d.get("decided_at"),
                 "note": d.get("note", ""),
                 "curator": d.get("curator", ""),
+                "preview": r["reason"] in PREVIEW_REASONS and r["opaque_id"] in previews,
             }
         )
     return sorted(out, key=lambda i: (str(i["institution"]), str(i["reason"]), i["id"]))
+
+
+def preview_png(storage: Storage, item_id: str) -> bytes:
+    """The preview PNG of one quarantined file of the latest run (:mod:`etl.deid.preview`: the de-identified
+    pixels as they stood when the check failed, the failed boxes drawn red). Restricted: the pixels may still show
+    PHI; only the review app serves it, behind its login.
+
+    Raises
+    ------
+    ReviewError
+        ``unknown_item`` when no quarantined file of the latest run has that id, ``no_preview`` when it has none
+        (another reason, or a build before previews were stored).
+    """
+    item = {i["id"]: i for i in quarantine_items(storage)}.get(str(item_id).lower())
+    if item is None:
+        raise ReviewError("unknown_item", f"no quarantined file with id {item_id!r} in the latest run")
+    if not item["preview"]:
+        raise ReviewError("no_preview", f"no preview for {item['id']} (reason {item['reason']})")
+    sha = next(
+        p.rsplit("/", 1)[-1].removesuffix(".png")
+        for p in storage.list_files(zones.PREVIEWS_DIR)
+        if p.rsplit("/", 1)[-1].startswith(item["id"])
+    )
+    return storage.read_bytes(zones.quarantine_preview(sha))
 
 
 def record_decision(

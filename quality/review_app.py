@@ -11,6 +11,9 @@ Served on 127.0.0.1 by ``medreco dashboard --serve`` and registered in the Airfl
   its decision, curator and note, and a form per file (a free-text note, two buttons: release after fix,
   reject); ``POST /review/<id>`` (form: ``decision``, ``note``) records it with the logged-in curator and
   redirects back;
+- ``GET /review/<id>`` and ``GET /review/<id>/preview.png``: a file quarantined ``burned_in_text_remaining`` or
+  ``defacing_failed`` shown as its de-identified pixels stood when the check failed, the failed boxes drawn
+  (:func:`quality.review.preview_png`, from the restricted ledger zone; 404 for a file without one);
 - ``GET /api/quarantine`` (JSON list) and ``POST /api/decisions`` (JSON ``{"id", "decision", "note"}``).
 
 It never reads the source zone: items come from the ledger through :func:`quality.review.quarantine_items`
@@ -33,7 +36,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 from etl import zones
 from etl.storage import Storage, StorageError
 from quality.page_kit import PAGES
-from quality.review import ReviewError, quarantine_items, record_decision
+from quality.review import ReviewError, preview_png, quarantine_items, record_decision
 from quality.review_auth import Authenticator, RequestGuard
 
 _ZONES = {"dashboard": zones.DASHBOARD_DIR, "data_docs": zones.DATA_DOCS_DIR, "training": zones.TRAINING_DIR}
@@ -50,7 +53,15 @@ th,td{border-bottom:1px solid #d9dee7;padding:4px 10px;text-align:left}th{backgr
 .mono{font-family:ui-monospace,monospace;font-size:12px}form{display:inline}
 button{font-size:12px;padding:2px 8px;margin-right:4px;cursor:pointer}
 .pending{color:#5b6576}.release{color:#2e7d4f;font-weight:600}.reject{color:#b3261e;font-weight:600}
-.error{background:#fdecea;border:1px solid #b3261e;padding:6px 10px;color:#7a1a14}"""
+.error{background:#fdecea;border:1px solid #b3261e;padding:6px 10px;color:#7a1a14}
+td.preview img{display:block;box-sizing:border-box;max-width:160px;height:auto;border:1px solid #d9dee7}
+figure{margin:0 0 16px}figure img{max-width:100%;height:auto;border:1px solid #d9dee7;background:#18263d}
+figcaption{font-size:12px;color:#5b6576}
+@media (max-width:1000px){table.queue,table.queue tbody,table.queue tr,table.queue td{display:block;width:auto}
+table.queue thead{display:none}table.queue tr{border:1px solid #d9dee7;margin-bottom:10px;background:#fff}
+table.queue td{border:0;padding:2px 10px}table.queue td::before{content:attr(data-label) ": ";color:#5b6576}
+table.queue td.preview::before,table.queue td.record::before{content:""}}"""
+_COLUMNS = ("id", "institution", "kind", "stage", "reason", "detail", "preview", "decision", "decided", "curator")
 
 
 def _e(v) -> str:
@@ -97,19 +108,31 @@ def review_page(
             f'id="note-{_e(i["id"])}" placeholder="note (letters and punctuation)"{value} '
             f'aria-label="note on {_e(i["id"])}">{buttons}</form>'
         )
+        preview = ""
+        if i.get("preview"):
+            src = _e(request.url_for("preview", item_id=i["id"]).path)
+            page = _e(request.url_for("preview_page", item_id=i["id"]).path)
+            preview = (
+                f'<a href="{page}" id="preview-{_e(i["id"])}"><img src="{src}" width="160" '
+                f'alt="de-identified pixels of {_e(i["id"])}, failed boxes in red"></a>'
+            )
         rows.append(
-            f'<tr id="item-{_e(i["id"])}"><td class="mono">{_e(i["id"])}</td><td>{_e(i["institution"])}</td>'
-            f"<td>{_e(i['kind'])}</td><td>{_e(i['stage'])}</td><td>{_e(i['reason'])}</td>"
-            f'<td>{_e(i["detail"])}</td><td class="{_e(i["decision"])}" data-decision="{_e(i["decision"])}">'
-            f"{_e(i['decision'])}</td><td>{_e(str(i.get('decided_at') or '')[:10])}</td>"
-            f"<td data-curator>{_e(i.get('curator') or '')}</td><td data-note>{_e(i.get('note') or '')}</td>"
-            f"<td>{form}</td></tr>"
+            f'<tr id="item-{_e(i["id"])}"><td class="mono" data-label="id">{_e(i["id"])}</td>'
+            f'<td data-label="institution">{_e(i["institution"])}</td>'
+            f'<td data-label="kind">{_e(i["kind"])}</td><td data-label="stage">{_e(i["stage"])}</td>'
+            f'<td data-label="reason">{_e(i["reason"])}</td><td data-label="detail">{_e(i["detail"])}</td>'
+            f'<td class="preview" data-label="preview">{preview}</td>'
+            f'<td class="{_e(i["decision"])}" data-label="decision" data-decision="{_e(i["decision"])}">'
+            f'{_e(i["decision"])}</td><td data-label="decided">{_e(str(i.get("decided_at") or "")[:10])}</td>'
+            f'<td data-label="curator" data-curator>{_e(i.get("curator") or "")}</td>'
+            f'<td data-label="note" data-note>{_e(i.get("note") or "")}</td><td class="record">{form}</td></tr>'
         )
     pending = sum(i["decision"] == "pending" for i in items)
+    head = "".join(f"<th>{c}</th>" for c in (*_COLUMNS, "note", "record"))
     body = (
-        "<table><thead><tr><th>id</th><th>institution</th><th>kind</th><th>stage</th><th>reason</th>"
-        "<th>detail</th><th>decision</th><th>decided</th><th>curator</th><th>note</th><th>record</th></tr></thead>"
-        "<tbody>" + ("".join(rows) or '<tr><td colspan="11">no quarantined files</td></tr>') + "</tbody></table>"
+        f'<table class="queue"><thead><tr>{head}</tr></thead><tbody>'
+        + ("".join(rows) or f'<tr><td colspan="{len(_COLUMNS) + 2}">no quarantined files</td></tr>')
+        + "</tbody></table>"
     )
     nav = "".join(
         f'<a href="{_e(request.url_for("zone_file", zone="dashboard", path=page).path)}">{_e(title)}</a>'
@@ -129,8 +152,27 @@ def review_page(
         "audit trail, and honoured by the next run: a rejected "
         'file stays out for good (<span class="mono">curator_rejected</span>); a file released after fix '
         "flows on once the fix lets it pass. Files are shown by opaque id only; notes take letters and "
-        "punctuation (no digits: no date, id or phone number can be typed in).</p>"
+        "punctuation (no digits: no date, id or phone number can be typed in). A file quarantined for burned-in "
+        "text still read, or a face that could not be removed, shows its de-identified pixels as they stood when "
+        "the check failed, the failed boxes in red (blanked text in cyan): open it to judge. Those pixels may "
+        "still show identifying text or a face: they stay in this restricted app.</p>"
         f"{body}</main></body></html>"
+    )
+
+
+def preview_page(item: dict, request: Request) -> str:
+    """One quarantined file's preview at full size, with its reason and detail (HTML)."""
+    src = _e(request.url_for("preview", item_id=item["id"]).path)
+    back = _e(request.url_for("review").path)
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">'
+        f"<title>Preview {_e(item['id'])} · MedReCo-DB</title><style>{_STYLE}</style></head><body><header>"
+        f'<h1>Quarantined file <span class="mono">{_e(item["id"])}</span></h1><div class="sub">'
+        f"{_e(item['reason'])} · {_e(item['institution'])}</div></header>"
+        f'<nav><a href="{back}">Quarantine review</a></nav><main><figure><img id="preview" src="{src}" '
+        f'alt="de-identified pixels of {_e(item["id"])}, failed boxes in red"><figcaption>{_e(item["detail"])}. '
+        "Red: the boxes that failed the check; cyan: text blanked. Restricted: may still show identifying text or a "
+        f"face.</figcaption></figure></main></body></html>"
     )
 
 
@@ -181,6 +223,21 @@ def create_app(
         return HTMLResponse(
             review_page(quarantine_items(get_storage()), request, message[:200], curator=request.state.curator)
         )
+
+    @app.get("/review/{item_id}/preview.png", name="preview")
+    def preview(item_id: str) -> Response:
+        try:
+            data = preview_png(get_storage(), item_id)
+        except ReviewError as err:
+            raise HTTPException(404, str(err)) from None
+        return Response(data, media_type="image/png")
+
+    @app.get("/review/{item_id}", response_class=HTMLResponse, name="preview_page")
+    def preview_item(request: Request, item_id: str) -> HTMLResponse:
+        item = {i["id"]: i for i in quarantine_items(get_storage())}.get(item_id.lower())
+        if item is None or not item["preview"]:
+            raise HTTPException(404, f"no preview for {item_id!r} in the latest run")
+        return HTMLResponse(preview_page(item, request))
 
     @app.post("/review/{item_id}", name="post_decision")
     def post_decision(request: Request, item_id: str, decision: str = Form(...), note: str = Form("")) -> Response:

@@ -188,6 +188,12 @@ def apply_row_tolerance(
             n_rows += len(rows)
             flags += [{"table": r.table, "key": k, "check": r.check} for k in _keys(part, r.table, rows)]
         rate = float(n_bad) / checked if checked else 0.0
+        nulls = entry["type"] != "expect_column_values_to_not_be_null"
+        # one denominator, the values checked (GX's: non-null ones unless the check is about nulls)
+        what = (
+            f"{n_bad} of {checked} {'non-null ' if nulls else ''}values of {r.table}.{column} fail {entry['type']} "
+            f"({100 * rate:.2f}%, limit {100 * max_failed_rate:g}%)"
+        )
         obs = {
             **r.observed,
             "flagged_rows": int(n_rows),
@@ -202,8 +208,7 @@ def apply_row_tolerance(
                     "warning",
                     False,
                     obs,
-                    f"{n_rows} rows flagged ({100 * rate:.2f}% of values fail, limit "
-                    f"{100 * max_failed_rate:g}%): {r.message}",
+                    f"{n_rows} row{'s' if n_rows != 1 else ''} flagged: {what}",
                 )
             )
         else:
@@ -214,8 +219,7 @@ def apply_row_tolerance(
                     r.severity,
                     False,
                     obs,
-                    f"{100 * rate:.2f}% of values fail (limit {100 * max_failed_rate:g}%, "
-                    f"{n_rows} rows flagged): {r.message}",
+                    f"{what}; {n_rows} row{'s' if n_rows != 1 else ''} flagged",
                 )
             )
     flag_table = pa.Table.from_pylist(flags, schema=FLAGS_SCHEMA)

@@ -82,6 +82,36 @@ def demo_build(tmp_path_factory, airflow_home):
     return {"root": root, "config": cfg, "first": first, "second": second, "storage": Storage.open(str(root))}
 
 
+@pytest.fixture(scope="session")
+def datasets_venv(tmp_path_factory) -> Path:
+    """A fresh virtual environment (the base interpreter of this one, no system site packages) holding Hugging Face
+    ``datasets`` and its dependencies only, pinned by ``constraints/requirements.lock``: no project module, no
+    reader. Made once per session (a pip install from the registry, about a minute). Returns its ``python``."""
+    import subprocess
+    import sys
+
+    venv = tmp_path_factory.mktemp("datasets_venv") / "venv"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
+    pip = subprocess.run(
+        [
+            str(venv / "bin" / "pip"),
+            "install",
+            "-q",
+            "-c",
+            str(PROJECT_ROOT / "constraints" / "requirements.lock"),
+            "datasets",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    return venv / "bin" / "python"
+
+
 #: fixtures whose use makes a test an end-to-end build (``slow``)
 SLOW_FIXTURES = frozenset({"airflow_home"})
 

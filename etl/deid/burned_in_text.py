@@ -62,9 +62,19 @@ _MONTHS = "JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split()
 
 
 class BurnedInTextError(ReasonCodedError):
-    """Burned-in text that cannot be handled with certainty; ``reason`` is a reason code, no value is quoted."""
+    """Burned-in text that cannot be handled with certainty; ``reason`` is a reason code, no value is quoted.
+
+    ``preview`` (:class:`etl.deid.preview.Preview` or None): for ``burned_in_text_remaining``, the cleaned frame
+    that was read with the boxes of the lines still read (red) and of the blanks (cyan), for the curator's review
+    (the stage stores it in the restricted ledger zone; it is never logged)."""
 
     message_format = "{message}"
+    preview = None
+
+    def with_preview(self, preview) -> BurnedInTextError:
+        """This error with ``preview`` set (returned, to be raised)."""
+        self.preview = preview
+        return self
 
 
 # ---- policy ----------------------------------------------------------------------------------------------
@@ -1421,6 +1431,8 @@ def _blank_and_verify(
                 "burned_in_text_remaining",
                 f"{len(left)} text region(s) still read after blanking "
                 f"({', '.join(sorted({ln.reason or '' for ln in left}))})",
+            ).with_preview(
+                _text_preview(label, frame, [ln.box for ln in left], [b for lb, b, _ in boxes if lb in ("all", label)])
             )
         if unread:
             _raise_unreadable(label, unread[0])
@@ -1451,13 +1463,37 @@ def _phi_sweep(
         return
     frames = _frames_to_read(display_frames(ds, cleaned), policy) if mask.any() else todo  # nothing blanked: as read
     for (label, frame), fmask in zip(frames, _frame_masks(mask, todo)):
-        if any(
-            ln.reason == "phi" and not ln.allowed
+        found = [
+            ln.box
             for ln in read_lines(frame, policy, phi, verify=True, blanked=fmask, thresholding=method)
-        ):
+            if ln.reason == "phi" and not ln.allowed
+        ]
+        if found:
             raise BurnedInTextError(
                 "burned_in_text_remaining", f"header PHI still read after blanking in frame {label} (adaptive layout)"
-            )
+            ).with_preview(_text_preview(label, frame, found, _mask_boxes(fmask)))
+
+
+def _text_preview(label: Any, frame: np.ndarray, failed: list, blanked: list):
+    """A :class:`etl.deid.preview.Preview` of one frame read (rows, cols uint8 as displayed after blanking) with
+    the ``failed`` line boxes and the ``blanked`` boxes, each (x0, y0, x1, y1)."""
+    from etl.deid.preview import Preview, PreviewView
+
+    def boxes(items: list) -> list[tuple[int, int, int, int]]:
+        return [(int(b[0]), int(b[1]), int(b[2]), int(b[3])) for b in items]
+
+    name = "composite of frames" if label == "all" else f"frame {label}"
+    return Preview([PreviewView(name, np.asarray(frame, np.uint8), boxes(failed), boxes(blanked))])
+
+
+def _mask_boxes(mask: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Bounding boxes (x0, y0, x1, y1) of the connected blanked areas of one frame mask (rows, cols bool)."""
+    from scipy import ndimage
+
+    if not mask.any():
+        return []
+    labels, _ = ndimage.label(mask)
+    return [(s[1].start, s[0].start, s[1].stop, s[0].stop) for s in ndimage.find_objects(labels) if s is not None]
 
 
 def _raise_unreadable(label: Any, box: tuple[int, int, int, int]) -> None:

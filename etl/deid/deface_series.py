@@ -26,6 +26,7 @@ import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pydicom
@@ -61,6 +62,10 @@ class SeriesOutcome:
     figures : dict
         PHI-free figures for the audit: the registration checks, face region size, voxels changed, detector hits
         before and after, CPU seconds.
+    preview : etl.deid.preview.Preview or None
+        for ``defacing_failed`` after the volume was stacked: a sagittal and an axial view of the volume as it
+        stood when the check failed (the face set to air when it got that far), the face region's box drawn
+        (restricted: for the curator's review only).
     """
 
     status: str
@@ -68,6 +73,7 @@ class SeriesOutcome:
     detail: str | None = None
     payloads: dict[str, bytes] = field(default_factory=dict)
     figures: dict = field(default_factory=dict)
+    preview: Any = None
 
 
 def _read(data: bytes) -> Dataset:
@@ -303,6 +309,7 @@ def deface_series(
             "quarantined", "head_volume_withheld", "config deid.deface is quarantine: head volumes are withheld"
         )
     figures: dict = {"anatomy": decision, "slices": len(vol.slices)}
+    region = None
     try:
         region, report = face_mask(vol.image, modality, vol.rescale)
         figures.update(report.as_dict())
@@ -337,9 +344,26 @@ def deface_series(
     except DefaceError as err:
         figures.update(err.figures)
         figures["cpu_s"] = round(time.process_time() - t0, 3)
-        return SeriesOutcome("quarantined", err.reason, err.detail, figures=figures)
+        return SeriesOutcome(
+            "quarantined",
+            err.reason,
+            err.detail,
+            figures=figures,
+            preview=_preview(vol, None if region is None else region.box),
+        )
     figures["cpu_s"] = round(time.process_time() - t0, 3)
     return SeriesOutcome("defaced", payloads=out, figures=figures)
+
+
+def _preview(vol: _Volume, box: tuple[slice, slice, slice] | None):
+    """:func:`etl.deid.preview.volume_views` of the volume (stored values, as they stand) with the face box; None
+    when the views cannot be made (a preview never turns a quarantine into a failed task)."""
+    from etl.deid.preview import volume_views
+
+    try:
+        return volume_views(vol.stored, np.array(vol.image.GetDirection()).reshape(3, 3), vol.image.GetSpacing(), box)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _image_threshold(vol: _Volume, thr: float) -> float:
@@ -403,6 +427,8 @@ class ShardDefacing:
     ----------
     quarantined : dict of str to (str, str)
         sop_key -> (reason, detail) of every file of a series that was quarantined (its file must be removed).
+    previews : dict of str to etl.deid.preview.Preview
+        sop_key -> the preview of its quarantined series (:attr:`SeriesOutcome.preview`; one object per series).
     transfer_syntax : dict of str to str
         sop_key -> TransferSyntaxUID of each rewritten file (defaced pixels are stored uncompressed).
     series : list of dict
@@ -413,6 +439,7 @@ class ShardDefacing:
     """
 
     quarantined: dict[str, tuple[str, str]] = field(default_factory=dict)
+    previews: dict[str, Any] = field(default_factory=dict)
     transfer_syntax: dict[str, str] = field(default_factory=dict)
     series: list[dict] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
@@ -464,6 +491,8 @@ def deface_written(instances: list[dict], read, write, mode: str = "on", detecto
         if outcome.status == "quarantined":
             for sop in by_path.values():
                 done.quarantined[sop] = (outcome.reason or "defacing_failed", outcome.detail or "")
+                if outcome.preview is not None:
+                    done.previews[sop] = outcome.preview
             continue
         for path, data in outcome.payloads.items():
             write(path, data)

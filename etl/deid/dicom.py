@@ -204,9 +204,11 @@ CONTAINED_DECODE_REASONS = frozenset({"image_too_large", "declared_size_mismatch
 
 class DeidentificationError(ReasonCodedError):
     """An input that cannot be de-identified with certainty. ``reason`` is a reason code; the message
-    never contains a value from the file."""
+    never contains a value from the file. ``preview``: an :class:`etl.deid.preview.Preview` of the pixels that
+    failed (``burned_in_text_remaining``), else None."""
 
     message_format = "{message}"
+    preview = None
 
 
 @dataclass
@@ -1183,7 +1185,9 @@ def _burned_in_text(
             except NormalisationError as fault:
                 raise DeidentificationError(fault.reason, str(fault)) from None
             raise DeidentificationError("burned_in_text_unreadable", str(err)) from None
-        raise DeidentificationError(err.reason, str(err)) from None
+        failed = DeidentificationError(err.reason, str(err))
+        failed.preview = err.preview  # the pixels that failed, for the curator's review (restricted)
+        raise failed from None
     audit["text_checked"] += 1
     if done.blanked:
         audit["text_images_blanked"] += 1

@@ -51,6 +51,8 @@ class DeidOutcome:
         the ``instances`` row (columns of :mod:`schemas.instances`; None when quarantined).
     reason, detail : str or None
         the quarantine reason code and a message without values (None when ingested).
+    preview : etl.deid.preview.Preview or None
+        the pixels that failed, for a file quarantined ``burned_in_text_remaining`` (restricted: may show PHI).
     """
 
     result: DeidResult | None = None
@@ -58,6 +60,7 @@ class DeidOutcome:
     instance: dict[str, Any] | None = None
     reason: str | None = None
     detail: str | None = None
+    preview: Any = None
 
     @property
     def ingested(self) -> bool:
@@ -181,7 +184,7 @@ def deidentify_file(
             payload = result.to_bytes()
         row = instance_row(result, inst, body_part, f"{dicom_dir}/{result.sop_key}.dcm", shard)
     except (DeidentificationError, RecordLimitError, SourceBoundsError) as err:
-        return DeidOutcome(reason=err.reason, detail=str(err))
+        return DeidOutcome(reason=err.reason, detail=str(err), preview=getattr(err, "preview", None))
     except Exception as err:  # noqa: BLE001  a file pydicom cannot fully parse or write: fail closed
         # the exception's text may quote a header value: only its type is recorded, nothing is logged
         return DeidOutcome(reason="unreadable_dicom", detail=f"{type(err).__name__} while de-identifying")

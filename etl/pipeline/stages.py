@@ -205,9 +205,10 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     with certainty get a ``quarantined`` event with the reason code and are not written; so does a file whose
     de-identification raises anything unexpected (``unreadable_dicom``, with the exception's type only), takes
     longer than :data:`etl.limits.FILE_TIME_LIMIT_S` (``deidentification_timeout``) or has a value the instances
-    row cannot hold (``invalid_value``). No file can fail the task. Burned-in text is read per series
-    (:class:`etl.deid.series_text.SeriesTextGate`, series from the plan's ``series_uid_key``): the files of each
-    series are de-identified with its sample first; events are written in source order.
+    row cannot hold (``invalid_value``). No file can fail the task. A file quarantined ``burned_in_text_remaining``
+    or ``defacing_failed`` gets a review preview (:func:`etl.zones.quarantine_preview`, restricted). Burned-in text
+    is read per series (:class:`etl.deid.series_text.SeriesTextGate`, series from the plan's ``series_uid_key``):
+    the files of each series are de-identified with its sample first; events are written in source order.
 
     Skipped (result ``skipped: True``) when the shard's input files are those it was last built from (see
     the module docstring).
@@ -245,6 +246,8 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
         if not outcome.ingested:
             events.append({**event, "status": "quarantined", "reason": outcome.reason, "detail": outcome.detail})
             audit[f"quarantined:{outcome.reason}"] += 1
+            if outcome.preview is not None:  # for the curator's review (restricted ledger zone)
+                _write_preview(ctx, row["sha256"], outcome.preview)
             continue
         assert outcome.result is not None and outcome.payload is not None and outcome.instance is not None
         result, payload, instance = outcome.result, outcome.payload, outcome.instance
@@ -307,6 +310,13 @@ def deidentify_shard(ctx: BuildContext, shard: int) -> dict:
     )
 
 
+def _write_preview(ctx: BuildContext, sha256: str, preview) -> None:
+    """Store the review preview of one quarantined source file (:func:`etl.zones.quarantine_preview`)."""
+    from etl.deid.preview import render_png
+
+    ctx.storage.write_bytes(zones.quarantine_preview(sha256.lower()), render_png(preview))
+
+
 def _deface(
     ctx: BuildContext,
     shard: int,
@@ -327,12 +337,20 @@ def _deface(
         if row["sop_key"] in done.transfer_syntax:
             row["transfer_syntax"] = done.transfer_syntax[row["sop_key"]]
     if done.quarantined:
+        from etl.deid.preview import render_png
+
+        rendered: dict[int, bytes] = {}
         instances[:] = [r for r in instances if r["sop_key"] not in done.quarantined]
         audit_rows[:] = [r for r in audit_rows if r["sop_key"] not in done.quarantined]
         written.difference_update(done.quarantined)
         for event in events:
             if event.get("sop_key") in done.quarantined:
                 reason, detail = done.quarantined[event["sop_key"]]
+                preview = done.previews.get(event["sop_key"])
+                if preview is not None:
+                    if id(preview) not in rendered:  # one render per series, one PNG per source file
+                        rendered[id(preview)] = render_png(preview)
+                    ctx.storage.write_bytes(zones.quarantine_preview(event["sha256"].lower()), rendered[id(preview)])
                 event.update(status="quarantined", reason=reason, detail=detail, sop_key=None, study_key=None)
                 audit[f"quarantined:{reason}"] += 1
     audit.update(done.counts)

@@ -14,11 +14,16 @@ functions as the build's stages, in memory:
   record (the input-format table of the README), linked to the delivery's studies, text de-identified and
   verified; a file none of whose records can be read gets the first error's precise reason.
 
-Not covered: pixel normalisation (decoding, volume geometry: the ``normalise`` stage's reasons), duplicates
-and collisions against other institutions or earlier runs (the build's plan spans every delivery and the seen
-index), and the key binding of the storage root.
+Against the storage root's ledger (its seen index, read only when it exists): files an earlier run already
+recorded are counted apart from the new ones, and those the build would record ``duplicate``
+(``seen_in_earlier_run``) say so, naming the run.
 
-Nothing is written anywhere: the storage root is not opened (no folder is created), the source is only read.
+Not covered: pixel normalisation (decoding, volume geometry: the ``normalise`` stage's reasons), duplicates
+and collisions against other institutions of the same delivery round (the build's plan spans every delivery),
+and the key binding of the storage root.
+
+Nothing is written anywhere: the storage root is not opened (no folder is created; its seen index is read when
+present), the source is only read.
 Pseudonyms are computed with the deployment key when ``MEDRECO_PSEUDONYM_KEY`` is set, else with a one-off
 random key (the checks do not depend on the key; no pseudonym is shown).
 """
@@ -61,6 +66,13 @@ class DeliveryCheck:
         ``skipped``).
     records : collections.Counter
         report records: ``read``, ``withheld``, and per ``link_status`` (``link:linked``, ``link:no_study``...).
+    ledger : collections.Counter
+        the delivery's files against the storage root's ledger (its seen index): ``new`` (no earlier run recorded
+        the content) and ``already_recorded`` (an earlier run did: the build records the file ``duplicate``
+        (``seen_in_earlier_run``) unless it is quarantined again, or ingested after an earlier non-ingested
+        outcome); empty when the delivery holds no file.
+    ledger_root : str or None
+        the root whose ledger was read; None when it holds no ledger yet (every file is new).
     findings : list of dict
         one per file not ingested and per withheld record: ``{"path", "kind", "stage", "outcome", "reason",
         "detail"}`` (``path`` relative to the delivery; ``outcome``: ``quarantined``, ``withheld``,
@@ -73,6 +85,8 @@ class DeliveryCheck:
     statuses: Counter = field(default_factory=Counter)
     records: Counter = field(default_factory=Counter)
     findings: list[dict] = field(default_factory=list)
+    ledger: Counter = field(default_factory=Counter)
+    ledger_root: str | None = None
 
     @property
     def problems(self) -> list[dict]:
@@ -93,6 +107,8 @@ class DeliveryCheck:
             "files": dict(sorted(self.files.items())),
             "statuses": dict(sorted(self.statuses.items())),
             "records": dict(sorted(self.records.items())),
+            "ledger": dict(sorted(self.ledger.items())),
+            "ledger_root": self.ledger_root,
             "problems": len(self.problems),
             "findings": self.findings,
         }
@@ -143,7 +159,13 @@ def validate_delivery(
     """
     from etl.deid.instance import deidentify_file
     from etl.deid.policy import build_policy
-    from etl.sources.discover import discover_institution, mark_duplicates, source_storage
+    from etl.sources.discover import (
+        discover_institution,
+        load_seen_index,
+        mark_duplicates,
+        mark_seen,
+        source_storage,
+    )
     from etl.sources.report_files import read_report_file
     from etl.sources.report_linking import StudyIndex, header_phi
     from etl.sources.source_access import SourceUnavailableError, check_source
@@ -164,8 +186,9 @@ def validate_delivery(
     except SourceUnavailableError as err:
         raise ValidateSourceError("missing_delivery", str(err)) from None  # str(err) starts with its own reason
     key = key or PseudonymKey(secrets.token_bytes(32))
-    plan = mark_duplicates(discover_institution(cfg, inst, root, key))
-    check = DeliveryCheck(institution, src.full_uri(""))
+    seen = load_seen_index(root)  # read only: an empty index when the root or its ledger does not exist yet
+    plan = mark_seen(mark_duplicates(discover_institution(cfg, inst, root, key)), seen)
+    check = DeliveryCheck(institution, src.full_uri(""), ledger_root=root.full_uri("") if seen.num_rows else None)
     if plan.num_rows == 0:
         raise ValidateSourceError("missing_delivery", f"{institution}: the delivery holds no file")
     rows = sorted(plan.to_pylist(), key=lambda r: r["source_uri"])
@@ -258,5 +281,37 @@ def validate_delivery(
         check.records["withheld"] += len(withheld)
         if deidentify:  # without the de-identified studies nothing was linked: no link counts to report
             check.records.update(f"link:{row['link_status']}" for row in report_rows)
+    _against_ledger(check, rows, status, src)
     check.statuses.update(status.values())
     return check
+
+
+def _against_ledger(check: DeliveryCheck, rows: list[dict], status: dict[str, str], src: Storage) -> None:
+    """Count the files an earlier run recorded (``already_recorded``) and the ``new`` ones; a recorded file the
+    build would record ``duplicate`` (the run ledger's rule, :func:`etl.pipeline.ledger.build_ledger`) gets that
+    status and a ``seen_in_earlier_run`` finding naming the run."""
+    from etl.pipeline.ledger import SEEN_REASON
+
+    for r in rows:
+        if not r["seen_run"]:
+            check.ledger["new"] += 1
+            continue
+        check.ledger["already_recorded"] += 1
+        now = status.get(r["source_uri"], r["status"])
+        if now in ("skipped", "quarantined", "withheld") or (
+            now == "ingested" and r["seen_status"] not in (None, "ingested")
+        ):
+            continue  # as the run ledger: these keep their own outcome
+        status[r["source_uri"]] = "duplicate"
+        check.findings = [f for f in check.findings if f["path"] != _relative(r["source_uri"], src)]
+        check.findings.append(
+            {
+                "path": _relative(r["source_uri"], src),
+                "kind": r["kind"],
+                "stage": "discover",
+                "outcome": "duplicate",
+                "reason": SEEN_REASON,
+                "detail": f"same sha256 as a file recorded in run {r['seen_run']}",
+            }
+        )
+    check.findings.sort(key=lambda f: f["path"])

@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 from etl.snapshots.verify import verify
 from etl.storage import Storage, open_filesystem
 from medreco_reader.snapshot import Snapshot as ReaderSnapshot
-from medreco_reader.snapshot import SnapshotError, open_release
+from medreco_reader.snapshot import SnapshotError, open_release, release_root
 
 
 class Snapshot(ReaderSnapshot):
@@ -81,6 +81,10 @@ def load_snapshot(
         if isinstance(fs, pafs.LocalFileSystem) and fs.get_file_info(base).type == pafs.FileType.NotFound:
             raise SnapshotError(f"no storage root at {base}")  # (Storage.open would create the folder)
         storage = Storage.open(str(root_or_storage), endpoint_url=endpoint_url, region=region)
+        if not storage.exists("snapshots"):  # a release folder or snapshots/ inside a root: that root
+            storage, version = release_root(
+                storage, version, lambda uri: Storage.open(uri, endpoint_url=endpoint_url, region=region)
+            )
     snap = Snapshot(*open_release(storage, version))
     if verify_files:
         problems = snap.verify()

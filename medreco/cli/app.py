@@ -537,20 +537,34 @@ def validate_source(
         files = ", ".join(f"{k} {v}" for k, v in sorted(check.files.items()))
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(check.statuses.items()))
         records = ", ".join(f"{k} {v}" for k, v in sorted(check.records.items())) or "none"
+        new, old = check.ledger.get("new", 0), check.ledger.get("already_recorded", 0)
         lines = [
             f"delivery {check.institution} ({check.source}): {files}",
+            (
+                f"against the ledger of {check.ledger_root}: {new} new, {old} already recorded by an earlier run"
+                if check.ledger_root
+                else f"no ledger at the storage root yet: all {new} files are new"
+            ),
             f"the build would record: {statuses}",
             f"report records: {records}",
         ]
+        from collections import Counter
+
+        seen = Counter(
+            f["detail"] for f in check.findings if f["outcome"] == "duplicate" and f["reason"] == "seen_in_earlier_run"
+        )
+        lines += [f"duplicate   discover   seen_in_earlier_run  {n} file(s): {d}" for d, n in sorted(seen.items())]
         lines += [
             f"{f['outcome']:<11} {f['stage']:<10} {f['reason']}  {f['path']}: {f['detail']}"
             for f in check.findings
-            if f["outcome"] != "skipped"
+            if f["outcome"] != "skipped" and f["reason"] != "seen_in_earlier_run"
         ]
         n = len(check.problems)
+        dup = check.statuses.get("duplicate", 0)
         lines.append(
             (
                 "OK: the build would ingest every file and record"
+                + (f" that is new ({dup} duplicate{'s' if dup != 1 else ''}, nothing to ingest again)" if dup else "")
                 if check.ok
                 else f"FAIL: {n} problem{'s' if n != 1 else ''} (quarantined files, withheld records)"
             )

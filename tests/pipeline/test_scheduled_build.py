@@ -142,3 +142,32 @@ def test_one_progress_line_per_stage(builds, name):
     assert pixels and pixels.group(1) == pixels.group(2) and int(pixels.group(1)) > 0, by["deidentify"]
     assert by["normalise"].split(" in ")[0].endswith(f"{pixels.group(1)}/{pixels.group(1)} files")
     assert re.fullmatch(r"stage quality: 1/1 tasks in [\d.]+ s", by["quality"])
+
+
+@pytest.mark.parametrize("name", ["serial", "scheduled"])
+def test_medreco_logs_shows_each_tasks_info_lines(builds, name, monkeypatch):
+    """Issue 40, point 10, re-checked in a run: ``medreco logs RUN TASK`` prints the task's INFO lines (the
+    scheduled workers log at INFO; a dag.test() run keeps its whole log), for a mapped and an unmapped task."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from typer.testing import CliRunner
+
+    from medreco.cli.app import app
+
+    with create_session() as session:
+        runs = [r.run_id for r in session.query(DagRun).filter(DagRun.dag_id == DAG_ID)]
+    run_id = (
+        builds["scheduled"]["run_id"]
+        if name == "scheduled"
+        else next(r for r in runs if not r.startswith("manual__medreco_run_") and r != builds["scheduled"]["run_id"])
+    )
+    monkeypatch.setenv("AIRFLOW_HOME", str(builds["home"]))
+    for task in ("deidentify", "snapshot"):
+        res = CliRunner().invoke(app, ["logs", run_id, task])
+        assert res.exit_code == 0, res.output
+        info = [ln for ln in res.output.splitlines() if re.search(r"\bINFO\b|\"level\": ?\"info\"", ln)]
+        assert len(info) >= 3, (task, res.output[-2000:])
+        if name == "scheduled":  # one log file per task instance: the mapped task's two, the snapshot task's one
+            files = [ln for ln in res.output.splitlines() if ln.startswith("==> ")]
+            assert len(files) == (2 if task == "deidentify" else 1), files
+            assert all(f"task_id={task}/" in f for f in files)

@@ -144,3 +144,54 @@ def test_relative_source_uri_out_of_a_root_not_yet_created_resolves_as_the_run_d
     assert res.exit_code == 2 and "missing_delivery" in res.output and "source_not_found" in res.output
     assert res.output.count("source_not_found") == 1  # the reason is printed once
     assert str(delivery["tmp"] / "sources" / "csv-typo") in res.output
+
+
+def test_validate_source_tells_files_already_in_the_ledger_from_new_ones(delivery):
+    """Issue 40, a new user's trial: a delivery already ingested was counted as new. After a run of the build's
+    stages on it (discover, plan, deidentify, reports, ledger), validate-source reads the root's seen index: the
+    recorded files are duplicates naming the run, a file added since is new, and the root is left as it was."""
+    from etl.pipeline import stages
+    from etl.pipeline.context import BuildContext
+    from etl.pipeline.ledger import finalise
+
+    for name in ("dicom/cut.dcm", "reports/wrong.csv"):
+        os.remove(delivery["src"] / name)
+    cfg = yaml.safe_load(delivery["config"].read_text())
+    cfg["institutions"] = [i for i in cfg["institutions"] if i["id"] == "csv-inst"]
+    cfg["shard_count"] = 1
+    cfg["splits"]["external_test_institutions"] = []
+    delivery["config"].write_text(yaml.safe_dump(cfg))
+    runner = CliRunner()
+    res = runner.invoke(app, ["validate-source", "-i", "csv-inst", "-c", str(delivery["config"])])
+    assert "no ledger at the storage root yet: all 3 files are new" in res.output
+    ctx = BuildContext.from_config_file(delivery["config"], run_id="run-one")
+    stages.discover(ctx, "csv-inst")
+    for batch in stages.plan(ctx):
+        for shard in batch:
+            stages.deidentify_shard(ctx, shard)
+    stages.reports(ctx)
+    assert finalise(ctx)["balanced"]
+    ledger = {
+        r["source_uri"].rsplit("/", 1)[-1]: r["status"] for r in ctx.storage.read_table(ctx.ledger_path).to_pylist()
+    }
+    assert ledger == {"ct.dcm": "ingested", "good.csv": "ingested", "README.md": "skipped"}
+    ds = pydicom.dcmread(delivery["src"] / "dicom" / "ct.dcm")
+    ds.SOPInstanceUID = ds.SOPInstanceUID + ".2"
+    ds.save_as(delivery["src"] / "dicom" / "ct_new.dcm")  # delivered since the run
+    before = _tree(delivery["root"])
+    res = runner.invoke(app, ["validate-source", "-i", "csv-inst", "-c", str(delivery["config"]), "--json"])
+    doc = json.loads(res.output)
+    assert doc["ledger"] == {"already_recorded": 3, "new": 1} and doc["ledger_root"] == str(delivery["root"])
+    assert doc["statuses"] == {"duplicate": 2, "ingested": 1, "skipped": 1}
+    seen = {f["path"]: (f["outcome"], f["reason"], f["detail"]) for f in doc["findings"] if f["outcome"] == "duplicate"}
+    assert seen == {
+        p: ("duplicate", "seen_in_earlier_run", "same sha256 as a file recorded in run run-one")
+        for p in ("dicom/ct.dcm", "reports/good.csv")
+    }
+    res = runner.invoke(app, ["validate-source", "-i", "csv-inst", "-c", str(delivery["config"])])
+    assert res.exit_code == 0, res.output
+    assert f"against the ledger of {delivery['root']}: 1 new, 3 already recorded by an earlier run" in res.output
+    assert "seen_in_earlier_run  2 file(s): same sha256 as a file recorded in run run-one" in res.output
+    assert "the build would record: duplicate 2, ingested 1, skipped 1" in res.output
+    assert res.output.rstrip().endswith("that is new (2 duplicates, nothing to ingest again)")
+    assert _tree(delivery["root"]) == before  # read, never written

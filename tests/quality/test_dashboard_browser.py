@@ -139,7 +139,7 @@ def _resources_off_site(driver) -> list[str]:
     """URLs the page loaded (or tried to) from another origin than its own."""
     return driver.execute_script(
         "return performance.getEntriesByType('resource').map(e => e.name)"
-        ".filter(u => !u.startsWith(location.origin) && !u.startsWith('data:'))"
+        ".filter(u => !u.startsWith('data:') && new URL(u).origin !== location.origin)"  # credentials in a URL too
     )
 
 
@@ -258,3 +258,89 @@ def test_data_docs_render_styled_offline(browser, served, tmp_path):
         .get_attribute("href")
         .endswith("/dashboard/quarantine.html#record-decisions")
     )
+
+
+@pytest.fixture(scope="module")
+def preview_served(tmp_path_factory, key):
+    """A root built by the pixel stages from one faint-ID RF frame (quarantined ``burned_in_text_remaining``) and a
+    head CT whose header lies about its orientation (``defacing_failed``), served by the review app."""
+    import sys
+
+    from helpers import run_pixel_stages
+
+    from etl.demo import heads as H
+    from etl.pipeline.ledger import finalise
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "deid"))
+    from test_quarantine_preview import _faint_id_file
+
+    base = tmp_path_factory.mktemp("preview")
+    source = base / "source"
+    source.mkdir()
+    (source / "faint_id.dcm").write_bytes(_faint_id_file())
+    head, _ = H.template_head()
+    tilted = H.head_series(H.ct_like(head), modality="CT", tilt_deg=180, size=(112, 112, 56), spacing=(2.0, 2.0, 2.5))
+    for i, data in enumerate(tilted.files):
+        (source / f"head_{i:03d}.dcm").write_bytes(data)
+    ctx = run_pixel_stages(base, source, "site-p", key)
+    finalise(ctx)
+    from quality.review_auth import RequestGuard, TokenAuth, allowed_hosts_from_env
+
+    app = create_app(ctx.storage, authenticate=TokenAuth(REVIEW_TOKEN), guard=RequestGuard(allowed_hosts_from_env()))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    yield {"url": f"http://curator:{REVIEW_TOKEN}@127.0.0.1:{port}", "storage": ctx.storage}
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_curator_sees_the_failed_pixels_of_burned_in_text_and_defacing_quarantines(
+    browser, preview_served, tmp_path, width
+):
+    """Issue 40, point 8: the review page shows, for each file quarantined ``burned_in_text_remaining`` or
+    ``defacing_failed``, its de-identified pixels with the failed boxes (a thumbnail that opens the full view), at
+    1400 and 800 px with no layout fault; the PNG is nowhere under ``reports/``."""
+    from selenium.webdriver.common.by import By
+
+    from etl import zones
+
+    base, st = preview_served["url"], preview_served["storage"]
+    browser.set_window_size(width, 1000)
+    try:
+        browser.get(f"{base}/review")
+        rows = browser.find_elements(By.CSS_SELECTOR, "tbody tr[id^='item-']")
+        reasons = {r.find_element(By.CSS_SELECTOR, "td[data-label=reason]").text for r in rows}
+        assert {"burned_in_text_remaining", "defacing_failed"} <= reasons
+        thumbs = browser.find_elements(By.CSS_SELECTOR, "td.preview img")
+        assert len(thumbs) == len(rows)  # every such file has one
+        for img in thumbs:  # loaded (the login applies to the image too), drawn at a thumbnail's width
+            assert browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) > 100
+            assert 0 < img.size["width"] <= 160
+        assert _layout_faults(browser) == [] and _console_errors(browser) == []
+        assert _resources_off_site(browser) == []
+        browser.save_screenshot(str(tmp_path / f"review_{width}.png"))
+        for reason in ("burned_in_text_remaining", "defacing_failed"):
+            browser.get(f"{base}/review")
+            row = next(
+                r
+                for r in browser.find_elements(By.CSS_SELECTOR, "tbody tr[id^='item-']")
+                if r.find_element(By.CSS_SELECTOR, "td[data-label=reason]").text == reason
+            )
+            row.find_element(By.CSS_SELECTOR, "td.preview a").click()
+            img = browser.find_element(By.ID, "preview")
+            assert browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) > 100
+            assert img.size["width"] <= width  # scaled to the window
+            assert reason in browser.find_element(By.TAG_NAME, "header").text
+            assert _layout_faults(browser) == [] and _console_errors(browser) == []
+            browser.save_screenshot(str(tmp_path / f"preview_{reason}_{width}.png"))
+        assert st.list_files(zones.PREVIEWS_DIR)
+        assert not [p for p in st.list_files(zones.REPORTS) if p.endswith(".png")]
+    finally:
+        browser.set_window_size(1400, 1000)

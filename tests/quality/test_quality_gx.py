@@ -266,7 +266,10 @@ def test_review_app_records_a_decision_the_next_run_honours(failed_stage):
     assert (stored[0]["curator"], stored[0]["note"]) == ("carol", "burned in text confirmed")
     page = client.get("/review").text
     assert f'id="note-{oid}"' in page and 'name="note"' in page and 'id="curator">carol<' in page
-    assert "<td data-curator>carol</td><td data-note>burned in text confirmed</td>" in page
+    assert (
+        '<td data-label="curator" data-curator>carol</td><td data-label="note" data-note>burned in text confirmed</td>'
+        in page
+    )
     assert all(f'/dashboard/{p}"' in page for p, _ in PAGES) and '/data_docs/index.html"' in page
     # refused: unknown item, bad decision, digits in a note, another site's form
     assert client.post("/review/0123456789ab", data={"decision": "reject"}).status_code == 404

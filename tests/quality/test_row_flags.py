@@ -247,3 +247,32 @@ def test_failing_values_follows_ge_semantics():
     ]
     with pytest.raises(ValueError):
         failing_values(c, "expect_column_values_to_be_unique", {}, {})
+
+
+def test_a_row_level_message_states_one_denominator_the_values_checked():
+    """Issue 40, a new user's trial: "1 of 90 values" stood beside GX's 9.09% of 11 non-null values. 90 studies,
+    79 without a date, one of the 11 dates implausible: the message counts 1 of 11 non-null values (9.09%), says
+    the 79 nulls were not checked, and matches GX's own unexpected_percent and the failed rate."""
+    check = "expect_column_values_to_be_between:study_datetime"
+    dates = [dt.datetime(1898, 12, 31)] + [dt.datetime(2020, 1, 1)] * 10 + [None] * 79
+    rep = _run(_studies(dates))
+    (r,) = [x for x in rep.results if x.table == "studies" and x.check == check]
+    assert r.observed["element_count"] == 90 and r.observed["missing_count"] == 79
+    assert r.observed["unexpected_percent"] == pytest.approx(100 / 11, abs=1e-3)
+    assert r.observed["failed_rate"] == pytest.approx(1 / 11, abs=1e-6)
+    assert r.message == (
+        "1 of 11 non-null values of studies.study_datetime fail expect_column_values_to_be_between "
+        "(9.09%, limit 1%); 1 row flagged"
+    )
+    assert " of 90 " not in r.message
+    from quality.gx_suites import count_phrase
+
+    assert count_phrase(r.observed, "expect_column_values_to_be_between") == (
+        "1 of 11 non-null values (9.09%; 79 null of 90 not checked)"
+    )
+    assert (
+        count_phrase(
+            {"element_count": 90, "unexpected_count": 79, "missing_count": 79}, "expect_column_values_to_not_be_null"
+        )
+        == "79 of 90 values (87.78%)"
+    )

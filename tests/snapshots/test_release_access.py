@@ -154,3 +154,62 @@ def test_an_exported_release_is_self_contained_and_has_hugging_face_splits(relea
     assert sum(len(vqa[s]) for s in vqa) == manifest["views"]["vqa_images"]["rows"]
     again = _medreco("snapshot", "export", "latest", str(moved), "--root", str(tmp_path / "none"), cwd=tmp_path)
     assert again.returncode == 1  # an existing, non-empty destination is refused
+
+
+HF_SCRIPT = r"""
+import json, sys
+import datasets
+folder, splits = sys.argv[1], sys.argv[2].split(",")
+out = {"datasets": datasets.__version__, "splits": {}}
+for split in splits:
+    ds = datasets.load_dataset(folder, "pairs", split=split, cache_dir=sys.argv[3])
+    out["splits"][split] = {"patients": sorted(set(ds["patient_key"])), "pairs": sorted(ds["pair_id"]),
+                            "split_column": sorted(set(ds["split"]))}
+for name in ("etl", "medreco", "medreco_reader", "schemas", "quality", "torch"):
+    try:
+        __import__(name)
+        out.setdefault("importable", []).append(name)
+    except ImportError:
+        pass
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_a_copied_export_loads_per_split_in_a_venv_with_datasets_alone(release, tmp_path, datasets_venv):
+    """Issue 40, done-when: a copied export loads with ``datasets.load_dataset(copy, "pairs", split=...)`` in a
+    venv holding only ``datasets`` (no project, no reader), every split's patient set equal to ``splits``."""
+    import shutil
+
+    snap = load_snapshot(release)
+    splits = {r["patient_key"]: r["split"] for r in snap.read("splits").to_pylist()}
+    want: dict[str, dict[str, set]] = {}
+    for p in snap.read("pairs").to_pylist():
+        w = want.setdefault(splits[p["patient_key"]], {"patients": set(), "pairs": set()})
+        w["patients"].add(p["patient_key"])
+        w["pairs"].add(p["pair_id"])
+    assert {"train", "test"} <= set(want)  # the fixture gives pairs to two splits (none to val)
+    out = _medreco("snapshot", "export", "latest", str(tmp_path / "export"), "--root", release.root, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "export", copy)
+    shutil.rmtree(tmp_path / "export")
+    shutil.rmtree(release.root)  # the store is gone: the copy stands alone
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    run = subprocess.run(
+        [str(datasets_venv), "-c", HF_SCRIPT, str(copy), ",".join(sorted(want)), str(tmp_path / "hf-cache")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout)
+    assert "importable" not in got, got["importable"]  # nothing of the project, not even the reader
+    for split, w in want.items():
+        g = got["splits"][split]
+        assert set(g["patients"]) == w["patients"] and set(g["pairs"]) == w["pairs"], split
+        assert g["split_column"] == [split]
+    all_patients = [p for g in got["splits"].values() for p in g["patients"]]
+    assert len(all_patients) == len(set(all_patients))  # no patient in two splits

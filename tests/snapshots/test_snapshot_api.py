@@ -71,6 +71,41 @@ def test_load_snapshot_latest_and_pinned_versions(released, tmp_path):
     assert not (tmp_path / "nowhere").exists()  # looking does not create a root
 
 
+def test_a_release_folder_opens_its_release_and_other_folders_say_to_pass_the_root(released, tmp_path):
+    """Issue 40, a new user's trial: ``load_snapshot(<root>/snapshots/0.1.0)`` gave "no published snapshot under
+    .../0.1.0/snapshots". A release folder inside its root opens that release (its manifest pins root-relative
+    files); the ``snapshots`` folder opens the root; a copied release folder, an export or an empty folder say to
+    pass the storage root and name it."""
+    import shutil
+
+    import medreco_reader
+
+    st, _ = released
+    root = Path(st.root)
+    light = medreco_reader.load_snapshot(str(root / "snapshots" / "0.1.0"))  # the reader alone, as the project's
+    assert (light.version, Path(light.storage.root)) == ("0.1.0", root)
+    snap = load_snapshot(str(root / "snapshots" / "0.1.0"))
+    assert (snap.version, Path(snap.storage.root)) == ("0.1.0", root)  # that release, not the latest
+    assert snap.table("studies").select(pl.len()).collect().item() == 10 and snap.verify() == []
+    assert load_snapshot(str(root / "snapshots" / "0.2.0") + "/", version="0.2.0").version == "0.2.0"
+    assert load_snapshot(str(root / "snapshots")).version == "0.2.0"
+    with pytest.raises(SnapshotError, match=rf"release folder of 0\.1\.0, not 0\.2\.0: pass the storage root {root}"):
+        load_snapshot(str(root / "snapshots" / "0.1.0"), version="0.2.0")
+    copy = tmp_path / "handed_over" / "0.1.0"
+    shutil.copytree(root / "snapshots" / "0.1.0", copy)
+    with pytest.raises(
+        SnapshotError, match=r"release folder \(0\.1\.0\) outside its storage root.*medreco snapshot export"
+    ):
+        load_snapshot(str(copy))
+    (copy / "export.json").write_text("{}")
+    with pytest.raises(SnapshotError, match=r"exported release.*datasets\.load_dataset"):
+        load_snapshot(str(copy))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SnapshotError, match=r"no published snapshot under .*empty/snapshots: pass the storage root"):
+        load_snapshot(str(empty))
+
+
 def test_every_table_reads_the_same_through_api_duckdb_and_polars(released):
     """DuckDB reads the pinned Parquet files by path (its delta_scan needs an extension download, impossible
     offline); polars reads the Delta table at the pinned version and the files directly."""

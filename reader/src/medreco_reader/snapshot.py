@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +79,10 @@ def resolve_version(storage: Any, version: str = "latest") -> str:
     versions = list_versions(storage)
     if version == "latest":
         if not versions:
-            raise SnapshotError(f"no published snapshot under {storage.full_uri('snapshots')}")
+            raise SnapshotError(
+                f"no published snapshot under {storage.full_uri('snapshots')}: pass the storage root, the folder "
+                "holding snapshots/ (medreco snapshot list --root ROOT lists its releases)"
+            )
         return versions[-1]
     if version not in versions:
         raise SnapshotError(
@@ -292,10 +296,69 @@ def open_release(
         storage = Root.open(root, endpoint_url=endpoint_url, region=region)
         if storage.is_local and storage.fs.get_file_info(storage.root).type == pafs.FileType.NotFound:
             raise SnapshotError(f"no storage root at {storage.root}")
+        if not storage.exists("snapshots"):
+            storage, version = release_root(
+                storage, version, lambda uri: Root.open(uri, endpoint_url=endpoint_url, region=region)
+            )
     else:
         storage = root
     resolved = resolve_version(storage, version)
     return storage, resolved, read_manifest(storage, resolved)
+
+
+def _parent(uri: str) -> tuple[str, str]:
+    """``(parent, name)`` of a path or URI (``s3://b/p/x`` -> ``("s3://b/p", "x")``)."""
+    head, _, name = str(uri).rstrip("/").rpartition("/")
+    return head, name
+
+
+def release_root(storage: Any, version: str, open_root: Callable[[str], Any]) -> tuple[Any, str]:
+    """The storage root and version to read when ``storage`` was opened at a folder that is not a root (no
+    ``snapshots/`` folder) but one inside a root: a release folder ``<root>/snapshots/<version>`` gives ``<root>``
+    and that version (its manifest pins files by root-relative paths, so the root is what is read);
+    ``<root>/snapshots`` gives ``<root>``. Any other folder is returned as it is (``resolve_version`` then says
+    there is no release, and to pass the root).
+
+    Parameters
+    ----------
+    storage : Root or the project's Storage
+        opened at the folder given.
+    version : str
+        the version asked for (``"latest"`` or ``MAJOR.MINOR.PATCH``).
+    open_root : callable(str) -> Root or Storage
+        opens a root by URI (the caller's kind, endpoint and region).
+
+    Raises
+    ------
+    SnapshotError
+        for a release folder outside its root (a copy: its data files stay in the root's ``snapshots/tables/``),
+        an exported folder (``export.json``: read it with Hugging Face ``datasets``), a release folder asked for
+        another version, or a folder that is none of these; each message says what to pass instead.
+    """
+    parent, name = _parent(storage.full_uri(""))
+    if storage.is_file("export.json"):
+        raise SnapshotError(
+            f"{storage.full_uri('')} is an exported release (medreco snapshot export): read it with Hugging Face "
+            f"datasets, datasets.load_dataset({storage.full_uri('')!r}, 'pairs', split='train'); load_snapshot "
+            "takes the storage root it was exported from"
+        )
+    if name == "snapshots" and parent:
+        return open_root(parent), version
+    if storage.is_file(MANIFEST):
+        release = json.loads(storage.read_text(MANIFEST)).get("version", name)
+        if _parent(parent)[1] == "snapshots" and release == name:
+            if version not in ("latest", release):
+                raise SnapshotError(
+                    f"{storage.full_uri('')} is the release folder of {release}, not {version}: pass the storage "
+                    f"root {_parent(parent)[0]} to choose a version"
+                )
+            return open_root(_parent(parent)[0]), release
+        raise SnapshotError(
+            f"{storage.full_uri('')} is a release folder ({release}) outside its storage root: its data files are "
+            "in the root's snapshots/tables/ and curated/volumes/, so pass the storage root it was published under "
+            "(the folder holding snapshots/); to move a release, export it (medreco snapshot export VERSION DEST)"
+        )
+    return storage, version  # no release here: resolve_version says so, naming where it looked
 
 
 def load_snapshot(
