@@ -349,10 +349,11 @@ def clean_slice(
     """
     sp = slot.policy
     tokens: list[PhiTokens] = [phi] if isinstance(phi, PhiTokens) else []
+    make_tokens = None if isinstance(phi, PhiTokens) else phi
 
     def phi_tokens() -> PhiTokens:
-        if not tokens:
-            tokens.append(phi())
+        if not tokens and make_tokens is not None:
+            tokens.append(make_tokens())
         return tokens[0]
 
     likely = text_likely(ds, sp)
