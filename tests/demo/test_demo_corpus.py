@@ -14,7 +14,14 @@ import pydicom
 import pytest
 from pydicom.tag import Tag
 
-from etl.demo.corpus import DEMO_INSTITUTIONS, FAMILIES, DemoCorpusError, generate_corpus
+from etl.demo.corpus import (
+    DEMO_INSTITUTIONS,
+    FAMILIES,
+    HEAD_CT_PATIENTS,
+    HEAD_MR_PATIENTS,
+    DemoCorpusError,
+    generate_corpus,
+)
 from etl.demo.reports import CHANGES, DemoReportError, family_phrases, load_phrases, plan_entities
 from etl.sources.reports import REPORT_FIELDS
 from schemas.config import PROJECT_ROOT, load_config
@@ -344,12 +351,14 @@ def test_longitudinal_patients_and_families(dicoms):
         )
     assert len(studies) == N_PATIENTS
     assert sum(len(s) >= 2 for s in studies.values()) >= N_PATIENTS / 2
+    head_ct = [u for s in studies.values() for u, (_, f) in s.items() if f is None]
+    assert len(head_ct) == HEAD_CT_PATIENTS  # CT of the head has no MedReCo family (no labels)
     for s in studies.values():
-        assert 1 <= len(s) <= 4
+        assert 1 <= len({u for u, (_, f) in s.items() if f is not None}) <= 4
         dates = sorted(datetime.strptime(d, "%Y%m%d") for d, _ in s.values())
         assert (dates[-1] - dates[0]).days <= 3 * 365
     fams = {f for s in studies.values() for _, f in s.values()}
-    assert fams == set(FAMILIES)
+    assert fams == set(FAMILIES) | {None}
     # pairs: some patient has two studies of one family
     assert any(len([f for _, f in s.values()]) > len({f for _, f in s.values()}) for s in studies.values())
 
@@ -366,7 +375,7 @@ def test_modality_specific_headers(dicoms):
             assert any(w in ds.StudyDescription for w in ("BREAST", "LIVER", "THYROID"))
     assert any(ds.ViewPosition in ("LL", "LATERAL") for ds in dicoms.values() if ds.Modality in ("CR", "DX"))
     ct_series = [s for s in by_series.values() if s[0].Modality == "CT"]
-    assert ct_series
+    assert ct_series and sum(s[0].BodyPartExamined == "HEAD" for s in ct_series) == HEAD_CT_PATIENTS
     for series in ct_series:
         assert len(series) >= 5
         z = sorted(float(ds.ImagePositionPatient[2]) for ds in series)
@@ -374,7 +383,41 @@ def test_modality_specific_headers(dicoms):
         assert steps == {float(series[0].SliceThickness)}
         assert len({tuple(map(float, ds.PixelSpacing)) for ds in series}) == 1
         assert len({tuple(map(float, ds.ImagePositionPatient[:2])) for ds in series}) == 1
-        assert all(ds.BodyPartExamined == "CHEST" for ds in series)
+        assert len({ds.BodyPartExamined for ds in series}) == 1 and series[0].BodyPartExamined in ("CHEST", "HEAD")
+
+
+def test_head_volumes_with_a_face_and_their_answer_key(corpus, dicoms, phi_rows):
+    """Two head MR and one head CT series made from the demo head (issue 33), each a volume the build must deface
+    (>= 10 slices, >= 60 mm in every axis), with its face / brain / brow labels in file order on the series grid."""
+    import gzip
+    import io
+
+    import numpy as np
+
+    from etl.deid.deface import head_decision
+    from etl.demo.heads import BRAIN, BROW, FACE
+
+    out, summary = corpus
+    key = [json.loads(x) for x in (out / "answer_key" / "heads.jsonl").read_text().splitlines()]
+    assert sorted(h["modality"] for h in key) == ["CT"] * HEAD_CT_PATIENTS + ["MR"] * HEAD_MR_PATIENTS
+    assert summary["head_series"] == len(key)
+    for h in key:
+        series = [dicoms[f] for f in h["files"]]
+        labels = np.load(io.BytesIO(gzip.decompress((out / h["labels"]).read_bytes())))
+        assert labels.shape == (len(series), series[0].Rows, series[0].Columns) and len(series) >= 10
+        assert {ds.SeriesInstanceUID for ds in series} == {h["series_uid"]}
+        assert all(head_decision(ds.Modality, ds.BodyPartExamined) == "head" for ds in series)
+        iop = np.array(series[0].ImageOrientationPatient, float)
+        normal = np.cross(iop[:3], iop[3:])
+        along = [float(np.dot(np.array(ds.ImagePositionPatient, float), normal)) for ds in series]
+        assert np.allclose(np.diff(along), float(series[0].SliceThickness))  # file order = label order
+        extent = [ds.Rows * float(ds.PixelSpacing[0]) for ds in series[:1]] + [along[-1] - along[0]]
+        assert min(extent) >= 60 and series[0].Columns * float(series[0].PixelSpacing[1]) >= 60
+        counts = {k: int((labels == k).sum()) for k in (FACE, BRAIN, BROW)}
+        assert counts[FACE] > 3000 and counts[BRAIN] > 40_000 and counts[BROW] > 300, counts
+        arr = np.stack([ds.pixel_array for ds in series]).astype(float)
+        assert arr[labels == FACE].mean() > arr[labels == 0].mean()  # the face region holds tissue
+        assert all(any(r["file"] == f for r in phi_rows) for f in h["files"])  # and its headers carry PHI
 
 
 def test_transfer_syntaxes_and_private_block(dicoms):
