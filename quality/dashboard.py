@@ -586,6 +586,13 @@ def _overview(tables, quality: QualityReport, run_info: dict, history: list[dict
     reason_chart = svg_bar_chart(
         _counts(reasons), title="Quarantined files per reason", colour=STATUS_COLOURS["quarantined"]
     )
+    # report records withheld by this run (a language without a pack, no text, ...): counts only, never text
+    withheld = {str(k): int(v) for k, v in (run_info.get("withheld_reports") or {}).items()}
+    withheld_part = (
+        _table(["reason", "report records withheld"], sorted(withheld.items()), numeric=[1])
+        if withheld
+        else "<p>No report record withheld.</p>"
+    )
     # per institution x status
     insts = sorted(set(_col(tables, "ledger", "institution")))
     by_inst = Counter(zip(_col(tables, "ledger", "institution"), statuses, strict=True))
@@ -611,6 +618,11 @@ def _overview(tables, quality: QualityReport, run_info: dict, history: list[dict
                 "Ledger balance (every discovered file has exactly one status)",
                 balance,
                 _row(status_chart, reason_chart),
+            ),
+            _section(
+                "Report records withheld by this run",
+                _cards([("report records withheld", sum(withheld.values()))]),
+                withheld_part,
             ),
             _section("Institutions and modalities", _row(inst_chart, inst_mod)),
             _section("Trend across runs", trend),
@@ -1124,7 +1136,8 @@ def build_dashboard(
     run_info : dict
         ``run_id`` (required) and scalar facts about the run (shown, except keys naming locations such as
         ``*path*``, ``*uri*``, ``*root*``); ``deid_audit``: a (nested) dict of de-identification counts
-        (per action, verification failures, burned-in quarantines, ...), rendered as given.
+        (per action, verification failures, burned-in quarantines, ...), rendered as given; ``withheld_reports``: report
+        records the run withheld, per reason (``{"unsupported_language": 3}``; shown on the overview).
     out_dir : pathlib.Path
         folder to write (created); existing dashboard pages are overwritten.
     history : list of dict, optional

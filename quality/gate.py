@@ -190,7 +190,15 @@ def quality_stage(ctx: BuildContext, keep_runs: int | None = None) -> dict:
         st.write_table(row_flags_path(ctx.run_id), report.flags_table)
     st.write_text(zones.LATEST_QUALITY_RUN, json.dumps({"run_id": ctx.run_id}))
     balance = json.loads(st.read_text(f"{ctx.run_dir}/ledger_balance.json"))
-    run_info = {"run_id": ctx.run_id, "deid_audit": deid_audit(ctx), "ledger": balance, "config": ctx.cfg.name}
+    withheld_path = f"{ctx.run_dir}/withheld_reports.json"
+    withheld = json.loads(st.read_text(withheld_path)) if st.exists(withheld_path) else []
+    run_info = {
+        "run_id": ctx.run_id,
+        "deid_audit": deid_audit(ctx),
+        "ledger": balance,
+        "config": ctx.cfg.name,
+        "withheld_reports": dict(Counter(str(w.get("reason")) for w in withheld)),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         history = [h for h in _history(ctx) if h["run_id"] != ctx.run_id]
         history.append(

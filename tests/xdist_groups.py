@@ -17,6 +17,7 @@ SHARED_BUILD_FILES = {
         {
             "tests/assemble/test_vqa.py",
             "tests/pipeline/test_build_e2e.py",
+            "tests/pipeline/test_demo_faces.py",
             "tests/quality/test_dashboard_browser.py",
             "tests/snapshots/test_reader_venv.py",
         }

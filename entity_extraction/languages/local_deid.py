@@ -176,6 +176,10 @@ def load_pack(language: str, exclude_names: frozenset[str] = frozenset()) -> Pac
 
         name_word = rf"(?:{CAPWORD}|{_INITIAL})"
         name_run = rf"{name_word}(?:[ \t]+(?:{particle}[ \t]+){{0,2}}{name_word}){{0,4}}"
+        # a name after a title or label may open with its particles ("Dr. de la Fuente", "Name: von Bülow"), and a
+        # label's name may be written surname first up to the line's end ("Name: von Bülow, Ursula")
+        lead = rf"(?:{particle}[ \t]+){{0,2}}"
+        surname_first = rf"(?:,[ \t]*{name_run}(?=[ \t]*(?:\n|$)))?"
         titles = _alt(data["titles"])
         all_labels = [
             *data["name_labels"],
@@ -202,10 +206,10 @@ def load_pack(language: str, exclude_names: frozenset[str] = frozenset()) -> Pac
                 re.IGNORECASE,
             ),
             "birth_cue": re.compile(rf"(?:{_alt(data['birth_cues'])})[ \t]*$", re.IGNORECASE),
-            "title_name": re.compile(rf"(?<![\w.])(?P<title>{titles})(?:[ \t]+|(?<=\.))(?P<name>{name_run})"),
+            "title_name": re.compile(rf"(?<![\w.])(?P<title>{titles})(?:[ \t]+|(?<=\.))(?P<name>{lead}{name_run})"),
             "label_name": re.compile(
                 rf"(?<![\w])(?i:{_alt(data['name_labels'])})[ \t]*[:.]?[ \t]*"
-                rf"(?:(?:{titles})[ \t]+)*(?P<name>{name_run})"
+                rf"(?:(?:{titles})[ \t]+)*(?P<name>{lead}{name_run}{surname_first})"
             ),
             "any_label": re.compile(rf"(?<![\w])(?i:{_alt(all_labels)})[ \t]*:"),
             "age_over_89": re.compile(data["age_over_89"]),
@@ -213,7 +217,8 @@ def load_pack(language: str, exclude_names: frozenset[str] = frozenset()) -> Pac
         }
         for kind, labels in data["field_labels"].items():
             # an id label may stand without a colon before its number ("NHC 368503", "Pat.-Nr. 12345")
-            digit_value = r"|[ \t]*(?:n[º°o]\.?)?[ \t]*(?=\d)" if kind == "ID" else ""
+            # (or before a code of up to three letters and digits: "Auftrags-Nr. K11138705")
+            digit_value = r"|[ \t]*(?:n[º°o]\.?)?[ \t]*(?=[A-Za-z]{0,3}\d)" if kind == "ID" else ""
             regex[f"field_{kind}"] = re.compile(
                 rf"(?<![\w])(?i:{_alt(labels)})(?:[ \t]*:{digit_value})[ \t]*(?P<value>[^\n]*)"
             )
@@ -332,7 +337,8 @@ def _trim_name(words: list[str], pack: Pack) -> list[str]:
     """The leading words of a candidate name run up to the first clinical/common word; particles may not end it."""
     keep: list[str] = []
     for w in words:
-        if w.lower().rstrip(".") in pack.guard and not re.fullmatch(_INITIAL, w):
+        particle = re.fullmatch(pack.particle_re, w) is not None  # "von", "de": inside or before a name, never its end
+        if w.lower().rstrip(".,") in pack.guard and not re.fullmatch(_INITIAL, w) and not particle:
             break
         keep.append(w)
     while keep and (keep[-1][:1].islower() or re.fullmatch(_INITIAL, keep[-1])):
@@ -358,7 +364,7 @@ def _name_hits(text: str, pack: Pack, known_names: list[str]) -> list[_Hit]:
         span = _span_of(text, m.start("name"), words)
         if span is None:
             return
-        learned.update(w for w in words if len(w) >= 3 and w[:1].isupper() and not w.endswith("."))
+        learned.update(w.rstrip(",") for w in words if len(w) >= 3 and w[:1].isupper() and not w.endswith("."))
         if keep_title:
             hits.append(_Hit(span[0], span[1], "NAME", tok))
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +157,22 @@ def head_series(
     -------
     HeadSeries
     """
+    row, col, direction, centre, origin = _grid(volume, plane, position, spacing, size, oblique_deg, crop_front_mm)
+    grid, key = _sample(volume, labels, size, spacing, origin, direction, centre, tilt_deg, modality)
+    arr = sitk.GetArrayFromImage(grid)
+    study, series, frame_of_ref = generate_uid(), generate_uid(), generate_uid()
+    files = []
+    for k in range(arr.shape[0]):
+        ipp = origin + direction[:, 2] * spacing[2] * k
+        ds = _slice_dataset(arr[k], modality, body_part, position, row, col, ipp, spacing, k)
+        ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = study, series, frame_of_ref
+        ds.PatientID = f"SYN{seed:06d}"
+        files.append(_to_bytes(ds))
+    return HeadSeries(files, grid, key)
+
+
+def _grid(volume: sitk.Image, plane: str, position: str, spacing, size, oblique_deg: float, crop_front_mm: float):
+    """(row, column, direction, centre, origin) of a slice grid around the head of ``volume``."""
     iop = np.array(ORIENTATIONS[(plane, position)], float)
     row, col = iop[:3], iop[3:]
     rot = _rotation("x", oblique_deg)
@@ -169,6 +186,12 @@ def head_series(
         corners = np.array([[i, j, k] for i in (0, 1) for j in (0, 1) for k in (0, 1)]) * (np.array(size) - 1)
         front_y = float((corners * np.array(spacing) @ direction.T + origin)[:, 1].min())
         origin = origin + np.array([0.0, _head_front(volume) + crop_front_mm - front_y, 0.0])
+    return row, col, direction, centre, origin
+
+
+def _sample(volume, labels, size, spacing, origin, direction, centre, tilt_deg: float, modality: str):
+    """``volume`` (linear) and ``labels`` (nearest) resampled onto the grid, the head turned by ``tilt_deg`` about
+    the superior axis; returns (grid image float32, labels array or None)."""
     moving = sitk.Euler3DTransform()
     moving.SetCenter(centre.tolist())
     moving.SetRotation(0, 0, np.radians(tilt_deg))
@@ -184,7 +207,6 @@ def head_series(
         background,
         sitk.sitkFloat32,
     )
-    arr = sitk.GetArrayFromImage(grid)
     key = (
         None
         if labels is None
@@ -202,15 +224,7 @@ def head_series(
             )
         )
     )
-    study, series, frame_of_ref = generate_uid(), generate_uid(), generate_uid()
-    files = []
-    for k in range(arr.shape[0]):
-        ipp = origin + direction[:, 2] * spacing[2] * k
-        ds = _slice_dataset(arr[k], modality, body_part, position, row, col, ipp, spacing, k)
-        ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = study, series, frame_of_ref
-        ds.PatientID = f"SYN{seed:06d}"
-        files.append(_to_bytes(ds))
-    return HeadSeries(files, grid, key)
+    return grid, key
 
 
 def _points(volume: sitk.Image, threshold: float) -> np.ndarray:
@@ -279,3 +293,108 @@ def _to_bytes(ds: Dataset) -> bytes:
     buf = io.BytesIO()
     pydicom.dcmwrite(buf, ds, enforce_file_format=True)
     return buf.getvalue()
+
+
+@dataclass
+class HeadSlices:
+    """A head sampled on a slice grid, without DICOM files (the demo corpus writes its own headers).
+
+    Attributes
+    ----------
+    pixels : np.ndarray
+        (slices, rows, columns) float32 values (HU for CT), slices in order along the slice normal.
+    positions : list of list of float
+        ImagePositionPatient of each slice (mm, LPS).
+    orientation : list of float
+        ImageOrientationPatient (row, column direction cosines).
+    spacing : tuple of float
+        column, row and slice spacing (mm).
+    labels : np.ndarray or None
+        the answer key on the grid, same shape as ``pixels`` (uint8).
+    """
+
+    pixels: np.ndarray
+    positions: list[list[float]]
+    orientation: list[float]
+    spacing: tuple[float, float, float]
+    labels: np.ndarray | None
+
+
+def head_slices(
+    volume: sitk.Image,
+    labels: sitk.Image | None = None,
+    *,
+    plane: str = "axial",
+    position: str = "HFS",
+    spacing=(3.0, 3.0, 3.0),
+    size=(80, 80, 64),
+    tilt_deg: float = 0.0,
+    modality: str = "MR",
+) -> HeadSlices:
+    """``volume`` (and ``labels``) on a slice grid like :func:`head_series`'s, as arrays and slice geometry."""
+    row, col, direction, centre, origin = _grid(volume, plane, position, spacing, size, 0.0, 0.0)
+    grid, key = _sample(volume, labels, size, spacing, origin, direction, centre, tilt_deg, modality)
+    arr = sitk.GetArrayFromImage(grid)
+    positions = [[round(float(v), 4) for v in origin + direction[:, 2] * spacing[2] * k] for k in range(arr.shape[0])]
+    iop = [round(float(v), 6) for v in (*row, *col)]
+    return HeadSlices(arr, positions, iop, tuple(float(s) for s in spacing), key)
+
+
+#: labels of :func:`demo_heads`' answer key
+FACE, BRAIN, BROW = 1, 2, 3
+
+
+@lru_cache(maxsize=2)
+def demo_heads(spacing_mm: float = 2.0, brow_band_mm: float = 30.0, brow_depth_mm: float = 20.0):
+    """The demo corpus's heads, made from the pydeface average head (not a person): (MR-like volume, 12-bit
+    values; CT-like volume, HU; answer key), all on one LPS-aligned grid of ``spacing_mm``.
+
+    Answer key: :data:`FACE` (the template's face mask: nose, mouth, chin, cheeks, lower eyes), :data:`BRAIN` (brain
+    and inner skull, :func:`answer_key`, less the deep face below the mask's top and in front of its back),
+    :data:`BROW` (upper eyes and brow: head tissue within ``brow_depth_mm`` of
+    the skin, in front of the head's centre, at most ``brow_band_mm`` above a face voxel of the same column).
+    """
+    head, face = template_head()
+    lo, hi = _bounds(head)
+    size = [int(np.ceil((b - a) / spacing_mm)) + 1 for a, b in zip(lo, hi, strict=True)]
+    ref = sitk.Image(size, sitk.sitkFloat32)
+    ref.SetOrigin([float(v) for v in lo])
+    ref.SetSpacing([spacing_mm] * 3)
+    mr = sitk.Resample(head, ref, sitk.Transform(), sitk.sitkLinear, 0.0, sitk.sitkFloat32)
+    top = float(np.percentile(sitk.GetArrayViewFromImage(mr), 99.5))
+    mr = sitk.Clamp(mr * (3000.0 / top), sitk.sitkFloat32, 0.0, 4095.0)
+    face_g = sitk.Resample(face, ref, sitk.Transform(), sitk.sitkNearestNeighbor, 0, sitk.sitkUInt8)
+    key = sitk.GetArrayFromImage(answer_key(mr, face_g))
+    f = key == FACE
+    # deep tissue of the face (nasal cavity, maxilla, tongue: below the face mask's top and in front of its back) is
+    # not brain or inner skull
+    zf, yf = np.nonzero(f.any(axis=2))
+    key[
+        (key == BRAIN)
+        & (np.arange(key.shape[0])[:, None, None] <= zf.max())
+        & (np.arange(key.shape[1])[None, :, None] <= yf.max())
+    ] = 0
+    band = np.zeros_like(f)
+    for k in range(1, int(brow_band_mm / spacing_mm) + 1):  # axis 0 is z: inferior -> superior on this grid
+        band[k:] |= f[:-k]
+    tissue = sitk.BinaryFillhole(sitk.BinaryThreshold(mr, _threshold(mr), 1e30, 1, 0))
+    depth = sitk.GetArrayFromImage(sitk.SignedMaurerDistanceMap(tissue, insideIsPositive=True, useImageSpacing=True))
+    inside = sitk.GetArrayFromImage(tissue) > 0
+    centre_y = (np.argwhere(inside)[:, 1].min() + np.argwhere(inside)[:, 1].max()) / 2  # axis 1: anterior -> posterior
+    front = np.arange(key.shape[1])[None, :, None] < centre_y
+    key[band & ~f & (key != BRAIN) & inside & (depth <= brow_depth_mm) & front] = BROW
+    labels = sitk.GetImageFromArray(key)
+    labels.CopyInformation(mr)
+    return mr, ct_like(mr), labels
+
+
+def _bounds(volume: sitk.Image) -> tuple[np.ndarray, np.ndarray]:
+    """LPS corners (min, max) of the volume's field of view."""
+    size = np.array(volume.GetSize()) - 1
+    pts = np.array(
+        [
+            volume.TransformContinuousIndexToPhysicalPoint([float(a * s) for a, s in zip(c, size, strict=True)])
+            for c in np.ndindex(2, 2, 2)
+        ]
+    )
+    return pts.min(axis=0), pts.max(axis=0)

@@ -168,10 +168,19 @@ def _scale(concept: Concept, book: dict[str, Any]) -> list[str]:
     return book["severity"][key]
 
 
-def _candidates(family: str, us_subtype: str | None) -> list[str]:
+def _phrases_of(family: str, language: str) -> dict[str, tuple[str, ...]]:
+    """:func:`family_phrases` in English, :func:`etl.demo.reports_local.local_family_phrases` in another language."""
+    if language == "en":
+        return family_phrases(family)
+    from etl.demo.reports_local import local_family_phrases
+
+    return local_family_phrases(family, language)
+
+
+def _candidates(family: str, us_subtype: str | None, language: str = "en") -> list[str]:
     onto = load_ontology()
     book = load_phrases()
-    phrases = family_phrases(family)
+    phrases = _phrases_of(family, language)
     ids = sorted(phrases)
     if family == "2D-Ultrasound":
         sub = book["us_subtypes"].get(us_subtype or "")
@@ -186,18 +195,20 @@ def _candidates(family: str, us_subtype: str | None) -> list[str]:
     return ids
 
 
-def _new_state(rng: random.Random, entity_id: str, family: str, fixed_side: str | None) -> EntityState:
+def _new_state(
+    rng: random.Random, entity_id: str, family: str, fixed_side: str | None, language: str = "en"
+) -> EntityState:
     onto = load_ontology()
     book = load_phrases()
     c = onto.concepts[entity_id]
-    phrase = rng.choice(family_phrases(family)[entity_id])
+    phrase = rng.choice(_phrases_of(family, language)[entity_id])
     severity = rng.randrange(3) if c.category == "finding" else None
     side: str | None = None
     location = ""
     anat = c.anatomy_id
     if anat in book["laterality_prefix_anatomy"]:
         side = fixed_side or rng.choice(["right", "left", "left", "right", "bilateral"])
-        if side == "bilateral" and not _is_plural(phrase, book):
+        if side == "bilateral" and language == "en" and not _is_plural(phrase, book):
             side = rng.choice(["right", "left"])
     elif anat in book["lobe_anatomy"]:
         side = rng.choice(["right", "left", "bilateral"])
@@ -218,6 +229,7 @@ def plan_entities(
     *,
     us_subtype: str | None = None,
     fixed_side: str | None = None,
+    language: str = "en",
 ) -> tuple[list[PlannedMention], dict[str, EntityState]]:
     """Decide what the next report of a patient says about the family's entities.
 
@@ -234,6 +246,9 @@ def plan_entities(
         ``breast``/``liver``/``thyroid`` for ultrasound (restricts the concepts).
     fixed_side : str, optional
         Laterality forced on lateralised entities (the examined breast).
+    language : str
+        Report language: ``en``, or a language of ``phrases_local.yaml`` (``de``, ``es``); only concepts with a
+        usable synonym in that language are planned, and their phrases are in that language.
 
     Returns
     -------
@@ -249,7 +264,7 @@ def plan_entities(
     """
     onto = load_ontology()
     book = load_phrases()
-    cands = _candidates(family, us_subtype)
+    cands = _candidates(family, us_subtype, language)
     mentions: list[PlannedMention] = []
     state: dict[str, EntityState] = {}
     used: set[str] = set()
@@ -280,16 +295,16 @@ def plan_entities(
     rng.shuffle(free)
     n_new = rng.choice([0, 1, 1, 2]) if prior is not None else rng.choice([0, 1, 1, 2, 2, 3])
     for eid in free[:n_new]:
-        st = _new_state(rng, eid, family, fixed_side)
+        st = _new_state(rng, eid, family, fixed_side, language)
         mentions.append(PlannedMention(eid, "present", "new" if prior is not None else "none", st))
         state[eid] = st
     rest = free[n_new:]
     n_unc = rng.choice([0, 0, 1])
     for eid in rest[:n_unc]:
-        mentions.append(PlannedMention(eid, "uncertain", "none", _new_state(rng, eid, family, fixed_side)))
+        mentions.append(PlannedMention(eid, "uncertain", "none", _new_state(rng, eid, family, fixed_side, language)))
     n_abs = rng.choice([1, 2, 2, 3])
     for eid in rest[n_unc : n_unc + n_abs]:
-        mentions.append(PlannedMention(eid, "absent", "none", _new_state(rng, eid, family, fixed_side)))
+        mentions.append(PlannedMention(eid, "absent", "none", _new_state(rng, eid, family, fixed_side, language)))
     return mentions, state
 
 

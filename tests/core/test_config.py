@@ -29,7 +29,8 @@ def _with(path: list, value):
 def test_demo_and_real_configs_validate():
     demo = load_config(PROJECT_ROOT / "config" / "demo.yaml")
     assert len(demo.institutions) == 8
-    assert len({i.country for i in demo.institutions}) == 4
+    assert len({i.country for i in demo.institutions}) == 6
+    assert sorted(i.language for i in demo.institutions) == ["de", "en", "en", "en", "en", "en", "en", "es"]
     real = load_config(PROJECT_ROOT / "config" / "shared-real.yaml")
     assert {i.id for i in real.institutions} == {"shared-dicom", "shared-dicom-edge", "openi"}
 

@@ -14,7 +14,14 @@ import pydicom
 import pytest
 from pydicom.tag import Tag
 
-from etl.demo.corpus import DEMO_INSTITUTIONS, FAMILIES, DemoCorpusError, generate_corpus
+from etl.demo.corpus import (
+    DEMO_INSTITUTIONS,
+    FAMILIES,
+    HEAD_CT_PATIENTS,
+    HEAD_MR_PATIENTS,
+    DemoCorpusError,
+    generate_corpus,
+)
 from etl.demo.reports import CHANGES, DemoReportError, family_phrases, load_phrases, plan_entities
 from etl.sources.reports import REPORT_FIELDS
 from schemas.config import PROJECT_ROOT, load_config
@@ -104,6 +111,20 @@ def truth(corpus) -> dict[str, dict]:
     return {r["report_id"]: r for r in map(json.loads, lines)}
 
 
+@pytest.fixture(scope="module")
+def withheld(corpus) -> dict[str, dict]:
+    """answer_key/withheld_reports.jsonl: the outside reports in languages without a pack, by report id."""
+    out, _ = corpus
+    lines = (out / "answer_key" / "withheld_reports.jsonl").read_text(encoding="utf-8").splitlines()
+    return {r["report_id"]: r for r in map(json.loads, lines)}
+
+
+@pytest.fixture(scope="module")
+def kept(reports, withheld) -> list[dict]:
+    """The reports the build keeps (every one but the withheld outside reports)."""
+    return [r for r in reports if r["report_id"] not in withheld]
+
+
 # --------------------------------------------------------------------------------------- institutions
 
 
@@ -111,14 +132,24 @@ def test_demo_institutions_equal_config():
     cfg = load_config(REPO / "config" / "demo.yaml")
     assert [i.id for i in DEMO_INSTITUTIONS] == [i.id for i in cfg.institutions]
     for mine, conf in zip(DEMO_INSTITUTIONS, cfg.institutions, strict=True):
-        assert (mine.country, mine.timezone, mine.name) == (conf.country, conf.timezone, conf.name)
+        assert (mine.country, mine.timezone, mine.name, mine.language) == (
+            conf.country,
+            conf.timezone,
+            conf.name,
+            conf.language,
+        )
 
 
-def test_eight_institutions_in_four_countries(corpus, dicoms):
+def test_eight_institutions_in_six_countries_and_three_report_languages(corpus, dicoms, kept):
     out, summary = corpus
     assert summary["institutions"] == 8
     assert sorted(p.name for p in (out / "sources").iterdir()) == sorted(i.id for i in DEMO_INSTITUTIONS)
-    assert len({i.country for i in DEMO_INSTITUTIONS}) == 4
+    assert len({i.country for i in DEMO_INSTITUTIONS}) == 6
+    language_of = {i.id: i.language for i in DEMO_INSTITUTIONS}
+    assert sorted(language_of.values()).count("en") == 6 and {"de", "es"} < set(language_of.values())
+    for r in kept:  # every report the build keeps is written in its institution's language
+        assert r["language"] == language_of[r["_institution"]]
+    assert {r["language"] for r in kept} == {"en", "de", "es"}
     for inst in DEMO_INSTITUTIONS:
         assert any(k.startswith(f"sources/{inst.id}/dicom/") for k in dicoms), inst.id
         assert (out / "sources" / inst.id / "reports" / "reports.jsonl").stat().st_size > 0
@@ -139,11 +170,12 @@ def test_same_seed_gives_identical_tree_and_other_seed_differs(corpus, tmp_path)
     assert other["answer_key/phi.jsonl"] != first["answer_key/phi.jsonl"]
 
 
-def test_summary_matches_files(corpus, dicoms, intact, interrupted, phi_rows, reports, truth):
+def test_summary_matches_files(corpus, dicoms, intact, interrupted, phi_rows, reports, truth, withheld):
     out, summary = corpus
     assert summary["patients"] == N_PATIENTS
     assert summary["dicom_files"] == len(dicoms) == len(intact) + len(interrupted)
-    assert summary["reports"] == len(reports) == len(truth) == summary["truth_records"]
+    assert summary["reports"] == len(reports) == len(truth) + len(withheld) == summary["truth_records"] + 3
+    assert summary["unsupported_language_reports"] == len(withheld) == 3
     assert summary["phi_values"] == len(phi_rows)
     assert summary["studies"] == len({ds.StudyInstanceUID for ds in dicoms.values()})
     assert summary["bytes"] == sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
@@ -181,10 +213,10 @@ def _resolve(ds: pydicom.Dataset, path: str):
     return elem
 
 
-def _text(elem) -> str:
+def _text(elem, charset: str = "ISO_IR 192") -> str:
     v = elem.value
-    if isinstance(v, bytes):  # private elements of Implicit VR files read as UN
-        return v.decode("utf-8").rstrip("\x00 ")
+    if isinstance(v, bytes):  # private elements of Implicit VR files read as UN: decoded in the file's charset
+        return v.decode("utf-8" if charset == "ISO_IR 192" else "latin-1").rstrip("\x00 ")
     return str(v)
 
 
@@ -244,7 +276,7 @@ def test_every_dicom_reads_and_holds_its_listed_phi(dicoms, intact, phi_rows):
         for r in rows:
             assert r["institution"] == rel.split("/")[1]
             if r["location"].startswith("dicom:"):
-                assert _text(_resolve(ds, r["location"][6:])) == r["value"], (rel, r)
+                assert _text(_resolve(ds, r["location"][6:]), ds.SpecificCharacterSet) == r["value"], (rel, r)
             elif r["location"] == "path":
                 assert r["value"] in rel
             else:
@@ -303,6 +335,7 @@ def test_acquisition_datetime_offsets_follow_institution_time_zone(dicoms):
                 "-0500",
                 "-0700",
                 "-0800",
+                "+0200",
                 "+1000",
                 "+1100",
             }
@@ -318,12 +351,14 @@ def test_longitudinal_patients_and_families(dicoms):
         )
     assert len(studies) == N_PATIENTS
     assert sum(len(s) >= 2 for s in studies.values()) >= N_PATIENTS / 2
+    head_ct = [u for s in studies.values() for u, (_, f) in s.items() if f is None]
+    assert len(head_ct) == HEAD_CT_PATIENTS  # CT of the head has no MedReCo family (no labels)
     for s in studies.values():
-        assert 1 <= len(s) <= 4
+        assert 1 <= len({u for u, (_, f) in s.items() if f is not None}) <= 4
         dates = sorted(datetime.strptime(d, "%Y%m%d") for d, _ in s.values())
         assert (dates[-1] - dates[0]).days <= 3 * 365
     fams = {f for s in studies.values() for _, f in s.values()}
-    assert fams == set(FAMILIES)
+    assert fams == set(FAMILIES) | {None}
     # pairs: some patient has two studies of one family
     assert any(len([f for _, f in s.values()]) > len({f for _, f in s.values()}) for s in studies.values())
 
@@ -340,7 +375,7 @@ def test_modality_specific_headers(dicoms):
             assert any(w in ds.StudyDescription for w in ("BREAST", "LIVER", "THYROID"))
     assert any(ds.ViewPosition in ("LL", "LATERAL") for ds in dicoms.values() if ds.Modality in ("CR", "DX"))
     ct_series = [s for s in by_series.values() if s[0].Modality == "CT"]
-    assert ct_series
+    assert ct_series and sum(s[0].BodyPartExamined == "HEAD" for s in ct_series) == HEAD_CT_PATIENTS
     for series in ct_series:
         assert len(series) >= 5
         z = sorted(float(ds.ImagePositionPatient[2]) for ds in series)
@@ -348,7 +383,41 @@ def test_modality_specific_headers(dicoms):
         assert steps == {float(series[0].SliceThickness)}
         assert len({tuple(map(float, ds.PixelSpacing)) for ds in series}) == 1
         assert len({tuple(map(float, ds.ImagePositionPatient[:2])) for ds in series}) == 1
-        assert all(ds.BodyPartExamined == "CHEST" for ds in series)
+        assert len({ds.BodyPartExamined for ds in series}) == 1 and series[0].BodyPartExamined in ("CHEST", "HEAD")
+
+
+def test_head_volumes_with_a_face_and_their_answer_key(corpus, dicoms, phi_rows):
+    """Two head MR and one head CT series made from the demo head (issue 33), each a volume the build must deface
+    (>= 10 slices, >= 60 mm in every axis), with its face / brain / brow labels in file order on the series grid."""
+    import gzip
+    import io
+
+    import numpy as np
+
+    from etl.deid.deface import head_decision
+    from etl.demo.heads import BRAIN, BROW, FACE
+
+    out, summary = corpus
+    key = [json.loads(x) for x in (out / "answer_key" / "heads.jsonl").read_text().splitlines()]
+    assert sorted(h["modality"] for h in key) == ["CT"] * HEAD_CT_PATIENTS + ["MR"] * HEAD_MR_PATIENTS
+    assert summary["head_series"] == len(key)
+    for h in key:
+        series = [dicoms[f] for f in h["files"]]
+        labels = np.load(io.BytesIO(gzip.decompress((out / h["labels"]).read_bytes())))
+        assert labels.shape == (len(series), series[0].Rows, series[0].Columns) and len(series) >= 10
+        assert {ds.SeriesInstanceUID for ds in series} == {h["series_uid"]}
+        assert all(head_decision(ds.Modality, ds.BodyPartExamined) == "head" for ds in series)
+        iop = np.array(series[0].ImageOrientationPatient, float)
+        normal = np.cross(iop[:3], iop[3:])
+        along = [float(np.dot(np.array(ds.ImagePositionPatient, float), normal)) for ds in series]
+        assert np.allclose(np.diff(along), float(series[0].SliceThickness))  # file order = label order
+        extent = [ds.Rows * float(ds.PixelSpacing[0]) for ds in series[:1]] + [along[-1] - along[0]]
+        assert min(extent) >= 60 and series[0].Columns * float(series[0].PixelSpacing[1]) >= 60
+        counts = {k: int((labels == k).sum()) for k in (FACE, BRAIN, BROW)}
+        assert counts[FACE] > 3000 and counts[BRAIN] > 40_000 and counts[BROW] > 300, counts
+        arr = np.stack([ds.pixel_array for ds in series]).astype(float)
+        assert arr[labels == FACE].mean() > arr[labels == 0].mean()  # the face region holds tissue
+        assert all(any(r["file"] == f for r in phi_rows) for f in h["files"])  # and its headers carry PHI
 
 
 def test_transfer_syntaxes_and_private_block(dicoms):
@@ -357,7 +426,7 @@ def test_transfer_syntaxes_and_private_block(dicoms):
     assert len(set(syntaxes)) >= 3
     for ds in dicoms.values():
         assert ds[0x00090010].value == "MEDRECO DEMO"
-        assert _text(ds[0x00091002].value[0][0x00091001]).startswith("CALL ")
+        assert _text(ds[0x00091002].value[0][0x00091001], ds.SpecificCharacterSet).startswith("CALL ")
 
 
 def test_pixels_differ_between_studies(intact):
@@ -375,13 +444,16 @@ def test_pixels_differ_between_studies(intact):
 # -------------------------------------------------------------------------------------------- reports
 
 
-def test_reports_parse_with_section_headers(reports):
-    book = load_phrases()
+def test_reports_parse_with_section_headers(reports, kept):
+    from etl.demo.reports_local import load_local_phrases
+
+    books = {"en": load_phrases(), **{k: v for k, v in load_local_phrases().items() if k != "unsupported"}}
     for r in reports:
         assert set(r) - {"_institution"} == REPORT_KEYS
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}", r["report_datetime"])
-        assert r["language"] == "en"
         assert r["accession_number"] or r["study_instance_uid"]
+    for r in kept:
+        book = books[r["language"]]
         for kind in ("findings", "impression"):
             assert any(re.search(rf"(^|\n){re.escape(h)}", r["text"]) for h in book["sections"][kind]), kind
         heads = [h for hs in book["sections"].values() for h in hs if h in r["text"]]
@@ -390,7 +462,8 @@ def test_reports_parse_with_section_headers(reports):
     assert len(ids) == len(set(ids))
 
 
-def test_report_links_orphans_and_missing_reports(dicoms, reports, truth):
+def test_report_links_orphans_and_missing_reports(dicoms, kept, truth):
+    reports = kept
     acc = {ds.AccessionNumber: ds.StudyInstanceUID for ds in dicoms.values()}
     uids = set(acc.values())
     orphans = [r for r in reports if r["accession_number"] not in acc and r["study_instance_uid"] not in uids]
@@ -433,14 +506,76 @@ def test_report_phi_is_listed_and_present(reports, phi_rows):
     assert any(re.search(r"Dr\. \w", t) for t in texts.values())
 
 
-def _longest_match_ids(text: str, family: str) -> set[str]:
-    """Concept ids a greedy longest-match over the family's English synonyms finds in ``text``."""
+def test_outside_reports_without_a_language_pack_are_withheld_and_the_others_route_to_their_pack(
+    reports, kept, withheld, phi_rows
+):
+    """Three outside reports (Italian, Dutch, Chinese) filed under reported studies of three institutions, their
+    source record claiming the institution's language: the build's language router withholds each
+    (``unsupported_language``); every German and Spanish report routes to its pack, every English one to English."""
+    from entity_extraction.languages.route import UnsupportedLanguageError, route_language
+
+    assert sorted(w["language"] for w in withheld.values()) == ["it", "nl", "zh"]
+    assert len({w["institution"] for w in withheld.values()}) == 3
+    by_id = {r["report_id"]: r for r in reports}
+    for rid, w in withheld.items():
+        r = by_id[rid]
+        assert (w["stage"], w["reason"]) == ("reports", "unsupported_language") and r["_institution"] == w[
+            "institution"
+        ]
+        assert r["language"] == next(i.language for i in DEMO_INSTITUTIONS if i.id == w["institution"])
+        with pytest.raises(UnsupportedLanguageError) as e:
+            route_language(r["text"], r["language"])
+        assert e.value.decision.language == w["language"] or e.value.decision.foreign_script
+        listed = {
+            x["value"] for x in phi_rows if x["location"] == "report" and x["file"].split("/")[1] == w["institution"]
+        }
+        assert sum(v in r["text"] for v in listed) >= 4  # its name, birth date, exam date and reader are listed
+    for r in kept:
+        assert route_language(r["text"], r["language"]).language == r["language"], r["report_id"]
+
+
+def test_german_and_spanish_reports_state_interval_change_in_their_language(kept, truth):
+    """The German and Spanish change templates carry their change words (the ConText triggers of the packs)."""
+    words = {
+        "de": {
+            "new": ("neu",),
+            "resolved": ("nicht mehr",),
+            "unchanged": ("unverändert",),
+            "increased": ("zunehmend", "progredient"),
+            "decreased": ("rückläufig", "regredient"),
+            "improved": ("gebessert",),
+            "worsened": ("progredient",),
+        },
+        "es": {
+            "new": ("nueva aparición", "aparición"),
+            "resolved": ("resolución", "ya no"),
+            "unchanged": ("sin cambios", "estable"),
+            "increased": ("aumento", "progresión"),
+            "decreased": ("disminución", "reducción"),
+            "improved": ("mejoría",),
+            "worsened": ("empeoramiento",),
+        },
+    }
+    checked = 0
+    for r in kept:
+        if r["language"] == "en":
+            continue
+        text = r["text"].lower()
+        for e in truth[r["report_id"]]["entities"]:
+            if e["change"] != "none":
+                checked += 1
+                assert any(w in text for w in words[r["language"]][e["change"]]), (r["report_id"], e)
+    assert checked >= 3
+
+
+def _longest_match_ids(text: str, family: str, language: str = "en") -> set[str]:
+    """Concept ids a greedy longest-match over the family's synonyms in ``language`` finds in ``text``."""
     onto = load_ontology()
     syn: dict[str, set[str]] = defaultdict(set)
     for c in onto.family_concepts(family):
-        for s in c.synonyms.get("en", ()):
+        for s in c.synonyms.get(language, ()):
             syn[s.lower()].add(c.id)
-    pattern = re.compile(r"\b(" + "|".join(re.escape(s) for s in sorted(syn, key=len, reverse=True)) + r")\b")
+    pattern = re.compile(r"(?<!\w)(" + "|".join(re.escape(s) for s in sorted(syn, key=len, reverse=True)) + r")(?!\w)")
     found: set[str] = set()
     for m in pattern.finditer(text.lower()):
         ids = syn[m.group(1)]
@@ -449,11 +584,13 @@ def _longest_match_ids(text: str, family: str) -> set[str]:
     return found
 
 
-def test_truth_entities_exist_and_match_the_text(reports, truth):
+def test_truth_entities_exist_and_match_the_text(kept, truth):
     onto = load_ontology()
     assertions = {"present", "absent", "uncertain"}
-    assert len(reports) >= 10  # the loop below cannot pass on an empty corpus
-    for r in reports:
+    assert len(kept) >= 10  # the loop below cannot pass on an empty corpus
+    checked = defaultdict(int)
+    for r in kept:
+        checked[r["language"]] += 1
         t = truth[r["report_id"]]
         assert t["patient_id"] == r["patient_id"]
         fam_ids = {i for ids in onto.families[t["family"]].values() for i in ids}
@@ -466,13 +603,17 @@ def test_truth_entities_exist_and_match_the_text(reports, truth):
                 assert e["assertion"] == "absent"
             elif e["change"] != "none":
                 assert e["assertion"] == "present"
-        assert _longest_match_ids(r["text"], t["family"]) == {e["entity_id"] for e in ents}, r["report_id"]
+        assert _longest_match_ids(r["text"], t["family"], r["language"]) == {e["entity_id"] for e in ents}, r[
+            "report_id"
+        ]
+    assert set(checked) == {"en", "de", "es"}
     all_ents = [e for t in truth.values() for e in t["entities"]]
     assert {e["assertion"] for e in all_ents} == assertions
     assert {"new", "resolved", "unchanged"} <= {e["change"] for e in all_ents}
 
 
-def test_interval_change_wording_matches_truth(reports, truth):
+def test_interval_change_wording_matches_truth(kept, truth):
+    reports = [r for r in kept if r["language"] == "en"]  # the English wording (German/Spanish: the next test)
     onto = load_ontology()
     words = {
         "resolved": ("resolv", "resolution"),

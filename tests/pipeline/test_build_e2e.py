@@ -87,6 +87,29 @@ def test_answer_key_quarantines_are_quarantined_at_their_stage_with_their_reason
         assert any(r.get("reason") == e["reason"] and str(r.get("source_uri", "")).endswith(e["file"]) for r in records)
 
 
+def test_answer_key_reports_without_a_language_pack_are_withheld_and_counted(demo_build):
+    """The demo's Italian, Dutch and Chinese outside reports are withheld ``unsupported_language`` (a PHI-free record
+    naming the detected language); the German and Spanish reports are kept in their language; every delivered report
+    record is a reports row or a withheld record; the run summary and the dashboard count the withheld ones."""
+    root, run_id = demo_build["root"], demo_build["first"]["run_id"]
+    expected = [json.loads(x) for x in (root / "answer_key" / "withheld_reports.jsonl").read_text().splitlines()]
+    assert sorted(e["language"] for e in expected) == ["it", "nl", "zh"]
+    withheld = json.loads((root / "ledger" / "runs" / run_id / "withheld_reports.json").read_text())
+    reasons = {w["record"]: (w["reason"], w["detail"]) for w in withheld}
+    for e in expected:
+        assert reasons[e["report_id"]][0] == "unsupported_language", e
+        assert f"detected language {e['language']}" in reasons[e["report_id"]][1], reasons[e["report_id"]]
+    assert demo_build["first"]["withheld_reports_by_reason"] == {"unsupported_language": len(expected)}
+    assert demo_build["first"]["ledger"]["withheld_report_records"] == len(withheld) == len(expected)
+    delivered = sum(len(p.read_text().splitlines()) for p in (root / "sources").glob("*/reports/reports.jsonl"))
+    rows = demo_build["storage"].read_table("curated/reports").to_pylist()
+    assert len(rows) + len(withheld) == delivered == demo_build["first"]["tables"]["reports"] + len(withheld)
+    assert {r["language"] for r in rows} == {"en", "de", "es"}
+    html = Path(demo_build["first"]["dashboard"]).read_text(encoding="utf-8")
+    part = html[html.index("Report records withheld by this run") :]
+    assert re.search(rf'<td>unsupported_language</td><td class="num">{len(expected)}</td>', part)
+
+
 def test_shards_batched_and_empty_shards_are_no_ops(demo_build):
     from etl.pipeline.batches import balanced_shard_batches, pending_files_per_shard
 

@@ -426,6 +426,20 @@ def test_bad_inputs(tmp_path):
     assert not (tmp_path / "index.html").exists()  # nothing written on bad input
 
 
+def test_overview_counts_withheld_report_records_per_reason(site, tmp_path):
+    """Report records the run withheld (a language without a pack) are counted per reason on the overview."""
+    _, pages = site
+    assert "No report record withheld." in pages["index.html"]
+    tables = make_tables()
+    quality = run_checks(tables, load_ontology(), today=dt.date(2025, 6, 1))
+    info = {"run_id": RUN_ID, "withheld_reports": {"unsupported_language": 3, "empty_report": 1}}
+    html = build_dashboard(tables, quality, info, tmp_path).read_text(encoding="utf-8")
+    part = html[html.index("<h2>Report records withheld by this run</h2>") :]
+    assert '<div class="v">4</div><div class="k">report records withheld</div>' in part
+    assert re.search(r'<td>unsupported_language</td><td class="num">3</td>', part)
+    assert re.search(r'<td>empty_report</td><td class="num">1</td>', part)
+
+
 def test_empty_run_renders(tmp_path):
     quality = run_checks({}, load_ontology(), today=dt.date(2025, 6, 1))
     index = build_dashboard({}, quality, {"run_id": "empty-run"}, tmp_path)
