@@ -300,9 +300,8 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
             new = f"{_pad(d, s.day, False)}{suffix}{sp1}{_month_word(p, mon, s.month)}{dot}{sp2}{year}"
         add(m, new)
     # a year alone cannot be shifted by days: removed (fail-closed), like a date without a format
-    hits.extend(
-        _Hit(m.start("year"), m.end("year"), "DATE", red) for m in p.regex["date_year"].finditer(text) if with_year
-    )
+    if with_year:  # a year is four digits: a text without a run of four is not scanned
+        hits.extend(_Hit(m.start("year"), m.end("year"), "DATE", red) for m in p.regex["date_year"].finditer(text))
     for m in p.regex["date_apostrophe_year"].finditer(text):
         g = 1 if m.group(1) else 2
         hits.append(_Hit(m.start(g), m.end(g), "DATE", red))
