@@ -7,6 +7,8 @@ Modules, one thing each:
 
 * :mod:`.scrubber` - :func:`deidentify_text`: runs the recognisers in a fixed order, earlier ones win; dates
   are shifted in their own format;
+* :mod:`.engine` - what every language shares (also the de/fr/es packs of
+  :mod:`entity_extraction.languages.local_deid`): resolving competing hits, rewriting the text, date arithmetic;
 * :mod:`.recognisers` - identifiers found by libraries and checksums (street addresses with ``usaddress``,
   postcodes, IP addresses, IBAN, card numbers, e-mail, URLs, years beside dates);
 * :mod:`.lexicon` - the word classes (known-safe, ambiguous, first name, surname, city ...) and cue lists;

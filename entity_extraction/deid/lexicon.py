@@ -36,7 +36,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from schemas.errors import ReasonCodedError
@@ -106,6 +106,24 @@ class Lexicon:
     place_prefixes: frozenset[str] = frozenset()
     place_suffix_words: frozenset[str] = frozenset()
     eponym_of_heads: frozenset[str] = frozenset()
+
+    @cached_property
+    def memo(self) -> dict:
+        """A cache that lives as long as this lexicon, for results computed from it alone (the name rules keep the
+        rules that can fire for a word's class and spelling here: :func:`entity_extraction.deid.name_rules.
+        lexical_hits`)."""
+        return {}
+
+    @cached_property
+    def city_runs(self) -> dict[tuple[str, str], tuple[tuple[str, ...], ...]]:
+        """Cities of two or more words by their first two words, in the order of :attr:`cities` (longest first):
+        the candidates the city rule tries at a word and its successor (built on first use)."""
+        runs: dict[tuple[str, str], list[tuple[str, ...]]] = {}
+        for first, options in self.cities.items():
+            for words in options:
+                if len(words) > 1:
+                    runs.setdefault((first, words[1]), []).append(words)
+        return {k: tuple(v) for k, v in runs.items()}
 
     def word_class(self, low: str) -> int:
         """Class of a lower-case word: ``SAFE`` for one-letter words and words of no list but of the safe

@@ -13,6 +13,7 @@ run once over the whole text, and adjacent marked words become one span.
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +33,9 @@ from entity_extraction.deid.lexicon import (
 
 _UPPER = re.compile(r"[^\W\d_a-zß-öø-ÿ]")
 _LOWER = re.compile(r"[a-zß-öø-ÿ]")
+#: deletion tables: in ASCII text ``_UPPER`` matches A-Z and ``_LOWER`` a-z
+_DROP_ASCII_UPPER = str.maketrans("", "", string.ascii_uppercase)
+_DROP_ASCII_LOWER = str.maketrans("", "", string.ascii_lowercase)
 _NAME_GAP = re.compile(r"[ \t]{0,3}(?:\.[ \t]{0,3})?|-|'[ \t]?")
 _CUE_GAP = re.compile(r"[ \t]*(?:[:,(\"'/-][ \t]*)?|[ \t]*(?:\.|,)[ \t]*|[ \t]*\([ \t]*")
 _STRONG_ROLES = frozenset({"np", "ho", "nurse", "resident", "intern", "fellow", "rabbi", "attending"})
@@ -87,6 +91,21 @@ _DIRECT_PLACE_VERBS = frozenset({"leave", "leaving", "reach", "reached", "enter"
 _WARD = re.compile(
     r"[ \t]?\d[A-Za-z]?(?![\w,/%]|\.\d|[ \t]*(?:mg|mcg|ml|cc|units?|u|g|meq|mmol|mm|cm|kg|mcq|l)\b)", re.IGNORECASE
 )
+#: gaps between words, compiled once (the rules test them for every word)
+_GAP_COMMA_SLASH_PAREN = re.compile(r"[ \t]*,?[ \t]*|/|[ \t]*\([ \t]*")
+_GAP_SPACE_AT = re.compile(r"[ \t]{1,3}|[ \t]*@[ \t]*")
+_GAP_PAREN = re.compile(r"[ \t]*\([ \t]*")
+_GAP_COMMA_SLASH = re.compile(r"[ \t]*,?[ \t]*|/")
+_GAP_DOT = re.compile(r"\.[ \t]{0,2}")
+_GAP_DOT_SPACE = re.compile(r"\.?[ \t]")
+_GAP_COMMA = re.compile(r",[ \t]*")
+_GAP_PAIR = re.compile(r"[ \t]{1,3}|\.[ \t]?|'|['’]s[ \t]{1,2}")
+_GAP_POSSESSIVE = re.compile(r"(?:['’]s)?[ \t]+")
+_GAP_SPACES3 = re.compile(r"[ \t]{1,3}")
+_GAP_SPACES2 = re.compile(r"[ \t]{1,2}")
+_GAP_SPACE_DASH_AT = re.compile(r"[ \t]{1,3}|[ \t]*-[ \t]*|[ \t]*@[ \t]*")
+_PLACEHOLDER = re.compile(r"x+")
+_DIGIT_AFTER = re.compile(r"[ \t]?\d")
 _NAMEISH = (FIRST, LAST, UNKNOWN, PLACE, PROPER)
 _SAINTS = ("of", "st", "saint", "mt", "mount")
 
@@ -105,18 +124,19 @@ def _tokens(text: str, lex: Lexicon, guarded: list[tuple[int, int]]) -> list[_To
     guard = bytearray(len(text))
     for a, b in guarded:
         guard[a:b] = b"\x01" * (b - a)
-    toks = []
-    classes = lex.classes
+    toks: list[_Tok] = []
+    append, class_of = toks.append, lex.classes.get
     for m in WORD.finditer(text):
-        start, end, word = m.start(), m.end(), m.group()
+        word = m.group()
+        start, end = m.span()
         if len(word) > 2 and word[-2] in "'’" and word[-1] in "sS":
             end -= 2
             word = word[:-2]
         low = word.lower()
-        cls = classes.get(low)
+        cls = class_of(low)
         if cls is None:
             cls = UNKNOWN if len(low) > 1 else SAFE
-        toks.append(_Tok(start, end, word, low, cls, bool(guard[start])))
+        append(_Tok(start, end, word, low, cls, guard[start] == 1))
     return toks
 
 
@@ -158,8 +178,13 @@ class Scan:
         self.toks = _tokens(text, lex, guarded)
         self.n = len(self.toks)
         self.kind: list[str | None] = [None] * self.n
-        upper = len(_UPPER.findall(text))
-        self.mixed = upper < 0.6 * (upper + len(_LOWER.findall(text))) and _LOWER.search(text) is not None
+        if text.isascii():  # the same counts as the patterns below, without a list of every letter
+            upper = len(text) - len(text.translate(_DROP_ASCII_UPPER))
+            lower = len(text) - len(text.translate(_DROP_ASCII_LOWER))
+            self.mixed = upper < 0.6 * (upper + lower) and lower > 0
+        else:
+            upper = len(_UPPER.findall(text))
+            self.mixed = upper < 0.6 * (upper + len(_LOWER.findall(text))) and _LOWER.search(text) is not None
 
     def gap(self, a: int, b: int) -> str:
         """Text between word a and word b."""
@@ -219,7 +244,7 @@ class Scan:
             gap = self.gap(j, j + 1)
             if "." in gap and len(toks[j].text) > 1:
                 break  # a period after a whole word ends the sentence, not the name
-            if not (_NAME_GAP.fullmatch(gap) or (not out and re.fullmatch(r"[ \t]*,?[ \t]*|/|[ \t]*\([ \t]*", gap))):
+            if not (_NAME_GAP.fullmatch(gap) or (not out and _GAP_COMMA_SLASH_PAREN.fullmatch(gap))):
                 break
             t = toks[j]
             one_letter = len(t.text) == 1 and t.text.isalpha() and self.text[t.end : t.end + 1] in ". "
@@ -273,7 +298,7 @@ class Scan:
 
     def place_cue_before(self, i: int) -> bool:
         """A place cue right before word i (to, from, at, in, for after works)."""
-        if i == 0 or not re.fullmatch(r"[ \t]{1,3}|[ \t]*@[ \t]*", self.gap(i - 1, i)):
+        if i == 0 or not _GAP_SPACE_AT.fullmatch(self.gap(i - 1, i)):
             return False
         k = i - 2 if self.toks[i - 1].low == "the" and i > 1 else i - 1
         return self.toks[k].low in self.lex.movement or self.employer_for(k)
@@ -303,10 +328,11 @@ def institution_names(s: Scan, i: int) -> None:
 def multi_word_city(s: Scan, i: int) -> None:
     """LOCATION: a city of several words, capitalised or after a place cue. Example: "Middle River", "to new haven"."""
     toks = s.toks
-    if toks[i].low not in s.lex.cities or s.kind[i] is not None:
+    if toks[i].low not in s.lex.cities or s.kind[i] is not None or i + 1 >= s.n:
         return
-    for words in s.lex.cities[toks[i].low]:
-        if len(words) > 1 and i + len(words) <= s.n and all(toks[i + k].low == w for k, w in enumerate(words)):
+    # only the cities whose second word is the next word can match (same order as ``cities``: the first match wins)
+    for words in s.lex.city_runs.get((toks[i].low, toks[i + 1].low), ()):
+        if i + len(words) <= s.n and all(toks[i + k].low == w for k, w in enumerate(words)):
             cue = i > 0 and toks[i - 1].low in s.lex.movement
             if cue or all(toks[i + k].text[:1].isupper() for k in range(len(words))):
                 s.mark_all(range(i, i + len(words)), "LOCATION")
@@ -346,7 +372,7 @@ def relations(s: Scan, i: int) -> None:
     k = i - 1 if t.low != "other" or i == 0 else i - 2
     if k >= 0 and s.text[toks[k + 1].end : toks[k + 1].end + 1] != ")":
         k = -1
-    if k >= 0 and re.fullmatch(r"[ \t]*\([ \t]*", s.gap(k, k + 1)):
+    if k >= 0 and _GAP_PAREN.fullmatch(s.gap(k, k + 1)):
         before = s.run_before(k + 1)
         if before and (s.strong(before) or len(before) >= 2 and any(toks[j].low in lex.first_names for j in before)):
             s.mark_all(before, "NAME")
@@ -358,7 +384,7 @@ def role_in_parentheses(s: Scan, i: int) -> None:
     if (
         t.low not in s.lex.roles
         or not i
-        or not re.fullmatch(r"[ \t]*\([ \t]*", s.gap(i - 1, i))
+        or not _GAP_PAREN.fullmatch(s.gap(i - 1, i))
         or s.text[t.end : t.end + 1] != ")"
     ):
         return
@@ -400,7 +426,7 @@ def credentials(s: Scan, i: int) -> None:
     if not (t.text.islower() or t.text.isupper()):
         return
     before = s.run_before(i)
-    if before and not re.fullmatch(r"[ \t]*,?[ \t]*|/", s.gap(before[-1], i)):
+    if before and not _GAP_COMMA_SLASH.fullmatch(s.gap(before[-1], i)):
         before = []
     if t.text.isupper() and any(toks[j].text.islower() for j in before):
         before = []  # "surgical planning. PA": an upper-case credential after lower-case words
@@ -439,7 +465,7 @@ def initials(s: Scan, i: int) -> None:
         return
     nxt = toks[i + 1]
     gap = s.gap(i, i + 1)
-    dotted = gap.startswith(".") and re.fullmatch(r"\.[ \t]{0,2}", gap)
+    dotted = gap.startswith(".") and _GAP_DOT.fullmatch(gap)
     after_cue = i > 0 and toks[i - 1].low in lex.weak_cues and gap in (" ", ". ")
     rare = nxt.low in lex.rare_names and t.low not in ("a", "i", "x") and i > 0 and toks[i - 1].low in _NAME_VERBS
     cued = (
@@ -546,7 +572,7 @@ def place_prefixes(s: Scan, i: int) -> None:
         return
     if t.low in lex.place_prefixes and i + 1 < s.n:
         nxt = toks[i + 1]
-        if re.fullmatch(r"\.?[ \t]", s.gap(i, i + 1)) and _titled(nxt.text) and _place_name_word(s, nxt):
+        if _GAP_DOT_SPACE.fullmatch(s.gap(i, i + 1)) and _titled(nxt.text) and _place_name_word(s, nxt):
             s.mark_all((i, i + 1), "LOCATION")
     elif t.low in lex.place_suffix_words and i:
         prev = toks[i - 1]
@@ -676,7 +702,7 @@ def name_lists(s: Scan, i: int) -> None:
     people), each a census name or a word of no list. Example: "Fisher, Smith and Turner", "Millar, Treanor and
     Nulty"."""
     toks = s.toks
-    if not s.mixed or i + 3 >= s.n or not re.fullmatch(r",[ \t]*", s.gap(i, i + 1)):
+    if not s.mixed or i + 3 >= s.n or not _GAP_COMMA.fullmatch(s.gap(i, i + 1)):
         return
     conj = toks[i + 2]
     if conj.low not in ("and", "und", "et", "y") or s.gap(i + 1, i + 2) != " " or s.gap(i + 2, i + 3) != " ":
@@ -707,7 +733,7 @@ def _suffix_run(s: Scan, i: int, strong_suffix: bool, title_suffix: bool) -> tup
     while j >= 0 and len(taken) < 3:
         prev = toks[j]
         gap = s.gap(j, j + 1)
-        if not re.fullmatch(r"[ \t]{1,3}|\.[ \t]?|'|['’]s[ \t]{1,2}", gap):
+        if not _GAP_PAIR.fullmatch(gap):
             break
         if prev.low in lex.movement or s.employer_for(j):
             bounded = True  # "transferred from sacred heart hosp", "lives at Carpenter Assisted living"
@@ -735,7 +761,7 @@ def _suffix_run(s: Scan, i: int, strong_suffix: bool, title_suffix: bool) -> tup
                 and prev.low not in lex.cues
             )
             and (prev.cls == AMBIG or strong_suffix or prev.low not in lex.clinical)
-            and re.fullmatch(r"(?:['’]s)?[ \t]+", gap)
+            and _GAP_POSSESSIVE.fullmatch(gap)
         ):
             taken.append(j)  # kept only when a place cue bounds the run (below)
             bounded = None
@@ -784,7 +810,7 @@ def institution_prefixes(s: Scan, i: int) -> None:
     for k in range(i + 2, min(i + 4, s.n)):
         w = toks[k]
         if (
-            not re.fullmatch(r"[ \t]{1,3}", s.gap(k - 1, k))
+            not _GAP_SPACES3.fullmatch(s.gap(k - 1, k))
             or w.low in lex.suffixes
             or w.protected
             or w.low in lex.not_place
@@ -807,7 +833,7 @@ def unit_suffixes(s: Scan, i: int) -> None:
     prev = toks[i - 1]
     after_cue = i > 1 and toks[i - 2].low in lex.movement and prev.low not in lex.dictionary
     if (
-        re.fullmatch(r"[ \t]{1,2}", s.gap(i - 1, i))
+        _GAP_SPACES2.fullmatch(s.gap(i - 1, i))
         and (prev.cls == UNKNOWN or prev.cls == PROPER and after_cue)
         and len(prev.low) <= 5
         and prev.low not in lex.clinical
@@ -825,7 +851,7 @@ def _place_run_after_verb(s: Scan, j: int) -> None:
         and (s.place_word(toks[k]) or toks[k].cls == AMBIG and not toks[k].protected)
         and toks[k].cls != SAFE
         and not (toks[k].text.islower() and toks[k].low.endswith(("ing", "ed")))
-        and (k == j or re.fullmatch(r"[ \t]{1,2}", s.gap(k - 1, k)))
+        and (k == j or _GAP_SPACES2.fullmatch(s.gap(k - 1, k)))
     ):
         run.append(k)
         k += 1
@@ -852,11 +878,7 @@ def movement_places(s: Scan, i: int) -> None:
         j += 1  # "transferred to the Mater"; never "in the RPA"
     nxt = toks[j]
     verb = s.verb_before(i) or toks[i].low == "for"
-    if (
-        not re.fullmatch(r"[ \t]{1,3}|[ \t]*-[ \t]*|[ \t]*@[ \t]*", s.gap(j - 1, j))
-        or nxt.low in lex.not_place
-        or nxt.protected
-    ):
+    if not _GAP_SPACE_DASH_AT.fullmatch(s.gap(j - 1, j)) or nxt.low in lex.not_place or nxt.protected:
         return
     long_unknown = nxt.cls in (UNKNOWN, PROPER) and len(nxt.low) >= 4
     if not cue_word:
@@ -875,12 +897,12 @@ def movement_places(s: Scan, i: int) -> None:
         and 2 <= len(nxt.text) <= 5
         and nxt.low not in lex.clinical
         and nxt.low not in lex.dictionary
-        and not re.fullmatch(r"x+", nxt.low)
+        and not _PLACEHOLDER.fullmatch(nxt.low)
         and (s.mixed or nxt.cls == UNKNOWN or verb)
     )
     # a long unknown word is a place after a movement verb ("transfer to quartermain") or before a ward number
     # ("QUARTERMAIN 2"), a capitalised one in mixed-case text after the preposition alone
-    ward = re.match(r"[ \t]?\d", s.text[nxt.end : nxt.end + 2]) is not None
+    ward = _DIGIT_AFTER.match(s.text[nxt.end : nxt.end + 2]) is not None
     titled = s.mixed and nxt.text[:1].isupper() and not nxt.text.isupper()
     if (
         nxt.cls == PLACE
@@ -899,8 +921,11 @@ def places_after_verbs_and_conjunctions(s: Scan) -> None:
     Example: "NEED TO LEAVE GH", "BALTIMORE REHAB AND KIMBROUGH"."""
     toks, kind, lex = s.toks, s.kind, s.lex
     for i in range(1, s.n - 1):
-        t, nxt = toks[i], toks[i + 1]
-        if kind[i + 1] is not None or nxt.protected or not re.fullmatch(r"[ \t]{1,3}", s.gap(i, i + 1)):
+        t = toks[i]
+        if t.low not in _DIRECT_PLACE_VERBS and t.low not in ("and", "or"):
+            continue  # most words are neither: the cheap test first
+        nxt = toks[i + 1]
+        if kind[i + 1] is not None or nxt.protected or not _GAP_SPACES3.fullmatch(s.gap(i, i + 1)):
             continue
         if (
             t.low in _DIRECT_PLACE_VERBS
@@ -994,6 +1019,60 @@ PLAIN_WORD_RULES: tuple[Rule, ...] = (institution_names, multi_word_city, place_
 TEXT_RULES: tuple[Callable[[Scan], None], ...] = (places_after_verbs_and_conjunctions, repeated_places, repeated_names)
 
 
+Gate = Callable[[_Tok, bool, Lexicon], bool]
+#: for a word rule, a test of the word alone (its spelling and class) and of the text's case (``mixed``) that holds
+#: whenever the rule can mark anything: the first test each rule makes, so a word failing it is not offered to the
+#: rule (same result, fewer calls; most words start no rule). A rule missing here is offered every word.
+RULE_GATES: dict[Rule, Gate] = {
+    institution_names: lambda t, mixed, lex: t.low in lex.institutions_first,
+    titles: lambda t, mixed, lex: t.low in lex.titles,
+    relations: lambda t, mixed, lex: t.low in lex.relations,
+    role_in_parentheses: lambda t, mixed, lex: t.low in lex.roles,
+    roles: lambda t, mixed, lex: t.low in lex.roles,
+    credentials: lambda t, mixed, lex: t.low in lex.credentials,
+    initial_before_verb: lambda t, mixed, lex: len(t.text) == 1,
+    initials: lambda t, mixed, lex: len(t.text) == 1,
+    first_names: lambda t, mixed, lex: t.cls == FIRST,
+    surnames: lambda t, mixed, lex: t.cls == LAST,
+    cities: lambda t, mixed, lex: t.cls == PLACE,
+    multi_word_city: lambda t, mixed, lex: t.low in lex.cities,
+    toponyms: lambda t, mixed, lex: t.cls not in (SAFE, AMBIG),
+    place_prefixes: lambda t, mixed, lex: t.low in lex.place_prefixes or t.low in lex.place_suffix_words,
+    hyphenated_places: lambda t, mixed, lex: t.low in ("sur", "la", "le", "les", "lès", "en", "de", "du", "aux"),
+    ambiguous_first_names: lambda t, mixed, lex: mixed and t.cls == AMBIG,
+    ambiguous_first_name_pairs: lambda t, mixed, lex: mixed and t.cls == AMBIG,
+    name_verbs: lambda t, mixed, lex: mixed and (t.low in _NAME_VERBS or t.low == "with"),
+    capitalised_pairs: lambda t, mixed, lex: mixed and t.cls in (FIRST, LAST, UNKNOWN, PROPER),
+    hyphenated_names: lambda t, mixed, lex: mixed and t.cls in (FIRST, LAST, UNKNOWN, PROPER, AMBIG),
+    name_lists: lambda t, mixed, lex: mixed and t.cls in (FIRST, LAST, UNKNOWN, PROPER, AMBIG),
+    institution_suffixes: lambda t, mixed, lex: t.low in lex.suffixes,
+    institution_prefixes: lambda t, mixed, lex: t.low in lex.prefixes,
+    unit_suffixes: lambda t, mixed, lex: t.low in lex.unit_suffixes,
+    movement_places: lambda t, mixed, lex: t.low in lex.movement or t.low == "for" or t.low in lex.ward_cues,
+}
+#: distinct word spellings whose rule lists are kept per lexicon (:attr:`Lexicon.memo`); the memo starts over above
+_MEMO_WORDS = 200_000
+
+
+def _rules_for(t: _Tok, mixed: bool, lex: Lexicon) -> tuple[Rule, ...]:
+    """The word rules that may mark something at word ``t`` (:data:`WORD_RULES`, or :data:`PLAIN_WORD_RULES` for a
+    plain known-safe word that is no cue; none for a plain word that starts no rule), in their order, kept in
+    ``lex.memo``."""
+    memo = lex.memo
+    key = ("name_rules", t.low, t.cls, len(t.text) == 1, mixed)
+    rules = memo.get(key)
+    if rules is None:
+        if t.cls == SAFE and t.low not in lex.cues and len(t.low) > 1:
+            candidates = PLAIN_WORD_RULES if t.low in lex.plain_triggers else ()
+        else:
+            candidates = WORD_RULES
+        rules = tuple(r for r in candidates if r not in RULE_GATES or RULE_GATES[r](t, mixed, lex))
+        if len(memo) >= _MEMO_WORDS:
+            memo.clear()
+        memo[key] = rules
+    return rules
+
+
 def _spans(s: Scan) -> list[tuple[int, int, str]]:
     """Adjacent marked words of one kind as one span; across a period only after an initial ("J. Smith")."""
     hits: list[tuple[int, int, str]] = []
@@ -1033,16 +1112,12 @@ def lexical_hits(
     """
     lex = lex or load_lexicon()
     s = Scan(text, lex, protected_spans(text, lex) if guarded is None else guarded)
-    cues, plain_triggers = lex.cues, lex.plain_triggers
+    mixed = s.mixed
     for i, t in enumerate(s.toks):
         if t.protected:
             continue
-        if t.cls == SAFE and t.low not in cues and len(t.low) > 1:
-            if t.low in plain_triggers:  # a plain word starts no rule but these two (most words start none)
-                for rule in PLAIN_WORD_RULES:
-                    rule(s, i)
-            continue
-        for rule in WORD_RULES:
+        # a plain word starts no rule but PLAIN_WORD_RULES, and only some words start any (_rules_for)
+        for rule in _rules_for(t, mixed, lex):
             rule(s, i)
     for text_rule in TEXT_RULES:
         text_rule(s)

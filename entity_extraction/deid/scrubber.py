@@ -13,14 +13,13 @@ day, no shift given) becomes ``[DATE]``; a name found in one spelling is removed
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
-from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from entity_extraction.deid.engine import Hit, accept, render, shift_date, year4
 from entity_extraction.deid.lexicon import AMBIG, SAFE, load_lexicon, protected_spans
 from entity_extraction.deid.name_rules import lexical_hits
 from entity_extraction.deid.recognisers import (
@@ -42,14 +41,6 @@ class PhiPatternsError(ReasonCodedError, ValueError):
     message_format = "{message}"
 
     reason = "invalid_phi_patterns"
-
-
-@dataclass(frozen=True)
-class _Hit:
-    start: int
-    end: int
-    kind: str
-    replacement: str
 
 
 @dataclass(frozen=True)
@@ -201,30 +192,13 @@ def _ordinal(day: int) -> str:
     return "th" if 11 <= day % 100 <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
 
 
-def _year4(yy: str) -> int:
-    if len(yy) == 4:
-        return int(yy)
-    pivot = (dt.date.today().year + 1) % 100
-    return 2000 + int(yy) if int(yy) <= pivot else 1900 + int(yy)
-
-
-def _shift(year: int, month: int, day: int, days: int | None) -> dt.date | None:
-    """Shifted date or None when invalid / no shift (caller redacts)."""
-    if days is None or not 1800 <= year <= 2199:
-        return None
-    try:
-        return dt.date(year, month, day) + dt.timedelta(days=days)
-    except (ValueError, OverflowError):
-        return None
-
-
 _DIGIT = re.compile(r"\d")
 _FOUR_DIGITS = re.compile(r"\d{4}")
 
 
-def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> list[_Hit]:
+def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> list[Hit]:
     red = p.tokens["DATE"]
-    hits: list[_Hit] = []
+    hits: list[Hit] = []
     # every date pattern needs a digit, and all but date_numeric/date_noyear a run of four (the year):
     # texts without them skip those scans (same result, a fraction of the time)
     if not _DIGIT.search(text):
@@ -232,22 +206,22 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
     with_year = _FOUR_DIGITS.search(text) is not None
 
     def add(m: re.Match[str], new: str | None) -> None:
-        hits.append(_Hit(m.start(), m.end(), "DATE", new if new is not None else red))
+        hits.append(Hit(m.start(), m.end(), "DATE", new if new is not None else red))
 
     for m in p.regex["date_iso"].finditer(text) if with_year else ():
         y, sep, mo, d = m.groups()
-        s = _shift(int(y), int(mo), int(d), shift)
+        s = shift_date(int(y), int(mo), int(d), shift)
         add(m, s and f"{s.year:04d}{sep}{_pad(mo, s.month)}{sep}{_pad(d, s.day)}")
     for m in p.regex["date_compact"].finditer(text) if with_year else ():
         y, mo, d = m.groups()
-        s = _shift(int(y), int(mo), int(d), shift)
+        s = shift_date(int(y), int(mo), int(d), shift)
         add(m, s and f"{s.year:04d}{s.month:02d}{s.day:02d}")
     for m in p.regex["date_numeric"].finditer(text):
         a, sep, b, y = m.groups()
         first, second = int(a), int(b)
         dmy = first > 12 or (second <= 12 and day_first)
         day, month = (first, second) if dmy else (second, first)
-        s = _shift(_year4(y), month, day, shift)
+        s = shift_date(year4(y), month, day, shift)
         if s is None:
             add(m, None)
             continue
@@ -257,7 +231,7 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
         add(m, f"{parts[0]}{sep}{parts[1]}{sep}{yy}")
     for m in p.regex["date_dmy"].finditer(text) if with_year else ():
         d, suf, sp1, mon, dot, sp2, y = m.groups()
-        s = _shift(int(y), p.month_num[mon.lower()], int(d), shift)
+        s = shift_date(int(y), p.month_num[mon.lower()], int(d), shift)
         new = None
         if s is not None:
             suffix = _same_case(suf, _ordinal(s.day)) if suf else ""
@@ -265,7 +239,7 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
         add(m, new)
     for m in p.regex["date_mdy"].finditer(text) if with_year else ():
         mon, dot, sp1, d, suf, sp2, y = m.groups()
-        s = _shift(int(y), p.month_num[mon.lower()], int(d), shift)
+        s = shift_date(int(y), p.month_num[mon.lower()], int(d), shift)
         new = None
         if s is not None:
             suffix = _same_case(suf, _ordinal(s.day)) if suf else ""
@@ -275,7 +249,7 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
         mon, dot, sp, y = m.groups()
         if mon.lower() == "may" and not mon[:1].isupper():
             continue  # "may 2023 ..." in lower case is the verb, not a month
-        s = _shift(int(y), p.month_num[mon.lower()], 15, shift)  # month precision: shift the mid-month day
+        s = shift_date(int(y), p.month_num[mon.lower()], 15, shift)  # month precision: shift the mid-month day
         add(m, s and f"{_month_word(p, mon, s.month)}{dot}{sp}{s.year}")
     for m in p.regex["date_noyear"].finditer(text):
         add(m, None)
@@ -284,15 +258,15 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
         mo, d = m.groups()
         if int(mo) <= int(d) <= 4 or not_after.search(text, max(0, m.start() - 30), m.start()):
             continue  # a fraction ("1/2", "3/4") or a setting or score ("CPAP 5/5", "pain 5/10")
-        s = _shift(2000, int(mo), int(d), shift)  # a leap year: 2/29 stays valid
+        s = shift_date(2000, int(mo), int(d), shift)  # a leap year: 2/29 stays valid
         add(m, s and f"{_pad(mo, s.month)}/{_pad(d, s.day)}")
     for m in p.regex["date_myy"].finditer(text) if "/" in text else ():
         mo, yy = m.groups()
-        s = _shift(_year4(yy), int(mo), 15, shift)  # month precision: the mid-month day is shifted
+        s = shift_date(year4(yy), int(mo), 15, shift)  # month precision: the mid-month day is shifted
         add(m, s and f"{_pad(mo, s.month)}/{s.year % 100:02d}")
     for m in p.regex["date_dmon"].finditer(text):
         d, suf, sp1, mon, dot, sp2, y = m.groups()
-        s = _shift(_year4(y), p.month_num[mon.lower()], int(d), shift)
+        s = shift_date(year4(y), p.month_num[mon.lower()], int(d), shift)
         new = None
         if s is not None:
             suffix = _same_case(suf, _ordinal(s.day)) if suf else ""
@@ -300,12 +274,11 @@ def _date_hits(text: str, p: _Patterns, shift: int | None, day_first: bool) -> l
             new = f"{_pad(d, s.day, False)}{suffix}{sp1}{_month_word(p, mon, s.month)}{dot}{sp2}{year}"
         add(m, new)
     # a year alone cannot be shifted by days: removed (fail-closed), like a date without a format
-    hits.extend(
-        _Hit(m.start("year"), m.end("year"), "DATE", red) for m in p.regex["date_year"].finditer(text) if with_year
-    )
+    if with_year:  # a year is four digits: a text without a run of four is not scanned
+        hits.extend(Hit(m.start("year"), m.end("year"), "DATE", red) for m in p.regex["date_year"].finditer(text))
     for m in p.regex["date_apostrophe_year"].finditer(text):
         g = 1 if m.group(1) else 2
-        hits.append(_Hit(m.start(g), m.end(g), "DATE", red))
+        hits.append(Hit(m.start(g), m.end(g), "DATE", red))
     return hits
 
 
@@ -327,10 +300,10 @@ def _name_run_regex(components: set[str], case_insensitive: bool) -> re.Pattern[
     return re.compile(pattern, re.IGNORECASE if case_insensitive else 0)
 
 
-def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
+def _contextual_names(text: str, p: _Patterns) -> tuple[list[Hit], set[str]]:
     """Names after titles / signature labels and before degrees; returns hits and learned words."""
     name_tok = p.tokens["NAME"]
-    hits: list[_Hit] = []
+    hits: list[Hit] = []
     learned: set[str] = set()
     lex = load_lexicon()
 
@@ -362,12 +335,12 @@ def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
             # the title as written ("DR", "dr."); "Dr" and "Doctor" in mixed case become "Dr."
             is_doctor = t.rstrip(".") in ("Dr", "Doctor")
             repl = f"Dr. {name_tok}" if is_doctor else f"{t} {name_tok}"
-            hits.append(_Hit(m.start("title"), span[1], "NAME", repl))
+            hits.append(Hit(m.start("title"), span[1], "NAME", repl))
     # the label in any case, the name capitalised
     for m in label_re.finditer(text) if label_gate.search(text) else ():
         span = take(m.group("name"), m.start("name"))
         if span:
-            hits.append(_Hit(span[0], span[1], "NAME", name_tok))
+            hits.append(Hit(span[0], span[1], "NAME", name_tok))
     for m in degree_re.finditer(text) if degree_gate.search(text) else ():
         words = m.group("name").split()
         # keep the words closest to the degree that are not stopwords
@@ -382,7 +355,7 @@ def _contextual_names(text: str, p: _Patterns) -> tuple[list[_Hit], set[str]]:
             if sub:
                 start = m.start("name") + sub.start()
             learned.update(w for w in tail if len(w.rstrip(".")) >= 3)
-            hits.append(_Hit(start, m.end("name"), "NAME", name_tok))
+            hits.append(Hit(start, m.end("name"), "NAME", name_tok))
     return hits, learned
 
 
@@ -393,7 +366,7 @@ _NUMBER_GATE = re.compile(r"\d[\d .()/-]{3,}\d")
 _AGE_GATE = re.compile(r"(?<!\d)(?:9\d|1[0-4]\d)(?!\d)|ninety|hundred", re.IGNORECASE)
 
 
-def _phone_hits(text: str, regions: tuple[str, ...], token: str) -> list[_Hit]:
+def _phone_hits(text: str, regions: tuple[str, ...], token: str) -> list[Hit]:
     """Telephone numbers of the given regions found by ``phonenumbers`` (Google's libphonenumber) with the
     ``VALID`` matcher (a number that is valid for the region: area code and length), whatever the separators
     (``201/324/1423``, ``202 2671093``), with extensions (``x45``). Texts without two groups of three digits
@@ -406,18 +379,18 @@ def _phone_hits(text: str, regions: tuple[str, ...], token: str) -> list[_Hit]:
     for region in regions:
         for m in phonenumbers.PhoneNumberMatcher(text, region, leniency=phonenumbers.Leniency.VALID):
             if not _ZIP4.fullmatch(m.raw_string):  # a US ZIP+4 code ("02115-1234") is part of an address
-                hits.append(_Hit(m.start, m.end, "PHONE", token))
+                hits.append(Hit(m.start, m.end, "PHONE", token))
     return hits
 
 
 # ---------------------------------------------------------------- main
-def _regex_hits(text: str, pattern: re.Pattern[str] | list[re.Pattern[str]], kind: str, token: str) -> list[_Hit]:
+def _regex_hits(text: str, pattern: re.Pattern[str] | list[re.Pattern[str]], kind: str, token: str) -> list[Hit]:
     """Hits of one pattern (or list); a named group ``value`` narrows the replaced span to that group."""
     patterns = pattern if isinstance(pattern, list) else [pattern]
     hits = []
     for pat in patterns:
         group = "value" if "value" in pat.groupindex else 0
-        hits.extend(_Hit(m.start(group), m.end(group), kind, token) for m in pat.finditer(text))
+        hits.extend(Hit(m.start(group), m.end(group), kind, token) for m in pat.finditer(text))
     return hits
 
 
@@ -477,13 +450,13 @@ def deidentify_text(
     ids = [v.strip() for v in known_phi if v and v.strip() and any(ch.isdigit() for ch in v)]
     names = [v for v in known_phi if v and v.strip() and not any(ch.isdigit() for ch in v)]
 
-    groups: list[list[_Hit]] = []
+    groups: list[list[Hit]] = []
     groups.append(_regex_hits(text, p.regex["email"], "EMAIL", tok["EMAIL"]))
     groups.append(_regex_hits(text, p.regex["url"], "URL", tok["URL"]))
     # IP addresses, IBANs and card numbers (checksums) before dates and phones read their digits
     groups.append(
         [
-            _Hit(a, b, k, tok[k])
+            Hit(a, b, k, tok[k])
             for rec in NUMBER_RECOGNISERS
             for a, b, k in ((a, b, "ACCOUNT" if k in ("IBAN", "CARD") else k) for a, b, k in rec(text))
         ]
@@ -505,13 +478,13 @@ def deidentify_text(
     # "02115-1234" would otherwise be an [ID] and leave the street and city behind)
     groups.append(
         _regex_hits(text, p.regex["address"], "ADDRESS", tok["ADDRESS"])
-        + [_Hit(a, b, k, tok[k]) for rec in ADDRESS_RECOGNISERS for a, b, k in rec(text)]
+        + [Hit(a, b, k, tok[k]) for rec in ADDRESS_RECOGNISERS for a, b, k in rec(text)]
     )
     groups.append(_regex_hits(text, p.regex["long_number"], "ID", tok["ID"]))
     # organisations by their cue word and by their legal form, longest first ("University Hospital Clarkeville")
     groups.append(
         _regex_hits(text, p.regex["organization"], "ORGANIZATION", tok["ORGANIZATION"])
-        + [_Hit(a, b, k, tok[k]) for rec in ORGANIZATION_RECOGNISERS for a, b, k in rec(text)]
+        + [Hit(a, b, k, tok[k]) for rec in ORGANIZATION_RECOGNISERS for a, b, k in rec(text)]
     )
     groups.append(_regex_hits(text, p.regex["postcode"], "ADDRESS", tok["ADDRESS"]))
     # every name finding competes in one group, longest span first, so "Walker, Matilda R." (known from
@@ -536,32 +509,17 @@ def deidentify_text(
     # in the same group, so the longest finding wins ("Patient name: Ruby White")
     lex_tokens = {"NAME": tok["NAME"], "LOCATION": tok.get("LOCATION", "[LOCATION]")}
     guarded = protected_spans(text)
-    name_hits += [_Hit(a, b, k, lex_tokens[k]) for a, b, k in lexical_hits(text, guarded=guarded)]
+    name_hits += [Hit(a, b, k, lex_tokens[k]) for a, b, k in lexical_hits(text, guarded=guarded)]
     # clinical phrases of the lexicon ("DR KNEE", "White matter", "Baker cyst") are never a name
     if guarded:
         name_hits = [h for h in name_hits if not any(a < h.end and h.start < b for a, b in guarded)]
     groups.append(name_hits)
 
-    accepted: list[_Hit] = []
-    taken = bytearray(len(text))
-    for group in groups:  # earlier groups win; within a group longer spans first
-        for h in sorted(group, key=lambda h: (h.start - h.end, h.start)):
-            if h.end > h.start and not any(taken[h.start : h.end]):
-                accepted.append(h)
-                taken[h.start : h.end] = b"\x01" * (h.end - h.start)
+    accepted, taken = accept(groups, len(text))  # earlier groups win; within a group longer spans first
     # a postcode beside a place found above (", Port Alex 2519", "69074 Augsburg"): a bare number only there
     places = [(h.start, h.end) for h in accepted if h.kind in ("ADDRESS", "LOCATION", "ORGANIZATION")]
     for a, b, _k in postcodes_beside(text, places) if places else ():
         if not any(taken[a:b]):
-            accepted.append(_Hit(a, b, "ADDRESS", tok["ADDRESS"]))
+            accepted.append(Hit(a, b, "ADDRESS", tok["ADDRESS"]))
             taken[a:b] = b"\x01" * (b - a)
-    accepted.sort(key=lambda h: h.start)
-    out: list[str] = []
-    pos = 0
-    for h in accepted:
-        out.append(text[pos : h.start])
-        out.append(h.replacement)
-        pos = h.end
-    out.append(text[pos:])
-    counts = Counter(h.kind for h in accepted)
-    return "".join(out), dict(sorted(counts.items()))
+    return render(text, accepted)

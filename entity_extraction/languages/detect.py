@@ -24,6 +24,7 @@ Latin-script language cannot de-identify a Chinese name, so the caller withholds
 from __future__ import annotations
 
 import re
+import string
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -120,13 +121,15 @@ def function_word_votes(text: str) -> dict[str, int]:
 
 
 _LETTER = re.compile(r"[^\W\d_]")
+_DROP_ASCII_LETTERS = str.maketrans("", "", string.ascii_letters)
 _FOREIGN_LETTER = re.compile(r"[^\W\d_a-zA-Z\u00AA\u00B5\u00BA\u00C0-\u024F\u1E00-\u1EFF]")
 
 
 def _script_counts(text: str) -> tuple[int, int]:
     """(letters, letters outside the Latin script: Latin-1, Latin Extended-A/B and Additional)."""
-    letters = len(_LETTER.findall(text))
-    return letters, (len(_FOREIGN_LETTER.findall(text)) if not text.isascii() else 0)
+    if text.isascii():  # ASCII letters are A-Z and a-z, and none is foreign
+        return len(text) - len(text.translate(_DROP_ASCII_LETTERS)), 0
+    return len(_LETTER.findall(text)), len(_FOREIGN_LETTER.findall(text))
 
 
 def _lingua(text: str) -> tuple[str, float]:

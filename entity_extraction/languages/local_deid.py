@@ -23,15 +23,14 @@ name and is never a city.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
-from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
+from entity_extraction.deid.engine import Hit, accept, render, shift_date, year4
 from schemas.errors import ReasonCodedError
 
 PACK_DIR = Path(__file__).with_name("packs")
@@ -74,14 +73,6 @@ def pack_path(language: str) -> Path:
 def available_languages() -> tuple[str, ...]:
     """Languages with a text de-identification pack here (English is built in: :mod:`entity_extraction.text_deid`)."""
     return tuple(sorted(p.stem[len("deid_") :] for p in PACK_DIR.glob("deid_*.yaml")))
-
-
-@dataclass(frozen=True)
-class _Hit:
-    start: int
-    end: int
-    kind: str
-    replacement: str
 
 
 @dataclass(frozen=True)
@@ -255,22 +246,6 @@ def load_pack(language: str, exclude_names: frozenset[str] = frozenset()) -> Pac
 
 
 # ---------------------------------------------------------------- dates
-def _shift(year: int, month: int, day: int, days: int | None) -> dt.date | None:
-    if days is None or not 1800 <= year <= 2199:
-        return None
-    try:
-        return dt.date(year, month, day) + dt.timedelta(days=days)
-    except (ValueError, OverflowError):
-        return None
-
-
-def _year4(yy: str) -> int:
-    if len(yy) == 4:
-        return int(yy)
-    pivot = (dt.date.today().year + 1) % 100
-    return 2000 + int(yy) if int(yy) <= pivot else 1900 + int(yy)
-
-
 def _pad(original: str, value: int) -> str:
     return f"{value:0{len(original)}d}" if len(original) >= 2 else str(value)
 
@@ -285,29 +260,29 @@ def _month_word(pack: Pack, original: str, month: int) -> str:
     return word.capitalize() if original[:1].isupper() else word
 
 
-def _date_hits(text: str, pack: Pack, shift: int | None) -> list[_Hit]:
+def _date_hits(text: str, pack: Pack, shift: int | None) -> list[Hit]:
     red = TOKENS["DATE"]
     rx = pack.regex
-    hits: list[_Hit] = []
+    hits: list[Hit] = []
     if not any(ch.isdigit() for ch in text):
         return hits
 
     def add(m: re.Match[str], new: str | None) -> None:
         birth = rx["birth_cue"].search(text, max(0, m.start() - 40), m.start()) is not None
-        hits.append(_Hit(m.start(), m.end(), "DATE", red if (new is None or birth) else new))
+        hits.append(Hit(m.start(), m.end(), "DATE", red if (new is None or birth) else new))
 
     for m in rx["date_iso"].finditer(text):
         y, sep, mo, d = m.groups()
-        s = _shift(int(y), int(mo), int(d), shift)
+        s = shift_date(int(y), int(mo), int(d), shift)
         add(m, s and f"{s.year:04d}{sep}{_pad(mo, s.month)}{sep}{_pad(d, s.day)}")
     for m in rx["date_numeric"].finditer(text):
         d, sep, mo, y = m.groups()
-        s = _shift(_year4(y), int(mo), int(d), shift)
+        s = shift_date(year4(y), int(mo), int(d), shift)
         yy = (f"{s.year:04d}" if len(y) == 4 else f"{s.year % 100:02d}") if s else ""
         add(m, s and f"{_pad(d, s.day)}{sep}{_pad(mo, s.month)}{sep}{yy}")
     for m in rx["date_text"].finditer(text):
         d, suf, j1, mon, dot, j2, y = m.groups()
-        s = _shift(int(y), pack.month_num[mon.lower()], int(d), shift)
+        s = shift_date(int(y), pack.month_num[mon.lower()], int(d), shift)
         new = None
         if s is not None:
             suffix = "" if (suf.lower() in ("er", "ᵉʳ") and s.day != 1) else suf  # "1er mars", "12. März"
@@ -318,11 +293,11 @@ def _date_hits(text: str, pack: Pack, shift: int | None) -> list[_Hit]:
         add(m, new)
     for m in rx["date_month_year"].finditer(text):
         mon, dot, j, y = m.groups()
-        s = _shift(int(y), pack.month_num[mon.lower()], 15, shift)  # month precision: shift the mid-month day
+        s = shift_date(int(y), pack.month_num[mon.lower()], 15, shift)  # month precision: shift the mid-month day
         add(m, s and f"{_month_word(pack, mon, s.month)}{dot}{j}{s.year}")
     for m in rx["date_month_year_numeric"].finditer(text):
         mo, sep, y = m.groups()
-        s = _shift(int(y), int(mo), 15, shift)
+        s = shift_date(int(y), int(mo), 15, shift)
         add(m, s and f"{_pad(mo, s.month)}{sep}{s.year}")
     for m in rx["date_day_month"].finditer(text):  # no year: cannot be shifted with certainty
         if 1 <= int(m.group(1)) <= 31:
@@ -351,10 +326,10 @@ def _span_of(text: str, start: int, words: list[str]) -> tuple[int, int] | None:
     return (m.start(), m.end()) if m else None
 
 
-def _name_hits(text: str, pack: Pack, known_names: list[str]) -> list[_Hit]:
+def _name_hits(text: str, pack: Pack, known_names: list[str]) -> list[Hit]:
     tok = TOKENS["NAME"]
     rx = pack.regex
-    hits: list[_Hit] = []
+    hits: list[Hit] = []
     learned: set[str] = set()
 
     def take(m: re.Match[str], keep_title: bool) -> None:
@@ -366,9 +341,9 @@ def _name_hits(text: str, pack: Pack, known_names: list[str]) -> list[_Hit]:
             return
         learned.update(w.rstrip(",") for w in words if len(w) >= 3 and w[:1].isupper() and not w.endswith("."))
         if keep_title:
-            hits.append(_Hit(span[0], span[1], "NAME", tok))
+            hits.append(Hit(span[0], span[1], "NAME", tok))
         else:
-            hits.append(_Hit(span[0], span[1], "NAME", tok))
+            hits.append(Hit(span[0], span[1], "NAME", tok))
 
     for m in rx["title_name"].finditer(text):
         take(m, True)
@@ -395,7 +370,7 @@ def _name_hits(text: str, pack: Pack, known_names: list[str]) -> list[_Hit]:
                     sub = re.search(r"(?<![\w])" + r"[ \t]+".join(map(re.escape, words[i:j])), m.group())
                     span = (m.start() + sub.start(), m.start() + sub.end()) if sub else None
                 if span:
-                    hits.append(_Hit(span[0], span[1], "NAME", tok))
+                    hits.append(Hit(span[0], span[1], "NAME", tok))
                     learned.update(w for w in words[i:j] if len(w) >= 3)
                 i = j
             else:
@@ -405,18 +380,18 @@ def _name_hits(text: str, pack: Pack, known_names: list[str]) -> list[_Hit]:
     if parts:
         alt = _alt(re.escape(p) for p in parts)
         hits += [
-            _Hit(m.start(), m.end(), "NAME", tok)
+            Hit(m.start(), m.end(), "NAME", tok)
             for m in re.finditer(rf"(?<![\w])(?:{alt})(?![\w])", text, re.IGNORECASE)
         ]
     if forms:
         alt = _alt(re.escape(p) for p in forms)
-        hits += [_Hit(m.start(), m.end(), "NAME", tok) for m in re.finditer(rf"(?<![\w])(?:{alt})(?![\w])", text)]
+        hits += [Hit(m.start(), m.end(), "NAME", tok) for m in re.finditer(rf"(?<![\w])(?:{alt})(?![\w])", text)]
     return hits
 
 
-def _place_hits(text: str, pack: Pack) -> list[_Hit]:
+def _place_hits(text: str, pack: Pack) -> list[Hit]:
     """Cities and regions of the gazetteer, as capitalised words (longest name first at each word)."""
-    hits: list[_Hit] = []
+    hits: list[Hit] = []
     words = list(_WORD.finditer(text))
     i = 0
     while i < len(words):
@@ -431,16 +406,16 @@ def _place_hits(text: str, pack: Pack) -> list[_Hit]:
                     found = (words[i].start(), words[i + n - 1].end(), n)
                     break
         if found:
-            hits.append(_Hit(found[0], found[1], "LOCATION", TOKENS["LOCATION"]))
+            hits.append(Hit(found[0], found[1], "LOCATION", TOKENS["LOCATION"]))
             i += found[2]
         else:
             i += 1
     return hits
 
 
-def _field_hits(text: str, pack: Pack) -> list[_Hit]:
+def _field_hits(text: str, pack: Pack) -> list[Hit]:
     """Values after ID / address / phone / e-mail / organisation labels, up to the end of their field."""
-    hits: list[_Hit] = []
+    hits: list[Hit] = []
     any_label = pack.regex["any_label"]
     for key, rx in pack.regex.items():
         if not key.startswith("field_"):
@@ -457,7 +432,7 @@ def _field_hits(text: str, pack: Pack) -> list[_Hit]:
             while end > start and text[end - 1] in " \t.,;:":
                 end -= 1
             if end > start and any(ch.isalnum() for ch in text[start:end]):
-                hits.append(_Hit(start, end, "ADDRESS" if kind == "ADDRESS" else kind, TOKENS[kind]))
+                hits.append(Hit(start, end, "ADDRESS" if kind == "ADDRESS" else kind, TOKENS[kind]))
     return hits
 
 
@@ -465,18 +440,18 @@ def _field_hits(text: str, pack: Pack) -> list[_Hit]:
 _PHONE_GATE = re.compile(r"\d[\d .()/-]{5,}\d")
 
 
-def _phone_hits(text: str, region: str) -> list[_Hit]:
+def _phone_hits(text: str, region: str) -> list[Hit]:
     if not _PHONE_GATE.search(text):
         return []
     import phonenumbers
 
     return [
-        _Hit(m.start, m.end, "PHONE", TOKENS["PHONE"])
+        Hit(m.start, m.end, "PHONE", TOKENS["PHONE"])
         for m in phonenumbers.PhoneNumberMatcher(text, region, leniency=phonenumbers.Leniency.VALID)
     ]
 
 
-def _trimmed(text: str, pack: Pack, hits: list[_Hit]) -> list[_Hit]:
+def _trimmed(text: str, pack: Pack, hits: list[Hit]) -> list[Hit]:
     """Care-site and street hits cut before the first clinical/common word after their first word ("Hospital La Paz
     Servicio de Urología" -> "Hospital La Paz"), trailing particles and spaces dropped."""
     out = []
@@ -501,11 +476,11 @@ def _trimmed(text: str, pack: Pack, hits: list[_Hit]) -> list[_Hit]:
             and w.group().lower() not in pack.guard
         ]
         if seg.strip() and (proper or any(ch.isdigit() for ch in seg)):  # "Klinik für Radiologie" alone is no PHI
-            out.append(_Hit(h.start, h.start + len(seg), h.kind, h.replacement))
+            out.append(Hit(h.start, h.start + len(seg), h.kind, h.replacement))
     return out
 
 
-def _learned_place_hits(text: str, pack: Pack, hits: list[_Hit]) -> list[_Hit]:
+def _learned_place_hits(text: str, pack: Pack, hits: list[Hit]) -> list[Hit]:
     """The proper names inside care-site hits ("Klinikum Witzenhausen") wherever else they stand ("Witzenhausen"):
     a place named once is removed everywhere (fail closed), as a learned person name is."""
     words = {
@@ -521,15 +496,15 @@ def _learned_place_hits(text: str, pack: Pack, hits: list[_Hit]) -> list[_Hit]:
         return []
     alt = _alt(re.escape(w) for w in words)
     return [
-        _Hit(m.start(), m.end(), "LOCATION", TOKENS["LOCATION"])
+        Hit(m.start(), m.end(), "LOCATION", TOKENS["LOCATION"])
         for m in re.finditer(rf"(?<![\w])(?:{alt})(?:[ \t-]+(?:{alt}))*(?![\w])", text)
     ]
 
 
-def _regex_hits(text: str, patterns, kind: str) -> list[_Hit]:
+def _regex_hits(text: str, patterns, kind: str) -> list[Hit]:
     if isinstance(patterns, re.Pattern):
         patterns = (patterns,)
-    return [_Hit(m.start(), m.end(), kind, TOKENS[kind]) for p in patterns for m in p.finditer(text)]
+    return [Hit(m.start(), m.end(), kind, TOKENS[kind]) for p in patterns for m in p.finditer(text)]
 
 
 def deidentify_local(
@@ -577,11 +552,11 @@ def deidentify_local(
     ids = [v.strip() for v in known_phi if v and v.strip() and any(ch.isdigit() for ch in v)]
     names = [v for v in known_phi if v and v.strip() and not any(ch.isdigit() for ch in v)]
     orgs = _trimmed(text, pack, _regex_hits(text, pack.lists["organization"], "ORGANIZATION"))
-    groups: list[list[_Hit]] = [
+    groups: list[list[Hit]] = [
         _regex_hits(text, _EMAIL, "EMAIL"),
         _regex_hits(text, _URL, "URL"),
         [
-            _Hit(m.start(), m.end(), "ID", TOKENS["ID"])
+            Hit(m.start(), m.end(), "ID", TOKENS["ID"])
             for v in sorted(ids, key=len, reverse=True)
             for m in re.finditer(rf"(?<![\w]){re.escape(v)}(?![\w])", text, re.IGNORECASE)
         ],
@@ -595,19 +570,5 @@ def deidentify_local(
         _regex_hits(text, _LONG_NUMBER, "ID"),
         _name_hits(text, pack, names) + _place_hits(text, pack) + _learned_place_hits(text, pack, orgs),
     ]
-    accepted: list[_Hit] = []
-    taken = bytearray(len(text))
-    for group in groups:  # earlier groups win; within a group longer spans first
-        for h in sorted(group, key=lambda h: (h.start - h.end, h.start)):
-            if h.end > h.start and not any(taken[h.start : h.end]):
-                accepted.append(h)
-                taken[h.start : h.end] = b"\x01" * (h.end - h.start)
-    accepted.sort(key=lambda h: h.start)
-    out: list[str] = []
-    pos = 0
-    for h in accepted:
-        out.append(text[pos : h.start])
-        out.append(h.replacement)
-        pos = h.end
-    out.append(text[pos:])
-    return "".join(out), dict(sorted(Counter(h.kind for h in accepted).items()))
+    accepted, _ = accept(groups, len(text))  # earlier groups win; within a group longer spans first
+    return render(text, accepted)

@@ -99,6 +99,33 @@ def test_rules_are_named_listed_and_documented():
         assert "Example" in doc and any(k in doc for k in ("NAME", "LOCATION", "ORGANIZATION", "RELATIVE")), rule
 
 
+def test_rule_gates_change_no_finding(monkeypatch):
+    """Offering a word only the rules whose gate it passes (``RULE_GATES``) finds exactly what offering it every rule
+    finds, on the shared gold notes and generated notes with every PHI type."""
+    import json
+
+    from entity_extraction.deid.lexicon import load_lexicon
+    from entity_extraction.deid.synthetic import generate_notes
+
+    notes = ROOT.parent / "shared" / "data" / "text-deid" / "physionet-deid-dev" / "notes.jsonl"
+    assert notes.is_file(), "the shared PhysioNet half is needed (../shared/data)"
+    texts = [json.loads(line)["text"] for line in notes.read_text(encoding="utf-8").splitlines()[:300]]
+    texts += [n.text for n in generate_notes(150, seed=3)]
+    texts += ["Transferred to Middle River from Port Alex. Dr Will Cole, Mary Hulse RN; J SMITH ORDERED; Wood-Mellor."]
+    assert set(name_rules.WORD_RULES) <= set(name_rules.RULE_GATES)
+    gated = [name_rules.lexical_hits(t) for t in texts]
+    assert sum(map(len, gated)) > 100  # the texts hold names and places
+
+    def every_rule(t, mixed, lex):
+        if t.cls == name_rules.SAFE and t.low not in lex.cues and len(t.low) > 1:
+            return name_rules.PLAIN_WORD_RULES if t.low in lex.plain_triggers else ()
+        return name_rules.WORD_RULES
+
+    load_lexicon().memo.clear()
+    monkeypatch.setattr(name_rules, "_rules_for", every_rule)
+    assert [name_rules.lexical_hits(t) for t in texts] == gated
+
+
 def test_package_complexity_at_most_30():
     ruff = Path(sys.executable).with_name("ruff")
     assert ruff.exists(), "ruff is part of the dev extra (make install)"
