@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from etl.demo.reports import (
+from etl.demo.report_types import (
     DemoReportError,
     PlannedMention,
     RenderedReport,
