@@ -133,3 +133,74 @@ def item_bomb(items: int = 1_000_000) -> bytes:
     pix = data.find(struct.pack("<HH", 0x7FE0, 0x0010) + b"OW")
     at = at if at > 0 else pix
     return data[:at] + seq + data[at:]
+
+
+SEG = DICOM / "sr-seg-other" / "highdicom_seg_ct_overlap.dcm"
+TRACKING_UID = 0x00620021
+#: explicit VRs with a 2-byte length field (PS3.5 7.1.2); the others have 2 reserved bytes and a 4-byte length
+_SHORT_VRS = {
+    b"AE",
+    b"AS",
+    b"AT",
+    b"CS",
+    b"DA",
+    b"DS",
+    b"DT",
+    b"FL",
+    b"FD",
+    b"IS",
+    b"LO",
+    b"LT",
+    b"PN",
+    b"SH",
+    b"SL",
+    b"SS",
+    b"ST",
+    b"TM",
+    b"UI",
+    b"UL",
+    b"US",
+}
+
+
+def _element_at(data: bytes, at: int, explicit: bool) -> tuple[int, int]:
+    """(header size, value length) of the element whose tag starts at ``at``."""
+    if not explicit:
+        return 8, struct.unpack_from("<I", data, at + 4)[0]
+    if bytes(data[at + 4 : at + 6]) in _SHORT_VRS:
+        return 8, struct.unpack_from("<H", data, at + 6)[0]
+    return 12, struct.unpack_from("<I", data, at + 8)[0]
+
+
+def length_fault(data: bytes, tag: int, through: int, explicit: bool, occurrence: int = 0) -> bytes:
+    """``data`` with the length field of the ``occurrence``-th element ``tag`` enlarged so that its value swallows
+    every following byte up to the end of the next element ``through`` (its header and value)."""
+    out = bytearray(data)
+    key = struct.pack("<HH", *divmod(tag, 0x10000))
+    at = -1
+    for _ in range(occurrence + 1):
+        at = out.find(key, at + 1)
+    assert at > 0, f"no element {tag:08X}"
+    head, _ = _element_at(out, at, explicit)
+    end_at = out.find(struct.pack("<HH", *divmod(through, 0x10000)), at + head)
+    assert end_at > 0, f"no element {through:08X} after {tag:08X}"
+    t_head, t_len = _element_at(out, end_at, explicit)
+    swallowed = end_at + t_head + t_len - (at + head)
+    if explicit and head == 8:
+        assert swallowed < 0x10000, "too far for a 2-byte length"
+        struct.pack_into("<H", out, at + 6, swallowed)
+    else:
+        struct.pack_into("<I", out, at + head - 4, swallowed)
+    return bytes(out)
+
+
+def tracking_uid_swallowed(tag: int = 0x00620020, explicit: bool = False, segment: int = 0) -> tuple[bytes, str]:
+    """Attack 4b: a real Segmentation in which the ``segment``-th element ``tag`` of its Segment Sequence (by default
+    the Tracking ID, UT) has a length fault that makes its value swallow the following elements through the
+    segment's Tracking UID (their headers and values), so the UID rides inside a kept value. Returns the file's
+    bytes (Implicit VR Little Endian as shared, or Explicit VR Little Endian) and the swallowed UID."""
+    ds = with_ids(read(SEG))
+    if explicit:
+        ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    uid = str(ds.SegmentSequence[segment].TrackingUID)
+    return length_fault(to_bytes(ds), tag, TRACKING_UID, explicit, segment), uid

@@ -238,3 +238,69 @@ def test_deid_folder_gives_every_path_one_row(tmp_path):
         assert h.MRN.lower().encode() not in shipped_forms(f.read_bytes())
     assert not (tmp_path / "out" / ".staging").exists()
     json.dumps(list(rows))  # every recorded name is valid UTF-8
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["implicit", "explicit"])
+@pytest.mark.parametrize("segment", [0, 1])
+def test_tracking_uid_swallowed_by_the_tracking_id_is_quarantined(policy, explicit, segment):
+    """A real Segmentation whose Tracking ID (UT) swallowed the segment's Tracking UID after a length fault."""
+    data, uid = h.tracking_uid_swallowed(explicit=explicit, segment=segment)
+    swallowed = pydicom.dcmread(io.BytesIO(data)).SegmentSequence[segment]
+    assert "TrackingUID" not in swallowed and uid in str(swallowed.TrackingID)  # the attack is what it says
+    out = run(data, policy)
+    assert (out.ingested, out.reason) == (False, "malformed_structure") and out.payload is None
+
+
+@pytest.mark.parametrize(
+    ("tag", "through", "explicit"),
+    [
+        (0x00620004, h.TRACKING_UID, True),  # Segment Number (US, VM 1) swallows the segment's elements
+        (0x00200011, 0x00200052, False),  # Series Number (IS) swallows the Frame of Reference UID
+        (0x00200011, 0x00200052, True),
+    ],
+    ids=["segment_number_tracking_uid", "series_number_frame_of_reference_implicit", "explicit"],
+)
+def test_uid_swallowed_by_a_numeric_value_is_quarantined(policy, tag, through, explicit):
+    """Found by sweeping every length fault of the shared Segmentation through its next UIDs: a US or IS value that
+    swallowed a UID shipped it (only text VRs were checked for swallowed bytes)."""
+    ds = h.with_ids(h.read(h.SEG))
+    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.1" if explicit else "1.2.840.10008.1.2"
+    uid = str(ds.SegmentSequence[0].TrackingUID if through == h.TRACKING_UID else ds.FrameOfReferenceUID)
+    data = h.length_fault(h.to_bytes(ds), tag, through, explicit)
+    faulted = pydicom.dcmread(io.BytesIO(data))
+    holder = faulted.SegmentSequence[0] if through == h.TRACKING_UID else faulted
+    assert through not in holder and uid.encode() in data  # the UID rides inside the faulted value
+    out = run(data, policy)
+    assert (out.ingested, out.reason) == (False, "malformed_structure"), out.detail
+
+
+def test_medreco_deid_ships_no_swallowed_tracking_uid(tmp_path):
+    """Through the call ``medreco deid`` makes: the faulted Segmentations are quarantined, the clean one ingested,
+    and no Tracking UID is in any shipped value (read back decoded, at any depth)."""
+    import pyarrow.parquet as pq
+
+    from medreco.cli.deid_folder import deidentify_folder
+
+    src = tmp_path / "src"
+    src.mkdir()
+    uids = set()
+    for explicit in (False, True):
+        for segment in (0, 1):
+            data, uid = h.tracking_uid_swallowed(explicit=explicit, segment=segment)
+            (src / f"seg-{int(explicit)}{segment}.dcm").write_bytes(data)
+            uids.add(uid)
+    ds = h.with_ids(h.read(h.SEG))
+    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.1"
+    (src / "seg-numeric.dcm").write_bytes(h.length_fault(h.to_bytes(ds), 0x00620004, h.TRACKING_UID, True))
+    (src / "seg-clean.dcm").write_bytes(h.to_bytes(h.with_ids(h.read(h.SEG))))
+    balance = deidentify_folder(src, tmp_path / "out", KEY, "hostile")
+    rows = {Path(r["source_uri"]).name: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()}
+    assert balance["balanced"] and len(rows) == 6
+    assert {(r["status"], r["reason"]) for n, r in rows.items() if n != "seg-clean.dcm"} == {
+        ("quarantined", "malformed_structure")
+    }
+    assert rows["seg-clean.dcm"]["status"] == "ingested"
+    shipped = tmp_path / "out" / rows["seg-clean.dcm"]["output"]
+    values = [str(e.value) for e in pydicom.dcmread(shipped).iterall() if e.VR != "SQ"]
+    for uid in uids:
+        assert uid.encode() not in shipped.read_bytes() and not any(uid in v for v in values)
