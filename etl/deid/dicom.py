@@ -54,6 +54,7 @@ from pydicom.uid import (
     UID_dictionary,
 )
 
+from etl.deid.coded_terms import clean_header_text
 from etl.deid.policy import CODE_CLEAN_PIXEL, PHOTOGRAPHIC_SOP_CLASSES, Policy, build_policy
 from etl.keys import PseudonymKey, patient_key_for
 from etl.limits import MAX_DICOM_TEXT_CHARS
@@ -612,8 +613,12 @@ class _Walker:
                     "value_too_long",
                     f"a text value to clean has {len(v)} characters, more than the limit of {MAX_DICOM_TEXT_CHARS}",
                 )
-            if self._needs_scrub(v):
-                v, _ = deidentify_text(v, known_phi=self.scrub_known, date_shift_days=self.shift)
+            if self._needs_scrub(v):  # "MR Lever" is a procedure: clinical words after the modality code are kept
+                v = clean_header_text(
+                    v,
+                    lambda t: deidentify_text(t, known_phi=self.scrub_known, date_shift_days=self.shift)[0],
+                    self._known_name_parts(),
+                )
             cleaned.append(v)
         elem.value = cleaned[0] if len(cleaned) == 1 else cleaned
         self.audit["cleaned"] += 1
@@ -623,9 +628,13 @@ class _Walker:
         that introduces a name or an organisation. Saves running it on plain descriptors ("CT CHEST")."""
         if any(ch.isdigit() for ch in value) or _SCRUB_TRIGGER.search(value):
             return True
+        return any(w.lower() in self._known_name_parts() for w in re.findall(r"\w+", value))
+
+    def _known_name_parts(self) -> set[str]:
+        """The words of the known PHI values (the patient's names, IDs), lower case."""
         if self._known_parts is None:
             self._known_parts = {p.lower() for k in self.scrub_known for p in re.split(r"[\^=,\s]+", k) if p}
-        return any(w.lower() in self._known_parts for w in re.findall(r"\w+", value))
+        return self._known_parts
 
     def _age(self, value: str) -> str | None:
         """``nnnY`` capped at ``090Y`` above the policy's maximum age; None for a value that is not AS."""
