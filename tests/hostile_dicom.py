@@ -204,3 +204,14 @@ def tracking_uid_swallowed(tag: int = 0x00620020, explicit: bool = False, segmen
         ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
     uid = str(ds.SegmentSequence[segment].TrackingUID)
     return length_fault(to_bytes(ds), tag, TRACKING_UID, explicit, segment), uid
+
+
+def bad_vr_patient_id() -> bytes:
+    """Fuzz campaign seed 60517, mutant 255 (a byte flip), planted in the shared native CT: the VR bytes of the
+    PatientID element read ``0x4c 0xdd``, a VR no standard has, so pydicom raises ``NotImplementedError`` when the
+    value is first read (after the header parsed)."""
+    data = bytearray(to_bytes(with_ids(read(NATIVE_CT))))
+    at = data.find(struct.pack("<HH", 0x0010, 0x0020) + b"LO")
+    assert at > 132
+    data[at + 4 : at + 6] = b"\x4c\xdd"
+    return bytes(data)

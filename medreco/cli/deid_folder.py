@@ -148,7 +148,10 @@ def deidentify_folder(
             row.update(status="duplicate", reason="same_content", duplicate_of=seen[sha], stage="discover")
         else:
             seen[sha] = uri
-            _, reason, detail = classify_dicom(data)
+            try:
+                _, reason, detail = classify_dicom(data)
+            except Exception as err:  # noqa: BLE001  never a stopped run: the file is quarantined
+                reason, detail = "unreadable_dicom", f"{type(err).__name__} while reading the header"
             if reason:
                 row.update(status="quarantined", reason=reason, detail=detail, stage="discover")
             else:

@@ -304,3 +304,23 @@ def test_medreco_deid_ships_no_swallowed_tracking_uid(tmp_path):
     values = [str(e.value) for e in pydicom.dcmread(shipped).iterall() if e.VR != "SQ"]
     for uid in uids:
         assert uid.encode() not in shipped.read_bytes() and not any(uid in v for v in values)
+
+
+def test_a_value_pydicom_cannot_convert_is_quarantined_at_discovery(tmp_path):
+    """Fuzz campaign seed 60517 mutant 255: an unknown VR on PatientID raised NotImplementedError out of the
+    discovery check, which stopped ``medreco deid`` (and would stop a build's discover task)."""
+    import pyarrow.parquet as pq
+
+    from etl.sources.discover import classify_dicom
+    from medreco.cli.deid_folder import deidentify_folder
+
+    data = h.bad_vr_patient_id()
+    assert classify_dicom(data)[1:] == ("unreadable_dicom", "NotImplementedError while reading a header value")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "bad-vr.dcm").write_bytes(data)
+    (src / "good.dcm").write_bytes(h.to_bytes(h.with_ids(h.read(h.NATIVE_CT))))
+    balance = deidentify_folder(src, tmp_path / "out", KEY, "hostile")
+    rows = {Path(r["source_uri"]).name: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()}
+    assert balance["balanced"] and rows["bad-vr.dcm"]["reason"] == "unreadable_dicom"
+    assert rows["good.dcm"]["status"] == "ingested"
