@@ -16,8 +16,9 @@ every value of the output read back as a dataset, at any depth, binary values in
 and the peak RSS so far of the worker and of its decoder worker. The summary (``--report``, also printed at the
 end) gives the totals, the slowest file and the peak RSS.
 
-Usage: ``python benchmarks/fuzz_campaign.py [N_FILES] [SEED] [--work DIR]`` (default 1050 files, seed 4141,
-WORK ``$TMPDIR/medreco-fuzz-<seed>-<n>``); ``--report`` summarises WORK without running. Last line:
+Usage: ``python benchmarks/fuzz_campaign.py [N_FILES] [SEED] [--work DIR] [--workers N]`` (default 1050 files,
+seed 4141, WORK ``$TMPDIR/medreco-fuzz-<seed>-<n>``, one worker); ``--report`` summarises WORK without running.
+Last line:
 ``BENCH fuzz_campaign k=v ...``.
 """
 
@@ -155,8 +156,9 @@ def append(results: Path, record: dict) -> None:
         os.fsync(fh.fileno())
 
 
-def worker(work: Path) -> None:
-    """Run every mutant not yet recorded, one at a time, appending each result."""
+def worker(work: Path, shard: int = 0, of: int = 1) -> None:
+    """Run every mutant of this shard (the ``shard``-th of every ``of``) not yet recorded, one at a time, appending
+    each result."""
     import pyarrow.parquet as pq
 
     from etl.keys import load_key
@@ -165,10 +167,10 @@ def worker(work: Path) -> None:
     key = load_key(allow_airflow=False)
     targets = wanted()
     names = json.loads((work / "corpus.json").read_text())
-    results, inflight = work / "results.jsonl", work / "inflight"
+    results, inflight = work / "results.jsonl", work / f"inflight-{shard}"
     done = done_names(results)
-    for name in names:
-        if name in done:
+    for i, name in enumerate(names):
+        if name in done or i % of != shard:
             continue
         inflight.write_text(name)
         one = Path(tempfile.mkdtemp(prefix="m-", dir=work))
@@ -204,32 +206,43 @@ def worker(work: Path) -> None:
     inflight.unlink(missing_ok=True)
 
 
-def run(work: Path) -> None:
-    """Run workers until every mutant is recorded; a dead or stuck worker's mutant is recorded and skipped."""
+def run(work: Path, workers: int = 1) -> None:
+    """Run ``workers`` worker processes (each its share of the mutants) until every mutant is recorded; a dead or
+    stuck worker's mutant is recorded ``crashed`` / ``hung`` and a new worker goes on with the next one."""
     names = json.loads((work / "corpus.json").read_text())
-    results, inflight = work / "results.jsonl", work / "inflight"
+    results = work / "results.jsonl"
     env = {"MEDRECO_PSEUDONYM_KEY": os.urandom(24).hex(), **os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'reader/src'}"}
-    while len(done_names(results)) < len(names):
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", "--work", str(work)], cwd=ROOT, env=env)  # noqa: S603
-        last, seen = time.monotonic(), len(done_names(results))
-        while proc.poll() is None:
-            time.sleep(5)
-            now = len(done_names(results))
-            if now != seen:
-                last, seen = time.monotonic(), now
-            elif time.monotonic() - last > HANG_S:
+    shares = {k: {n for i, n in enumerate(names) if i % workers == k} for k in range(workers)}
+
+    def start(k: int) -> subprocess.Popen:
+        cmd = [sys.executable, __file__, "--worker", "--work", str(work), "--shard", str(k), "--of", str(workers)]
+        return subprocess.Popen(cmd, cwd=ROOT, env=env)  # noqa: S603  our own script
+
+    procs = {k: [start(k), time.monotonic(), -1] for k in range(workers)}
+    while procs:
+        time.sleep(5)
+        done = done_names(results)
+        for k, entry in list(procs.items()):
+            proc, last, seen = entry
+            left = shares[k] - done
+            if proc.poll() is None:
+                if len(left) != seen:
+                    entry[1], entry[2] = time.monotonic(), len(left)
+                    continue
+                if time.monotonic() - last <= HANG_S:
+                    continue
                 proc.kill()
                 proc.wait()
-                break
-        if len(done_names(results)) >= len(names):
-            break
-        name = inflight.read_text() if inflight.is_file() else None
-        if name is None or name in done_names(results):
-            if proc.returncode == 0:
-                break
-            raise RuntimeError(f"worker exited {proc.returncode} outside a mutant")
-        how = "hung" if proc.returncode in (-9,) else "crashed"
-        append(results, {"name": name, "kind": name.split("-", 1)[1].removesuffix(".dcm"), how: proc.returncode})
+            if not left:
+                del procs[k]
+                continue
+            inflight = work / f"inflight-{k}"
+            name = inflight.read_text() if inflight.is_file() else None
+            if name not in left:
+                raise RuntimeError(f"worker {k} exited {proc.returncode} outside a mutant")
+            how = "hung" if proc.returncode == -9 else "crashed"
+            append(results, {"name": name, "kind": name.split("-", 1)[1].removesuffix(".dcm"), how: proc.returncode})
+            procs[k] = [start(k), time.monotonic(), -1]
 
 
 def report(work: Path, n: int, seed: int) -> None:
@@ -280,17 +293,20 @@ def main() -> None:
     ap.add_argument("n", nargs="?", type=int, default=1050)
     ap.add_argument("seed", nargs="?", type=int, default=4141)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--workers", type=int, default=1, help="worker processes (each a share of the mutants)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--shard", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--of", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--report", action="store_true", help="summarise WORK without running")
     a = ap.parse_args()
     work = a.work or Path(tempfile.gettempdir()) / f"medreco-fuzz-{a.seed}-{a.n}"
     if a.worker:
-        worker(work)
+        worker(work, a.shard, a.of)
         return
     work.mkdir(parents=True, exist_ok=True)
     if not a.report:
         make_corpus(work, a.n, a.seed)
-        run(work)
+        run(work, a.workers)
     report(work, a.n, a.seed)
 
 
