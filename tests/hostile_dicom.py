@@ -11,9 +11,11 @@ import zlib
 from pathlib import Path
 
 import pydicom
+from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.filebase import DicomBytesIO
 from pydicom.filewriter import write_dataset, write_file_meta_info
+from pydicom.tag import Tag
 from pydicom.uid import DeflatedExplicitVRLittleEndian, ExplicitVRLittleEndian
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -214,4 +216,20 @@ def bad_vr_patient_id() -> bytes:
     at = data.find(struct.pack("<HH", 0x0010, 0x0020) + b"LO")
     assert at > 132
     data[at + 4 : at + 6] = b"\x4c\xdd"
+    return bytes(data)
+
+
+def flipped_vr(tag: int, vr: bytes, value: bytes | None = None, patient_name: str | None = None) -> bytes:
+    """The shared native CT (Explicit VR) with the VR bytes of element ``tag`` replaced by ``vr`` (fuzz campaign
+    seed 60517, mutants 525 and 569: SeriesNumber's ``IS`` read ``I\\x9a``, another IS ``I\\xa4``), and its value by
+    ``value`` (2-byte length form, even length) and PatientName by ``patient_name`` when given."""
+    ds = with_ids(read(NATIVE_CT))
+    if patient_name is not None:
+        ds.PatientName = patient_name
+    if value is not None:
+        ds[tag] = RawDataElement(Tag(tag), ds[tag].VR, len(value), value, 0, False, True)
+    data = bytearray(to_bytes(ds))
+    at = data.find(struct.pack("<HH", *divmod(tag, 0x10000)), 132)
+    assert at > 132 and data[at + 4 : at + 6] == ds[tag].VR.encode()
+    data[at + 4 : at + 6] = vr
     return bytes(data)

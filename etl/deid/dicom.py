@@ -171,6 +171,8 @@ FREE_TEXT_VRS = frozenset({"LO", "LT", "ST", "UT", "UC"})
 #: bytes a text value may not hold (PS3.5 6.1.2.3, 6.2: control characters other than TAB, LF, FF, CR and the
 #: ESC of ISO 2022 code extensions); a value holding them has swallowed other elements' bytes after a length fault
 _CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f\x7f]")
+#: the two-letter VRs of PS3.5 6.2 (a raw element's VR as read from an explicit VR file)
+_STANDARD_VRS = frozenset(v.value for v in pydicom.valuerep.VR if len(v.value) == 2)
 #: bytes per value of the numeric VRs (PS3.5 6.2)
 _NUMERIC_SIZE = {"US": 2, "SS": 2, "US or SS": 2, "UL": 4, "SL": 4, "FL": 4, "AT": 4, "FD": 8, "UV": 8, "SV": 8}
 #: a value multiplicity with an upper bound: "1", "3", "1-3" (not "1-n", "2-2n")
@@ -376,6 +378,12 @@ class _Walker:
     def walk(self, ds: Dataset, depth: int = 0) -> None:
         removed_groups = self.p.removed_group_prefixes
         for tag, elem in list(ds.items()):  # raw elements: values are converted only where needed
+            if isinstance(elem, RawDataElement) and elem.VR and elem.VR not in _STANDARD_VRS:
+                # VR bytes that name no VR (a flipped byte): the value cannot be typed, so neither cleaned nor
+                # verified, and no reader can read it back (fail closed)
+                raise DeidentificationError(
+                    "malformed_structure", f"element {Tag(tag)} has VR bytes that name no DICOM VR"
+                )
             group = tag >> 16
             if group & 1:  # private (odd group)
                 self._private(ds, tag, elem, depth)

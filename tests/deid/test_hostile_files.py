@@ -324,3 +324,21 @@ def test_a_value_pydicom_cannot_convert_is_quarantined_at_discovery(tmp_path):
     rows = {Path(r["source_uri"]).name: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()}
     assert balance["balanced"] and rows["bad-vr.dcm"]["reason"] == "unreadable_dicom"
     assert rows["good.dcm"]["status"] == "ingested"
+
+
+@pytest.mark.parametrize(
+    ("tag", "vr", "value"),
+    [
+        (0x00200011, b"I\x9a", None),  # SeriesNumber as mutant 525 flipped it: shipped with its unreadable VR
+        (0x00200011, b"I\x9a", b"Zorblax "),  # the same, holding the patient's name: the verifier never read it
+        (0x00280034, b"I\xa4", None),  # PixelAspectRatio (IS), as mutant 569 flipped another element's IS
+    ],
+    ids=["series_number", "series_number_with_a_name", "pixel_aspect_ratio"],
+)
+def test_an_element_whose_vr_bytes_name_no_vr_is_malformed(policy, tag, vr, value):
+    """Found by the fuzz campaign (seed 60517): a byte flip in an element's VR left a value that was neither cleaned
+    nor verified (its VR is none the walk knows) and that no reader could read back."""
+    data = h.flipped_vr(tag, vr, value, patient_name="Zorblax^Quentin")
+    assert pydicom.dcmread(io.BytesIO(data), force=True).get_item(tag).VR == vr.decode("latin-1")
+    out = run(data, policy)
+    assert (out.ingested, out.reason) == (False, "malformed_structure"), out.reason
