@@ -29,3 +29,16 @@ SCHEMA = versioned(
     ],
     key=["run_id", "source_uri"],
 )
+
+#: the ledger of ``medreco deid SRC OUT`` (medreco/cli/deid_folder.py): the build's columns and, per row, where its
+#: result lies under OUT, so a curator can trace each input to what it became
+FOLDER_SCHEMA = versioned(
+    "deid_folder_ledger",
+    "1.0.0",
+    [
+        *SCHEMA,
+        pa.field("output", pa.string()),  # ingested: the de-identified file, relative to OUT (files/<sop_key>.dcm)
+        pa.field("quarantine_record", pa.string()),  # quarantined: its record, relative to OUT (quarantine/<sha>.json)
+    ],
+    key=["run_id", "source_uri"],
+)

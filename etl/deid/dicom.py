@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import pydicom
 from pydicom import config as pydicom_config
 from pydicom.charset import convert_encodings, decode_bytes
-from pydicom.datadict import dictionary_VR, keyword_for_tag
+from pydicom.datadict import dictionary_VM, dictionary_VR, keyword_for_tag
 from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.filebase import DicomBytesIO
@@ -54,6 +54,7 @@ from pydicom.uid import (
     UID_dictionary,
 )
 
+from etl.deid.coded_terms import clean_header_text
 from etl.deid.policy import CODE_CLEAN_PIXEL, PHOTOGRAPHIC_SOP_CLASSES, Policy, build_policy
 from etl.keys import PseudonymKey, patient_key_for
 from etl.limits import MAX_DICOM_TEXT_CHARS
@@ -170,6 +171,12 @@ FREE_TEXT_VRS = frozenset({"LO", "LT", "ST", "UT", "UC"})
 #: bytes a text value may not hold (PS3.5 6.1.2.3, 6.2: control characters other than TAB, LF, FF, CR and the
 #: ESC of ISO 2022 code extensions); a value holding them has swallowed other elements' bytes after a length fault
 _CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f\x7f]")
+#: the two-letter VRs of PS3.5 6.2 (a raw element's VR as read from an explicit VR file)
+_STANDARD_VRS = frozenset(v.value for v in pydicom.valuerep.VR if len(v.value) == 2)
+#: bytes per value of the numeric VRs (PS3.5 6.2)
+_NUMERIC_SIZE = {"US": 2, "SS": 2, "US or SS": 2, "UL": 4, "SL": 4, "FL": 4, "AT": 4, "FD": 8, "UV": 8, "SV": 8}
+#: a value multiplicity with an upper bound: "1", "3", "1-3" (not "1-n", "2-2n")
+_BOUNDED_VM = re.compile(r"^(?:\d+-)?(\d+)$")
 #: binary values kept whole whose bytes are pixel or sample arrays (not searched for names: short words occur by
 #: chance in them); every other binary value kept (LUTs, palettes, ICC profile, allow-listed private) is searched
 _SAMPLE_ARRAY_TAGS = frozenset({0x7FE00008, 0x7FE00009, 0x7FE00010, 0x54001010, 0x56000020, 0x00286030})
@@ -373,6 +380,12 @@ class _Walker:
     def walk(self, ds: Dataset, depth: int = 0) -> None:
         removed_groups = self.p.removed_group_prefixes
         for tag, elem in list(ds.items()):  # raw elements: values are converted only where needed
+            if isinstance(elem, RawDataElement) and elem.VR and elem.VR not in _STANDARD_VRS:
+                # VR bytes that name no VR (a flipped byte): the value cannot be typed, so neither cleaned nor
+                # verified, and no reader can read it back (fail closed)
+                raise DeidentificationError(
+                    "malformed_structure", f"element {Tag(tag)} has VR bytes that name no DICOM VR"
+                )
             group = tag >> 16
             if group & 1:  # private (odd group)
                 self._private(ds, tag, elem, depth)
@@ -610,8 +623,12 @@ class _Walker:
                     "value_too_long",
                     f"a text value to clean has {len(v)} characters, more than the limit of {MAX_DICOM_TEXT_CHARS}",
                 )
-            if self._needs_scrub(v):
-                v, _ = deidentify_text(v, known_phi=self.scrub_known, date_shift_days=self.shift)
+            if self._needs_scrub(v):  # "MR Lever" is a procedure: clinical words after the modality code are kept
+                v = clean_header_text(
+                    v,
+                    lambda t: deidentify_text(t, known_phi=self.scrub_known, date_shift_days=self.shift)[0],
+                    self._known_name_parts(),
+                )
             cleaned.append(v)
         elem.value = cleaned[0] if len(cleaned) == 1 else cleaned
         self.audit["cleaned"] += 1
@@ -621,9 +638,13 @@ class _Walker:
         that introduces a name or an organisation. Saves running it on plain descriptors ("CT CHEST")."""
         if any(ch.isdigit() for ch in value) or _SCRUB_TRIGGER.search(value):
             return True
+        return any(w.lower() in self._known_name_parts() for w in re.findall(r"\w+", value))
+
+    def _known_name_parts(self) -> set[str]:
+        """The words of the known PHI values (the patient's names, IDs), lower case."""
         if self._known_parts is None:
             self._known_parts = {p.lower() for k in self.scrub_known for p in re.split(r"[\^=,\s]+", k) if p}
-        return any(w.lower() in self._known_parts for w in re.findall(r"\w+", value))
+        return self._known_parts
 
     def _age(self, value: str) -> str | None:
         """``nnnY`` capped at ``090Y`` above the policy's maximum age; None for a value that is not AS."""
@@ -832,23 +853,47 @@ def _collect_text_bytes(
             else:
                 b = str(v).encode("utf-8", "ignore")
             parts.append(b)
-            if vr in TEXT_VRS:
-                if _CONTROL_BYTES.search(b.rstrip(b"\x00")):
-                    raise DeidentificationError(
-                        "malformed_structure",
-                        f"a kept {vr} value holds control bytes (another element's bytes "
-                        "swallowed after a length fault)",
-                    )
-                if b not in own:
-                    free.append(b)
+            if _CONTROL_BYTES.search(b.rstrip(b"\x00 ")):  # DS, IS, UI ... too: none may hold a control byte
+                raise DeidentificationError(
+                    "malformed_structure",
+                    f"a kept {vr} value holds control bytes (another element's bytes swallowed after a length fault)",
+                )
+            if vr in TEXT_VRS and b not in own:
+                free.append(b)
         elif vr in NUMERIC_VRS and int(tag) not in KEPT_BINARY_TAGS:
             v = elem.value  # a kept numeric value: its bytes could spell a name
+            _check_multiplicity(tag, vr, v)
             if isinstance(v, (bytes, bytearray)) and len(v) <= _NUMERIC_SEARCH_MAX:
                 parts.append(bytes(v))
         elif vr in BINARY_VRS and int(tag) not in _SAMPLE_ARRAY_TAGS:
             v = elem.value  # a kept binary value (LUT, palette, ICC profile, allow-listed private): searched whole
             if isinstance(v, (bytes, bytearray)):
                 binary.append(bytes(v))
+
+
+def _check_multiplicity(tag: int, vr: str, value: object) -> None:
+    """Raise ``malformed_structure`` when a public numeric element holds more values than its dictionary VM allows
+    (a ``US`` of VM 1 holding 60 bytes): after a length fault such a value carries other elements' bytes, unvetted
+    (a UID among them is not recognised as one)."""
+    size = _NUMERIC_SIZE.get(vr)
+    if size is None or (tag >> 16) & 1:
+        return
+    try:
+        bound = _BOUNDED_VM.match(dictionary_VM(tag) or "")
+    except KeyError:
+        return
+    if bound is None:
+        return
+    if isinstance(value, (bytes, bytearray)):
+        count = len(value) / size
+    else:
+        count = len(value) if isinstance(value, (list, tuple, MultiValue)) else 1
+    if count > int(bound.group(1)):
+        raise DeidentificationError(
+            "malformed_structure",
+            f"a kept {vr} element ({Tag(tag)}) holds more values than its multiplicity allows (another element's "
+            "bytes swallowed after a length fault)",
+        )
 
 
 def _vendor_names(manufacturer: bytes) -> set[bytes]:

@@ -129,13 +129,18 @@ def classify_dicom(data: bytes, uids: dict | None = None) -> tuple[str | None, s
         return None, "unreadable_dicom", f"{type(err).__name__} while reading the header"
     if not elems or not any(k in ds for k in ("SOPInstanceUID", "SOPClassUID", "Modality")):
         return None, "not_dicom", "no DICOM identifying elements (SOPInstanceUID, SOPClassUID, Modality)"
-    cut = last_element_cut(ds)
-    if cut is not None:
-        return None, "truncated_file", f"the file ends inside element {cut} of its header"
-    if uids is not None:
-        for kw in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "IssuerOfPatientID"):
-            uids[kw] = str(ds.get(kw, "") or "").strip()
-    pid = str(ds.get("PatientID", "") or "").strip()
+    try:  # values are converted on access: a corrupt one (a VR of bytes no standard VR has) raises here
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cut = last_element_cut(ds)
+            if cut is not None:
+                return None, "truncated_file", f"the file ends inside element {cut} of its header"
+            if uids is not None:
+                for kw in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "IssuerOfPatientID"):
+                    uids[kw] = str(ds.get(kw, "") or "").strip()
+            pid = str(ds.get("PatientID", "") or "").strip()
+    except Exception as err:  # noqa: BLE001  pydicom raises many types on corrupt values (NotImplementedError ...)
+        return None, "unreadable_dicom", f"{type(err).__name__} while reading a header value"
     if not pid:
         return None, "missing_patient_id", "PatientID is empty or absent"
     return pid, None, None

@@ -1,9 +1,18 @@
 """``medreco deid SRC OUT``: de-identify a folder of DICOM files outside the DAG.
 
 Writes ``OUT/files/<sop_key>.dcm`` (head CT/MR series defaced, :mod:`etl.deid.deface_series`),
-``OUT/ledger.parquet`` (one row per input file), ``OUT/deface_audit.json`` (figures per head series) and
-``OUT/quarantine/<sha256>.json`` records (both restricted: 0600 files, an 0700 folder); the ledger always
-balances: no input file, however malformed, stops the run (each is quarantined with a reason code).
+``OUT/ledger.parquet`` (one row per input file, :data:`schemas.ledger.FOLDER_SCHEMA`: the build's columns plus
+``output``, the de-identified file of an ingested input, and ``quarantine_record``, the record of a quarantined one,
+both relative to OUT), ``OUT/deface_audit.json`` (figures per head series) and ``OUT/quarantine/<sha256>.json``
+records (both restricted: 0600 files, an 0700 folder); the ledger always balances: no input file, however malformed,
+stops the run (each is quarantined with a reason code).
+
+The ledger is written atomically with the outputs, as in the build: a run writes everything into ``OUT/.staging/``
+first; then the previous run's files, records and audit are removed, the ledger replaces ``OUT/ledger.parquet``
+(``os.replace``: the commit) and the staged files are moved in. So at any moment, whatever kills the run, every file
+under ``OUT/files`` and ``OUT/quarantine`` is named by a row of ``OUT/ledger.parquet`` (at worst a row's file is
+missing): a run killed ahead of its commit leaves the previous run's ledger and outputs, and a re-run (which discards
+a left-over ``OUT/.staging``) de-identifies the whole folder again and overwrites them.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import stat
 import warnings
 from pathlib import Path
@@ -33,6 +43,9 @@ from schemas.base import table_from_rows
 from schemas.config import DeidConfig
 from schemas.errors import ReasonCodedError
 from schemas.ontology import infer_body_part
+
+#: where a run writes its outputs until its ledger commits them (under OUT)
+STAGING = ".staging"
 
 
 class DeidFolderError(ReasonCodedError, ValueError):
@@ -98,7 +111,10 @@ def deidentify_folder(
     out, src = Path(out).resolve(), Path(src).resolve()
     if out == src or src in out.parents:
         raise DeidFolderError(f"output folder {out} lies inside the source folder {src}: choose another")
-    (out / "files").mkdir(parents=True, exist_ok=True)
+    stage = out / STAGING
+    if stage.exists():  # a run killed ahead of its commit: its outputs were never named by a ledger
+        shutil.rmtree(stage)
+    (stage / "files").mkdir(parents=True)
     cfg = deid_cfg or DeidConfig()
     policy = build_policy(cfg)
     rows: list[dict] = []
@@ -132,7 +148,10 @@ def deidentify_folder(
             row.update(status="duplicate", reason="same_content", duplicate_of=seen[sha], stage="discover")
         else:
             seen[sha] = uri
-            _, reason, detail = classify_dicom(data)
+            try:
+                _, reason, detail = classify_dicom(data)
+            except Exception as err:  # noqa: BLE001  never a stopped run: the file is quarantined
+                reason, detail = "unreadable_dicom", f"{type(err).__name__} while reading the header"
             if reason:
                 row.update(status="quarantined", reason=reason, detail=detail, stage="discover")
             else:
@@ -165,7 +184,7 @@ def deidentify_folder(
                         "duplicate_sop_instance_uid",
                         "another file of this folder has the same SOPInstanceUID and different content",
                     )
-                (out / "files" / f"{result.sop_key}.dcm").write_bytes(result.to_bytes())
+                (stage / "files" / f"{result.sop_key}.dcm").write_bytes(result.to_bytes())
                 written[result.sop_key] = str(uri)
                 heads.append(
                     {
@@ -173,7 +192,7 @@ def deidentify_folder(
                         "series_key": result.series_key,
                         "modality": str(result.dataset.get("Modality", "") or ""),
                         "body_part": body_part,
-                        "dicom_path": str(out / "files" / f"{result.sop_key}.dcm"),
+                        "dicom_path": str(stage / "files" / f"{result.sop_key}.dcm"),
                         "row": row,
                     }
                 )
@@ -194,16 +213,38 @@ def deidentify_folder(
             Path(head["dicom_path"]).unlink()
             reason, detail = done.quarantined[head["sop_key"]]
             head["row"].update(status="quarantined", reason=reason, detail=detail)
+    for head in heads:
+        if head["row"]["status"] == "ingested":
+            head["row"]["output"] = f"files/{head['sop_key']}.dcm"
     if done.series:
-        _write_private(out / "deface_audit.json", json.dumps(done.series, indent=1, sort_keys=True).encode())
+        _write_private(stage / "deface_audit.json", json.dumps(done.series, indent=1, sort_keys=True).encode())
     for row in rows:
         if row["status"] == "quarantined":  # restricted (names source paths): owner-only
-            (out / "quarantine").mkdir(mode=0o700, exist_ok=True)
-            _write_private(
-                out / "quarantine" / f"{row['sha256']}.json", json.dumps(row, indent=1, sort_keys=True).encode()
-            )
-    ledger = table_from_rows(rows, ledger_schema.SCHEMA)
+            (stage / "quarantine").mkdir(mode=0o700, exist_ok=True)
+            row["quarantine_record"] = f"quarantine/{row['sha256']}.json"
+            _write_private(stage / row["quarantine_record"], json.dumps(row, indent=1, sort_keys=True).encode())
+    ledger = table_from_rows(rows, ledger_schema.FOLDER_SCHEMA)
     buf = io.BytesIO()
     pq.write_table(ledger, buf)
-    _write_private(out / "ledger.parquet", buf.getvalue())
+    _write_private(stage / "ledger.parquet", buf.getvalue())
+    _commit(stage, out, rows, audit=bool(done.series))
     return balance(ledger)
+
+
+def _commit(stage: Path, out: Path, rows: list[dict], audit: bool) -> None:
+    """Make the staged run the one under ``out``: remove the previous run's outputs, replace the ledger (the
+    commit), then move the staged outputs in. No step leaves a file under ``out/files`` or ``out/quarantine`` that
+    ``out/ledger.parquet`` does not name (a kill between steps at most leaves rows whose file is missing)."""
+    for folder in ("files", "quarantine"):
+        if (out / folder).is_dir():
+            for f in (out / folder).iterdir():
+                f.unlink()
+    (out / "deface_audit.json").unlink(missing_ok=True)
+    os.replace(stage / "ledger.parquet", out / "ledger.parquet")
+    (out / "files").mkdir(exist_ok=True)
+    if (stage / "quarantine").is_dir():
+        (out / "quarantine").mkdir(mode=0o700, exist_ok=True)
+    named = sorted(r[k] for r in rows for k in ("output", "quarantine_record") if r.get(k))
+    for rel in named + (["deface_audit.json"] if audit else []):
+        os.replace(stage / rel, out / rel)
+    shutil.rmtree(stage)

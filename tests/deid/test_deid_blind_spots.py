@@ -122,11 +122,20 @@ def test_known_element_written_as_un_is_read_with_its_dictionary_vr_and_verified
 
 def test_name_spelled_in_numeric_values_is_found(key):
     ds = _ct()
-    raw = b"Zebulon " + b"\x00" * 2
-    ds.add(DataElement(0x00281101, "US", list(struct.unpack("<5H", raw))))  # a palette descriptor: unlisted, US
+    ds.add(DataElement(0x00181310, "US", list(struct.unpack("<4H", b"Zebulon "))))  # AcquisitionMatrix: US, VM 4
     with pytest.raises(DeidentificationError) as err:
         _deid(_bytes(ds), key)
     assert err.value.reason == "verification_failed"
+
+
+def test_numeric_values_past_their_multiplicity_are_malformed(key):
+    """Five values in a palette descriptor (US, VM 3): other bytes swallowed, whatever they spell (issue 41)."""
+    ds = _ct()
+    raw = b"Zebulon " + b"\x00" * 2
+    ds.add(DataElement(0x00281101, "US", list(struct.unpack("<5H", raw))))
+    with pytest.raises(DeidentificationError) as err:
+        _deid(_bytes(ds), key)
+    assert err.value.reason == "malformed_structure"
 
 
 def test_pixel_data_is_still_kept(key):

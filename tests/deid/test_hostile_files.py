@@ -241,5 +241,109 @@ def test_deid_folder_gives_every_path_one_row(tmp_path):
     assert files and len(files) == sum(r["status"] == "ingested" for r in rows.values())
     for f in files:
         assert h.MRN.lower().encode() not in shipped_forms(f.read_bytes())
-    assert not list((tmp_path / "out").glob(".staging-*"))
+    assert not (tmp_path / "out" / ".staging").exists()
     json.dumps(list(rows))  # every recorded name is valid UTF-8
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["implicit", "explicit"])
+@pytest.mark.parametrize("segment", [0, 1])
+def test_tracking_uid_swallowed_by_the_tracking_id_is_quarantined(policy, explicit, segment):
+    """A real Segmentation whose Tracking ID (UT) swallowed the segment's Tracking UID after a length fault."""
+    data, uid = h.tracking_uid_swallowed(explicit=explicit, segment=segment)
+    swallowed = pydicom.dcmread(io.BytesIO(data)).SegmentSequence[segment]
+    assert "TrackingUID" not in swallowed and uid in str(swallowed.TrackingID)  # the attack is what it says
+    out = run(data, policy)
+    assert (out.ingested, out.reason) == (False, "malformed_structure") and out.payload is None
+
+
+@pytest.mark.parametrize(
+    ("tag", "through", "explicit"),
+    [
+        (0x00620004, h.TRACKING_UID, True),  # Segment Number (US, VM 1) swallows the segment's elements
+        (0x00200011, 0x00200052, False),  # Series Number (IS) swallows the Frame of Reference UID
+        (0x00200011, 0x00200052, True),
+    ],
+    ids=["segment_number_tracking_uid", "series_number_frame_of_reference_implicit", "explicit"],
+)
+def test_uid_swallowed_by_a_numeric_value_is_quarantined(policy, tag, through, explicit):
+    """Found by sweeping every length fault of the shared Segmentation through its next UIDs: a US or IS value that
+    swallowed a UID shipped it (only text VRs were checked for swallowed bytes)."""
+    ds = h.with_ids(h.read(h.SEG))
+    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.1" if explicit else "1.2.840.10008.1.2"
+    uid = str(ds.SegmentSequence[0].TrackingUID if through == h.TRACKING_UID else ds.FrameOfReferenceUID)
+    data = h.length_fault(h.to_bytes(ds), tag, through, explicit)
+    faulted = pydicom.dcmread(io.BytesIO(data))
+    holder = faulted.SegmentSequence[0] if through == h.TRACKING_UID else faulted
+    assert through not in holder and uid.encode() in data  # the UID rides inside the faulted value
+    out = run(data, policy)
+    assert (out.ingested, out.reason) == (False, "malformed_structure"), out.detail
+
+
+def test_medreco_deid_ships_no_swallowed_tracking_uid(tmp_path):
+    """Through the call ``medreco deid`` makes: the faulted Segmentations are quarantined, the clean one ingested,
+    and no Tracking UID is in any shipped value (read back decoded, at any depth)."""
+    import pyarrow.parquet as pq
+
+    from medreco.cli.deid_folder import deidentify_folder
+
+    src = tmp_path / "src"
+    src.mkdir()
+    uids = set()
+    for explicit in (False, True):
+        for segment in (0, 1):
+            data, uid = h.tracking_uid_swallowed(explicit=explicit, segment=segment)
+            (src / f"seg-{int(explicit)}{segment}.dcm").write_bytes(data)
+            uids.add(uid)
+    ds = h.with_ids(h.read(h.SEG))
+    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.1"
+    (src / "seg-numeric.dcm").write_bytes(h.length_fault(h.to_bytes(ds), 0x00620004, h.TRACKING_UID, True))
+    (src / "seg-clean.dcm").write_bytes(h.to_bytes(h.with_ids(h.read(h.SEG))))
+    balance = deidentify_folder(src, tmp_path / "out", KEY, "hostile")
+    rows = {Path(r["source_uri"]).name: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()}
+    assert balance["balanced"] and len(rows) == 6
+    assert {(r["status"], r["reason"]) for n, r in rows.items() if n != "seg-clean.dcm"} == {
+        ("quarantined", "malformed_structure")
+    }
+    assert rows["seg-clean.dcm"]["status"] == "ingested"
+    shipped = tmp_path / "out" / rows["seg-clean.dcm"]["output"]
+    values = [str(e.value) for e in pydicom.dcmread(shipped).iterall() if e.VR != "SQ"]
+    for uid in uids:
+        assert uid.encode() not in shipped.read_bytes() and not any(uid in v for v in values)
+
+
+def test_a_value_pydicom_cannot_convert_is_quarantined_at_discovery(tmp_path):
+    """Fuzz campaign seed 60517 mutant 255: an unknown VR on PatientID raised NotImplementedError out of the
+    discovery check, which stopped ``medreco deid`` (and would stop a build's discover task)."""
+    import pyarrow.parquet as pq
+
+    from etl.sources.discover import classify_dicom
+    from medreco.cli.deid_folder import deidentify_folder
+
+    data = h.bad_vr_patient_id()
+    assert classify_dicom(data)[1:] == ("unreadable_dicom", "NotImplementedError while reading a header value")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "bad-vr.dcm").write_bytes(data)
+    (src / "good.dcm").write_bytes(h.to_bytes(h.with_ids(h.read(h.NATIVE_CT))))
+    balance = deidentify_folder(src, tmp_path / "out", KEY, "hostile")
+    rows = {Path(r["source_uri"]).name: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()}
+    assert balance["balanced"] and rows["bad-vr.dcm"]["reason"] == "unreadable_dicom"
+    assert rows["good.dcm"]["status"] == "ingested"
+
+
+@pytest.mark.parametrize(
+    ("tag", "vr", "value"),
+    [
+        (0x00200011, b"I\x9a", None),  # SeriesNumber as mutant 525 flipped it: shipped with its unreadable VR
+        (0x00200011, b"I\x9a", b"Zorblax "),  # the same, holding the patient's name: the verifier never read it
+        (0x00280034, b"I\xa4", None),  # PixelAspectRatio (IS), as mutant 569 flipped another element's IS
+    ],
+    ids=["series_number", "series_number_with_a_name", "pixel_aspect_ratio"],
+)
+def test_an_element_whose_vr_bytes_name_no_vr_is_malformed(policy, tag, vr, value):
+    """Found by the fuzz campaign (seed 60517): a byte flip in an element's VR left a value that was neither cleaned
+    nor verified (its VR is none the walk knows) and that no reader could read back."""
+    data = h.flipped_vr(tag, vr, value, patient_name="Zorblax^Quentin")
+    assert pydicom.dcmread(io.BytesIO(data), force=True).get_item(tag).VR == vr.decode("latin-1")
+    out = run(data, policy)
+    assert (out.ingested, out.reason) == (False, "malformed_structure"), out.reason
