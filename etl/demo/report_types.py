@@ -4,6 +4,8 @@ for it."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
 from functools import lru_cache
@@ -134,3 +136,37 @@ class RenderedReport:
     text: str
     entities: list[dict[str, str]]
     phi: list[tuple[str, str]]
+
+
+def render_preamble(
+    rng: random.Random,
+    ctx: ReportContext,
+    header: dict[str, list[str]],
+    shown_name: str,
+    date_text: Callable[[date | datetime], str],
+    phi: list[tuple[str, str]],
+    truth: dict[str, tuple[str, str]],
+) -> str:
+    """The restricted preamble of a demo report, in any language: the patient line (``shown_name`` as written, its
+    PHI recorded by the caller), the MRN, sometimes the birth date, the exam with its date, sometimes the accession
+    number and the referrer, one per line, from the phrase book's ``header`` variants.
+
+    Each PHI value written is appended to ``phi`` as ``(type, value)`` (dates through ``date_text``, which records
+    them); the exam's anatomy mentions go into ``truth`` as present with no change. The random draws come in one
+    fixed order, so one seed gives one corpus.
+    """
+    pre = [rng.choice(header["patient"]).format(name=shown_name)]
+    pre.append(rng.choice(header["mrn"]).format(mrn=ctx.mrn))
+    phi.append(("id", ctx.mrn))
+    if rng.random() < 0.6:
+        pre.append(rng.choice(header["dob"]).format(dob=date_text(ctx.birth_date)))
+    pre.append(rng.choice(header["exam"]).format(exam=ctx.exam_name.upper(), date=date_text(ctx.study_datetime)))
+    for a in ctx.exam_mentions:
+        truth[a] = ("present", "none")
+    if ctx.accession and rng.random() < 0.7:
+        pre.append(rng.choice(header["accession"]).format(accession=ctx.accession))
+        phi.append(("id", ctx.accession))
+    if rng.random() < 0.7:
+        pre.append(rng.choice(header["referrer"]).format(referrer=ctx.referrer))
+        phi.append(("name", ctx.referrer))
+    return "\n".join(pre)

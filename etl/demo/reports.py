@@ -34,6 +34,7 @@ from etl.demo.report_types import (  # noqa: F401  (re-exported: the generator's
     _is_abbreviation,
     _scale,
     load_phrases,
+    render_preamble,
 )
 from schemas.ontology import load_ontology
 
@@ -364,25 +365,9 @@ def render_report(rng: random.Random, ctx: ReportContext, mentions: list[Planned
         return s
 
     if ctx.with_preamble:
-        hdr = book["header"]
-        pre: list[str] = []
         name = _name_display(rng, ctx)
         phi.append(("name", name))
-        pre.append(rng.choice(hdr["patient"]).format(name=name))
-        pre.append(rng.choice(hdr["mrn"]).format(mrn=ctx.mrn))
-        phi.append(("id", ctx.mrn))
-        if rng.random() < 0.6:
-            pre.append(rng.choice(hdr["dob"]).format(dob=date_text(ctx.birth_date)))
-        pre.append(rng.choice(hdr["exam"]).format(exam=ctx.exam_name.upper(), date=date_text(ctx.study_datetime)))
-        for a in ctx.exam_mentions:
-            truth[a] = ("present", "none")
-        if ctx.accession and rng.random() < 0.7:
-            pre.append(rng.choice(hdr["accession"]).format(accession=ctx.accession))
-            phi.append(("id", ctx.accession))
-        if rng.random() < 0.7:
-            pre.append(rng.choice(hdr["referrer"]).format(referrer=ctx.referrer))
-            phi.append(("name", ctx.referrer))
-        lines.append("\n".join(pre))
+        lines.append(render_preamble(rng, ctx, book["header"], name, date_text, phi, truth))
 
     # INDICATION
     ind_opts = book["indication"][ctx.family]

@@ -26,6 +26,7 @@ from etl.demo.report_types import (
     _is_abbreviation,
     _scale,
     load_phrases,
+    render_preamble,
 )
 from schemas.ontology import load_ontology
 
@@ -207,21 +208,7 @@ def render_local_report(
         )
         name = shown.removeprefix(book["titles"][ctx.sex] + " ")
         phi.append(("name", name))
-        pre = [rng.choice(hdr["patient"]).format(name=shown)]
-        pre.append(rng.choice(hdr["mrn"]).format(mrn=ctx.mrn))
-        phi.append(("id", ctx.mrn))
-        if rng.random() < 0.6:
-            pre.append(rng.choice(hdr["dob"]).format(dob=date_text(ctx.birth_date)))
-        pre.append(rng.choice(hdr["exam"]).format(exam=ctx.exam_name.upper(), date=date_text(ctx.study_datetime)))
-        for a in ctx.exam_mentions:
-            truth[a] = ("present", "none")
-        if ctx.accession and rng.random() < 0.7:
-            pre.append(rng.choice(hdr["accession"]).format(accession=ctx.accession))
-            phi.append(("id", ctx.accession))
-        if rng.random() < 0.7:
-            pre.append(rng.choice(hdr["referrer"]).format(referrer=ctx.referrer))
-            phi.append(("name", ctx.referrer))
-        lines.append("\n".join(pre))
+        lines.append(render_preamble(rng, ctx, hdr, shown, date_text, phi, truth))
 
     ind = book["indication"][ctx.family]
     if isinstance(ind, dict):
