@@ -36,6 +36,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -347,6 +349,27 @@ def register_template(
     DefaceError
         ``head_not_found`` when the series holds too little tissue.
     """
+    with _one_thread():
+        return _register(image, modality, rescale)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """SimpleITK filters made inside run on one thread: ITK's threaded metric and filters sum partial results in an
+    order that varies from run to run (measured: the transform moves in its last digits between runs of the same
+    input), which can flip face-mask voxels; a rebuild must give the same bytes."""
+    before = sitk.ProcessObject.GetGlobalDefaultNumberOfThreads()
+    sitk.ProcessObject.SetGlobalDefaultNumberOfThreads(1)
+    try:
+        yield
+    finally:
+        sitk.ProcessObject.SetGlobalDefaultNumberOfThreads(before)
+
+
+def _register(
+    image: sitk.Image, modality: str, rescale: tuple[float, float]
+) -> tuple[sitk.AffineTransform, float, sitk.Image, sitk.Image]:
+    """:func:`register_template`'s work, on the calling thread's settings."""
     template, template_mask, _ = _template()
     fixed = _small(image, modality, rescale)
     fixed_mask = _head_mask(fixed, modality)
