@@ -221,8 +221,9 @@ def deidentify_folder(
     for row in rows:
         if row["status"] == "quarantined":  # restricted (names source paths): owner-only
             (stage / "quarantine").mkdir(mode=0o700, exist_ok=True)
-            row["quarantine_record"] = f"quarantine/{row['sha256']}.json"
-            _write_private(stage / row["quarantine_record"], json.dumps(row, indent=1, sort_keys=True).encode())
+            record = f"quarantine/{row['sha256']}.json"
+            row["quarantine_record"] = record
+            _write_private(stage / record, json.dumps(row, indent=1, sort_keys=True).encode())
     ledger = table_from_rows(rows, ledger_schema.FOLDER_SCHEMA)
     buf = io.BytesIO()
     pq.write_table(ledger, buf)

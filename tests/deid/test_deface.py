@@ -341,8 +341,8 @@ def test_build_stages_ship_only_defaced_pixels(template_ct, key, tmp_path):
 def test_registration_gives_the_same_transform_every_time():
     """A rebuild gives the same bytes: ITK's threaded metric summed in a varying order moved the transform in its
     last digits between runs (and so face-mask voxels between a build and its retry)."""
-    from etl.demo.heads import demo_heads
     from etl.deid.deface import register_template
+    from etl.demo.heads import demo_heads
 
     mr, _, _ = demo_heads(spacing_mm=3.0)
     runs = {tuple(register_template(mr, "MR")[0].GetParameters()) for _ in range(4)}

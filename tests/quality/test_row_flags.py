@@ -119,7 +119,19 @@ def ocr_once_per_frame():
     real = burned_in_text.read_lines
     params = list(inspect.signature(real).parameters)
     # the replay below must see every input and output of read_lines: a changed signature fails here, by name
-    assert params == ["frame", "policy", "phi", "verify", "unread", "blanked", "thresholding", "hints"], params
+    expected = [
+        "frame",
+        "policy",
+        "phi",
+        "verify",
+        "unread",
+        "blanked",
+        "thresholding",
+        "hints",
+        "layout",
+        "words_read",
+    ]
+    assert params == expected, params
     memo: dict = {}
     calls = {"read": 0, "replayed": 0}
 
@@ -129,7 +141,19 @@ def ocr_once_per_frame():
         a = np.ascontiguousarray(a)
         return (a.shape, a.dtype.str, hashlib.sha256(a.tobytes()).hexdigest())
 
-    def read_lines(frame, policy, phi, *, verify=False, unread=None, blanked=None, thresholding=0, hints=None):
+    def read_lines(
+        frame,
+        policy,
+        phi,
+        *,
+        verify=False,
+        unread=None,
+        blanked=None,
+        thresholding=0,
+        hints=None,
+        layout=True,
+        words_read=None,
+    ):
         key = (
             digest(frame),
             repr(policy),
@@ -140,19 +164,32 @@ def ocr_once_per_frame():
             unread is not None,
             thresholding,
             repr(hints),
+            layout,
         )
         if key in memo:
             calls["replayed"] += 1
         else:
             calls["read"] += 1
             found: list | None = [] if unread is not None else None
+            words: list = []
             lines = real(
-                frame, policy, phi, verify=verify, unread=found, blanked=blanked, thresholding=thresholding, hints=hints
+                frame,
+                policy,
+                phi,
+                verify=verify,
+                unread=found,
+                blanked=blanked,
+                thresholding=thresholding,
+                hints=hints,
+                layout=layout,
+                words_read=words,
             )
-            memo[key] = (lines, found)
-        lines, found = copy.deepcopy(memo[key])
+            memo[key] = (lines, found, words)
+        lines, found, words = copy.deepcopy(memo[key])
         if unread is not None:
-            unread.extend(found)  # the out-parameter: what OCR could not read, as the real call appends it
+            unread.extend(found)  # the out-parameters: what OCR could not read, as the real call appends it
+        if words_read is not None:
+            words_read.extend(words)  # and every word it recognised
         return lines
 
     with pytest.MonkeyPatch.context() as mp:
