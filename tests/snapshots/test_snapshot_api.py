@@ -313,7 +313,8 @@ def test_new_institution_delivery_gives_a_minor_release_whose_diff_is_its_rows(t
         .collect()
         .iter_rows()
     }
-    assert case_items
+    # (this 8-patient corpus may link no two cases: then no item is exempt and the check below is strictest; the
+    # demo build's two-case items are checked in tests/assemble/test_vqa.py)
     # open-ended yes/no answers are balanced per (shard, split, question_type) (vqa.balance_yes_no: the majority's
     # smallest item_ids kept), so where the new institution's items join such a group, the group's kept majority
     # items may change for the other patients of that shard too; every other group must not move
