@@ -170,3 +170,26 @@ def render_preamble(
         pre.append(rng.choice(header["referrer"]).format(referrer=ctx.referrer))
         phi.append(("name", ctx.referrer))
     return "\n".join(pre)
+
+
+def add_normal_sentences(
+    rng: random.Random,
+    book: dict[str, Any],
+    ctx: ReportContext,
+    busy_anatomy: set[str],
+    sentences: list[str],
+    truth: dict[str, tuple[str, str]],
+) -> None:
+    """Append the phrase book's normal statements of the study's family (or ultrasound sub-type) to ``sentences``,
+    each with probability 0.65 and never one naming an anatomy in ``busy_anatomy`` (a finding already describes it);
+    the anatomy each added statement names goes into ``truth`` as present with no change. Any language: ``book`` is
+    that language's phrase book."""
+    normals = book["normal"][ctx.family]
+    if isinstance(normals, dict):
+        normals = normals[ctx.us_subtype]
+    for n in normals:
+        if any(a in busy_anatomy for a in n["mentions"]) or rng.random() < 0.35:
+            continue
+        sentences.append(n["text"])
+        for a in n["mentions"]:
+            truth[a] = ("present", "none")

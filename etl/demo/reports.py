@@ -22,10 +22,7 @@ from dataclasses import replace
 from datetime import date, datetime
 from typing import Any
 
-from etl.demo.report_types import (  # noqa: F401  (re-exported: the generator's public names stay here)
-    ASSERTIONS,
-    CHANGES,
-    PHRASES_FILE,
+from etl.demo.report_types import (
     DemoReportError,
     EntityState,
     PlannedMention,
@@ -33,6 +30,7 @@ from etl.demo.report_types import (  # noqa: F401  (re-exported: the generator's
     ReportContext,
     _is_abbreviation,
     _scale,
+    add_normal_sentences,  # noqa: F401  (re-exported: the generator's public names stay here)
     load_phrases,
     render_preamble,
 )
@@ -419,15 +417,7 @@ def render_report(rng: random.Random, ctx: ReportContext, mentions: list[Planned
         else:
             sentences.append(mention_sentence(rng, m))
             i += 1
-    normals = book["normal"][ctx.family]
-    if isinstance(normals, dict):
-        normals = normals[ctx.us_subtype]
-    for n in normals:
-        if any(a in busy_anatomy for a in n["mentions"]) or rng.random() < 0.35:
-            continue
-        sentences.append(n["text"])
-        for a in n["mentions"]:
-            truth[a] = ("present", "none")
+    add_normal_sentences(rng, book, ctx, busy_anatomy, sentences, truth)
     rng.shuffle(sentences)
     for m in mentions:
         truth[m.entity_id] = (m.assertion, m.change)

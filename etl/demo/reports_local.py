@@ -25,6 +25,7 @@ from etl.demo.report_types import (
     ReportContext,
     _is_abbreviation,
     _scale,
+    add_normal_sentences,
     load_phrases,
     render_preamble,
 )
@@ -256,15 +257,7 @@ def render_local_report(
         else:
             sentences.append(_sentence(rng, m, language))
             i += 1
-    normals = book["normal"][ctx.family]
-    if isinstance(normals, dict):
-        normals = normals[ctx.us_subtype]
-    for n in normals:
-        if any(a in busy for a in n["mentions"]) or rng.random() < 0.35:
-            continue
-        sentences.append(n["text"])
-        for a in n["mentions"]:
-            truth[a] = ("present", "none")
+    add_normal_sentences(rng, book, ctx, busy, sentences, truth)
     rng.shuffle(sentences)
     for m in mentions:
         truth[m.entity_id] = (m.assertion, m.change)
