@@ -22,7 +22,10 @@ from dataclasses import replace
 from datetime import date, datetime
 from typing import Any
 
-from etl.demo.report_types import (
+from etl.demo.report_types import (  # noqa: F401  (re-exported: the generator's public names stay here)
+    ASSERTIONS,
+    CHANGES,
+    PHRASES_FILE,
     DemoReportError,
     EntityState,
     PlannedMention,
@@ -30,7 +33,7 @@ from etl.demo.report_types import (
     ReportContext,
     _is_abbreviation,
     _scale,
-    add_normal_sentences,  # noqa: F401  (re-exported: the generator's public names stay here)
+    add_normal_sentences,
     load_phrases,
     render_preamble,
 )
