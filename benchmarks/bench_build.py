@@ -262,9 +262,13 @@ def measure_build(cfg: str, run_id: str, env: dict) -> BuildFigures:
 
 
 def _generator_hash() -> str:
+    """Hash of every file of the demo generator (``etl/demo/``: code and phrase books), so a cached archive is
+    remade when any of them changes (the German/Spanish reports and heads live in files of their own)."""
     h = hashlib.sha256()
-    for f in ("etl/demo/corpus.py", "etl/demo/reports.py", "etl/demo/phrases.yaml"):
-        h.update((ROOT / f).read_bytes())
+    for f in sorted((ROOT / "etl" / "demo").glob("*")):
+        if f.is_file() and f.suffix in (".py", ".yaml", ".json"):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
     return h.hexdigest()[:12]
 
 
