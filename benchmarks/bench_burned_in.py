@@ -7,16 +7,19 @@ Real-sized images from the pydicom-data package: a Philips CR chest (RG1_UNCR, 1
 is read as it is (no text: the pass runs in full, nothing is blanked) and with a PHI label burned into its corner
 (the pass blanks and verifies).
 
-Series case: a 120-slice chest CT series without burned-in text built from the real 512 x 512 axial slices of the
-shared data (:func:`etl.demo.real_series.ct_series`), de-identified as the deid stage does it (parse, de-identify,
+Series cases, each 120 slices without burned-in text, de-identified as the deid stage does it (parse, de-identify,
 Part 10 bytes), each slice's CPU time measured, with the OCR off (``deid.burned_in_text.ocr: false``) and on (the
-production default: per series, :mod:`etl.deid.series_text`: the text detector on every slice, OCR only on the rows it
-finds), alternating, best of ``repeats``; the CPU time per slice by outcome (``skipped``: the detector found no row
-read as text; ``precheck``: read in full after it) and of the detector's parts in the same run (decode and display,
-:func:`etl.deid.text_precheck.glyph_rows`, the reads of its rows), and, for reference, every slice read in full (first
-``FULL_SLICES`` slices). Ends with one ``BENCH burned_in ...`` line: CPU seconds per image of this process (one core;
-wall-clock beside it in the log lines), images/s per core, the ratio to the decode floor, and ``series_ratio`` (OCR on
-/ off per slice, target 1.3). Usage: ``python benchmarks/bench_burned_in.py [repeats]``.
+production default: per series, :mod:`etl.deid.series_text`: the text detector on every slice, OCR only on the rows
+it finds), alternating, best of ``repeats``: ``series``, a chest CT built from the real 512 x 512 axial slices of
+the shared data (:func:`etl.demo.real_series.ct_series`: six patients' slices cycled, lung window), and ``contig``,
+a thin-slice head CT of contiguous slices of a real head (:func:`etl.demo.real_series.contiguous_head_ct`: 1 mm
+apart, brain window, noise sd 8 HU, a real scanner's header). For each, the CPU time per slice by outcome
+(``skipped``: the detector found no row read as text; ``precheck``: read in full after it) and of the detector's
+parts in the same run (decode and display, :func:`etl.deid.text_precheck.glyph_rows`, the reads of its rows), and,
+for reference, every slice read in full (first ``FULL_SLICES`` slices). Ends with one ``BENCH burned_in ...`` line:
+CPU seconds per image of this process (one core; wall-clock beside it in the log lines), images/s per core, the
+ratio to the decode floor, and ``series_ratio`` / ``contig_ratio`` (OCR on / off per slice, target 1.3). Usage:
+``python benchmarks/bench_burned_in.py [repeats]``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from etl.deid.burned_in_text import clean_text as _clean  # noqa: E402
 from etl.deid.dicom import deidentify_dataset  # noqa: E402
 from etl.deid.policy import build_policy  # noqa: E402
 from etl.deid.series_text import SeriesTextGate, load_series_policy  # noqa: E402
-from etl.demo.real_series import ct_series  # noqa: E402
+from etl.demo.real_series import contiguous_head_ct, ct_series  # noqa: E402
 from etl.keys import PseudonymKey  # noqa: E402
 from schemas.config import BurnedInTextConfig, DeidConfig  # noqa: E402
 
@@ -149,9 +152,9 @@ def _deid_series(datas: list[bytes], ocr: bool, gate: bool) -> tuple[float, Coun
     return (time.process_time() - total) / len(datas), outcomes, dict(cpu)
 
 
-def series_case(repeats: int) -> dict[str, float]:
-    """The 120-slice series without text: OCR off and on (per series), alternating, best of ``repeats``."""
-    slices = ct_series(SERIES_SLICES)
+def series_case(repeats: int, slices: list, label: str, prefix: str) -> dict[str, float]:
+    """One series without text (``slices``, datasets in slice order): OCR off and on (per series), alternating,
+    best of ``repeats``; figures keyed ``<prefix>_...``."""
     datas = []
     for ds in slices:
         buf = io.BytesIO()
@@ -173,7 +176,7 @@ def series_case(repeats: int) -> dict[str, float]:
     full, _, _ = _deid_series(datas[:FULL_SLICES], True, False)
     per = {k.removeprefix("text_series_"): v / max(best_outcomes[k], 1) for k, v in best_cpu.items()}
     print(
-        f"series: {SERIES_SLICES} real 512 x 512 CT slices without text, sample {load_series_policy().sample_slices}:"
+        f"{prefix}: {len(datas)} {label} without text, sample {load_series_policy().sample_slices}:"
         f" OCR off {off * 1000:.1f} ms CPU per slice, on {on * 1000:.1f} ms (ratio {on / off:.2f}; target 1.3);"
         f" outcomes {dict(best_outcomes)}; CPU per slice by outcome "
         + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in sorted(per.items()))
@@ -182,16 +185,16 @@ def series_case(repeats: int) -> dict[str, float]:
         + f"; every slice read in full: {full * 1000:.0f} ms per slice ({full / off:.0f} x off)"
     )
     return {
-        "series_off_s": off,
-        "series_on_s": on,
-        "series_ratio": on / off,
-        "series_full_s": full,
-        "series_display_s": part_s.get("display", 0.0),
-        "series_detector_s": part_s.get("detector", 0.0),
-        "series_row_reads_s": part_s.get("row_reads", 0.0),
-        "series_skipped_s": per.get("skipped", 0.0),
-        "series_read": sum(v for k, v in best_outcomes.items() if k not in ("text_series_skipped", "blanked")),
-        "series_blanked": best_outcomes.get("blanked", 0),
+        f"{prefix}_off_s": off,
+        f"{prefix}_on_s": on,
+        f"{prefix}_ratio": on / off,
+        f"{prefix}_full_s": full,
+        f"{prefix}_display_s": part_s.get("display", 0.0),
+        f"{prefix}_detector_s": part_s.get("detector", 0.0),
+        f"{prefix}_row_reads_s": part_s.get("row_reads", 0.0),
+        f"{prefix}_skipped_s": per.get("skipped", 0.0),
+        f"{prefix}_read": sum(v for k, v in best_outcomes.items() if k not in ("text_series_skipped", "blanked")),
+        f"{prefix}_blanked": best_outcomes.get("blanked", 0),
     }
 
 
@@ -229,7 +232,12 @@ def main(repeats: int = 3) -> None:
             f"{name}_labelled_s={text:.3f} {name}_decode_floor_s={floor:.4f} "
             f"{name}_ratio_to_decode={plain / max(floor, 1e-4):.1f}"
         )
-    series = series_case(max(2, repeats - 1))
+    series = series_case(
+        max(2, repeats - 1), ct_series(SERIES_SLICES), "real 512 x 512 chest CT slices, cycled", "series"
+    )
+    series |= series_case(
+        max(2, repeats - 1), contiguous_head_ct(SERIES_SLICES), "contiguous 512 x 512 head CT slices", "contig"
+    )
     parts.append(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in series.items()))
     print("BENCH burned_in " + " ".join(parts) + f" load={os.getloadavg()[0]:.2f} cpu_seconds=process_time")
 

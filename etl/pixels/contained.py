@@ -293,8 +293,9 @@ def decode_frames(ds: Dataset, ts: UID, index: int | None = None, view_only: boo
         raise NormalisationError("decode_error", f"cannot decode {ts.name}: {type(err).__name__}") from None
 
 
-def pixel_array(ds: Dataset) -> np.ndarray:
-    """``ds.pixel_array`` (every frame, YBR converted to RGB) decoded through :func:`decode_frames`.
+def pixel_array(ds: Dataset, view_only: bool = False) -> np.ndarray:
+    """``ds.pixel_array`` (every frame, YBR converted to RGB) decoded through :func:`decode_frames`; with
+    ``view_only`` a native syntax's array may be a read-only view of the pixel data (no copy).
 
     Raises
     ------
@@ -305,4 +306,4 @@ def pixel_array(ds: Dataset) -> np.ndarray:
     ts = meta.get("TransferSyntaxUID") if meta is not None else None
     if not ts:
         raise NormalisationError("unsupported_transfer_syntax", "the dataset has no Transfer Syntax UID")
-    return decode_frames(ds, UID(str(ts)))[0]
+    return decode_frames(ds, UID(str(ts)), view_only=view_only)[0]

@@ -331,3 +331,27 @@ def test_gate_on_random_text_over_held_out_real_slices():
             holes.append((text, cap, contrast, (x, y)))
     print(f"SERIES_GATE held_out placements=200 passed_gate={passed} holes={len(holes)}")
     assert len(holes) <= MAX_GATE_HOLES, holes
+
+
+@pytest.mark.slow
+def test_contiguous_head_ct_is_a_series_of_neighbouring_slices():
+    """The benchmark's second series (etl/demo/real_series.contiguous_head_ct): 1 mm apart, brain window, a real
+    scanner's header; neighbouring slices hold neighbouring anatomy (their Hounsfield units change far less from one
+    slice to the next than the cycled chest slices of ct_series do)."""
+    from etl.demo.real_series import HEAD_WINDOW, contiguous_head_ct
+
+    series = contiguous_head_ct(6)
+    assert [int(ds.InstanceNumber) for ds in series] == [1, 2, 3, 4, 5, 6]
+    assert [float(ds.ImagePositionPatient[2]) for ds in series] == [0.0, -1.0, -2.0, -3.0, -4.0, -5.0]
+    assert (float(series[0].WindowCenter), float(series[0].WindowWidth)) == HEAD_WINDOW
+    assert series[0].Rows == series[0].Columns == 512 and len({ds.SeriesInstanceUID for ds in series}) == 1
+    # a real scanner's header (the first real chest CT slice of the shared data), fictional patient values
+    assert series[0].PatientName == "QUENNELL^MARGIT" and series[0].Manufacturer == ct_series(1)[0].Manufacturer
+
+    def step(a, b) -> float:  # mean absolute change of the stored values (HU) from one slice to the next
+        return float(np.mean(np.abs(a.pixel_array.astype(float) - b.pixel_array.astype(float))))
+
+    # measured: 40-45 HU between neighbouring head slices (mostly the 8 HU noise), 300-335 HU between cycled ones
+    assert max(step(series[i], series[i + 1]) for i in range(5)) < 60
+    cycled = ct_series(3)
+    assert min(step(cycled[0], cycled[1]), step(cycled[1], cycled[2])) > 200
