@@ -6,10 +6,14 @@ record (a DICOM file's de-identification, a report's de-identification) runs und
 stops it after a few seconds (reason ``deidentification_timeout`` / ``report_timeout``). Caps and limits are
 module constants (the same for every deployment; changing one changes the build fingerprint through the code).
 
-:func:`time_limit` interrupts with ``SIGALRM`` (``setitimer``), which also stops a regular expression in the
-middle of a match (CPython checks signals inside the matcher). It arms only in the main thread and never
-shortens or hides a timer that was already running (Airflow's ``execution_timeout`` uses the same signal):
-where it cannot arm, the limit is checked when the work returns, and the caps bound the work in between.
+:func:`time_limit` counts the CPU time of the process (``ITIMER_PROF``, ``SIGPROF``), so whether a record is
+quarantined does not depend on how loaded the machine is (a worker running several tasks, or a test run beside a
+build: a file that needs 2 s of CPU takes 60 s of wall time at a load of 30 on one core), and a wall-clock backstop of
+:data:`WALL_FACTOR` times the limit (``ITIMER_REAL``, ``SIGALRM``) for a body that waits without using CPU. Both
+interrupt the body, which also stops a regular expression in the middle of a match (CPython checks signals inside
+the matcher). They arm only in the main thread and never shorten or hide a timer that was already running
+(Airflow's ``execution_timeout`` uses ``SIGALRM``; a profiler may use ``SIGPROF``): where one cannot arm, its limit is
+checked when the work returns, and the caps bound the work in between.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from schemas.errors import ReasonCodedError
 
@@ -26,10 +31,14 @@ from schemas.errors import ReasonCodedError
 MAX_REPORT_CHARS = 50_000
 #: characters of one DICOM text value that the descriptor scrubber cleans (LT holds 10,240; ST 1,024; LO 64)
 MAX_DICOM_TEXT_CHARS = 10_240
-#: seconds for one DICOM file's de-identification (read, walk, write, verify: well under a second normally)
+#: CPU seconds for one DICOM file's de-identification (read, walk, write, verify: well under a second normally; a
+#: radiograph or ultrasound read in full for burned-in text 0.3-3 s)
 FILE_TIME_LIMIT_S = 60.0
-#: seconds for one report's de-identification and sectioning (milliseconds normally)
+#: CPU seconds for one report's de-identification and sectioning (milliseconds normally)
 REPORT_TIME_LIMIT_S = 20.0
+#: the wall-clock backstop of :func:`time_limit`, as a multiple of its CPU limit: it stops a body that waits (a
+#: stalled read) without holding back one that shares its core with up to this many others
+WALL_FACTOR = 10.0
 
 
 class RecordLimitError(ReasonCodedError, RuntimeError):
@@ -40,50 +49,75 @@ class RecordLimitError(ReasonCodedError, RuntimeError):
 
 
 @contextmanager
-def time_limit(seconds: float, reason: str, what: str = "record") -> Iterator[None]:
-    """Run the body with a time limit; raise :class:`RecordLimitError` ``reason`` when it runs longer.
+def time_limit(seconds: float, reason: str, what: str = "record", wall_factor: float = WALL_FACTOR) -> Iterator[None]:
+    """Run the body with a limit of ``seconds`` of CPU time; raise :class:`RecordLimitError` ``reason`` past it.
 
     Parameters
     ----------
     seconds : float
-        the limit.
+        the limit, in CPU seconds of this process (user + system, every thread: ``time.process_time``).
     reason : str
         the reason code of the error (``deidentification_timeout``, ``report_timeout``).
     what : str
         what was limited, for the message.
+    wall_factor : float
+        the wall-clock backstop, ``seconds * wall_factor`` seconds (a body that waits without using CPU).
 
     Raises
     ------
     RecordLimitError
-        when the body ran longer than ``seconds`` (interrupted where the timer could be armed, else when it
-        returned).
+        when the body used more than ``seconds`` of CPU or ran longer than the backstop (interrupted where the
+        timers could be armed, else when it returned).
     """
-    start = time.monotonic()
-    armed = False
-    old_handler = None
+    wall = seconds * wall_factor
+    start, cpu_start = time.monotonic(), time.process_time()
 
     def _expire(signum, frame):  # noqa: ARG001  signal handler signature
-        raise RecordLimitError(reason, f"the {what} took longer than {seconds:g} s: stopped")
+        limit = f"{seconds:g} s of CPU" if signum == signal.SIGPROF else f"{wall:g} s"
+        raise RecordLimitError(reason, f"the {what} took longer than {limit}: stopped")
 
-    if threading.current_thread() is threading.main_thread():
-        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
-        if remaining == 0.0 or remaining > seconds:  # never shorten or hide a timer already running
-            try:
-                old_handler = signal.signal(signal.SIGALRM, _expire)
-                previous = signal.setitimer(signal.ITIMER_REAL, seconds)
-                armed = True
-            except (ValueError, OSError):  # not allowed here: fall back to the check after the body
-                armed = False
+    armed = [
+        _arm(signal.ITIMER_PROF, signal.SIGPROF, seconds, _expire),
+        _arm(signal.ITIMER_REAL, signal.SIGALRM, wall, _expire),
+    ]
     try:
         yield
     finally:
-        if armed:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old_handler if old_handler is not None else signal.SIG_DFL)
-            if previous[0]:  # give the outer timer back what is left of it
-                signal.setitimer(signal.ITIMER_REAL, max(previous[0] - (time.monotonic() - start), 0.001), previous[1])
-    if time.monotonic() - start > seconds:
-        raise RecordLimitError(reason, f"the {what} took longer than {seconds:g} s")
+        for timer in reversed(armed):
+            if timer is not None:
+                which, signum, old_handler, previous = timer
+                _disarm(which, signum, old_handler, previous, time.process_time() - cpu_start, time.monotonic() - start)
+    if time.process_time() - cpu_start > seconds:
+        raise RecordLimitError(reason, f"the {what} took longer than {seconds:g} s of CPU")
+    if time.monotonic() - start > wall:
+        raise RecordLimitError(reason, f"the {what} took longer than {wall:g} s")
+
+
+def _arm(which: int, signum: int, seconds: float, handler) -> tuple[int, int, Any, tuple[float, float]] | None:
+    """Arm the interval timer ``which`` to deliver ``signum`` to ``handler`` after ``seconds``; None where it cannot
+    (not the main thread, not allowed) or must not (a timer of that kind already running that ends sooner: it is
+    neither shortened nor hidden). Returns (which, signum, the handler and timer it replaced)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    remaining, _ = signal.getitimer(which)
+    if remaining != 0.0 and remaining <= seconds:
+        return None
+    try:
+        old_handler = signal.signal(signum, handler)
+        previous = signal.setitimer(which, seconds)
+    except (ValueError, OSError):
+        return None
+    return which, signum, old_handler, previous
+
+
+def _disarm(which: int, signum: int, old_handler, previous: tuple[float, float], used_cpu: float, used_wall: float):
+    """Stop a timer :func:`_arm` armed, put its signal's handler back and give an outer timer what is left of it (in
+    the timer's own clock: CPU time for ``ITIMER_PROF``, wall time for ``ITIMER_REAL``)."""
+    signal.setitimer(which, 0)
+    signal.signal(signum, old_handler if old_handler is not None else signal.SIG_DFL)
+    if previous[0]:
+        used = used_cpu if which == signal.ITIMER_PROF else used_wall
+        signal.setitimer(which, max(previous[0] - used, 0.001), previous[1])
 
 
 def check_length(text: str, limit: int, reason: str, what: str) -> str:

@@ -5,6 +5,7 @@ and a per-record time limit stops anything that is not."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import time
 from types import SimpleNamespace
@@ -151,3 +152,53 @@ def test_time_limit_keeps_an_outer_timer():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_time_limit_counts_cpu_time_so_a_waiting_body_is_not_stopped_before_the_backstop():
+    t0 = time.monotonic()
+    with time_limit(0.2, "report_timeout", "test", wall_factor=10):  # CPU limit 0.2 s, wall backstop 2 s
+        time.sleep(0.5)  # waits: no CPU
+    assert 0.5 <= time.monotonic() - t0 < 2
+
+
+def test_time_limit_wall_backstop_stops_a_body_that_waits():
+    t0 = time.monotonic()
+    with pytest.raises(RecordLimitError) as err:
+        with time_limit(0.1, "report_timeout", "test", wall_factor=3):
+            time.sleep(5)
+    assert err.value.reason == "report_timeout" and "0.3 s" in str(err.value) and "CPU" not in str(err.value)
+    assert time.monotonic() - t0 < 2
+
+
+def _spin(cpu_s: float) -> None:
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        pass
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_time_limit_outcome_does_not_depend_on_the_load():
+    """A body that needs 0.3 s of CPU, limit 0.45 s, sharing its one core with a busy process: it takes more wall
+    time than the limit (a wall-clock limit quarantined such files under load) and is not stopped."""
+    import subprocess
+    import sys
+
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    before = os.sched_getaffinity(0)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(busy.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})
+        t0 = time.monotonic()
+        with time_limit(0.45, "deidentification_timeout", "test"):
+            _spin(0.3)
+        wall = time.monotonic() - t0
+    finally:
+        busy.kill()
+        busy.wait()
+        os.sched_setaffinity(0, before)
+    assert wall > 0.45  # the core was shared: the old wall-clock limit would have stopped it
+    with pytest.raises(RecordLimitError) as err:  # and CPU past the limit is still stopped
+        with time_limit(0.1, "deidentification_timeout", "test"):
+            _spin(1.0)
+    assert "of CPU" in str(err.value)
