@@ -72,7 +72,11 @@ def time_limit(seconds: float, reason: str, what: str = "record", wall_factor: f
     wall = seconds * wall_factor
     start, cpu_start = time.monotonic(), time.process_time()
 
+    stopping = [False]
+
     def _expire(signum, frame):  # noqa: ARG001  signal handler signature
+        if stopping[0]:  # fired as the body ended: the checks after it decide
+            return
         limit = f"{seconds:g} s of CPU" if signum == signal.SIGPROF else f"{wall:g} s"
         raise RecordLimitError(reason, f"the {what} took longer than {limit}: stopped")
 
@@ -83,6 +87,10 @@ def time_limit(seconds: float, reason: str, what: str = "record", wall_factor: f
     try:
         yield
     finally:
+        stopping[0] = True  # from here no timer interrupts: both are stopped, then their handlers put back
+        for timer in armed:
+            if timer is not None:
+                signal.setitimer(timer[0], 0)
         for timer in reversed(armed):
             if timer is not None:
                 which, signum, old_handler, previous = timer
@@ -111,9 +119,8 @@ def _arm(which: int, signum: int, seconds: float, handler) -> tuple[int, int, An
 
 
 def _disarm(which: int, signum: int, old_handler, previous: tuple[float, float], used_cpu: float, used_wall: float):
-    """Stop a timer :func:`_arm` armed, put its signal's handler back and give an outer timer what is left of it (in
-    the timer's own clock: CPU time for ``ITIMER_PROF``, wall time for ``ITIMER_REAL``)."""
-    signal.setitimer(which, 0)
+    """Put back the handler of a timer :func:`_arm` armed (stopped by the caller) and give an outer timer what is left
+    of it (in the timer's own clock: CPU time for ``ITIMER_PROF``, wall time for ``ITIMER_REAL``)."""
     signal.signal(signum, old_handler if old_handler is not None else signal.SIG_DFL)
     if previous[0]:
         used = used_cpu if which == signal.ITIMER_PROF else used_wall
