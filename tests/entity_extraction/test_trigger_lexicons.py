@@ -231,6 +231,34 @@ def test_convention(ex, text, target, want):
     assert assertion_of(ex, text, target) == want
 
 
+@pytest.mark.parametrize(
+    "text, target, hedge",
+    [
+        (
+            "The blunted costophrenic angle could be secondary to a small pleural effusion.",
+            "pleural effusion",
+            "could be secondary to",
+        ),
+        ("The density might be secondary to a small pleural effusion.", "pleural effusion", "might be secondary to"),
+        ("Basilar opacity, possibly secondary to atelectasis.", "atelectasis", "possibly secondary to"),
+    ],
+)
+def test_chexpert_secondary_to_with_a_modal(ex, text, target, hedge):
+    """CheXpert's "maybe secondary to XXX" (nmod:to secondary) with the modals its due-to/related-to patterns take:
+    uncertain, and the cue is the phrase, not the scope end "secondary to" (NegEx [CONJ]) that would cut "could be"."""
+    assert assertion_of(ex, text, target) == "uncertain"
+    mention = next(m for m in ex.extract(text, "2D-CXR") if m["text"].lower() == target)
+    assert mention["assertion"] == "uncertain" and mention["hedges"] == [hedge]
+
+
+def test_modal_secondary_to_before_versus_is_not_coded_by_nlm_reading(ex):
+    """The effusion of "could be secondary to a small effusion versus scarring" carries the modal cue as
+    well as "versus", so NLM's reading of hedges (which codes "versus" alone) keeps it uncertain."""
+    text = "Blunting of the costophrenic sulcus could be secondary to a small effusion versus scarring."
+    effusion = next(m for m in ex.extract(text, "2D-CXR") if m["text"] == "effusion")
+    assert effusion["assertion"] == "uncertain" and "could be secondary to" in effusion["hedges"]
+
+
 def test_normal_statement_stays_absent(ex):
     mentions = ex.extract("Heart size is normal. The cardiac silhouette is not enlarged.", "2D-CXR")
     f018 = [m for m in mentions if m["entity_id"] == "F018"]
