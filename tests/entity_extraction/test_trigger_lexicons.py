@@ -259,6 +259,26 @@ def test_modal_secondary_to_before_versus_is_not_coded_by_nlm_reading(ex):
     assert effusion["assertion"] == "uncertain" and "could be secondary to" in effusion["hedges"]
 
 
+@pytest.mark.parametrize(
+    "text, target, want",
+    [
+        # "other than" ends a negation's scope, as NegEx's [CONJ] "except", "aside from", "apart from" do
+        ("No acute infiltrate other than left basilar atelectasis.", "atelectasis", "present"),
+        ("No acute infiltrate other than left basilar atelectasis.", "infiltrate", "absent"),
+        # "with residual" / "with persistent" end the scope of a resolution ("resolution of", "clearing of")
+        ("Resolution of the pleural effusion with residual atelectasis.", "atelectasis", "present"),
+        ("Resolution of the pleural effusion with residual atelectasis.", "pleural effusion", "absent"),
+        ("Clearing of the pneumonia with persistent atelectasis.", "atelectasis", "present"),
+        ("No residual pneumothorax.", "pneumothorax", "absent"),
+        # a high-likelihood hedge ends an uncertainty cue's scope, as it ends a negation's
+        ("Possible atelectasis, likely pneumonia.", "pneumonia", "present"),
+        ("Possible atelectasis, likely pneumonia.", "atelectasis", "uncertain"),
+    ],
+)
+def test_scope_ends(ex, text, target, want):
+    assert assertion_of(ex, text, target) == want
+
+
 def test_normal_statement_stays_absent(ex):
     mentions = ex.extract("Heart size is normal. The cardiac silhouette is not enlarged.", "2D-CXR")
     f018 = [m for m in mentions if m["entity_id"] == "F018"]
