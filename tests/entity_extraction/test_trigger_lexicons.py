@@ -187,6 +187,28 @@ def test_own_temporality_rule_sentence(ex, rule):
     assert ex.assert_target(text, at, at + 16)["temporality"] == rule["category"].lower(), text
 
 
+def test_copular_post_negations(ex, field):
+    """Every backward negation "not X" (ours or a field lexicon's) also negates after "is", "are", "was": no forward
+    trigger ending in "not" (medspaCy's "is not", excluded) may win the overlap ("Pleural effusion is not
+    identified")."""
+    merged = merge_rules(RULES["rules"], field[0])
+    literals = {r["literal"].lower() for r in merged}
+    wrong = []
+    for r in merged:
+        lit = r["literal"].lower()
+        if r["category"] != "NEGATED_EXISTENCE" or r.get("direction") not in ("BACKWARD", "BIDIRECTIONAL"):
+            continue
+        if not lit.startswith("not "):
+            continue
+        for copula in ("is", "are", "was"):
+            if f"{copula} {lit}" in literals:
+                continue  # its own rule
+            text = f"Pleural effusion {copula} {lit}."
+            if assertion_of(ex, text, "Pleural effusion") != "absent":
+                wrong.append(text)
+    assert not wrong, wrong
+
+
 def test_own_phrase_rules(ex):
     assert assertion_of(ex, "Pleural effusion: none.", "Pleural effusion") == "absent"
     assert assertion_of(ex, "The pleural effusion has resolved.", "pleural effusion") == "absent"
