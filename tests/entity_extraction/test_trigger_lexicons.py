@@ -244,6 +244,10 @@ def test_own_phrase_rules(ex):
         ("Rule out pneumonia.", "pneumonia", "uncertain"),
         ("Evaluate for pneumonia.", "pneumonia", "present"),
         ("Pneumonia is not excluded.", "Pneumonia", "uncertain"),
+        ("There may be a small pleural effusion.", "pleural effusion", "uncertain"),
+        ("Pneumonia is difficult to exclude.", "Pneumonia", "uncertain"),
+        ("Pneumonia should be considered.", "Pneumonia", "uncertain"),
+        ("Pleural effusion is not identified.", "Pleural effusion", "absent"),
         ("Questionable nodule.", "nodule", "uncertain"),
         ("Opacity may be secondary to atelectasis.", "atelectasis", "uncertain"),
         ("Right basilar opacity, ? pneumonia.", "pneumonia", "uncertain"),
@@ -298,6 +302,30 @@ def test_modal_secondary_to_before_versus_is_not_coded_by_nlm_reading(ex):
     ],
 )
 def test_scope_ends(ex, text, target, want):
+    assert assertion_of(ex, text, target) == want
+
+
+@pytest.mark.parametrize(
+    "text, target, want",
+    [
+        # "there may be" was a clause break only, which hid the CheXpert cue "may be" ("May/might/would/could be XXX")
+        ("There may be a small left pleural effusion.", "pleural effusion", "uncertain"),
+        ("There might be a small left pleural effusion.", "pleural effusion", "uncertain"),
+        ("There could be a small left pleural effusion.", "pleural effusion", "uncertain"),
+        ("No pneumothorax, there may be a small pleural effusion.", "pneumothorax", "absent"),  # still ends the "no"
+        # "difficult to exclude" reads both ways, as "not excluded" does
+        ("Difficult to exclude pneumonia.", "pneumonia", "uncertain"),
+        ("Pneumonia is difficult to exclude.", "Pneumonia", "uncertain"),
+        ("Pneumonia would be difficult to exclude.", "Pneumonia", "uncertain"),
+        # the passive of CheXpert's "consider XXX" and a stated possibility
+        ("Pneumonia should be considered.", "Pneumonia", "uncertain"),
+        ("A pulmonary nodule is a possibility.", "pulmonary nodule", "uncertain"),
+        ("A pulmonary nodule is also a possibility.", "pulmonary nodule", "uncertain"),
+        ("Pneumonia remains a possibility.", "Pneumonia", "uncertain"),
+        ("Early pneumonia is a consideration.", "pneumonia", "uncertain"),
+    ],
+)
+def test_uncertainty_phrasings(ex, text, target, want):
     assert assertion_of(ex, text, target) == want
 
 
