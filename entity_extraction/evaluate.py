@@ -685,6 +685,43 @@ def negbio_ceiling_note(reports: list[OpeniReport], negbio_gold: tuple, family: 
     )
 
 
+def negbio_ceiling_by_fold(directory: str | Path, plan, ontology: Ontology | None = None) -> dict[str, EvalResult]:
+    """The NegBio ceiling (:func:`negbio_ceiling_note`: NLM's MeSH gold scored as the prediction) on all reports and
+    on each part of a fold plan.
+
+    No rule of ours enters it, so its held-out minus tuned difference is what the NegBio label set alone gives on
+    that fold assignment: the yardstick for the extractor's NegBio gap (:mod:`entity_extraction.folds`).
+
+    Parameters
+    ----------
+    directory : str or Path
+        See :func:`load_openi_dir`; it must hold the NegBio label file.
+    plan : entity_extraction.folds.FoldPlan
+        Folds of the set (record id = ``uid``).
+    ontology : Ontology, optional
+
+    Returns
+    -------
+    dict
+        ``"all"``, ``"tuned"``, ``"held-out"`` -> :class:`EvalResult` (label set ``negbio``).
+
+    Raises
+    ------
+    EvaluationDataError
+        As :func:`load_openi_dir` and :func:`gold_sets` (``missing_labels`` without NegBio labels).
+    """
+    onto = ontology or load_ontology()
+    reports = load_openi_dir(directory)
+    fam = load_mesh_map(ontology=onto).family
+    gold, universe, _, _ = gold_sets(reports, "negbio", onto)
+    mesh_gold = gold_sets(reports, "mesh", onto)[0]
+    out = {"all": score(gold, mesh_gold, universe, fam, "negbio", onto)}
+    for part in ("tuned", "held-out"):
+        sub = {uid: g for uid, g in gold.items() if plan.part(uid) == part}
+        out[part] = score(sub, mesh_gold, universe, fam, "negbio", onto)
+    return out
+
+
 _TITLES = {"mesh": "Open-i MeSH (NLM)", "negbio": "NegBio ChestX-ray14 gold"}
 
 

@@ -13,7 +13,9 @@ rule work may look at and on the held-out folds, with their difference (k-fold d
 :mod:`entity_extraction.folds`, ``entity_extraction/eval_folds.yaml``; ``--fold-seed N`` draws another fold
 assignment). Open-i labels are scored with hedges read as NLM's indexing reads them
 (:func:`entity_extraction.evaluate.open_i_reading`), and on the folds also with present study labels only and with
-present or uncertain ones counted as coded. The options combine; at least one is required. Exit status 0 on
+present or uncertain ones counted as coded; the NegBio block ends with the same fold line for NegBio's ceiling
+(NLM's MeSH codes as the prediction, :func:`entity_extraction.evaluate.negbio_ceiling_by_fold`), the gap the label
+set gives with no rule involved. The options combine; at least one is required. Exit status 0 on
 success; 1 with a one-line reason on stderr when a set or its label files cannot be used.
 
 ``medreco eval deid --gold FILE.jsonl`` scores report text de-identification on a gold file in the layout of
@@ -81,6 +83,7 @@ def entities(
         EvaluationDataError,
         evaluate_by_fold,
         load_coded_hedges,
+        negbio_ceiling_by_fold,
         render_table,
     )
     from entity_extraction.evaluate_chexpert import evaluate_chexpert, load_chexpert_labelled, render_chexpert
@@ -130,6 +133,15 @@ def entities(
                             {p: r.micro[2] for p, r in results[s].items()},
                             {p: r.n_reports - r.n_excluded for p, r in results[s].items()},
                         )
+                if folds and s == "negbio":
+                    # the label set's own fold noise: NLM's MeSH codes as the prediction (no rule of ours involved)
+                    ceiling = negbio_ceiling_by_fold(openi, plans["openi"])
+                    block += "\n" + render_fold_line(
+                        plans["openi"],
+                        "negbio micro F1, ceiling (NLM's MeSH codes as the prediction)",
+                        {p: r.micro[2] for p, r in ceiling.items()},
+                        {p: r.n_reports - r.n_excluded for p, r in ceiling.items()},
+                    )
                 blocks.append(block)
         if negex is not None:
             items = load_negex_kit(negex)

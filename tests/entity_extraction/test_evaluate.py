@@ -16,6 +16,7 @@ from entity_extraction.evaluate import (
     load_mesh_map,
     load_openi_dir,
     mesh_heads,
+    negbio_ceiling_by_fold,
     open_i_reading,
     render_table,
 )
@@ -139,6 +140,24 @@ def test_negbio_counts_and_figures(results):
     assert r.out_of_family == {"F032": 1}
 
 
+def test_negbio_ceiling_by_fold(tiny, results):
+    from entity_extraction.folds import FoldPlan
+
+    plan = FoldPlan("openi", 5, frozenset({0, 1, 2}))
+    parts = negbio_ceiling_by_fold(tiny, plan)
+    # NLM's MeSH codes scored against NegBio: r1 cardiomegaly and effusion, r4 atelectasis, r5 nodule TP; r3 ('No
+    # Indexing') codes nothing: its NegBio cardiomegaly FN; r6 calcified granuloma (MeSH: F016) is no NegBio nodule: FP
+    assert counts(parts["all"]) == {"F018": (1, 0, 1), "F029": (1, 0, 0), "F019": (1, 0, 0), "F016": (1, 1, 0)}
+    assert parts["all"].micro == pytest.approx((0.8, 0.8, 0.8))
+    assert any("micro precision 0.800, recall 0.800, F1 0.800" in n for n in results["negbio"].notes)  # same figure
+    tuned, held = parts["tuned"], parts["held-out"]
+    assert len(tuned.errors) + len(held.errors) == 2 and {plan.part(u) for u in "123456"} == {"tuned", "held-out"}
+    for part, result in (("tuned", tuned), ("held-out", held)):
+        n = sum(1 for u in "123456" if plan.part(u) == part)
+        assert result.n_reports == n  # every report has NegBio labels
+        assert all(plan.part(uid) == part for uid, _, _ in result.errors)
+
+
 def test_render_table_last_line(results):
     text = render_table(results["mesh"])
     lines = text.splitlines()
@@ -164,6 +183,9 @@ def test_cli_entities(tiny, tmp_path):
     assert reseeded.output.strip().splitlines()[-1].startswith("k-fold openi (seed 38): mesh micro F1, present or")
     both = runner.invoke(app, ["entities", "--openi", str(tiny)])
     assert both.exit_code == 0 and both.output.count("micro P=") == 2
+    # the NegBio block ends with the label set's own fold gap: NLM's MeSH codes as the prediction
+    last = both.output.strip().splitlines()[-1]
+    assert last.startswith("k-fold openi: negbio micro F1, ceiling (NLM's MeSH codes as the prediction): tuned (")
     bad = runner.invoke(app, ["entities", "--openi", str(tmp_path / "missing")])
     assert bad.exit_code == 1 and len(bad.output.strip().splitlines()) == 1 and "not_a_directory" in bad.output
     no_neg = write_dir(tmp_path, negbio=False)

@@ -187,6 +187,28 @@ def test_own_temporality_rule_sentence(ex, rule):
     assert ex.assert_target(text, at, at + 16)["temporality"] == rule["category"].lower(), text
 
 
+def test_copular_post_negations(ex, field):
+    """Every backward negation "not X" (ours or a field lexicon's) also negates after "is", "are", "was": no forward
+    trigger ending in "not" (medspaCy's "is not", excluded) may win the overlap ("Pleural effusion is not
+    identified")."""
+    merged = merge_rules(RULES["rules"], field[0])
+    literals = {r["literal"].lower() for r in merged}
+    wrong = []
+    for r in merged:
+        lit = r["literal"].lower()
+        if r["category"] != "NEGATED_EXISTENCE" or r.get("direction") not in ("BACKWARD", "BIDIRECTIONAL"):
+            continue
+        if not lit.startswith("not "):
+            continue
+        for copula in ("is", "are", "was"):
+            if f"{copula} {lit}" in literals:
+                continue  # its own rule
+            text = f"Pleural effusion {copula} {lit}."
+            if assertion_of(ex, text, "Pleural effusion") != "absent":
+                wrong.append(text)
+    assert not wrong, wrong
+
+
 def test_own_phrase_rules(ex):
     assert assertion_of(ex, "Pleural effusion: none.", "Pleural effusion") == "absent"
     assert assertion_of(ex, "The pleural effusion has resolved.", "pleural effusion") == "absent"
@@ -222,12 +244,88 @@ def test_own_phrase_rules(ex):
         ("Rule out pneumonia.", "pneumonia", "uncertain"),
         ("Evaluate for pneumonia.", "pneumonia", "present"),
         ("Pneumonia is not excluded.", "Pneumonia", "uncertain"),
+        ("There may be a small pleural effusion.", "pleural effusion", "uncertain"),
+        ("Pneumonia is difficult to exclude.", "Pneumonia", "uncertain"),
+        ("Pneumonia should be considered.", "Pneumonia", "uncertain"),
+        ("Pleural effusion is not identified.", "Pleural effusion", "absent"),
         ("Questionable nodule.", "nodule", "uncertain"),
         ("Opacity may be secondary to atelectasis.", "atelectasis", "uncertain"),
         ("Right basilar opacity, ? pneumonia.", "pneumonia", "uncertain"),
     ],
 )
 def test_convention(ex, text, target, want):
+    assert assertion_of(ex, text, target) == want
+
+
+@pytest.mark.parametrize(
+    "text, target, hedge",
+    [
+        (
+            "The blunted costophrenic angle could be secondary to a small pleural effusion.",
+            "pleural effusion",
+            "could be secondary to",
+        ),
+        ("The density might be secondary to a small pleural effusion.", "pleural effusion", "might be secondary to"),
+        ("Basilar opacity, possibly secondary to atelectasis.", "atelectasis", "possibly secondary to"),
+    ],
+)
+def test_chexpert_secondary_to_with_a_modal(ex, text, target, hedge):
+    """CheXpert's "maybe secondary to XXX" (nmod:to secondary) with the modals its due-to/related-to patterns take:
+    uncertain, and the cue is the phrase, not the scope end "secondary to" (NegEx [CONJ]) that would cut "could be"."""
+    assert assertion_of(ex, text, target) == "uncertain"
+    mention = next(m for m in ex.extract(text, "2D-CXR") if m["text"].lower() == target)
+    assert mention["assertion"] == "uncertain" and mention["hedges"] == [hedge]
+
+
+def test_modal_secondary_to_before_versus_is_not_coded_by_nlm_reading(ex):
+    """The effusion of "could be secondary to a small effusion versus scarring" carries the modal cue as
+    well as "versus", so NLM's reading of hedges (which codes "versus" alone) keeps it uncertain."""
+    text = "Blunting of the costophrenic sulcus could be secondary to a small effusion versus scarring."
+    effusion = next(m for m in ex.extract(text, "2D-CXR") if m["text"] == "effusion")
+    assert effusion["assertion"] == "uncertain" and "could be secondary to" in effusion["hedges"]
+
+
+@pytest.mark.parametrize(
+    "text, target, want",
+    [
+        # "other than" ends a negation's scope, as NegEx's [CONJ] "except", "aside from", "apart from" do
+        ("No acute infiltrate other than left basilar atelectasis.", "atelectasis", "present"),
+        ("No acute infiltrate other than left basilar atelectasis.", "infiltrate", "absent"),
+        # "with residual" / "with persistent" end the scope of a resolution ("resolution of", "clearing of")
+        ("Resolution of the pleural effusion with residual atelectasis.", "atelectasis", "present"),
+        ("Resolution of the pleural effusion with residual atelectasis.", "pleural effusion", "absent"),
+        ("Clearing of the pneumonia with persistent atelectasis.", "atelectasis", "present"),
+        ("No residual pneumothorax.", "pneumothorax", "absent"),
+        # a high-likelihood hedge ends an uncertainty cue's scope, as it ends a negation's
+        ("Possible atelectasis, likely pneumonia.", "pneumonia", "present"),
+        ("Possible atelectasis, likely pneumonia.", "atelectasis", "uncertain"),
+    ],
+)
+def test_scope_ends(ex, text, target, want):
+    assert assertion_of(ex, text, target) == want
+
+
+@pytest.mark.parametrize(
+    "text, target, want",
+    [
+        # "there may be" was a clause break only, which hid the CheXpert cue "may be" ("May/might/would/could be XXX")
+        ("There may be a small left pleural effusion.", "pleural effusion", "uncertain"),
+        ("There might be a small left pleural effusion.", "pleural effusion", "uncertain"),
+        ("There could be a small left pleural effusion.", "pleural effusion", "uncertain"),
+        ("No pneumothorax, there may be a small pleural effusion.", "pneumothorax", "absent"),  # still ends the "no"
+        # "difficult to exclude" reads both ways, as "not excluded" does
+        ("Difficult to exclude pneumonia.", "pneumonia", "uncertain"),
+        ("Pneumonia is difficult to exclude.", "Pneumonia", "uncertain"),
+        ("Pneumonia would be difficult to exclude.", "Pneumonia", "uncertain"),
+        # the passive of CheXpert's "consider XXX" and a stated possibility
+        ("Pneumonia should be considered.", "Pneumonia", "uncertain"),
+        ("A pulmonary nodule is a possibility.", "pulmonary nodule", "uncertain"),
+        ("A pulmonary nodule is also a possibility.", "pulmonary nodule", "uncertain"),
+        ("Pneumonia remains a possibility.", "Pneumonia", "uncertain"),
+        ("Early pneumonia is a consideration.", "pneumonia", "uncertain"),
+    ],
+)
+def test_uncertainty_phrasings(ex, text, target, want):
     assert assertion_of(ex, text, target) == want
 
 
