@@ -377,7 +377,7 @@ def _written(before: dict, after: dict) -> tuple[int, int]:
 
 
 def _per_modality(corpus: Path, st) -> dict:
-    """Images rows (curated ``images``) and source DICOM files (the answer key's ``PatientID`` rows) per modality."""
+    """Images rows (curated ``images``) and delivered DICOM files (every file of ``sources/*/dicom``) by modality."""
     import polars as pl
 
     rows = pl.from_arrow(st.read_table("curated/images", schema=None, columns=["modality"]))
