@@ -3,11 +3,14 @@
 What is built. :func:`etl.demo.corpus.generate_corpus` with ``pixels="archive"``: the demo's 8 institutions, patients,
 headers, PHI and reports, with real-sized pixels (CR/DX 1900 x 1800 from the real RG1 chest radiograph, chest CT
 series of 300, 100 and 200 slices of 512 x 512 taken in turn from the real 693 CT slice, MR series of 64 slices of
-256 x 256 from the real MR2 image, full 480 x 640 ultrasound frames), uncompressed. Corpora are cached under
-``$MEDRECO_BENCH_CACHE`` (default ``~/.cache/medreco-bench``), keyed by the generator's code. The config is the
-demo's institutions with the real defaults (``ct_spacing_mm`` 0.75 x 0.75 x 1.5 mm, 480 x 480 2D images), a
-pixel-cleaning rule for the ultrasound device's full frames, and a fixed shard count (``--shards``, default 4): the
-archive doubles, the config does not.
+256 x 256 from the real MR2 image, full 480 x 640 ultrasound frames), uncompressed. That is the ``ct-heavy`` mix (the
+default: about 53 DICOM files per images row); ``--mix chest`` builds what MedReCo-DB mostly holds instead, 4 chest
+radiograph patients to 1 chest CT patient with 120-slice series (``etl.demo.corpus.ARCHIVE_MIXES``: 77-79% radiograph
+rows at 8 and 16 patients). Corpora are cached under ``$MEDRECO_BENCH_CACHE`` (default ``~/.cache/medreco-bench``),
+keyed by the generator's code. The config is the demo's institutions with the real defaults (``ct_spacing_mm`` 0.75 x
+0.75 x 1.5 mm, 480 x 480 2D images), a pixel-cleaning rule for the ultrasound device's full frames, and a fixed shard
+count (``--shards``, default 4): the archive doubles, the config does not. Burned-in text OCR stays on
+(``deid.burned_in_text.ocr``, the production default; the run stops if the config turns it off).
 
 How it is run. Every task of ``dags/medreco_build.py`` (checked against the DAG: same task ids, an order that
 respects its dependencies) runs in its own fresh Python process, one after the other, calling the same function the
@@ -18,15 +21,17 @@ forking parent's size over) and the parent collects its CPU time with ``os.wait4
 honest per-task peak, which ``dag.test()`` (every task in one process, RSS that never shrinks) cannot give. ``floor`` is
 a process that imports the stage modules and does nothing: the interpreter and library share of every figure.
 
-What is measured. Per stage (all map indices of a task together): wall seconds, CPU seconds, CPU seconds per image
-and per series (``per core``: one process uses one core), and the peak RSS of its largest task instance. Then one new
+What is measured. Per stage (all map indices of a task together): wall seconds, CPU seconds, CPU seconds per DICOM
+file, per images row and per series (``per core``: one process uses one core), and the peak RSS of its largest task
+instance; the images rows and DICOM files per modality. Then one new
 patient (a patient of a second corpus, the same one at every size) is delivered and the DAG runs again: the
 snapshot task's seconds and the bytes it wrote under ``snapshots/`` (hard links to curated files counted apart).
 Ends with ``BENCH build ...``: the peak RSS ratio per doubling of every stage (worst first) and of the incremental
 publish, against the smallest size measured in the same run.
 
-Usage: ``python benchmarks/bench_build.py [--sizes 8,16] [--shards 4] [--keep DIR]`` (patients per size; the demo
-generator needs at least 8).
+Usage: ``python benchmarks/bench_build.py [--sizes 8,16] [--shards 4] [--mix ct-heavy|chest] [--keep DIR]``
+(patients per size; the demo generator needs at least 8). ``--report DIR`` prints the tables again from the figures
+a ``--keep DIR`` run saved.
 """
 
 from __future__ import annotations
@@ -272,14 +277,16 @@ def _generator_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def archive(patients: int, seed: int = SEED) -> Path:
-    """The cached corpus of ``patients`` patients with real-sized pixels (generated once per generator version)."""
+def archive(patients: int, seed: int = SEED, mix: str = "ct-heavy") -> Path:
+    """The cached corpus of ``patients`` patients with real-sized pixels at ``mix`` (``etl.demo.corpus.ARCHIVE_MIXES``;
+    generated once per generator version)."""
     from etl.demo.corpus import generate_corpus
 
-    out = CACHE / f"archive-p{patients}-s{seed}-{_generator_hash()}"
+    tag = "" if mix == "ct-heavy" else f"-{mix}"
+    out = CACHE / f"archive-p{patients}-s{seed}{tag}-{_generator_hash()}"
     if not (out / ".complete").is_file():
         shutil.rmtree(out, ignore_errors=True)
-        generate_corpus(out, seed=seed, n_patients=patients, pixels="archive")
+        generate_corpus(out, seed=seed, n_patients=patients, pixels="archive", mix=mix)
         (out / ".complete").write_text("ok\n")
     return out
 
@@ -326,6 +333,11 @@ def write_config(corpus: Path, root: Path, shards: int) -> Path:
     data["deid"]["pixel_cleaning"].append(  # the ultrasound device's full frames: its header text band
         {"manufacturer": "MEDRECO DEMO IMAGING", "rows": 480, "columns": 640, "regions": [[0, 0, 640, 40]]}
     )
+    from schemas.config import BurnedInTextConfig
+
+    ocr = BurnedInTextConfig.model_validate(data["deid"].get("burned_in_text", {}))
+    if not ocr.ocr or ocr.ocr_off:  # the figures are the production default's: OCR on every file
+        raise RuntimeError(f"the bench config turns burned-in text OCR off somewhere: {ocr}")
     root.mkdir(parents=True, exist_ok=True)
     for inst in sorted((corpus / "sources").iterdir()):  # the pipeline never writes under sources/: link it
         (root / "sources").mkdir(exist_ok=True)
@@ -364,9 +376,34 @@ def _written(before: dict, after: dict) -> tuple[int, int]:
     return sum(s for s, n in new if n == 1), sum(s for s, n in new if n > 1)
 
 
-def measure_size(patients: int, shards: int, workdir: Path, env: dict, log) -> dict:
-    """Build the archive of ``patients`` patients, then deliver one new patient and build again."""
-    corpus = archive(patients)
+def _per_modality(corpus: Path, st) -> dict:
+    """Images rows (curated ``images``) and delivered DICOM files (every file of ``sources/*/dicom``) by modality."""
+    import polars as pl
+
+    rows = pl.from_arrow(st.read_table("curated/images", schema=None, columns=["modality"]))
+    assert isinstance(rows, pl.DataFrame)
+    files: dict[str, int] = {}
+    import pydicom
+
+    for f in (corpus / "sources").glob("*/dicom/**/*"):
+        if not f.is_file():
+            continue
+        try:
+            m = str(pydicom.dcmread(f, stop_before_pixels=True, force=True).get("Modality", "?"))
+        except Exception:  # noqa: BLE001 - a cut-off copy: counted, not named
+            m = "?"
+        files[m] = files.get(m, 0) + 1
+    return {
+        "rows": {
+            r["modality"]: r["len"] for r in rows.group_by("modality").len().sort("modality").iter_rows(named=True)
+        },
+        "files": dict(sorted(files.items())),
+    }
+
+
+def measure_size(patients: int, shards: int, workdir: Path, env: dict, log, mix: str = "ct-heavy") -> dict:
+    """Build the archive of ``patients`` patients at ``mix``, then deliver one new patient and build again."""
+    corpus = archive(patients, mix=mix)
     root = workdir / f"p{patients}" / "root"
     cfg = str(write_config(corpus, root, shards))
     full = measure_build(cfg, f"bench__p{patients}__full", env)
@@ -382,6 +419,7 @@ def measure_size(patients: int, shards: int, workdir: Path, env: dict, log) -> d
         curated.values()
     )
     st = Storage.open(str(root))
+    by_modality = _per_modality(corpus, st)
     tbl = {
         t: st.read_table(f"curated/{t}", schema=None, columns=[c]).num_rows
         for t, c in (("images", "image_key"), ("series", "series_key"), ("studies", "study_key"))
@@ -407,6 +445,8 @@ def measure_size(patients: int, shards: int, workdir: Path, env: dict, log) -> d
     }
     return {
         "patients": patients,
+        "mix": mix,
+        "by_modality": by_modality,
         "full": full,
         "inc": inc,
         "images": tbl["images"],
@@ -435,22 +475,35 @@ def report(sizes: list[dict], floor: TaskFigure, load: tuple, log) -> None:
     for m in sizes:
         full = m["full"]
         log(
-            f"\n{m['patients']} patients: {m['studies']} studies, {m['series']} series, {m['images']} images rows "
+            f"\n{m['patients']} patients ({m.get('mix', 'ct-heavy')} mix): {m['studies']} studies, "
+            f"{m['series']} series, {m['images']} images rows "
             f"({m['dicom_files']} DICOM files, {m['source_bytes'] / 2**30:.2f} GiB delivered); "
             f"ledger {m['ledger']}; curated MiB "
             + ", ".join(f"{z} {b / 2**20:.0f}" for z, b in m["curated_bytes"].items())
         )
+        if "by_modality" in m:
+            log(
+                "  per modality: images rows "
+                + ", ".join(f"{k} {v}" for k, v in m["by_modality"]["rows"].items())
+                + "; source DICOM files "
+                + ", ".join(f"{k} {v}" for k, v in m["by_modality"]["files"].items())
+            )
         log(
-            f"  {'stage':13s} {'tasks':>5s} {'wall_s':>8s} {'cpu_s':>8s} {'cpu_s/file':>10s} {'cpu_s/series':>12s} "
-            f"{'peak_GiB':>8s} {'above_floor_GiB':>15s}"
+            f"  {'stage':13s} {'tasks':>5s} {'wall_s':>8s} {'cpu_s':>8s} {'cpu_s/file':>10s} {'cpu_s/row':>9s} "
+            f"{'cpu_s/series':>12s} {'peak_GiB':>8s} {'above_floor_GiB':>15s}"
         )
         for name in stages:
             s = full.stage(name)
             log(
                 f"  {name:13s} {s['n']:5d} {s['wall_s']:8.1f} {s['cpu_s']:8.1f} {s['cpu_s'] / m['dicom_files']:10.4f} "
-                f"{s['cpu_s'] / max(1, m['series']):12.3f} {_gib(s['peak_rss']):>8s} "
+                f"{s['cpu_s'] / m['images']:9.3f} {s['cpu_s'] / max(1, m['series']):12.3f} {_gib(s['peak_rss']):>8s} "
                 f"{_gib(s['peak_rss'] - floor.peak_rss):>15s}"
             )
+        total = sum(t.cpu_s for t in full.tasks)
+        log(
+            f"  {'build':13s} {len(full.tasks):5d} {sum(t.wall_s for t in full.tasks):8.1f} {total:8.1f} "
+            f"{total / m['dicom_files']:10.4f} {total / m['images']:9.3f} {total / max(1, m['series']):12.3f}"
+        )
         inc = m["inc"]
         log(
             f"  one new patient ({m['new_patient']['files']} files, {m['new_patient']['bytes'] / 2**20:.0f} MiB, "
@@ -479,7 +532,7 @@ def report(sizes: list[dict], floor: TaskFigure, load: tuple, log) -> None:
         f"{load[0]:.2f}/{load[1]:.2f} on {os.cpu_count()} cores"
     )
     print(
-        "BENCH build patients="
+        f"BENCH build mix={sizes[0].get('mix', 'ct-heavy')} patients="
         + ",".join(str(m["patients"]) for m in sizes)
         + " images="
         + ",".join(str(m["images"]) for m in sizes)
@@ -508,10 +561,22 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,16", help="patients per archive, comma-separated (each >= 8), e.g. 8,16,32")
     ap.add_argument("--shards", type=int, default=4, help="patient-hash shards (fixed across sizes)")
+    ap.add_argument("--mix", default="ct-heavy", help="archive mix: ct-heavy (default) or chest (ARCHIVE_MIXES)")
     ap.add_argument("--keep", type=Path, help="build under this folder and keep it (default: a temporary folder)")
+    ap.add_argument("--report", type=Path, help="print the tables of a --keep DIR run again from its figures.pickle")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     log = lambda s: print(s, flush=True)  # noqa: E731
+    if args.report is not None:
+        import pickle
+
+        results, floor, load = pickle.loads((args.report / "figures.pickle").read_bytes())
+        report(results, floor, load, log)
+        return
+    from etl.demo.corpus import ARCHIVE_MIXES
+
+    if args.mix not in ARCHIVE_MIXES:
+        ap.error(f"--mix {args.mix!r}: one of {', '.join(ARCHIVE_MIXES)}")
     check_dag_order()
     env = {
         **os.environ,
@@ -520,14 +585,14 @@ def main(argv: list[str] | None = None) -> None:
     }
     t = time.perf_counter()
     for n in sizes:
-        archive(n)
+        archive(n, mix=args.mix)
     archive(8, NEW_PATIENT_SEED)
     log(f"archives ready in {time.perf_counter() - t:.0f} s under {CACHE}")
     load0 = os.getloadavg()[0]
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench-build-"))
     try:
         floor = run_task("floor", "-", "-", None, env)
-        results = [measure_size(n, args.shards, work, env, log) for n in sizes]
+        results = [measure_size(n, args.shards, work, env, log, args.mix) for n in sizes]
         if args.keep is not None:  # the raw figures, for a report written later
             import pickle
 

@@ -694,3 +694,25 @@ def test_archive_pixel_profile_has_real_sizes_and_an_unknown_profile_is_refused(
     assert all(s.pixels.dtype == np.dtype("<i2") for s in slices)
     assert [s.attrs["ImagePositionPatient"][2] for s in slices] == [0.0, -1.25, -2.5]
     assert not np.array_equal(slices[0].pixels, slices[1].pixels)  # neighbouring slices differ
+
+
+def test_chest_mix_holds_radiographs_and_chest_ct_only_and_an_unknown_mix_is_refused(tmp_path):
+    """``mix="chest"`` (the build benchmark's realistic archive): chest radiographs and chest CT series only, about a
+    fifth of the images rows CT series (the archive profile's series are 120 slices); the default mix is the
+    demo's four families; a mix outside ARCHIVE_MIXES raises before anything is written."""
+    from etl.demo.corpus import ARCHIVE_CT_SLICES, ARCHIVE_MIXES
+
+    with pytest.raises(DemoCorpusError) as e:
+        generate_corpus(tmp_path / "x", n_patients=8, mix="mostly-mr")
+    assert e.value.reason == "unknown_mix" and not (tmp_path / "x").exists()
+    assert ARCHIVE_MIXES["ct-heavy"] == (FAMILIES, ARCHIVE_CT_SLICES) and ARCHIVE_MIXES["chest"][1] == (120,)
+    out = tmp_path / "chest"
+    summary = generate_corpus(out, seed=11, n_patients=16, mix="chest")
+    series: dict[str, set[str]] = defaultdict(set)
+    for p in out.glob("sources/*/dicom/**/*.dcm"):
+        ds = pydicom.dcmread(p, stop_before_pixels=True, force=True)
+        series[ds.Modality].add(ds.SeriesInstanceUID)
+    assert set(series) <= {"CR", "DX", "CT"} and series["CT"]
+    ct_rows, radiograph_rows = len(series["CT"]), len(series["CR"]) + len(series["DX"])  # one view per series
+    assert 0.15 <= ct_rows / (ct_rows + radiograph_rows) <= 0.3, (ct_rows, radiograph_rows)
+    assert summary["patients"] == 16
