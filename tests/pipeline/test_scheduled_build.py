@@ -55,21 +55,24 @@ def builds(tmp_path_factory, airflow_home):
 
     for stale in unfinished_runs(DAG_ID):  # a run another test of the session left "running" would block ours
         fail_run(DAG_ID, stale)
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    def run_ids() -> set[str]:
+        with create_session() as session:
+            return {r.run_id for r in session.query(DagRun).filter(DagRun.dag_id == DAG_ID)}
+
     corpus = demo_sources(tmp_path_factory.mktemp("scheduled"), seed=11, n_patients=8)
     out = {}
     for name, workers in (("serial", 1), ("scheduled", 2)):
         cfg = config_for(fresh_root(corpus, name), shard_count=4, max_map_length=2)
         log = io.StringIO()
+        known = run_ids()  # other tests of this session build the same DAG in the same Airflow home
         summary = run_build(cfg, workers=workers, progress=BuildProgress(mode="lines", stream=log))
-        out[name] = {"summary": summary, "log": log.getvalue(), "root": corpus / name}
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        run_ids = {r.run_id: r.conf for r in session.query(DagRun).filter(DagRun.dag_id == DAG_ID)}
-    scheduled_run = next(r for r in run_ids if r.startswith("manual__medreco_run_"))
-    out["scheduled"]["tasks"] = read_task_rows(DAG_ID, scheduled_run)
-    out["scheduled"]["run_id"] = scheduled_run
+        (run_id,) = run_ids() - known
+        out[name] = {"summary": summary, "log": log.getvalue(), "root": corpus / name, "run_id": run_id}
+    assert out["scheduled"]["run_id"].startswith("manual__medreco_run_")
+    out["scheduled"]["tasks"] = read_task_rows(DAG_ID, out["scheduled"]["run_id"])
     out["home"] = airflow_home
     return out
 
@@ -148,19 +151,11 @@ def test_one_progress_line_per_stage(builds, name):
 def test_medreco_logs_shows_each_tasks_info_lines(builds, name, monkeypatch):
     """Issue 40, point 10, re-checked in a run: ``medreco logs RUN TASK`` prints the task's INFO lines (the
     scheduled workers log at INFO; a dag.test() run keeps its whole log), for a mapped and an unmapped task."""
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
     from typer.testing import CliRunner
 
     from medreco.cli.app import app
 
-    with create_session() as session:
-        runs = [r.run_id for r in session.query(DagRun).filter(DagRun.dag_id == DAG_ID)]
-    run_id = (
-        builds["scheduled"]["run_id"]
-        if name == "scheduled"
-        else next(r for r in runs if not r.startswith("manual__medreco_run_") and r != builds["scheduled"]["run_id"])
-    )
+    run_id = builds[name]["run_id"]
     monkeypatch.setenv("AIRFLOW_HOME", str(builds["home"]))
     for task in ("deidentify", "snapshot"):
         res = CliRunner().invoke(app, ["logs", run_id, task])
