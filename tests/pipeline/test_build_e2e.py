@@ -196,11 +196,25 @@ def _real_build(shared_data: Path, root: Path) -> dict:
     return run_build(cfg)
 
 
-def test_real_shared_data_build(shared_data, tmp_path_factory, airflow_home):
+#: issue 20's key: 64 bytes 'c','d' (in hex, as ``MEDRECO_PSEUDONYM_KEY`` takes a hex secret); its date shift moves
+#: TCIA's already-shifted 1900 StudyDates before 1900-01-01, which failed the build's old date bound
+KEY_THAT_FAILED = (b"cd" * 64).hex()
+
+
+@pytest.fixture(scope="module")
+def real_build(shared_data, tmp_path_factory, airflow_home) -> tuple[dict, Path]:
+    """One build of the real public data (``config/shared-real.yaml``) under :data:`KEY_THAT_FAILED` (six keys at
+    the date gate itself: ``tests/quality/test_row_flags.py``): (summary, storage root)."""
+    root = tmp_path_factory.mktemp("real-key-cd") / "root"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MEDRECO_PSEUDONYM_KEY", KEY_THAT_FAILED)
+        return _real_build(shared_data, root), root
+
+
+def test_real_shared_data_build(shared_data, real_build):
     """The real public data: images without reports and reports without images flow on; edge cases are
     quarantined with reasons and the ledger balances."""
-    root = tmp_path_factory.mktemp("real") / "root"
-    summary = _real_build(shared_data, root)
+    summary, root = real_build
     led = summary["ledger"]
     assert led["balanced"] is True
     expected = sum(1 for d in ("dicom", "dicom-edge", "openi") for p in (shared_data / d).rglob("*") if p.is_file())
@@ -229,16 +243,10 @@ def test_real_shared_data_build(shared_data, tmp_path_factory, airflow_home):
     assert set(reports["link_status"].to_pylist()) >= {"report_only_source"}
 
 
-def test_real_shared_data_build_publishes_under_the_key_that_failed_it(
-    shared_data, tmp_path_factory, airflow_home, monkeypatch
-):
-    """Issue 20: a build's success must not depend on the secret. Under the key of 64 bytes 'c','d' (given in hex,
-    as ``MEDRECO_PSEUDONYM_KEY`` takes a hex secret; the session's test key is the other key built above) the date
-    shift moves TCIA's already-shifted 1900 StudyDates before 1900-01-01; the build still publishes, with no date
-    check failing or flagging a row (six keys at the gate itself: ``tests/quality/test_row_flags.py``)."""
-    monkeypatch.setenv("MEDRECO_PSEUDONYM_KEY", (b"cd" * 64).hex())
-    root = tmp_path_factory.mktemp("real-key-cd") / "root"
-    summary = _real_build(shared_data, root)
+def test_real_shared_data_build_publishes_under_the_key_that_failed_it(real_build):
+    """Issue 20: a build's success must not depend on the secret. Under :data:`KEY_THAT_FAILED` the build still
+    publishes, with no date check failing or flagging a row."""
+    summary, root = real_build
     assert summary["ledger"]["balanced"] is True and summary["version"] == "0.1.0"
     st = Storage.open(str(root))
     studies = st.read_table("curated/studies", schema=None, columns=["study_date_shifted"]).column(0).to_pylist()
