@@ -1,6 +1,6 @@
-"""Issue 19, item 4: long inputs finish within a bound. The whole de-identification of one DICOM file and of one
-report runs on adversarial lengths; what is over a cap is quarantined at once, what is under it must still be fast,
-and a per-record time limit stops anything that is not."""
+"""Issue 19, item 4: long inputs finish within a bound of CPU time. The whole de-identification of one DICOM file
+and of one report runs on adversarial lengths; what is over a cap is quarantined at once, what is under it must still
+be fast, and a per-record time limit stops anything that is not."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from pydicom.data import get_testdata_file
 from etl.deid.dicom import DeidentificationError, deidentify_dataset
 from etl.limits import MAX_DICOM_TEXT_CHARS, MAX_REPORT_CHARS, RecordLimitError, time_limit
 
-BOUND_S = 5.0  # generous: milliseconds normally, on a loaded 2-core machine a few seconds at most
+#: CPU seconds of this process (time.process_time: the bound is on the work, so other jobs on the cores do not
+#: fail it); generous: milliseconds normally
+BOUND_S = 5.0
 
 
 def _ct(**values) -> pydicom.Dataset:
@@ -35,31 +37,31 @@ def _ct(**values) -> pydicom.Dataset:
 def test_dicom_description_over_the_cap_is_quarantined_at_once(key, text):
     deidentify_dataset(_ct(), key, "inst")  # what a process loads once (policy, lexicons: seconds under load)
     ds = _ct(SeriesDescription=text)
-    t0 = time.monotonic()
+    t0 = time.process_time()
     with pytest.raises(DeidentificationError) as err:
         deidentify_dataset(ds, key, "inst")
-    assert time.monotonic() - t0 < BOUND_S
+    assert time.process_time() - t0 < BOUND_S
     assert err.value.reason == "value_too_long" and text[:20] not in str(err.value)
 
 
 def test_dicom_description_of_two_megabytes_is_handled_at_once(key):
     """Over 64 KB, pydicom writes the value as UN (explicit VR has no longer LO length): removed or quarantined."""
     ds = _ct(SeriesDescription="a" * 2_000_000)
-    t0 = time.monotonic()
+    t0 = time.process_time()
     try:
         out = deidentify_dataset(ds, key, "inst")
         assert b"a" * 100 not in out.payload
     except DeidentificationError as err:
         assert err.value.reason == "value_too_long"
-    assert time.monotonic() - t0 < BOUND_S
+    assert time.process_time() - t0 < BOUND_S
 
 
 @pytest.mark.parametrize("text", ["a" * MAX_DICOM_TEXT_CHARS, "Dr " + "a." * (MAX_DICOM_TEXT_CHARS // 2 - 2)])
 def test_dicom_description_at_the_cap_is_deidentified_in_time(key, text):
     ds = _ct(SeriesDescription=text)
-    t0 = time.monotonic()
+    t0 = time.process_time()
     deidentify_dataset(ds, key, "inst")
-    assert time.monotonic() - t0 < BOUND_S
+    assert time.process_time() - t0 < BOUND_S
 
 
 def _report_ctx(key):
@@ -95,10 +97,10 @@ def test_report_over_the_cap_is_withheld_at_once(key, text):
     from etl.sources.report_files import report_record_row
 
     ctx, inst, index = _report_ctx(key)
-    t0 = time.monotonic()
+    t0 = time.process_time()
     with pytest.raises(RecordLimitError) as err:
         report_record_row(_report(text), inst, "rid", ctx.key, index, lambda uri: [], ctx.cfg.shard_count)
-    assert time.monotonic() - t0 < BOUND_S
+    assert time.process_time() - t0 < BOUND_S
     assert err.value.reason == "report_too_long"
 
 
@@ -107,9 +109,9 @@ def test_long_ordinary_report_is_deidentified_in_time(key):
 
     ctx, inst, index = _report_ctx(key)
     text = ("FINDINGS: The lungs are clear. No effusion, seen on 03/04/2021 by Dr Smith. " * 600)[:MAX_REPORT_CHARS]
-    t0 = time.monotonic()
+    t0 = time.process_time()
     row = report_record_row(_report(text), inst, "rid", ctx.key, index, lambda uri: [], ctx.cfg.shard_count)
-    assert time.monotonic() - t0 < BOUND_S * 4
+    assert time.process_time() - t0 < BOUND_S * 4
     assert row is not None and "Smith" not in row["text"]
 
 
@@ -117,22 +119,22 @@ def test_letters_just_under_the_report_cap_are_deidentified_in_time(key):
     from etl.sources.report_files import report_record_row
 
     ctx, inst, index = _report_ctx(key)
-    t0 = time.monotonic()
+    t0 = time.process_time()
     try:
         report_record_row(
             _report("a" * (MAX_REPORT_CHARS - 1)), inst, "rid", ctx.key, index, lambda uri: [], ctx.cfg.shard_count
         )
     except RecordLimitError:  # stopped by the time limit: in bound, but not de-identified
         pass
-    assert time.monotonic() - t0 < BOUND_S
+    assert time.process_time() - t0 < BOUND_S
 
 
 def test_time_limit_interrupts_a_backtracking_pattern():
-    t0 = time.monotonic()
+    t0 = time.process_time()
     with pytest.raises(RecordLimitError) as err:
         with time_limit(0.5, "report_timeout", "test"):
             re.match(r"(a+)+$", "a" * 64 + "b")
-    assert err.value.reason == "report_timeout" and time.monotonic() - t0 < 3
+    assert err.value.reason == "report_timeout" and time.process_time() - t0 < 3
 
 
 def test_time_limit_keeps_an_outer_timer():
