@@ -307,9 +307,9 @@ def test_adversarial_text_is_scrubbed_in_linear_time(text):
     from entity_extraction.deid import deidentify_text
 
     deidentify_text("warm up", known_phi=[], date_shift_days=0)
-    t0 = time.monotonic()
+    t0 = time.process_time()  # CPU time of this process: the bound is on the work, not on other jobs' share
     deidentify_text(text, known_phi=["SMITH^JOHN"], date_shift_days=5)
-    assert time.monotonic() - t0 < 3.0
+    assert time.process_time() - t0 < 3.0
 
 
 def test_signature_with_an_initial_is_redacted():
