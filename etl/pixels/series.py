@@ -36,6 +36,8 @@ from schemas.config import NormalisationConfig
 
 #: what :func:`normalise_instances` hands each volume row to (row in, row out)
 VolumeSink = Callable[[dict[str, Any]], dict[str, Any]]
+#: reads one instance row's de-identified file (the dataset, or the exception its parse raised)
+Reader = Callable[[dict[str, Any]], "Dataset | Exception"]
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,7 @@ def normalise_instances(
     items: Iterable[tuple[dict[str, Any], Dataset | Exception]],
     cfg: NormalisationConfig,
     volume_sink: VolumeSink | None = None,
+    reread: Reader | None = None,
 ) -> ShardPixels:
     """Normalise a shard's de-identified instances into image rows (the rules of the module docstring).
 
@@ -207,6 +210,11 @@ def normalise_instances(
         called with each volume's images row (``.npy`` payload) as soon as it is made; its result replaces the
         row (the normalise task passes :func:`etl.pixels.volume_objects.externalise_volume`, so a shard holds
         one volume's pixels at a time). Default: rows keep their ``.npy`` payloads.
+    reread : callable, optional
+        the reader that gave ``items`` (instance row -> dataset or exception). When given, a CT/MR slice's dataset
+        is let go once its kind is known and read again when its series is normalised, so a shard holds the
+        slices of one series at a time (the normalise task passes it); otherwise every slice of the shard is held
+        until the series are normalised.
 
     Returns
     -------
@@ -215,7 +223,7 @@ def normalise_instances(
         and the instance count of every series with at least one readable instance.
     """
     out = ShardPixels()
-    by_series: dict[str, list[tuple[dict[str, Any], Dataset]]] = {}
+    by_series: dict[str, list[tuple[dict[str, Any], Dataset | None]]] = {}
     for row, ds in items:
         if isinstance(ds, Exception):  # our own output that does not parse
             out.fail([row["sop_key"]], ds, "truncated_file")
@@ -230,12 +238,32 @@ def normalise_instances(
         meta = out.series.setdefault(row["series_key"], {**row, "n": 0})
         meta["n"] += 1
         if kind == "3d_slice":
-            by_series.setdefault(row["series_key"], []).append((row, ds))
+            by_series.setdefault(row["series_key"], []).append((row, None if reread is not None else ds))
         elif kind == "2d":
             _as_2d(out, row, ds, cfg)
-    for series_key, members in sorted(by_series.items()):
-        _series(out, series_key, members, cfg, volume_sink)
+        del ds  # a slice read again later is not held meanwhile
+    for series_key in sorted(by_series):
+        held = by_series.pop(series_key)
+        members = held if reread is None else _read_again(out, held, reread)
+        if members:
+            _series(out, series_key, members, cfg, volume_sink)
+        del held, members
     return out
+
+
+def _read_again(
+    out: ShardPixels, held: list[tuple[dict[str, Any], Dataset | None]], reread: Reader
+) -> list[tuple[dict[str, Any], Dataset]]:
+    """The slices of one series read again (:func:`normalise_instances` ``reread``); a slice that no longer
+    parses is a ``truncated_file`` failure, as on its first read."""
+    members = []
+    for row, _ in held:
+        ds = reread(row)
+        if isinstance(ds, Exception):
+            out.fail([row["sop_key"]], ds, "truncated_file")
+        else:
+            members.append((row, ds))
+    return members
 
 
 def normalise_shard_guarded(rows: list[dict], read, cfg, volume_sink=None):
@@ -248,7 +276,7 @@ def normalise_shard_guarded(rows: list[dict], read, cfg, volume_sink=None):
     again writes the same object). Returns the :class:`ShardPixels` of the shard.
     """
     try:
-        return normalise_instances(((row, read(row)) for row in rows), cfg, volume_sink=volume_sink)
+        return normalise_instances(((row, read(row)) for row in rows), cfg, volume_sink=volume_sink, reread=read)
     except Exception:  # noqa: BLE001  retried series by series below, so the culprit is found
         pass
     out = ShardPixels()
@@ -257,7 +285,7 @@ def normalise_shard_guarded(rows: list[dict], read, cfg, volume_sink=None):
         groups.setdefault(row["series_key"], []).append(row)
     for _, members in sorted(groups.items()):
         try:
-            part = normalise_instances(((row, read(row)) for row in members), cfg, volume_sink=volume_sink)
+            part = normalise_instances(((row, read(row)) for row in members), cfg, volume_sink=volume_sink, reread=read)
         except Exception as err:  # noqa: BLE001  this series is quarantined, the others go on
             out.failures.append(
                 PixelFailure(

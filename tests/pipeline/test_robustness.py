@@ -117,11 +117,11 @@ def test_normalise_retries_series_alone_and_quarantines_the_one_that_raises(monk
 
     real = series.normalise_instances
 
-    def picky(items, cfg):
+    def picky(items, cfg, **kw):
         items = list(items)
         if any(r["series_key"] == "bad" for r, _ in items):
             raise ZeroDivisionError("value 12345 from a header")
-        return real(items, cfg)
+        return real(items, cfg, **kw)
 
     monkeypatch.setattr(series, "normalise_instances", picky)
     rows = [{"sop_key": "s1", "series_key": "bad"}, {"sop_key": "s2", "series_key": "bad"}]
