@@ -223,7 +223,8 @@ def normalise_instances(
         and the instance count of every series with at least one readable instance.
     """
     out = ShardPixels()
-    by_series: dict[str, list[tuple[dict[str, Any], Dataset | None]]] = {}
+    slice_rows: dict[str, list[dict[str, Any]]] = {}  # series_key -> its CT/MR slices' rows
+    held: dict[str, Dataset] = {}  # sop_key -> dataset, without ``reread`` only
     for row, ds in items:
         if isinstance(ds, Exception):  # our own output that does not parse
             out.fail([row["sop_key"]], ds, "truncated_file")
@@ -238,26 +239,29 @@ def normalise_instances(
         meta = out.series.setdefault(row["series_key"], {**row, "n": 0})
         meta["n"] += 1
         if kind == "3d_slice":
-            by_series.setdefault(row["series_key"], []).append((row, None if reread is not None else ds))
+            slice_rows.setdefault(row["series_key"], []).append(row)
+            if reread is None:
+                held[row["sop_key"]] = ds
         elif kind == "2d":
             _as_2d(out, row, ds, cfg)
         del ds  # a slice read again later is not held meanwhile
-    for series_key in sorted(by_series):
-        held = by_series.pop(series_key)
-        members = held if reread is None else _read_again(out, held, reread)
+    for series_key in sorted(slice_rows):
+        rows = slice_rows.pop(series_key)
+        if reread is None:
+            members = [(r, held.pop(r["sop_key"])) for r in rows]
+        else:
+            members = _read_again(out, rows, reread)
         if members:
             _series(out, series_key, members, cfg, volume_sink)
-        del held, members
+        del members
     return out
 
 
-def _read_again(
-    out: ShardPixels, held: list[tuple[dict[str, Any], Dataset | None]], reread: Reader
-) -> list[tuple[dict[str, Any], Dataset]]:
-    """The slices of one series read again (:func:`normalise_instances` ``reread``); a slice that no longer
-    parses is a ``truncated_file`` failure, as on its first read."""
+def _read_again(out: ShardPixels, rows: list[dict[str, Any]], reread: Reader) -> list[tuple[dict[str, Any], Dataset]]:
+    """The slices of one series (their instance rows) read again (:func:`normalise_instances` ``reread``); a slice
+    that no longer parses is a ``truncated_file`` failure, as on its first read."""
     members = []
-    for row, _ in held:
+    for row in rows:
         ds = reread(row)
         if isinstance(ds, Exception):
             out.fail([row["sop_key"]], ds, "truncated_file")
