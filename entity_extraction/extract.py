@@ -29,7 +29,7 @@ import re
 import warnings
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import spacy
@@ -215,6 +215,8 @@ class _FamilyIndex:
     candidates: dict[str, tuple[str, ...]]
     #: descriptor surface -> ((concept id, anatomy pattern, normal statement?), ...) for the family's concepts
     compose: dict[str, tuple[tuple[str, re.Pattern[str], bool], ...]]
+    #: descriptor surface -> (the family's concepts a negation without a site makes absent, site pattern)
+    any_site: dict[str, tuple[tuple[str, ...], re.Pattern[str]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,9 @@ class _DescriptorRules:
     #: concept is absent)
     compose: tuple[tuple[str, tuple[str, ...], tuple[str, ...], bool], ...]
     refine: dict[str, tuple[tuple[str, re.Pattern[str]], ...]]  # from id -> ((concept, descriptor pattern), ...)
+    #: (concepts, descriptors, other site words and ``not_with`` words): a descriptor negated with none of them nor
+    #: an anatomy phrase of the concepts' compose rules in its sentence names every concept absent
+    any_site: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = ()
 
 
 def _same_term(term: str) -> set[str]:
@@ -299,11 +304,20 @@ def _load_descriptor_rules(path: Path | None, variants_of=_plural_variants) -> _
         for r in data.get("refine", ()):
             for src in r["from"]:
                 refine.setdefault(src, []).append((r["concept"], _phrase_regex(r["descriptors"], variants_of)))
+        any_site = tuple(
+            (
+                tuple(r["concepts"]),
+                tuple(r["descriptors"]),
+                tuple(r.get("other_sites", ())) + tuple(r.get("not_with", ())),
+            )
+            for r in data.get("any_site", ())
+        )
         return _DescriptorRules(
             int(data["max_distance"]),
             frozenset(t.lower() for t in data.get("clause_breaks", ())),
             compose,
             {k: tuple(v) for k, v in refine.items()},
+            any_site,
         )
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise ExtractorConfigError("invalid_descriptor_rules", f"{path.name}: {exc}") from exc
@@ -411,6 +425,7 @@ class EntityExtractor:
             self._descriptors.clause_breaks,
             tuple(r for r in self._descriptors.compose if r[0] in self.ontology.concepts),
             {k: v for k, v in refine.items() if v},
+            self._descriptors.any_site,
         )
         self._lexical = _load_lexical_variants(find_language_file("lexical_variants", language, dirs))
         self._families = {f: self._build_family(nlp, f) for f in FAMILIES if f in self.ontology.families}
@@ -446,6 +461,18 @@ class EntityExtractor:
                 for variant in self._variants(" ".join(desc.lower().split())):
                     if variant not in surface:  # an ontology synonym outranks a descriptor
                         compose.setdefault(variant, []).append((concept_id, pattern, normal))
+        any_site: dict[str, tuple[tuple[str, ...], re.Pattern[str]]] = {}
+        for concepts, descriptors, other_sites in self._descriptors.any_site:
+            every_site = tuple(c for c in concepts if c in fam_ids)
+            if not every_site:
+                continue
+            # the sites the rule's own concepts are composed with (rib, spine, sternum), and the others
+            own = {a for cid, anatomy, _, _ in self._descriptors.compose if cid in concepts for a in anatomy}
+            sites = _phrase_regex(sorted(own | set(other_sites)), self._variants)
+            for desc in descriptors:
+                for variant in self._variants(" ".join(desc.lower().split())):
+                    if variant in compose:  # only descriptors the rules above make targets
+                        any_site[variant] = (every_site, sites)
         matcher = TargetMatcher(nlp, name=f"targets_{family}", result_type=None, prune=True)
         rules = [
             TargetRule(literal=term, category=ids[0], metadata={"candidates": tuple(ids)})
@@ -453,7 +480,7 @@ class EntityExtractor:
         ] + [TargetRule(literal=term, category=_DESCRIPTOR, metadata={"descriptor": term}) for term in sorted(compose)]
         matcher.add(rules)
         return _FamilyIndex(
-            matcher, {t: tuple(i) for t, i in surface.items()}, {t: tuple(v) for t, v in compose.items()}
+            matcher, {t: tuple(i) for t, i in surface.items()}, {t: tuple(v) for t, v in compose.items()}, any_site
         )
 
     @staticmethod
@@ -666,21 +693,61 @@ class EntityExtractor:
         bodies: list[tuple[str, int, int]],
         index: _FamilyIndex,
         past: list[tuple[int, int]] | None = None,
-    ) -> dict | None:
-        """One mention dict (None for a descriptor without anatomy); ``spans``/``bodies``: section spans
-        with/without their headers; ``past``: bodies under historical headers (PAST MEDICAL HISTORY)."""
+    ) -> list[dict]:
+        """The mention dicts of one target: one, or none for a descriptor without anatomy, or one per concept of an
+        ``any_site`` rule for a descriptor negated with no site named in its clause ("no acute fracture": each
+        fracture concept of the family absent); ``spans``/``bodies``: section spans with/without their headers;
+        ``past``: bodies under historical headers (PAST MEDICAL HISTORY)."""
         sent = sents.of(ent)
         rule = ent._.target_rule
         meta = (rule.metadata or {}) if rule else {}
         normal = False
         if ent.label_ == _DESCRIPTOR:
-            composed = self._compose_id(ent, sent, index.compose.get(meta.get("descriptor", ""), ()))
+            descriptor = meta.get("descriptor", "")
+            composed = self._compose_id(ent, sent, index.compose.get(descriptor, ()))
             if composed is None:
-                return None
+                return self._any_site(ent, sent, sents, spans, bodies, past, index.any_site.get(descriptor))
             entity_id, normal = composed
         else:
             candidates = tuple(meta.get("candidates", (ent.label_,)))
             entity_id = self._refine_id(ent, sent, self._resolve_id(ent, sent, candidates))
+        return [self._mention_of(ent, entity_id, normal, sent, sents, spans, bodies, past)]
+
+    def _any_site(
+        self,
+        ent: Span,
+        sent: Span,
+        sents: _Sentences,
+        spans: list[tuple[str, int, int]],
+        bodies: list[tuple[str, int, int]],
+        past: list[tuple[int, int]] | None,
+        rule: tuple[tuple[str, ...], re.Pattern[str]] | None,
+    ) -> list[dict]:
+        """A descriptor no anatomy phrase names (``descriptor_rules_en.json`` ``any_site``): when its sentence names no
+        site either (the rule's own anatomy phrases, its ``other_sites`` and ``not_with`` words) and it is negated,
+        one absent mention per concept of the rule; otherwise none (a fracture present at an unknown site names no
+        concept)."""
+        if rule is None:
+            return []
+        ids, sites = rule
+        if sites.search(sent.text):
+            return []
+        if self._assertion(ent)[1] != "absent":
+            return []
+        return [self._mention_of(ent, cid, False, sent, sents, spans, bodies, past) for cid in ids]
+
+    def _mention_of(
+        self,
+        ent: Span,
+        entity_id: str,
+        normal: bool,
+        sent: Span,
+        sents: _Sentences,
+        spans: list[tuple[str, int, int]],
+        bodies: list[tuple[str, int, int]],
+        past: list[tuple[int, int]] | None,
+    ) -> dict:
+        """The mention dict of target ``ent`` read as concept ``entity_id`` (``normal``: a normal statement)."""
         concept = self.ontology.concepts[entity_id]
         by_cat, assertion, temporality = self._assertion(ent)
         if temporality == "current" and any(a <= ent.start_char < b for a, b in past or ()):
@@ -743,8 +810,7 @@ class EntityExtractor:
         spans = section_spans(sents.text, self.section_rules_path)
         bodies = section_body_spans(sents.text, self.section_rules_path)
         past = historical_spans(sents.text, self.section_rules_path)
-        mentions = (self._mention(ent, sents, spans, bodies, index, past) for ent in doc.ents)
-        return [m for m in mentions if m is not None]
+        return [m for ent in doc.ents for m in self._mention(ent, sents, spans, bodies, index, past)]
 
     def extract(self, text: str, family: str) -> list[dict]:
         """Mentions of the family's ontology concepts in one report.

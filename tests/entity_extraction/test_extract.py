@@ -291,6 +291,35 @@ def test_descriptor_binds_within_its_comma_phrase(ex, text, entity_id, not_id):
     assert entity_id in ids and not_id not in ids, ids
 
 
+#: the 2D-CXR fracture concepts (rib, vertebral, sternal): descriptor_rules_en.json ``any_site``
+FRACTURES = {"F006", "F012", "F025"}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # a fracture negated with no site: absent at every site (CheXpert's "no acute fracture": Fracture negative)
+        ("No acute fracture.", {"F006": "absent", "F012": "absent", "F025": "absent"}),
+        ("The visualized bony structures reveal no fractures or dislocations.", dict.fromkeys(FRACTURES, "absent")),
+        ("Mild degenerative change without acute displaced fracture.", dict.fromkeys(FRACTURES, "absent")),
+        # present or uncertain at an unknown site: no concept
+        ("There is a fracture.", {}),
+        ("Possible fracture.", {}),
+        # a site of its own concept, or another bone, or a fracture besides one named elsewhere
+        ("No rib fracture.", {"F006": "absent"}),
+        ("No acute fracture of the sternum.", {"F025": "absent"}),
+        ("No clavicle fracture.", {}),
+        ("The remaining femur is intact with no fracture.", {}),
+        ("Left knee: there is no fracture.", {}),
+        ("Acute left rib fracture. No other fracture.", {"F006": "present"}),
+    ],
+)
+def test_a_fracture_negated_with_no_site_is_absent_at_every_site(ex, text, expected):
+    found = {m["entity_id"]: m["assertion"] for m in ex.extract(text, CXR) if m["entity_id"] in FRACTURES}
+    assert found == expected, (text, found)
+    assert not [m for m in ex.extract("No acute fracture.", "3D-CT") if m["entity_id"] in FRACTURES]
+
+
 def test_hedges_name_the_cues_of_an_uncertain_mention(ex):
     assert one(ex, "Atelectasis versus scar.", "F019")["hedges"] == ["versus"]
     assert one(ex, "Opacity may represent pneumonia.", "C006")["hedges"] == ["may represent"]
