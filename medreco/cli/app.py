@@ -22,7 +22,7 @@ from schemas.config import PROJECT_ROOT
 plain_usage()
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="MedReCo-DB builder")
 snapshot_app = typer.Typer(
-    no_args_is_help=True, rich_markup_mode=None, help="list, show, diff, verify and publish snapshots"
+    no_args_is_help=True, rich_markup_mode=None, help="list, show, diff, verify, export and publish snapshots"
 )
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(cli_reports.app, name="reports")
@@ -318,12 +318,12 @@ def runs(
     quarantined; with RUN, that run's task instances (state, try, duration). Read from Airflow's metadata
     database in $AIRFLOW_HOME (default: the checkout's .airflow)."""
     from medreco.cli.embedded import prepare_airflow_env
-    from medreco.cli.runs import RunHistoryError, format_runs, format_tasks, list_runs, run_tasks
+    from medreco.cli.runs import RunHistoryError, format_runs, format_tasks, list_runs, resolve_run_id, run_tasks
 
     prepare_airflow_env()
     if run_id is not None:
         try:
-            typer.echo("\n".join(format_tasks(run_tasks(run_id))))
+            typer.echo("\n".join(format_tasks(run_tasks(resolve_run_id(run_id)))))
         except RunHistoryError as err:
             _fail(str(err))
         return
@@ -336,17 +336,19 @@ def runs(
 
 @app.command()
 def logs(
-    run_id: str = typer.Argument(..., metavar="RUN", help="a run id (medreco runs lists them)"),
+    run_id: str = typer.Argument(
+        ..., metavar="RUN", help="a run id (medreco runs lists them; the form a build's summary prints works too)"
+    ),
     task: str | None = typer.Argument(None, metavar="TASK", help="one task id (e.g. deidentify_shard)"),
 ) -> None:
     """Print the logs of a build run, or of one of its tasks: Airflow's task log files, or the whole log of a
     one-process (dag.test) run."""
     from medreco.cli.embedded import prepare_airflow_env
-    from medreco.cli.runs import RunHistoryError, task_logs
+    from medreco.cli.runs import RunHistoryError, resolve_run_id, task_logs
 
     home = prepare_airflow_env()
     try:
-        files = task_logs(home, run_id, task)
+        files = task_logs(home, resolve_run_id(run_id), task)
     except RunHistoryError as err:
         _fail(str(err))
     for path in files:

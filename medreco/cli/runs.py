@@ -132,6 +132,25 @@ def list_runs(storage: Any = None, dag_id: str = BUILD_DAG, limit: int = 20) -> 
     return out
 
 
+def resolve_run_id(run_id: str, dag_id: str = BUILD_DAG) -> str:
+    """The Airflow run id of ``run_id``, which may also be its storage form (:func:`etl.pipeline.context.safe_run_id`:
+    the run folder's name, which a build's summary prints: ``manual__2026-12-04T03_39_32.997717_00_00`` for
+    ``manual__2026-12-04T03:39:32.997717+00:00``). An id the database does not hold in either form is returned as it
+    is (the caller reports it unknown)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    from etl.pipeline.context import safe_run_id
+
+    with create_session() as session:
+        if session.query(DagRun).filter(DagRun.dag_id == dag_id, DagRun.run_id == run_id).count():
+            return run_id
+        matches = [
+            r for (r,) in session.query(DagRun.run_id).filter(DagRun.dag_id == dag_id).all() if safe_run_id(r) == run_id
+        ]
+    return matches[0] if len(matches) == 1 else run_id
+
+
 def run_tasks(run_id: str, dag_id: str = BUILD_DAG) -> list[TaskRow]:
     """The task instances of one run, in start order (mapped ones by map index).
 

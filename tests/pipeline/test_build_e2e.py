@@ -264,6 +264,7 @@ def test_run_history_and_logs_of_the_embedded_runs(demo_build, airflow_home):
     `medreco logs RUN [TASK]` the log a dag.test() run kept (issue 40, point 10)."""
     from typer.testing import CliRunner
 
+    from etl.pipeline.context import safe_run_id
     from medreco.cli.app import app
     from medreco.cli.runs import list_runs, run_tasks, task_logs
 
@@ -284,5 +285,11 @@ def test_run_history_and_logs_of_the_embedded_runs(demo_build, airflow_home):
     one = runner.invoke(app, ["runs", runs[0].run_id])
     assert one.exit_code == 0 and "\ndeidentify\t" in one.output
     assert runner.invoke(app, ["logs", runs[0].run_id]).exit_code == 0
+    # the run id a build's summary prints is the run folder's name (no ':' or '+'): it names the same run
+    printed = demo_build["second"]["run_id"]
+    assert printed != runs[0].run_id and printed in {safe_run_id(r.run_id) for r in runs}
+    by_printed = runner.invoke(app, ["runs", printed])
+    assert by_printed.exit_code == 0 and "\ndeidentify\t" in by_printed.output, by_printed.output
+    assert runner.invoke(app, ["logs", printed]).exit_code == 0
     bad = runner.invoke(app, ["runs", "no-such-run"])
     assert bad.exit_code == 1 and "unknown_run" in bad.output
