@@ -695,7 +695,7 @@ class EntityExtractor:
         past: list[tuple[int, int]] | None = None,
     ) -> list[dict]:
         """The mention dicts of one target: one, or none for a descriptor without anatomy, or one per concept of an
-        ``any_site`` rule for a descriptor negated with no site named in its clause ("no acute fracture": each
+        ``any_site`` rule for a descriptor negated with no site named in its sentence ("no acute fracture": each
         fracture concept of the family absent); ``spans``/``bodies``: section spans with/without their headers;
         ``past``: bodies under historical headers (PAST MEDICAL HISTORY)."""
         sent = sents.of(ent)
