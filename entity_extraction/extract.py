@@ -520,6 +520,9 @@ class EntityExtractor:
             span_attrs=None,
             prune_on_modifier_overlap=True,
             prune_on_target_overlap=False,
+            # "No old rib fracture.": "old" names the finding, it does not end the scope of "No"
+            ignore_modifiers_in_targets=True,
+            keep_modifiers_in_labels=frozenset({_DESCRIPTOR}),  # "large", "borderline": see _own_modifiers
         )
         context.add(rules)
         # The variants join their rule's PhraseMatcher key (the rule id medspaCy gave it), so one data rule stays one
@@ -630,6 +633,24 @@ class EntityExtractor:
             taken[short.start : short.end] = b"\x01" * (short.end - short.start)
             added.append(span)
         return sorted(targets + added, key=lambda t: t.start) if added else targets
+
+    @staticmethod
+    def _own_modifiers(doc: Doc) -> None:
+        """Give each descriptor target the ConText modifiers that lie wholly inside it: the descriptor is such a
+        word itself ("Heart size is borderline": the uncertainty of "borderline"; "mildly enlarged": the severity of
+        "mildly"), and medspaCy never lets a modifier modify a target it overlaps (``ConTextModifier.modifies``).
+        Scope-ending and pseudo-modifiers modify nothing. The modifiers keep modifying the other targets in their
+        scope ("Large effusion": the effusion is large)."""
+        graph = getattr(doc._, "context_graph", None)
+        if graph is None:
+            return
+        inside = [m for m in graph.modifiers if m.direction.upper() not in ("TERMINATE", "PSEUDO")]
+        for ent in doc.ents:
+            if ent.label_ != _DESCRIPTOR:
+                continue
+            own = tuple(m for m in inside if ent.start <= m.modifier_span[0] and m.modifier_span[1] <= ent.end)
+            if own:
+                ent._.modifiers += own
 
     @staticmethod
     def _closest(ent: Span, mods: list) -> object | None:
@@ -806,6 +827,7 @@ class EntityExtractor:
                 targets = self._add_abbreviations(doc, targets)
             _set_ents(doc, targets)
             doc = self._context(doc)
+            self._own_modifiers(doc)
         sents = _Sentences(doc)
         spans = section_spans(sents.text, self.section_rules_path)
         bodies = section_body_spans(sents.text, self.section_rules_path)

@@ -20,10 +20,24 @@ and last token in different sentences), a ConText-wide ``max_scope`` (windows in
 target overlap fall back to medspaCy's own algorithm for that document. ``doc._.context_graph`` holds only the
 modifiers of sentences with a target. The equivalence is tested on real reports
 (``tests/entity_extraction/test_sentence_context.py``).
+
+One option departs from medspaCy on purpose: ``ignore_modifiers_in_targets``. A modifier phrase that lies wholly
+inside a target ("old" in the target "old rib fracture", "chronic" in "chronic small vessel ischemic changes") is
+part of the finding's name, not a cue of the sentence. medspaCy never lets it modify the target it lies in, but it
+still limits the scope of the sentence's other modifiers, so in "No old rib fracture." the HISTORICAL "old" ends the
+scope of "No" and the fracture reads present; and it modifies the sentence's other targets ("No old fracture or
+pleural effusion": the effusion historical). medspaCy's ``prune_on_target_overlap`` drops such modifiers only after
+the scopes are limited (``ConText.__call__`` runs ``update_scopes`` before ``apply_modifiers``), so it does not help.
+With the option, such modifiers are dropped before anything else: they neither limit a scope nor modify a target.
+A modifier that only partly overlaps a target is kept (medspaCy's rule applies: it does not modify that target).
+Targets whose label is in ``keep_modifiers_in_labels`` are exempt: the modifiers inside them are kept and work as
+in medspaCy (the extractor's descriptor targets, "large" or "borderline", are modifier words themselves: "Large
+effusion on the right" must keep the severity of "large").
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 
 from medspacy.context import ConText
@@ -35,9 +49,22 @@ from spacy.tokens import Doc
 class SentenceScopedConText(ConText):
     """:class:`medspacy.context.ConText` with per-sentence modifier bookkeeping (module docstring).
 
-    Constructed and configured exactly like ``ConText``; ``__call__(doc)`` returns the same ``doc`` with the same
-    ``ent._.modifiers`` (and span attributes) as ``ConText.__call__``.
+    Constructed and configured exactly like ``ConText``, plus ``ignore_modifiers_in_targets`` (default False;
+    module docstring). Without it ``__call__(doc)`` returns the same ``doc`` with the same ``ent._.modifiers`` (and
+    span attributes) as ``ConText.__call__``; with it, the same as ``ConText.__call__`` on the matches that do not
+    lie wholly inside a target.
     """
+
+    def __init__(
+        self,
+        *args,
+        ignore_modifiers_in_targets: bool = False,
+        keep_modifiers_in_labels: frozenset[str] = frozenset(),
+        **kwargs,
+    ):
+        super().__init__(*args, **kwargs)
+        self.ignore_modifiers_in_targets = ignore_modifiers_in_targets
+        self.keep_modifiers_in_labels = frozenset(keep_modifiers_in_labels)
 
     def __call__(self, doc: Doc, targets: str | None = None) -> Doc:
         """Apply ConText to ``doc.ents`` (the sentences of ``doc`` must be set).
@@ -45,18 +72,38 @@ class SentenceScopedConText(ConText):
         Raises
         ------
         ValueError
-            As ``ConText``: if sentence boundaries are not set.
+            As ``ConText``: if sentence boundaries are not set. Also if ``ignore_modifiers_in_targets`` is set
+            together with ``targets``, span groups, a ConText-wide ``max_scope`` or ``prune_on_target_overlap``
+            (medspaCy's own algorithm would run, without the option).
         """
         if targets or self.input_span_type != "ents" or self.max_scope or self.prune_on_target_overlap:
+            if self.ignore_modifiers_in_targets:
+                raise ValueError(
+                    "ignore_modifiers_in_targets works on doc.ents with sentence scopes only "
+                    "(no targets argument, span groups, ConText-wide max_scope or prune_on_target_overlap)"
+                )
             return super().__call__(doc, targets)
         ents = doc.ents
         matcher = self._ConText__matcher  # type: ignore[attr-defined]  # medspaCy keeps its matcher private
         matches = matcher(doc)
         if not matches or not ents:  # nothing to modify, or no modifier: no edge
             matches = []
+        if matches and self.ignore_modifiers_in_targets:
+            matches = _outside_targets(matches, [t for t in ents if t.label_ not in self.keep_modifiers_in_labels])
         sent_of, bounds = _sentence_index(doc) if matches else ([], [])
         if any(sent_of[start] != sent_of[end - 1] for _, start, end in matches):
-            return super().__call__(doc, targets)  # a modifier phrase across a sentence boundary: medspaCy's way
+            # a modifier phrase across a sentence boundary: medspaCy's whole-document way
+            if not self.ignore_modifiers_in_targets:
+                return super().__call__(doc, targets)
+            whole = ConTextGraph(prune_on_modifier_overlap=self.prune_on_target_overlap)
+            whole.targets = ents
+            whole.modifiers = [
+                ConTextModifier(matcher.rule_map[self.nlp.vocab[m].text], s, e, doc, max_scope=self.max_scope)
+                for m, s, e in matches
+            ]
+            whole.update_scopes()
+            whole.apply_modifiers()
+            return self._link(doc, whole)
         target_sents = {sent_of[i] for t in ents for i in (t.start, t.end - 1)} if matches else set()
         vocab = self.nlp.vocab
         modifiers: list[ConTextModifier] = []
@@ -93,12 +140,30 @@ class SentenceScopedConText(ConText):
 
         graph = ConTextGraph(prune_on_modifier_overlap=self.prune_on_target_overlap)
         graph.targets, graph.modifiers, graph.edges = ents, modifiers, edges
-        for target, modifier in edges:
+        return self._link(doc, graph)
+
+    def _link(self, doc: Doc, graph: ConTextGraph) -> Doc:
+        """Attach the graph's edges to their targets and set the span attributes (the end of ``ConText.__call__``)."""
+        for target, modifier in graph.edges:
             target._.modifiers += (modifier,)
         if self.context_attributes_mapping:
-            self.set_context_attributes(edges)
+            self.set_context_attributes(graph.edges)
         doc._.context_graph = graph
         return doc
+
+
+def _outside_targets(matches: list[tuple[int, int, int]], ents) -> list[tuple[int, int, int]]:
+    """The modifier matches ``(match_id, start, end)`` (token offsets) that do not lie wholly inside a target of
+    ``ents`` (``doc.ents`` or a part of them: sorted, never overlapping): a match with ``target.start <= start`` and
+    ``end <= target.end`` is dropped. Order kept."""
+    starts = [t.start for t in ents]
+    kept = []
+    for match in matches:
+        _, start, end = match
+        i = bisect_right(starts, start) - 1  # the one target that can hold the match: the last starting at or before
+        if i < 0 or end > ents[i].end:
+            kept.append(match)
+    return kept
 
 
 def _sentence_index(doc: Doc) -> tuple[list[int], list[tuple[int, int]]]:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from entity_extraction.evaluate import evaluate, render_table
+from entity_extraction.evaluate import evaluate, load_coded_hedges, render_table
 from entity_extraction.extract import EntityExtractor, ExtractorConfigError, study_labels
 from schemas.config import PROJECT_ROOT
 from schemas.ontology import Concept, Ontology, load_ontology
@@ -16,11 +16,15 @@ CXR = "2D-CXR"
 # Open-i gold figures (harness: entity_extraction.evaluate, maps openi_mesh_map.yaml / negbio14_map.yaml).
 # Measured on the 2,696 shared reports with the CheXpert assertion convention (docs/reports.md; "probable",
 # "borderline", both readings of "versus" and "and/or", "may be secondary to" are uncertain, which NLM's MeSH codes
-# count as coded findings): MeSH micro P 0.937 R 0.896 F1 0.916 (before the convention 0.933); NegBio-14 micro
-# P 0.584 R 0.863 F1 0.697 (before 0.727; ceiling with NLM's MeSH gold as the prediction 0.772, see
-# negbio14_map.yaml). Thresholds a little below.
-MIN_MESH_MICRO_F1 = 0.91
-MIN_NEGBIO_MICRO_F1 = 0.69
+# count as coded findings): MeSH micro P 0.939 R 0.886 F1 0.912 (before the convention 0.933; 0.916 until "Heart size
+# is borderline" read uncertain too, the CheXpert labeler's "borderline heart size" pattern); NegBio-14 micro
+# P 0.580 R 0.840 F1 0.687 (before 0.727; ceiling with NLM's MeSH gold as the prediction 0.772, see
+# negbio14_map.yaml). Read as NLM's indexing reads hedges (the headline, evaluate.open_i_reading): MeSH 0.941,
+# NegBio-14 0.734. Thresholds a little below.
+MIN_MESH_MICRO_F1 = 0.90
+MIN_NEGBIO_MICRO_F1 = 0.68
+MIN_MESH_MICRO_F1_NLM_READING = 0.935
+MIN_NEGBIO_MICRO_F1_NLM_READING = 0.725
 
 
 @pytest.fixture(scope="module")
@@ -323,10 +327,60 @@ def test_a_fracture_negated_with_no_site_names_no_concept_outside_2d_cxr(ex):
     assert not [m for m in ex.extract("No acute fracture.", "3D-CT") if m["entity_id"] in FRACTURES]
 
 
+@pytest.mark.parametrize(
+    ("text", "family", "expected"),
+    [
+        # "old", "remote", "chronic" name the finding (a target holding a HISTORICAL modifier phrase): they end no
+        # negation's scope and date no other finding (entity_extraction/sentence_context.py)
+        ("No old fracture.", CXR, {"F010": ("absent", "current")}),
+        ("No remote rib fracture.", CXR, {"F010": ("absent", "current")}),
+        (
+            "No pleural effusion or old rib fracture.",
+            CXR,
+            {"F029": ("absent", "current"), "F010": ("absent", "current")},
+        ),
+        ("No old fracture or pleural effusion.", CXR, {"F010": ("absent", "current"), "F029": ("absent", "current")}),
+        ("Old healed rib fracture.", CXR, {"F010": ("present", "current")}),
+        (
+            "No chronic small vessel ischemic changes or acute infarct.",
+            "3D-Brain-MRI",
+            {"C024": ("absent", "current"), "F048": ("absent", "current")},
+        ),
+    ],
+)
+def test_a_modifier_phrase_inside_a_finding_name_is_part_of_the_name(ex, text, family, expected):
+    found = {m["entity_id"]: (m["assertion"], m["temporality"]) for m in ex.extract(text, family)}
+    assert found == expected, (text, found)
+
+
+@pytest.mark.parametrize(
+    ("text", "concept"),
+    [
+        ("Right lower lobe consolidation has not resolved.", "F007"),
+        ("The bilateral pleural effusions have not resolved.", "F029"),
+        ("Left lower lobe pneumonia has not yet resolved.", "C006"),
+        ("Bibasilar atelectasis has not cleared.", "F019"),
+        ("Right lower lobe pneumonia has not improved.", "C006"),
+        ("No interval improvement in the left lower lobe pneumonia.", "C006"),
+        ("No significant improvement in the right pleural effusion.", "F029"),
+        ("No improvement in bibasilar atelectasis.", "F019"),
+    ],
+)
+def test_a_finding_that_has_not_resolved_or_improved_persists(ex, text, concept):
+    got = one(ex, text, concept)
+    assert (got["assertion"], got["change"]) == ("present", "unchanged"), text
+
+
 def test_hedges_name_the_cues_of_an_uncertain_mention(ex):
     assert one(ex, "Atelectasis versus scar.", "F019")["hedges"] == ["versus"]
     assert one(ex, "Opacity may represent pneumonia.", "C006")["hedges"] == ["may represent"]
     assert one(ex, "Borderline cardiomegaly.", "F018")["hedges"] == ["borderline"]
+    # the descriptor is the hedge itself (the CheXpert labeler's "borderline heart size"): extract._own_modifiers
+    for text in ("Heart size is borderline.", "The heart is borderline enlarged."):
+        got = one(ex, text, "F018")
+        assert (got["assertion"], got["hedges"]) == ("uncertain", ["borderline"]), text
+    assert one(ex, "The heart is mildly enlarged.", "F018")["severity"] == "mild"
+    assert one(ex, "Large effusion on the right.", "F029")["severity"] == "large"
     got = one(ex, "Possible left basilar infiltrate versus atelectasis.", "F019")
     assert got["assertion"] == "uncertain" and set(got["hedges"]) >= {"versus"}
     assert one(ex, "No pleural effusion.", "F029")["hedges"] == []
@@ -466,6 +520,10 @@ def test_openi_gold_micro_f1(ex):
     assert mesh.per_entity["F029"].f1 >= 0.86
     for eid in ("F018", "F019", "F029"):  # measured NegBio F1: 0.948, 0.922, 0.887
         assert negbio.per_entity[eid].f1 >= 0.85, eid
+    nlm = evaluate(OPENI, ("mesh", "negbio"), extractor=ex, ontology=onto, coded_hedges=load_coded_hedges())
+    assert nlm["mesh"].micro[2] >= MIN_MESH_MICRO_F1_NLM_READING
+    assert nlm["negbio"].micro[2] >= MIN_NEGBIO_MICRO_F1_NLM_READING
+    assert nlm["mesh"].per_entity["F018"].f1 >= 0.97  # measured 0.984: NLM codes "Cardiomegaly/borderline"
 
 
 def _write_german_pack(folder: Path) -> None:

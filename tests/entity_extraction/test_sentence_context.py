@@ -23,11 +23,19 @@ def ex():
     return EntityExtractor()
 
 
-def _modifiers(ex, text: str, family: str, stock: bool) -> list:
-    """Per target: (target span, label, its modifiers as (category, modifier span, scope span, rule literal))."""
+def _modifiers(ex, text: str, family: str, stock: bool, inside: bool = False) -> list:
+    """Per target: (target span, label, its modifiers as (category, modifier span, scope span, rule literal)).
+
+    ``inside``: run ours with ``ignore_modifiers_in_targets`` as the extractor does; by default it is off, the
+    configuration whose result must equal medspaCy's."""
     doc = ex._nlp(_unwrap(text))
     _set_ents(doc, ex._family(family).matcher(doc))
-    doc = ConText.__call__(ex._context, doc) if stock else ex._context(doc)
+    assert ex._context.ignore_modifiers_in_targets  # the extractor's setting
+    ex._context.ignore_modifiers_in_targets = inside
+    try:
+        doc = ConText.__call__(ex._context, doc) if stock else ex._context(doc)
+    finally:
+        ex._context.ignore_modifiers_in_targets = True
     return [
         (
             (e.start, e.end, e.label_),
@@ -75,3 +83,49 @@ def test_same_modifiers_as_medspacy_on_every_openi_and_ct_report(ex, shared_data
 )
 def test_same_modifiers_on_boundary_cases(ex, text):
     assert _modifiers(ex, text, "2D-CXR", stock=False) == _modifiers(ex, text, "2D-CXR", stock=True)
+
+
+def _categories(ex, text: str, family: str = "2D-CXR") -> dict[str, list[str]]:
+    return {target[2]: [m[0] for m in mods] for target, mods in _modifiers(ex, text, family, False, True)}
+
+
+@pytest.mark.parametrize(
+    ("text", "label", "expected"),
+    [
+        # "old" (HISTORICAL) inside the target "old fracture" would end the scope of "No" (HISTORICAL ends
+        # NEGATED_EXISTENCE) and make the effusion historical
+        ("No old fracture or pleural effusion.", "F029", ["NEGATED_EXISTENCE"]),
+        ("No pleural effusion or old rib fracture.", "F010", ["NEGATED_EXISTENCE"]),
+        # the same across a sentence boundary (the whole-document path: "no" + "evidence of" crosses it)
+        (
+            "Heart size is normal and there is no\n\nIMPRESSION: evidence of pneumonia. "
+            "No old fracture or pleural effusion.",
+            "F029",
+            ["NEGATED_EXISTENCE"],
+        ),
+    ],
+)
+def test_a_modifier_inside_a_target_neither_ends_a_scope_nor_modifies(ex, text, label, expected):
+    assert _categories(ex, text)[label] == expected
+    # medspaCy's way, for contrast: the inside modifier ends the negation's scope or modifies the other target
+    stock = {t[2]: [m[0] for m in mods] for t, mods in _modifiers(ex, text, "2D-CXR", stock=True)}
+    assert stock[label] != expected
+
+
+def test_a_modifier_only_partly_inside_a_target_is_kept(ex):
+    from entity_extraction.sentence_context import _outside_targets
+
+    doc = ex._nlp("no old rib fracture seen")
+    spans = [doc.char_span(3, 19, label="F010")]  # "old rib fracture", tokens 1-3
+    doc.ents = spans
+    matches = [(1, 0, 1), (2, 1, 2), (3, 3, 5), (4, 1, 4), (5, 4, 5)]  # no | old | fracture seen | old..fracture | seen
+    assert _outside_targets(matches, doc.ents) == [(1, 0, 1), (3, 3, 5), (5, 4, 5)]
+
+
+def test_the_option_refuses_configurations_it_does_not_cover(ex):
+    ctx = SentenceScopedConText(
+        ex._nlp, name="probe_ctx", rules=None, span_attrs=None, max_scope=5, ignore_modifiers_in_targets=True
+    )
+    doc = ex._nlp("No effusion.")
+    with pytest.raises(ValueError, match="ignore_modifiers_in_targets"):
+        ctx(doc)
