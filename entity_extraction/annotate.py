@@ -33,6 +33,7 @@ ENTITY_FIELDS = (
     "category",
     "section",
     "assertion",
+    "hedges",
     "temporality",
     "change",
     "laterality",

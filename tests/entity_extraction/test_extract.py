@@ -13,16 +13,16 @@ from schemas.ontology import Concept, Ontology, load_ontology
 DATA = PROJECT_ROOT.parent / "shared" / "data"
 OPENI = DATA / "openi"
 CXR = "2D-CXR"
-# Open-i gold figures (harness: entity_extraction.evaluate, maps openi_mesh_map.yaml / negbio14_map.yaml).
-# Measured on the 2,696 shared reports with the CheXpert assertion convention (docs/reports.md; "probable",
-# "borderline", both readings of "versus" and "and/or", "may be secondary to" are uncertain, which NLM's MeSH codes
-# count as coded findings): MeSH micro P 0.939 R 0.886 F1 0.912 (before the convention 0.933; 0.916 until "Heart size
-# is borderline" read uncertain too, the CheXpert labeler's "borderline heart size" pattern); NegBio-14 micro
-# P 0.580 R 0.840 F1 0.687 (before 0.727; ceiling with NLM's MeSH gold as the prediction 0.772, see
-# negbio14_map.yaml). Read as NLM's indexing reads hedges (the headline, evaluate.open_i_reading): MeSH 0.941,
-# NegBio-14 0.734. Thresholds a little below.
-MIN_MESH_MICRO_F1 = 0.90
-MIN_NEGBIO_MICRO_F1 = 0.68
+# Open-i gold figures (harness: entity_extraction.evaluate, maps openi_mesh_map.yaml / negbio14_map.yaml), on the
+# 2,696 shared reports. The headline reads hedges as NLM's indexing does (evaluate.open_i_reading: NLM codes both
+# readings of "A versus B", "A or B", "A and/or B", and "probable" and "borderline" findings): MeSH micro F1 0.941,
+# NegBio-14 0.735 (ceiling with NLM's MeSH gold as the prediction 0.772, see negbio14_map.yaml). The product's
+# convention, present study labels only, against the same gold (the CheXpert labeler's convention makes those hedged
+# findings uncertain, docs/reports.md): MeSH P 0.944 R 0.846 F1 0.892, NegBio-14 0.666 (0.933 and 0.727 before the
+# convention; 0.916 and 0.697 before "A or B" and "Heart size is borderline" were read uncertain too).
+# Thresholds a little below.
+MIN_MESH_MICRO_F1 = 0.88
+MIN_NEGBIO_MICRO_F1 = 0.65
 MIN_MESH_MICRO_F1_NLM_READING = 0.935
 MIN_NEGBIO_MICRO_F1_NLM_READING = 0.725
 
@@ -512,18 +512,16 @@ def test_openi_gold_micro_f1(ex):
     assert mesh.n_reports == 2696 and mesh.n_excluded == 71  # 71 reports coded only 'No Indexing'
     assert mesh.micro[2] >= MIN_MESH_MICRO_F1
     assert negbio.micro[2] >= MIN_NEGBIO_MICRO_F1
-    # well-defined findings must be good on their own (measured MeSH F1 before the CheXpert convention: F018 0.973,
-    # F019 0.936, F029 0.915, F014 0.974, F020 0.983; with it F029 0.882: "effusion and/or atelectasis", "probable
-    # small effusions" are uncertain, NLM codes them)
-    for eid in ("F018", "F019", "F014", "F020"):
-        assert mesh.per_entity[eid].f1 >= 0.88, eid
-    assert mesh.per_entity["F029"].f1 >= 0.86
-    for eid in ("F018", "F019", "F029"):  # measured NegBio F1: 0.948, 0.922, 0.887
-        assert negbio.per_entity[eid].f1 >= 0.85, eid
+    assert mesh.micro[0] >= 0.93  # what the product calls present, NLM coded (measured P 0.944)
     nlm = evaluate(OPENI, ("mesh", "negbio"), extractor=ex, ontology=onto, coded_hedges=load_coded_hedges())
     assert nlm["mesh"].micro[2] >= MIN_MESH_MICRO_F1_NLM_READING
     assert nlm["negbio"].micro[2] >= MIN_NEGBIO_MICRO_F1_NLM_READING
-    assert nlm["mesh"].per_entity["F018"].f1 >= 0.97  # measured 0.984: NLM codes "Cardiomegaly/borderline"
+    # well-defined findings must be good on their own, read as NLM codes hedges (measured MeSH F1: F018 0.986,
+    # F019 0.965, F029 0.958, F014 0.983, F020 0.997; NegBio F1: F018 0.962, F019 0.951, F029 0.930)
+    for eid in ("F018", "F019", "F029", "F014", "F020"):
+        assert nlm["mesh"].per_entity[eid].f1 >= 0.94, eid
+    for eid in ("F018", "F019", "F029"):
+        assert nlm["negbio"].per_entity[eid].f1 >= 0.91, eid
 
 
 def _write_german_pack(folder: Path) -> None:

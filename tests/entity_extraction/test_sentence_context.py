@@ -90,26 +90,26 @@ def _categories(ex, text: str, family: str = "2D-CXR") -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize(
-    ("text", "label", "expected"),
+    ("text", "label"),
     [
         # "old" (HISTORICAL) inside the target "old fracture" would end the scope of "No" (HISTORICAL ends
         # NEGATED_EXISTENCE) and make the effusion historical
-        ("No old fracture or pleural effusion.", "F029", ["NEGATED_EXISTENCE"]),
-        ("No pleural effusion or old rib fracture.", "F010", ["NEGATED_EXISTENCE"]),
+        ("No old fracture or pleural effusion.", "F029"),
+        ("No pleural effusion or old rib fracture.", "F010"),
         # the same across a sentence boundary (the whole-document path: "no" + "evidence of" crosses it)
         (
             "Heart size is normal and there is no\n\nIMPRESSION: evidence of pneumonia. "
             "No old fracture or pleural effusion.",
             "F029",
-            ["NEGATED_EXISTENCE"],
         ),
     ],
 )
-def test_a_modifier_inside_a_target_neither_ends_a_scope_nor_modifies(ex, text, label, expected):
-    assert _categories(ex, text)[label] == expected
+def test_a_modifier_inside_a_target_neither_ends_a_scope_nor_modifies(ex, text, label):
+    ours = _categories(ex, text)[label]
+    assert "NEGATED_EXISTENCE" in ours and "HISTORICAL" not in ours, ours
     # medspaCy's way, for contrast: the inside modifier ends the negation's scope or modifies the other target
-    stock = {t[2]: [m[0] for m in mods] for t, mods in _modifiers(ex, text, "2D-CXR", stock=True)}
-    assert stock[label] != expected
+    stock = {t[2]: [m[0] for m in mods] for t, mods in _modifiers(ex, text, "2D-CXR", stock=True)}[label]
+    assert "NEGATED_EXISTENCE" not in stock or "HISTORICAL" in stock, stock
 
 
 def test_a_modifier_only_partly_inside_a_target_is_kept(ex):

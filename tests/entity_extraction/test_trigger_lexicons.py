@@ -251,6 +251,16 @@ def test_own_phrase_rules(ex):
         ("Questionable nodule.", "nodule", "uncertain"),
         ("Opacity may be secondary to atelectasis.", "atelectasis", "uncertain"),
         ("Right basilar opacity, ? pneumonia.", "pneumonia", "uncertain"),
+        ("Right basilar atelectasis or pneumonia.", "atelectasis", "uncertain"),
+        ("Right basilar atelectasis or pneumonia.", "pneumonia", "uncertain"),
+        ("No pneumothorax or pleural effusion.", "pleural effusion", "absent"),
+        ("One or more pulmonary nodules.", "pulmonary nodules", "present"),
+        ("Small or moderate pleural effusion.", "pleural effusion", "present"),
+        ("Consolidation has not resolved.", "Consolidation", "present"),
+        ("No interval improvement in the pneumonia.", "pneumonia", "present"),
+        ("Pneumonia has not improved.", "Pneumonia", "present"),
+        ("No old rib fracture.", "old rib fracture", "absent"),
+        ("No pleural effusion or old rib fracture.", "old rib fracture", "absent"),
     ],
 )
 def test_convention(ex, text, target, want):
