@@ -354,6 +354,22 @@ def test_a_modifier_phrase_inside_a_finding_name_is_part_of_the_name(ex, text, f
 
 
 @pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # the CheXpert labeler: "cardiomediastinal" is Enlarged Cardiomediastinum, Cardiomegaly is not mentioned
+        ("The cardiomediastinal silhouette is within normal limits.", None),
+        ("Cardiomediastinal silhouette is unremarkable.", None),
+        ("The heart and cardiomediastinal silhouette are normal.", "absent"),
+        ("Heart size is normal.", "absent"),
+        ("Enlarged cardiomediastinal silhouette.", "present"),  # NLM codes Cardiomegaly for most of these
+    ],
+)
+def test_a_normal_cardiomediastinal_silhouette_says_nothing_of_the_heart(ex, text, expected):
+    found = [m["assertion"] for m in ex.extract(text, CXR) if m["entity_id"] == "F018"]
+    assert found == ([expected] if expected else []), (text, found)
+
+
+@pytest.mark.parametrize(
     ("text", "concept"),
     [
         ("Right lower lobe consolidation has not resolved.", "F007"),
