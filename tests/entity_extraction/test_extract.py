@@ -362,6 +362,10 @@ def test_a_modifier_phrase_inside_a_finding_name_is_part_of_the_name(ex, text, f
         ("The heart and cardiomediastinal silhouette are normal.", "absent"),
         ("Heart size is normal.", "absent"),
         ("Enlarged cardiomediastinal silhouette.", "present"),  # NLM codes Cardiomegaly for most of these
+        ("Increased size of the cardiac silhouette.", "present"),
+        ("The heart has increased in size.", "present"),
+        ("Increased opacity behind the heart.", None),
+        ("Interval increase in size of the right pleural effusion.", None),
     ],
 )
 def test_a_normal_cardiomediastinal_silhouette_says_nothing_of_the_heart(ex, text, expected):
