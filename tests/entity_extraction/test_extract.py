@@ -384,11 +384,27 @@ def test_a_normal_cardiomediastinal_silhouette_says_nothing_of_the_heart(ex, tex
         ("No interval improvement in the left lower lobe pneumonia.", "C006"),
         ("No significant improvement in the right pleural effusion.", "F029"),
         ("No improvement in bibasilar atelectasis.", "F019"),
+        # "there is no" is no trigger of its own: it outranked "no change in" (equal length, earlier)
+        ("There is no change in the left pleural effusion.", "F029"),
+        ("There has been no interval change in the small right pleural effusion.", "F029"),
+        ("Compared to 2 days prior, there is no increase in the size of the left pleural effusion.", "F029"),
     ],
 )
 def test_a_finding_that_has_not_resolved_or_improved_persists(ex, text, concept):
     got = one(ex, text, concept)
     assert (got["assertion"], got["change"]) == ("present", "unchanged"), text
+
+
+def test_a_denied_history_negates_its_whole_list(ex):
+    # "history of" (HISTORICAL) ends the scope of a negation before it: "denies history of" is one trigger
+    text = "Denies history of COPD, tuberculosis, pneumonia, or bronchitis."
+    assert {m["entity_id"]: m["assertion"] for m in ex.extract(text, CXR)} == {"C007": "absent", "C006": "absent"}
+    assert one(ex, "No family history of pulmonary hypertension.", "C005")["assertion"] == "absent"
+
+
+def test_a_recommendation_to_document_resolution_is_hypothetical(ex):
+    got = one(ex, "Follow-up radiograph in 6 weeks to document resolution of the pneumonia.", "C006")
+    assert (got["assertion"], got["temporality"]) == ("present", "hypothetical")
 
 
 def test_hedges_name_the_cues_of_an_uncertain_mention(ex):
