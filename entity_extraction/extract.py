@@ -495,7 +495,7 @@ class EntityExtractor:
             rules, variants = [], []
             for r in data_rules:
                 category = r["category"].upper()
-                metadata = {k: r[k] for k in ("value", "change", "assertion") if k in r}
+                metadata = {k: r[k] for k in ("value", "change", "assertion", "between_targets") if k in r}
                 # phrases x following token: one rule, its phrase variants matched by spaCy's PhraseMatcher
                 # (a token pattern would evaluate Python set predicates at every token)
                 literals = [f"{p} {f}" for p in r["phrases"] for f in r["followed_by"]] if "phrases" in r else []
@@ -651,6 +651,36 @@ class EntityExtractor:
             own = tuple(m for m in inside if ent.start <= m.modifier_span[0] and m.modifier_span[1] <= ent.end)
             if own:
                 ent._.modifiers += own
+
+    def _between_targets(self, doc: Doc) -> None:
+        """Drop each ``between_targets`` modifier ("or") from a target unless another finding target (not an anatomy
+        concept; a descriptor counts) lies wholly inside the modifier's scope on the other side of the modifier:
+        "atelectasis or pneumonia" hedges both, "trace or small effusion", "5 or 6 mm nodule" and "fifth or sixth rib"
+        hedge nothing (the CheXpert labeler's "XXX or YYY" joins two mentions, conj:or)."""
+        ents = doc.ents
+        concepts = self.ontology.concepts
+
+        def finding(span: Span) -> bool:
+            concept = concepts.get(span.label_)
+            return span.label_ == _DESCRIPTOR or (concept is not None and concept.category != "anatomy")
+
+        for ent in ents:
+            mods = ent._.modifiers
+            if not any((m.rule.metadata or {}).get("between_targets") for m in mods):
+                continue
+            kept = []
+            for m in mods:
+                if (m.rule.metadata or {}).get("between_targets"):
+                    start, end = m.modifier_span
+                    scope_start, scope_end = m.scope_span
+                    if ent.start >= end:  # the target follows the modifier: a finding must precede it
+                        lo, hi = scope_start, start
+                    else:
+                        lo, hi = end, scope_end
+                    if not any(o is not ent and lo <= o.start and o.end <= hi and finding(o) for o in ents):
+                        continue
+                kept.append(m)
+            ent._.modifiers = tuple(kept)
 
     @staticmethod
     def _closest(ent: Span, mods: list) -> object | None:
@@ -828,6 +858,7 @@ class EntityExtractor:
             _set_ents(doc, targets)
             doc = self._context(doc)
             self._own_modifiers(doc)
+            self._between_targets(doc)
         sents = _Sentences(doc)
         spans = section_spans(sents.text, self.section_rules_path)
         bodies = section_body_spans(sents.text, self.section_rules_path)

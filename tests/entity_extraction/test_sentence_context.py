@@ -96,12 +96,6 @@ def _categories(ex, text: str, family: str = "2D-CXR") -> dict[str, list[str]]:
         # NEGATED_EXISTENCE) and make the effusion historical
         ("No old fracture or pleural effusion.", "F029"),
         ("No pleural effusion or old rib fracture.", "F010"),
-        # the same across a sentence boundary (the whole-document path: "no" + "evidence of" crosses it)
-        (
-            "Heart size is normal and there is no\n\nIMPRESSION: evidence of pneumonia. "
-            "No old fracture or pleural effusion.",
-            "F029",
-        ),
     ],
 )
 def test_a_modifier_inside_a_target_neither_ends_a_scope_nor_modifies(ex, text, label):
@@ -129,3 +123,31 @@ def test_the_option_refuses_configurations_it_does_not_cover(ex):
     doc = ex._nlp("No effusion.")
     with pytest.raises(ValueError, match="ignore_modifiers_in_targets"):
         ctx(doc)
+
+
+def test_the_whole_document_path_drops_modifiers_inside_targets_too(ex, monkeypatch):
+    """A modifier phrase across a sentence boundary sends the document down medspaCy's whole-document path
+    (``ConTextGraph.update_scopes``); the option holds there as well."""
+    from medspacy.context.context_graph import ConTextGraph
+
+    text = "No evidence of pneumonia. No old fracture or pleural effusion."
+    calls = []
+    real = ConTextGraph.update_scopes
+    monkeypatch.setattr(ConTextGraph, "update_scopes", lambda self: (calls.append(1), real(self))[1])
+
+    def run(inside: bool) -> dict:
+        doc = ex._nlp(text)
+        doc[2].is_sent_start = True  # "No | evidence of ...": the phrase "No evidence of" now crosses a boundary
+        _set_ents(doc, ex._family("2D-CXR").matcher(doc))
+        ex._context.ignore_modifiers_in_targets = inside
+        try:
+            doc = ex._context(doc)
+        finally:
+            ex._context.ignore_modifiers_in_targets = True
+        return {e.label_: [m.category for m in e._.modifiers] for e in doc.ents}
+
+    ours = run(True)
+    assert calls, "the whole-document path did not run"
+    assert "NEGATED_EXISTENCE" in ours["F029"] and "HISTORICAL" not in ours["F029"], ours
+    stock = run(False)
+    assert "NEGATED_EXISTENCE" not in stock["F029"] or "HISTORICAL" in stock["F029"], stock
