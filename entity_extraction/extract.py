@@ -656,7 +656,7 @@ class EntityExtractor:
         """Drop each ``between_targets`` modifier ("or") from a target unless another finding target (not an anatomy
         concept; a descriptor counts) lies wholly inside the modifier's scope on the other side of the modifier:
         "atelectasis or pneumonia" hedges both, "trace or small effusion", "5 or 6 mm nodule" and "fifth or sixth rib"
-        hedge nothing (the CheXpert labeler's "XXX or YYY" joins two mentions, conj:or)."""
+        hedge nothing (the CheXpert labeler's post-negation pattern for "A or B" joins two mentions, conj:or)."""
         ents = doc.ents
         concepts = self.ontology.concepts
 
